@@ -1,0 +1,30 @@
+# vgpu-state developer entry points. Both targets create .venv themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[sim]'
+	touch $@
+
+$(BIN)/.installed-test: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[sim,test]'
+	touch $@ $(BIN)/.installed
+
+demo: $(BIN)/.installed
+	$(BIN)/python scripts/demo.py
+
+test: $(BIN)/.installed-test
+	$(BIN)/ruff check vgpu_state tests scripts bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

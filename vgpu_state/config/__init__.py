@@ -1,0 +1,1 @@
+"""Config language: YAML with positions, validation, node selection, resolution onto GPUs."""

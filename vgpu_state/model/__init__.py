@@ -1,0 +1,46 @@
+"""Frozen domain values shared by every layer of vgpu-state."""
+
+from vgpu_state.model.desired import DesiredGpu, DesiredState
+from vgpu_state.model.errors import (
+    BlockedError,
+    ConfigError,
+    ConfigIssue,
+    DriverError,
+    PlanningError,
+    TransientError,
+    VgpuStateError,
+)
+from vgpu_state.model.pci import PciAddress, format_pci_address, parse_pci_address
+from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
+from vgpu_state.model.snapshot import (
+    CreatableType,
+    Gpu,
+    Layout,
+    NodeSnapshot,
+    Vgpu,
+    VirtualFunction,
+)
+
+__all__ = [
+    "BlockedError",
+    "ConfigError",
+    "ConfigIssue",
+    "CreatableType",
+    "DesiredGpu",
+    "DesiredState",
+    "DriverError",
+    "Gpu",
+    "InUsePolicy",
+    "Layout",
+    "NodeSnapshot",
+    "PciAddress",
+    "PlanningError",
+    "Policy",
+    "SriovPolicy",
+    "TransientError",
+    "Vgpu",
+    "VgpuStateError",
+    "VirtualFunction",
+    "format_pci_address",
+    "parse_pci_address",
+]

@@ -1,0 +1,37 @@
+"""The desired layout of one node: what the config resolves to for its GPUs."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from vgpu_state.model.policy import Policy
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DesiredGpu(Frozen):
+    """The target multiset of vGPU types for one managed GPU."""
+
+    address: str
+    index: int
+    model: str | None = None
+    types: tuple[tuple[str, int], ...] = ()
+    """(type name, count) pairs sorted by name; an empty tuple means 'no vGPUs'."""
+    entry: str = ""
+    """Where the layout came from, e.g. ``configs/x.yaml:12:5 (vgpu-configs.a[1])``."""
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.types)
+
+
+class DesiredState(Frozen):
+    node: str
+    config: str
+    selection_source: str
+    """``label``, ``node-selector[N]``, ``default`` or ``flag``."""
+    policy: Policy = Policy()
+    gpus: tuple[DesiredGpu, ...] = ()
+    unmanaged: tuple[str, ...] = ()
+    """Addresses of GPUs that no entry covers; they are never touched."""

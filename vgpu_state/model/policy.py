@@ -1,0 +1,38 @@
+"""Policy knobs of a config (``policy:`` at top level and per config).
+
+Semantics (documented in docs/config.md):
+
+* ``in-use: protect`` (default): a vGPU that a pod or VM holds is never destroyed;
+  the step becomes a *blocked* item naming the holder. ``ignore`` plans as if
+  nothing were in use (the driver may still refuse with EBUSY).
+* ``prune: false`` (default): vGPUs on a managed GPU that the layout does not
+  want are left in place and reported; steps that need their capacity are
+  blocked. ``true`` destroys them (still subject to ``in-use``).
+* ``sriov: auto`` (default): enable the VFs of a GPU whose VFs are off when the
+  layout needs them. ``off``: never touch SR-IOV; such GPUs are blocked.
+  VFs are never disabled while they hold vGPUs, under any policy.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+
+class InUsePolicy(StrEnum):
+    PROTECT = "protect"
+    IGNORE = "ignore"
+
+
+class SriovPolicy(StrEnum):
+    AUTO = "auto"
+    OFF = "off"
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    in_use: InUsePolicy = InUsePolicy.PROTECT
+    prune: bool = False
+    sriov: SriovPolicy = SriovPolicy.AUTO

@@ -1,0 +1,129 @@
+"""What a scan of one node's sysfs found: frozen, JSON-serialisable, fingerprinted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Layout(StrEnum):
+    """How a GPU exposes vGPUs, detected from sysfs only."""
+
+    MDEV = "mdev"
+    VENDOR_VFIO = "vendor-vfio"
+    SRIOV_DISABLED = "sriov-disabled"
+    UNAVAILABLE = "unavailable"
+
+
+class CreatableType(Frozen):
+    """A vGPU type a parent can create now.
+
+    ``available`` is ``available_instances`` (mdev) or 1 for a type listed in a
+    free VF's ``creatable_vgpu_types`` (vendor-vfio).
+    """
+
+    type_id: int
+    name: str
+    available: int
+
+
+class Vgpu(Frozen):
+    """One existing vGPU: an mdev (by UUID) or a VF with a vGPU type assigned."""
+
+    kind: Literal["mdev", "vf"]
+    parent: str
+    uuid: str | None = None
+    type_id: int | None = None
+    type_name: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The identity used in plans and in-use lists: the mdev UUID or the VF address."""
+        return self.uuid if self.uuid is not None else self.parent
+
+
+class VirtualFunction(Frozen):
+    index: int
+    address: str
+    driver: str | None = None
+    iommu_group: int | None = None
+    creatable: tuple[CreatableType, ...] = ()
+    current_type_id: int | None = None
+
+
+class Gpu(Frozen):
+    index: int
+    address: str
+    vendor_id: int
+    device_id: int
+    subsystem_vendor_id: int = 0
+    subsystem_device_id: int = 0
+    model: str | None = None
+    driver: str | None = None
+    numa_node: int | None = None
+    iommu_group: int | None = None
+    sriov_totalvfs: int | None = None
+    sriov_numvfs: int = 0
+    vfs: tuple[VirtualFunction, ...] = ()
+    layout: Layout = Layout.UNAVAILABLE
+    layout_reason: str = ""
+    pf_creatable: tuple[CreatableType, ...] = ()
+    vgpus: tuple[Vgpu, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    @property
+    def sriov_capable(self) -> bool:
+        return bool(self.sriov_totalvfs)
+
+    def vf(self, address: str) -> VirtualFunction | None:
+        for vf in self.vfs:
+            if vf.address == address:
+                return vf
+        return None
+
+
+class NodeSnapshot(Frozen):
+    node: str = ""
+    sysfs_root: str = "/sys"
+    gpus: tuple[Gpu, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    def gpu(self, address: str) -> Gpu | None:
+        for g in self.gpus:
+            if g.address == address:
+                return g
+        return None
+
+    def stable_view(self) -> dict[str, Any]:
+        """The fields that define the host's vGPU state (no paths, problems or counters)."""
+        return {
+            "gpus": [
+                {
+                    "address": g.address,
+                    "device_id": g.device_id,
+                    "subsystem_device_id": g.subsystem_device_id,
+                    "driver": g.driver,
+                    "layout": g.layout.value,
+                    "sriov_numvfs": g.sriov_numvfs,
+                    "vfs": [vf.address for vf in g.vfs],
+                    "vgpus": sorted(
+                        [v.kind, v.parent, v.uuid or "", v.type_id or 0, v.type_name or ""]
+                        for v in g.vgpus
+                    ),
+                }
+                for g in self.gpus
+            ]
+        }
+
+    def fingerprint(self) -> str:
+        """sha256 of :meth:`stable_view`; equal for equal host state."""
+        blob = json.dumps(self.stable_view(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,1 @@
+"""Pure planner: desired layout + node snapshot + in-use list -> ordered, frozen Plan."""
