@@ -85,7 +85,7 @@ def test_type_facts() -> None:
 
 def test_suggestion_for_misspelt_type() -> None:
     assert default_catalog().suggest_type("A10-4q") == "A10-4Q"
-    assert default_catalog().suggest_type("A1O-4Q") == "A10-4Q"
+    assert default_catalog().suggest_type("L40s-12q") == "L40S-12Q"
 
 
 def test_sriov_facts() -> None:
