@@ -6,6 +6,7 @@ from vgpu_state.catalog.catalog import (
     GpuModel,
     VgpuType,
     default_catalog,
+    suggest,
 )
 from vgpu_state.catalog.names import ParsedTypeName, parse_type_name, short_type_name
 
@@ -18,4 +19,5 @@ __all__ = [
     "default_catalog",
     "parse_type_name",
     "short_type_name",
+    "suggest",
 ]

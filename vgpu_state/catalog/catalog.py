@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import difflib
 import io
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from importlib import resources
@@ -69,6 +70,15 @@ class GpuModel:
     def device_filters(self) -> tuple[str, ...]:
         """vgpu-device-manager device-filter strings (``0xDDDD10DE``) for this model."""
         return tuple(f"0x{d:04X}10DE" for d in self.device_ids)
+
+
+def suggest(word: str, candidates: Iterable[str]) -> str | None:
+    """The closest candidate to ``word`` ignoring case, or ``None`` if none is close."""
+    by_upper = {c.upper(): c for c in candidates}
+    if word.upper() in by_upper:
+        return by_upper[word.upper()]
+    matches = difflib.get_close_matches(word.upper(), list(by_upper), n=1, cutoff=0.6)
+    return by_upper[matches[0]] if matches else None
 
 
 def _read_csv(name: str) -> list[dict[str, str]]:
@@ -147,18 +157,9 @@ class Catalog:
     def type_names(self) -> tuple[str, ...]:
         return tuple(self._types)
 
-    def suggest_type(self, name: str) -> str | None:
-        """The nearest known type name, for "did you mean …?" messages."""
-        short = short_type_name(name)
-        matches = difflib.get_close_matches(short, self._types, n=1, cutoff=0.6)
-        if not matches:
-            matches = difflib.get_close_matches(
-                short.upper(), [t.upper() for t in self._types], n=1, cutoff=0.6
-            )
-            if matches:
-                upper = {t.upper(): t for t in self._types}
-                return upper[matches[0]]
-        return matches[0] if matches else None
+    def suggest_type(self, name: str, among: tuple[str, ...] | None = None) -> str | None:
+        """The nearest type name (case-insensitive), for "did you mean …?" messages."""
+        return suggest(short_type_name(name), among if among is not None else self.type_names)
 
 
 def _load() -> Catalog:
