@@ -1,0 +1,58 @@
+"""``expected_snapshot(plan, snapshot)``: the host state a plan should produce.
+
+Creatable counters are left as they were (they are derived by the driver and
+excluded from the fingerprint). For a GPU whose creates wait for SR-IOV
+(``GpuPlan.deferred``) the parents are unknown until the VFs exist, so the
+expected vGPUs carry an empty parent; the executor re-plans such a GPU after
+enabling SR-IOV and verifies against that plan.
+"""
+
+from __future__ import annotations
+
+from vgpu_state.model.plan import Action, ActionKind, Plan
+from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, Vgpu, VirtualFunction
+
+
+def _apply(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
+    vgpus = {v.key: v for v in g.vgpus}
+    vf_types = {vf.address: vf.current_type_id for vf in g.vfs}
+    numvfs = g.sriov_numvfs
+    for a in actions:
+        if a.kind is ActionKind.DESTROY:
+            key = a.uuid if a.uuid is not None else a.vf
+            if key is not None:
+                vgpus.pop(key, None)
+            if a.vf is not None:
+                vf_types[a.vf] = None
+        elif a.kind is ActionKind.ENABLE_SRIOV:
+            numvfs = g.sriov_totalvfs or 0
+        elif a.layout is Layout.VENDOR_VFIO and a.vf is not None:
+            vgpus[a.vf] = Vgpu(kind="vf", parent=a.vf, type_id=a.type_id, type_name=a.type_name)
+            vf_types[a.vf] = a.type_id
+        else:
+            v = Vgpu(
+                kind="mdev",
+                parent=a.parent or "",
+                uuid=a.uuid,
+                type_id=a.type_id,
+                type_name=a.type_name,
+            )
+            vgpus[v.key] = v
+    vfs: tuple[VirtualFunction, ...] = tuple(
+        vf.model_copy(update={"current_type_id": vf_types.get(vf.address)}) for vf in g.vfs
+    )
+    return g.model_copy(
+        update={
+            "vgpus": tuple(sorted(vgpus.values(), key=lambda v: v.key)),
+            "vfs": vfs,
+            "sriov_numvfs": numvfs,
+        }
+    )
+
+
+def expected_snapshot(plan: Plan, snapshot: NodeSnapshot) -> NodeSnapshot:
+    gpus = tuple(
+        _apply(g, plan.gpu_actions(g.address)) if plan.gpu_actions(g.address) else g
+        for g in snapshot.gpus
+    )
+    return snapshot.model_copy(update={"gpus": gpus})

@@ -1,0 +1,474 @@
+"""``plan(desired, snapshot, in_use, policy) -> Plan``: the minimal, safe, ordered diff."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vgpu_state.catalog import Catalog, GpuModel, VgpuType, default_catalog
+from vgpu_state.model.desired import DesiredGpu, DesiredState
+from vgpu_state.model.errors import PlanningError
+from vgpu_state.model.plan import (
+    Action,
+    ActionKind,
+    Blocked,
+    GpuPlan,
+    Plan,
+    Selection,
+    Summary,
+)
+from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
+from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, Vgpu
+from vgpu_state.planner.identity import free_uuids
+
+
+def vgpu_address(gpu: str, v: Vgpu) -> str:
+    if v.kind == "vf":
+        return f"gpu[{gpu}].vf[{v.parent}]"
+    return f"gpu[{gpu}].vgpu[{v.uuid}]"
+
+
+def describe(v: Vgpu) -> str:
+    return f"{v.key} ({v.type_name or f'type id {v.type_id}'})"
+
+
+@dataclass
+class _GpuWork:
+    """Mutable scratch space while one GPU is planned; frozen values come out."""
+
+    actions: list[Action] = field(default_factory=list)
+    blocked: list[Blocked] = field(default_factory=list)
+
+
+class _Planner:
+    def __init__(
+        self,
+        desired: DesiredState,
+        snapshot: NodeSnapshot,
+        in_use: Mapping[str, str],
+        policy: Policy,
+        catalog: Catalog,
+    ) -> None:
+        self.desired = desired
+        self.snapshot = snapshot
+        self.in_use = in_use
+        self.policy = policy
+        self.catalog = catalog
+        self.node = desired.node or snapshot.node
+        self.errors: list[str] = []
+
+    # lookups ------------------------------------------------------------
+    def model_of(self, g: Gpu) -> GpuModel | None:
+        return self.catalog.model(g.model) if g.model else None
+
+    def info(self, g: Gpu, name: str | None) -> VgpuType | None:
+        if name is None:
+            return None
+        model = self.model_of(g)
+        found = model.type(name) if model else None
+        return found or self.catalog.type(name)
+
+    def size_of(self, g: Gpu, name: str | None) -> tuple[int, bool] | None:
+        t = self.info(g, name)
+        return (t.framebuffer_mib, t.is_mig) if t else None
+
+    def holder(self, v: Vgpu) -> str | None:
+        if self.policy.in_use is InUsePolicy.IGNORE:
+            return None
+        return self.in_use.get(v.key)
+
+    # feasibility ----------------------------------------------------------
+    def check_fits(self, g: Gpu, dg: DesiredGpu) -> bool:
+        target = {n: c for n, c in dg.types if c > 0}
+        label = f"gpu[{g.address}] ({g.model or 'unknown model'})"
+        infos = {n: self.info(g, n) for n in target}
+        sizes = {(t.framebuffer_mib, t.is_mig) for t in infos.values() if t}
+        ok = True
+        if len(sizes) > 1:
+            parts = ", ".join(
+                f"{n} = {t.framebuffer_mib} MiB{' MIG-backed' if t.is_mig else ''}"
+                for n, t in sorted(infos.items())
+                if t
+            )
+            self.errors.append(
+                f"{label}: the layout mixes framebuffer sizes ({parts}); the driver allows "
+                f"one framebuffer size per GPU [{dg.entry}]"
+            )
+            ok = False
+        total = sum(target.values())
+        for name, count in sorted(target.items()):
+            t = infos[name]
+            if t and count > t.max_instances:
+                self.errors.append(
+                    f"{label}: {count} × {name} requested but one GPU holds at most "
+                    f"{t.max_instances} [{dg.entry}]"
+                )
+                ok = False
+        known = [t for t in infos.values() if t]
+        if ok and known:
+            cap = min(t.max_instances for t in known)
+            if total > cap:
+                self.errors.append(
+                    f"{label}: {total} vGPUs of {known[0].framebuffer_mib} MiB requested but "
+                    f"one GPU holds at most {cap} [{dg.entry}]"
+                )
+                ok = False
+        if g.sriov_capable:
+            vfs = len(g.vfs) if g.vfs else (g.sriov_totalvfs or 0)
+            if total > vfs:
+                self.errors.append(
+                    f"{label}: {total} vGPUs requested but the GPU has {vfs} virtual "
+                    f"functions (one vGPU per VF) [{dg.entry}]"
+                )
+                ok = False
+        return ok
+
+    # one GPU --------------------------------------------------------------
+    def plan_gpu(self, g: Gpu, dg: DesiredGpu) -> tuple[GpuPlan, _GpuWork]:
+        work = _GpuWork()
+        target = {n: c for n, c in dg.types if c > 0}
+        kept, unwanted = self.split_existing(g, target)
+        remaining = self.plan_destroys(g, unwanted, work)
+        creates = [
+            name
+            for name in sorted(target)
+            for _ in range(target[name] - sum(1 for v in kept if v.type_name == name))
+        ]
+        deferred = False
+        if creates:
+            deferred = self.plan_creates(g, dg, creates, kept, remaining, work)
+        header = GpuPlan(
+            address=g.address,
+            index=g.index,
+            model=g.model,
+            layout=g.layout,
+            managed=True,
+            entry=dg.entry,
+            kept=len(kept),
+            deferred=deferred,
+        )
+        return header, work
+
+    def split_existing(self, g: Gpu, target: Mapping[str, int]) -> tuple[list[Vgpu], list[Vgpu]]:
+        """Keep existing vGPUs of wanted types up to the count (held ones first)."""
+        kept: list[Vgpu] = []
+        unwanted: list[Vgpu] = []
+        by_type: dict[str | None, list[Vgpu]] = {}
+        for v in sorted(g.vgpus, key=lambda v: v.key):
+            by_type.setdefault(v.type_name, []).append(v)
+        for name, group in by_type.items():
+            want = target.get(name, 0) if name is not None else 0
+            ordered = sorted(group, key=lambda v: (self.in_use.get(v.key) is None, v.key))
+            kept.extend(ordered[:want])
+            unwanted.extend(ordered[want:])
+        kept.sort(key=lambda v: v.key)
+        unwanted.sort(key=lambda v: v.key)
+        return kept, unwanted
+
+    def plan_destroys(self, g: Gpu, unwanted: list[Vgpu], work: _GpuWork) -> list[Vgpu]:
+        """Destroy what the layout does not want; return the vGPUs that must stay."""
+        remaining: list[Vgpu] = []
+        for v in unwanted:
+            address = vgpu_address(g.address, v)
+            holder = self.holder(v)
+            if holder is not None:
+                work.blocked.append(
+                    Blocked(
+                        address=address,
+                        gpu=g.address,
+                        kind=ActionKind.DESTROY,
+                        type_name=v.type_name,
+                        holder=holder,
+                        reason=f"in use by {holder} (policy in-use: protect)",
+                    )
+                )
+                remaining.append(v)
+            elif not self.policy.prune:
+                work.blocked.append(
+                    Blocked(
+                        address=address,
+                        gpu=g.address,
+                        kind=ActionKind.DESTROY,
+                        type_name=v.type_name,
+                        reason="not wanted by the layout, kept because policy prune is false",
+                    )
+                )
+                remaining.append(v)
+            else:
+                work.actions.append(
+                    Action(
+                        kind=ActionKind.DESTROY,
+                        address=address,
+                        gpu=g.address,
+                        layout=g.layout,
+                        type_name=v.type_name,
+                        type_id=v.type_id,
+                        parent=v.parent,
+                        uuid=v.uuid,
+                        vf=v.parent if v.kind == "vf" else None,
+                        before=_vgpu_view(v),
+                        after=None,
+                        reason="not wanted by the layout",
+                    )
+                )
+        return remaining
+
+    def block_all(
+        self, g: Gpu, creates: list[str], work: _GpuWork, reason: str, holder: str | None = None
+    ) -> None:
+        for n, name in enumerate(creates):
+            work.blocked.append(
+                Blocked(
+                    address=f"gpu[{g.address}].vgpu[new {n + 1}]",
+                    gpu=g.address,
+                    kind=ActionKind.CREATE,
+                    type_name=name,
+                    holder=holder,
+                    reason=reason,
+                )
+            )
+
+    def plan_creates(
+        self,
+        g: Gpu,
+        dg: DesiredGpu,
+        creates: list[str],
+        kept: list[Vgpu],
+        remaining: list[Vgpu],
+        work: _GpuWork,
+    ) -> bool:
+        """Add create (and SR-IOV) steps; return True when parents wait for SR-IOV."""
+        if g.layout is Layout.UNAVAILABLE:
+            self.block_all(g, creates, work, f"no vGPU manager on this GPU: {g.layout_reason}")
+            return False
+        target_size = self.size_of(g, creates[0])
+        stuck = [v for v in remaining if self.size_of(g, v.type_name) != target_size]
+        if stuck:
+            first = stuck[0]
+            holder = self.holder(first)
+            why = "in use" if holder else "kept (prune is false)"
+            self.block_all(
+                g,
+                creates,
+                work,
+                f"the GPU still holds {len(stuck)} vGPU(s) of another framebuffer size "
+                f"({', '.join(describe(v) for v in stuck)}; {why}); the driver allows one "
+                "framebuffer size per GPU",
+                holder,
+            )
+            return False
+        # Same size: capacity left after what stays.
+        infos = [self.info(g, n) for n in set(creates)]
+        caps = [t.max_instances for t in infos if t]
+        staying = len(kept) + len(remaining)
+        capacity = (min(caps) - staying) if caps else len(creates)
+        if remaining and capacity < len(creates):
+            holders = ", ".join(describe(v) for v in remaining)
+            self.block_all(
+                g,
+                creates[max(capacity, 0) :],
+                work,
+                f"no capacity left while {holders} stay on the GPU",
+                self.holder(remaining[0]),
+            )
+            creates = creates[: max(capacity, 0)]
+            if not creates:
+                return False
+        vfs_off = g.sriov_capable and g.sriov_numvfs == 0
+        if vfs_off:
+            if self.policy.sriov is SriovPolicy.OFF:
+                self.block_all(
+                    g, creates, work, "SR-IOV is off on this GPU and policy sriov is off"
+                )
+                return False
+            work.actions.append(
+                Action(
+                    kind=ActionKind.ENABLE_SRIOV,
+                    address=f"gpu[{g.address}].sriov",
+                    gpu=g.address,
+                    layout=g.layout,
+                    before={"sriov_numvfs": 0},
+                    after={"sriov_numvfs": g.sriov_totalvfs},
+                    reason=f"{len(creates)} vGPU(s) need virtual functions",
+                )
+            )
+        taken = {v.uuid for v in g.vgpus if v.uuid}
+        uuids = free_uuids(self.node, g.address, taken)
+        occupied = {v.parent for v in (*kept, *remaining)}
+        has_destroys = any(a.kind is ActionKind.DESTROY for a in work.actions)
+        for name in creates:
+            if vfs_off:
+                u = next(uuids)
+                work.actions.append(
+                    Action(
+                        kind=ActionKind.CREATE,
+                        address=f"gpu[{g.address}].vgpu[{u}]",
+                        gpu=g.address,
+                        layout=g.layout,
+                        type_name=name,
+                        type_id=self.type_id(g, name, None),
+                        uuid=u,
+                        before=None,
+                        after={"type": name, "uuid": u, "parent": None},
+                        reason="wanted by the layout; parent chosen once SR-IOV is enabled",
+                    )
+                )
+                continue
+            parent = self.choose_parent(g, name, occupied, has_destroys)
+            if parent is None:
+                self.block_all(g, [name], work, "no free virtual function offers this type")
+                continue
+            if g.sriov_capable:
+                occupied.add(parent)
+            type_id = self.type_id(g, name, parent)
+            if type_id is None:
+                self.errors.append(
+                    f"gpu[{g.address}] ({g.model or 'unknown model'}): the type id of {name} "
+                    "is unknown: the GPU does not list it and the catalog does not know it"
+                )
+                continue
+            if g.layout is Layout.VENDOR_VFIO:
+                work.actions.append(
+                    Action(
+                        kind=ActionKind.CREATE,
+                        address=f"gpu[{g.address}].vf[{parent}]",
+                        gpu=g.address,
+                        layout=g.layout,
+                        type_name=name,
+                        type_id=type_id,
+                        parent=parent,
+                        vf=parent,
+                        before=None,
+                        after={"type": name, "type_id": type_id, "vf": parent},
+                        reason="wanted by the layout",
+                    )
+                )
+            else:
+                u = next(uuids)
+                work.actions.append(
+                    Action(
+                        kind=ActionKind.CREATE,
+                        address=f"gpu[{g.address}].vgpu[{u}]",
+                        gpu=g.address,
+                        layout=g.layout,
+                        type_name=name,
+                        type_id=type_id,
+                        parent=parent,
+                        uuid=u,
+                        before=None,
+                        after={"type": name, "type_id": type_id, "uuid": u, "parent": parent},
+                        reason="wanted by the layout",
+                    )
+                )
+        return vfs_off
+
+    def choose_parent(
+        self, g: Gpu, name: str, occupied: set[str], has_destroys: bool
+    ) -> str | None:
+        """The PF (no SR-IOV), else the lowest free VF whose creatable set allows the type."""
+        if not g.sriov_capable:
+            return g.address
+        for vf in sorted(g.vfs, key=lambda vf: vf.index):
+            if vf.address in occupied:
+                continue
+            listed = {c.name for c in vf.creatable}
+            if name in listed or not listed or has_destroys:
+                return vf.address
+        return None
+
+    def type_id(self, g: Gpu, name: str, parent: str | None) -> int | None:
+        """From the parent's list, else any list on the GPU, else the catalog."""
+        parents = [vf.creatable for vf in g.vfs if vf.address == parent]
+        parents += [g.pf_creatable] + [vf.creatable for vf in g.vfs]
+        for creatable in parents:
+            for c in creatable:
+                if c.name == name:
+                    return c.type_id
+        t = self.info(g, name)
+        return t.type_id if t else None
+
+    # whole node -----------------------------------------------------------
+    def run(self) -> Plan:
+        wanted = {dg.address: dg for dg in self.desired.gpus}
+        for address in sorted(wanted):
+            if self.snapshot.gpu(address) is None:
+                self.errors.append(
+                    f"gpu[{address}] is in the desired layout but not on node "
+                    f"{self.node or '(unnamed)'}"
+                )
+        headers: list[GpuPlan] = []
+        actions: list[Action] = []
+        blocked: list[Blocked] = []
+        for g in sorted(self.snapshot.gpus, key=lambda g: g.address):
+            dg = wanted.get(g.address)
+            if dg is None:
+                headers.append(
+                    GpuPlan(
+                        address=g.address,
+                        index=g.index,
+                        model=g.model,
+                        layout=g.layout,
+                        managed=False,
+                        kept=len(g.vgpus),
+                    )
+                )
+                continue
+            if not self.check_fits(g, dg):
+                continue
+            header, work = self.plan_gpu(g, dg)
+            headers.append(header)
+            order = {ActionKind.DESTROY: 0, ActionKind.ENABLE_SRIOV: 1, ActionKind.CREATE: 2}
+            actions.extend(sorted(work.actions, key=lambda a: order[a.kind]))
+            blocked.extend(work.blocked)
+        if self.errors:
+            raise PlanningError("\n".join(self.errors))
+        counts = Counter(a.kind for a in actions)
+        summary = Summary(
+            create=counts[ActionKind.CREATE],
+            destroy=counts[ActionKind.DESTROY],
+            sriov=counts[ActionKind.ENABLE_SRIOV],
+            blocked=len(blocked),
+            kept=sum(h.kept for h in headers if h.managed),
+        )
+        return Plan(
+            node=self.node,
+            selection=Selection(
+                config=self.desired.config, source=self.desired.selection_source
+            ),
+            policy=self.policy,
+            snapshot_fingerprint=self.snapshot.fingerprint(),
+            gpus=tuple(headers),
+            actions=tuple(actions),
+            blocked=tuple(blocked),
+            summary=summary,
+        )
+
+
+def _vgpu_view(v: Vgpu) -> dict[str, object]:
+    view: dict[str, object] = {"type": v.type_name, "type_id": v.type_id, "parent": v.parent}
+    if v.uuid:
+        view["uuid"] = v.uuid
+    return view
+
+
+def plan(
+    desired: DesiredState,
+    snapshot: NodeSnapshot,
+    in_use: Mapping[str, str] | None = None,
+    policy: Policy | None = None,
+    catalog: Catalog | None = None,
+) -> Plan:
+    """Compute the plan. Pure and deterministic: same inputs, same plan.
+
+    ``in_use`` maps a vGPU key (mdev UUID or VF address) to its holder, e.g.
+    ``pod default/virt-launcher-vm1``. ``policy`` defaults to ``desired.policy``.
+    Raises :class:`PlanningError` when a layout cannot fit, stating the numbers.
+    """
+    return _Planner(
+        desired,
+        snapshot,
+        in_use or {},
+        policy if policy is not None else desired.policy,
+        catalog or default_catalog(),
+    ).run()

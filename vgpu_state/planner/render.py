@@ -1,0 +1,134 @@
+"""Plan renderings: Terraform-style text and versioned JSON. Pure functions of a Plan."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vgpu_state.model.plan import Action, ActionKind, Blocked, GpuPlan, Plan
+
+SYMBOLS = {
+    ActionKind.CREATE: ("+", "create"),
+    ActionKind.DESTROY: ("-", "destroy"),
+    ActionKind.ENABLE_SRIOV: ("~", "enable SR-IOV (virtual functions)"),
+}
+BLOCKED_SYMBOL = ("!", "blocked: will not be done, see the reason")
+
+SOURCE_TEXT = {
+    "label": "by node label",
+    "default": "as the config's default",
+    "flag": "on the command line",
+}
+
+
+def _source(source: str) -> str:
+    if source.startswith("node-selector"):
+        return f"by {source}"
+    return SOURCE_TEXT.get(source, source)
+
+
+def _model(g: GpuPlan) -> str:
+    return g.model or "unknown model"
+
+
+def _action_lines(a: Action) -> list[str]:
+    if a.kind is ActionKind.ENABLE_SRIOV:
+        after = (a.after or {}).get("sriov_numvfs")
+        return [
+            f"  ~ {a.address} will be enabled",
+            f"      sriov_numvfs: 0 -> {after}   ({a.reason})",
+        ]
+    if a.kind is ActionKind.DESTROY:
+        return [
+            f"  - {a.address} will be destroyed",
+            f"      type: {a.type_name or f'id {a.type_id}'}   parent: {a.parent}",
+        ]
+    parent = a.parent or "(chosen after SR-IOV is enabled)"
+    where = f"vf: {a.vf}" if a.vf else f"parent: {parent}"
+    return [
+        f"  + {a.address} will be created",
+        f"      type: {a.type_name} (id {a.type_id})   {where}",
+    ]
+
+
+def _blocked_lines(items: tuple[Blocked, ...]) -> list[str]:
+    """Blocked items; creates with the same type and reason collapse into one line."""
+    lines: list[str] = []
+    i = 0
+    while i < len(items):
+        b = items[i]
+        if b.kind is ActionKind.DESTROY:
+            type_part = f" {b.type_name}" if b.type_name else ""
+            lines += [f"  ! {b.address}{type_part} cannot be destroyed", f"      {b.reason}"]
+            i += 1
+            continue
+        n = 1
+        while (
+            i + n < len(items)
+            and items[i + n].kind is ActionKind.CREATE
+            and (items[i + n].type_name, items[i + n].reason) == (b.type_name, b.reason)
+        ):
+            n += 1
+        lines += [
+            f"  ! gpu[{b.gpu}]: {n} × {b.type_name} cannot be created",
+            f"      {b.reason}",
+        ]
+        i += n
+    return lines
+
+
+def render_text(plan: Plan) -> str:
+    """The plan as an operator reads it; colour is added by the CLI on a TTY."""
+    lines: list[str] = []
+    sel = plan.selection
+    lines.append(
+        f'Node {plan.node or "(unnamed)"}: configuration "{sel.config}" '
+        f"(selected {_source(sel.source)})"
+    )
+    if not plan.has_changes:
+        lines.append("")
+        for g in plan.gpus:
+            lines.append(_gpu_header(g))
+        lines.append("")
+        lines.append(f'No changes. The node matches configuration "{sel.config}".')
+        return "\n".join(lines) + "\n"
+
+    kinds = {a.kind for a in plan.actions}
+    legend = [f"  {s} {t}" for k, (s, t) in SYMBOLS.items() if k in kinds]
+    if plan.blocked:
+        legend.append(f"  {BLOCKED_SYMBOL[0]} {BLOCKED_SYMBOL[1]}")
+    lines += ["", "Actions are indicated with the following symbols:", *legend, ""]
+    lines.append("vgpu-state will perform the following actions:")
+    for g in plan.gpus:
+        lines.append("")
+        lines.append(_gpu_header(g))
+        for a in plan.gpu_actions(g.address):
+            lines.extend(_action_lines(a))
+        lines.extend(_blocked_lines(plan.gpu_blocked(g.address)))
+    lines.append("")
+    lines.append(summary_line(plan))
+    return "\n".join(lines) + "\n"
+
+
+def _gpu_header(g: GpuPlan) -> str:
+    head = f"  # gpu[{g.address}] {_model(g)} (index {g.index}, {g.layout.value})"
+    if not g.managed:
+        return f"{head}: not managed by this configuration, {g.kept} vGPU(s) left untouched"
+    return f"{head}: {g.kept} vGPU(s) unchanged"
+
+
+def summary_line(plan: Plan) -> str:
+    s = plan.summary
+    if not plan.has_changes:
+        return f'No changes. The node matches configuration "{plan.selection.config}".'
+    sriov = f", {s.sriov} SR-IOV to enable" if s.sriov else ""
+    return f"Plan: {s.create} to create, {s.destroy} to destroy{sriov}, {s.blocked} blocked."
+
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    return plan.model_dump(mode="json")
+
+
+def render_json(plan: Plan) -> str:
+    """Stable JSON (sorted keys, fixed indentation): equal plans give equal bytes."""
+    return json.dumps(plan_document(plan), indent=2, sort_keys=True) + "\n"
