@@ -1,0 +1,257 @@
+"""``apply(plan, host)``: run a plan's steps in order, idempotently, and verify."""
+
+from __future__ import annotations
+
+import time
+import uuid as uuid_mod
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from vgpu_state.executor.journal import Journal
+from vgpu_state.executor.ports import HostPort
+from vgpu_state.model.desired import DesiredGpu, DesiredState
+from vgpu_state.model.errors import BlockedError, DriverError, VgpuStateError
+from vgpu_state.model.plan import Action, ActionKind, GpuPlan, Plan
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot
+from vgpu_state.planner import expected_snapshot
+from vgpu_state.planner import plan as make_plan
+
+Outcome = str  # "ok" | "skipped" | "failed"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    address: str
+    kind: str
+    outcome: Outcome
+    seconds: float
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    plan_id: str
+    steps: tuple[StepResult, ...]
+    snapshot: NodeSnapshot
+    seconds: float
+
+    @property
+    def counts(self) -> Counter[str]:
+        return Counter(s.outcome for s in self.steps)
+
+
+class ApplyError(VgpuStateError):
+    """A step failed; nothing after it ran. Names the step, the errno and what did not run."""
+
+    def __init__(
+        self,
+        action: Action,
+        cause: DriverError,
+        not_run: tuple[Action, ...],
+        steps: tuple[StepResult, ...],
+    ) -> None:
+        self.action = action
+        self.cause = cause
+        self.not_run = not_run
+        self.steps = steps
+        rest = f"{len(not_run)} step(s) not run" if not_run else "no steps left"
+        super().__init__(f"{action.kind.value} {action.address} failed: {cause} ({rest})")
+
+
+class VerificationError(VgpuStateError):
+    """The re-scan after a GPU's steps does not show what the plan should produce."""
+
+    def __init__(self, gpu: str, missing: list[str], unexpected: list[str]) -> None:
+        self.gpu = gpu
+        self.missing = missing
+        self.unexpected = unexpected
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(missing))
+        if unexpected:
+            parts.append("unexpected " + ", ".join(unexpected))
+        super().__init__(f"gpu[{gpu}] does not match the plan after applying: {'; '.join(parts)}")
+
+
+Progress = Callable[[Action, StepResult], None]
+
+
+def _vgpu_set(g: Gpu | None) -> set[str]:
+    if g is None:
+        return set()
+    return {f"{v.key} ({v.type_name})" for v in g.vgpus}
+
+
+@dataclass
+class _Run:
+    plan: Plan
+    host: HostPort
+    journal: Journal | None
+    in_use: Mapping[str, str]
+    progress: Progress | None
+    plan_id: str
+    steps: list[StepResult] = field(default_factory=list)
+
+    def record(self, event: str, **fields: object) -> None:
+        if self.journal is not None:
+            self.journal.append(
+                {
+                    "event": event,
+                    "plan_id": self.plan_id,
+                    "node": self.plan.node,
+                    "config": self.plan.selection.config,
+                    "selection": self.plan.selection.source,
+                    **fields,
+                }
+            )
+
+    def already_done(self, a: Action, live: Gpu | None) -> bool:
+        """Idempotence: is the live state already what this step would make it?"""
+        if live is None:
+            return False
+        by_key = {v.key: v for v in live.vgpus}
+        if a.kind is ActionKind.ENABLE_SRIOV:
+            return live.sriov_numvfs > 0
+        key = a.uuid if a.layout.value != "vendor-vfio" or a.vf is None else a.vf
+        if a.kind is ActionKind.DESTROY:
+            return key not in by_key
+        existing = by_key.get(key or "")
+        return existing is not None and existing.type_name == a.type_name
+
+    def perform(self, a: Action) -> None:
+        h = self.host
+        if a.kind is ActionKind.ENABLE_SRIOV:
+            h.enable_sriov(a.gpu)
+        elif a.kind is ActionKind.DESTROY:
+            if a.vf is not None:
+                h.clear_vf_type(a.vf)
+            else:
+                assert a.uuid is not None
+                h.remove_mdev(a.uuid)
+        else:
+            assert a.type_id is not None and a.parent is not None
+            if a.vf is not None:
+                h.set_vf_type(a.vf, a.type_id)
+            else:
+                assert a.uuid is not None
+                h.create_mdev(a.parent, a.type_id, a.uuid)
+
+    def step(self, a: Action, live: Gpu | None, remaining: tuple[Action, ...]) -> None:
+        self.record("action-start", address=a.address, kind=a.kind.value, type=a.type_name)
+        started = time.perf_counter()
+        if self.already_done(a, live):
+            result = StepResult(a.address, a.kind.value, "skipped", 0.0, "already done")
+        else:
+            try:
+                self.perform(a)
+            except DriverError as e:
+                seconds = time.perf_counter() - started
+                failed = StepResult(a.address, a.kind.value, "failed", seconds, str(e))
+                self.steps.append(failed)
+                self.record(
+                    "action-end",
+                    address=a.address,
+                    kind=a.kind.value,
+                    outcome="failed",
+                    errno=e.errno,
+                    message=str(e),
+                )
+                if self.progress:
+                    self.progress(a, failed)
+                self.record("plan-end", outcome="failed", failed=a.address, errno=e.errno)
+                raise ApplyError(a, e, remaining, tuple(self.steps)) from e
+            result = StepResult(a.address, a.kind.value, "ok", time.perf_counter() - started)
+        self.steps.append(result)
+        self.record(
+            "action-end", address=a.address, kind=a.kind.value, outcome=result.outcome, errno=0
+        )
+        if self.progress:
+            self.progress(a, result)
+
+    def replan_deferred(self, header: GpuPlan, deferred: list[Action], live: NodeSnapshot) -> Plan:
+        """After SR-IOV is on, choose the parents the plan could not know yet."""
+        counts = Counter(a.type_name for a in deferred if a.type_name)
+        g = live.gpu(header.address)
+        for v in g.vgpus if g else ():
+            if v.type_name:
+                counts[v.type_name] += 1
+        desired = DesiredState(
+            node=self.plan.node,
+            config=self.plan.selection.config,
+            selection_source=self.plan.selection.source,
+            policy=self.plan.policy,
+            gpus=(
+                DesiredGpu(
+                    address=header.address,
+                    index=header.index,
+                    model=header.model,
+                    types=tuple(sorted(counts.items())),
+                    entry=header.entry,
+                ),
+            ),
+        )
+        return make_plan(desired, live, self.in_use, self.plan.policy)
+
+
+def apply(
+    plan: Plan,
+    host: HostPort,
+    *,
+    journal: Journal | None = None,
+    in_use: Mapping[str, str] | None = None,
+    skip_blocked: bool = False,
+    progress: Progress | None = None,
+    snapshot: NodeSnapshot | None = None,
+) -> ApplyResult:
+    """Run the plan's steps in order; stop at the first failure; verify every GPU.
+
+    Raises :class:`BlockedError` when the plan has blocked items and
+    ``skip_blocked`` is false, :class:`ApplyError` when a step fails (no further
+    step runs), :class:`VerificationError` when a re-scan disagrees with the plan.
+    """
+    if plan.blocked and not skip_blocked:
+        raise BlockedError(
+            f"the plan has {len(plan.blocked)} blocked item(s); resolve them or apply the "
+            "rest with --skip-blocked"
+        )
+    started = time.perf_counter()
+    run = _Run(plan, host, journal, in_use or {}, progress, uuid_mod.uuid4().hex[:12])
+    run.record(
+        "plan-start",
+        fingerprint=plan.snapshot_fingerprint,
+        actions=len(plan.actions),
+        blocked=len(plan.blocked),
+    )
+    live = snapshot if snapshot is not None else host.scan()
+    all_actions = plan.actions
+    position = 0
+    for header in plan.gpus:
+        actions = plan.gpu_actions(header.address)
+        if not actions:
+            continue
+        before = live
+        immediate = [a for a in actions if not (a.kind is ActionKind.CREATE and a.parent is None)]
+        deferred = [a for a in actions if a.kind is ActionKind.CREATE and a.parent is None]
+        for a in immediate:
+            position += 1
+            run.step(a, live.gpu(header.address), all_actions[position:])
+        expected = expected_snapshot(plan, before)
+        live = host.scan()
+        if deferred:
+            sub = run.replan_deferred(header, deferred, live)
+            sub_actions = sub.gpu_actions(header.address)
+            before = live
+            for a in sub_actions:
+                run.step(a, live.gpu(header.address), all_actions[position + len(deferred) :])
+            position += len(deferred)
+            expected = expected_snapshot(sub, before)
+            live = host.scan()
+        want = _vgpu_set(expected.gpu(header.address))
+        got = _vgpu_set(live.gpu(header.address))
+        if want != got:
+            run.record("plan-end", outcome="failed", failed=f"verify gpu[{header.address}]")
+            raise VerificationError(header.address, sorted(want - got), sorted(got - want))
+    seconds = time.perf_counter() - started
+    run.record("plan-end", outcome="converged", seconds=round(seconds, 6))
+    return ApplyResult(run.plan_id, tuple(run.steps), live, seconds)

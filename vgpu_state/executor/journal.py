@@ -1,0 +1,104 @@
+"""An append-only JSON-lines journal of every apply: the audit trail.
+
+Each record is one line, fsynced before the next step runs, so after a crash
+the journal shows exactly which steps ran. Records:
+
+* ``plan-start``: plan id, node, config, selection, fingerprint, number of actions;
+* ``action-start`` / ``action-end``: the action's address and kind, outcome
+  (``ok``, ``skipped``, ``failed``), errno and message;
+* ``plan-end``: outcome (``converged``, ``failed``, ``blocked``) and timings.
+
+A ``plan-start`` without its ``plan-end`` is an unfinished plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_JOURNAL = "/var/lib/vgpu-state/journal.jsonl"
+
+
+def journal_path(explicit: str | None = None) -> Path:
+    return Path(explicit or os.environ.get("VGPU_STATE_JOURNAL") or DEFAULT_JOURNAL)
+
+
+class Journal:
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps({"ts": time.time(), **record}, sort_keys=True) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every readable record; a torn last line (crash mid-write) is skipped."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                yield value
+
+    def unfinished(self) -> list[UnfinishedPlan]:
+        """Plans that started but never recorded their end (the process died)."""
+        open_plans: dict[str, UnfinishedPlan] = {}
+        for r in self.records():
+            pid = str(r.get("plan_id", ""))
+            event = r.get("event")
+            if event == "plan-start":
+                open_plans[pid] = UnfinishedPlan(
+                    plan_id=pid,
+                    node=str(r.get("node", "")),
+                    config=str(r.get("config", "")),
+                    started=float(r.get("ts", 0.0)),
+                    total=int(r.get("actions", 0)),
+                    done=0,
+                    last_action="",
+                )
+            elif event == "action-end" and pid in open_plans:
+                u = open_plans[pid]
+                open_plans[pid] = UnfinishedPlan(
+                    u.plan_id, u.node, u.config, u.started, u.total, u.done + 1, str(r["address"])
+                )
+            elif event == "plan-end":
+                open_plans.pop(pid, None)
+        return list(open_plans.values())
+
+
+@dataclass(frozen=True)
+class UnfinishedPlan:
+    plan_id: str
+    node: str
+    config: str
+    started: float
+    total: int
+    done: int
+    last_action: str
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        last = f"; last finished step: {self.last_action}" if self.last_action else ""
+        return (
+            f"plan {self.plan_id} (config {self.config!r}, started {when}) did not finish: "
+            f"{self.done} of {self.total} steps done{last}. Re-planning against the live "
+            "state resumes it."
+        )
