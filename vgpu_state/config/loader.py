@@ -433,6 +433,8 @@ class _Loader:
         if is_str(node) and node.value in allowed:
             return kind(node.value)
         hint = suggest(str(node.value), allowed) if is_str(node) else None
+        if isinstance(node, ScalarNode) and tag(node) == BOOL and "off" in allowed:
+            hint = "off" if scalar_value(node) is False else None
         tail = f"; did you mean {hint}?" if hint else ""
         self.add(
             node, path, f"{key} must be one of {', '.join(allowed)}, found {describe(node)}{tail}"

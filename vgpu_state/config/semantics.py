@@ -81,7 +81,7 @@ def check_entry(facts: EntryFacts, catalog: Catalog, issues: Issues) -> None:
                 fnode,
                 fpath,
                 f"device-filter {str(f)!r} selects {names}, but "
-                f"{type_models[model.name]} is a {_label(model)} type",
+                f"{type_models[model.name]} is a type of {_label(model)}",
             )
             return
         if model is None and len(selectable) == 1 and all(per_filter):

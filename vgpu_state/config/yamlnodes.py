@@ -58,7 +58,8 @@ def compose(text: str, issues: Issues) -> Node | None:
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
-        problem = exc.problem or exc.context or "syntax error"
+        parts = [p for p in (exc.context, exc.problem) if p]
+        problem = ", ".join(parts) or "syntax error"
         issues.at_position(line, column, "", f"not valid YAML: {problem}")
         return None
     except YAMLError as exc:
