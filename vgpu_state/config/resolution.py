@@ -45,7 +45,9 @@ def entry_applies(entry: Entry, gpu: Gpu, model: GpuModel | None) -> bool:
         parse_device_filter(f).matches(gpu) for f in entry.device_filter
     ):
         return False
-    return model is None or all(model.offers(name) for name in entry.vgpu_devices)
+    return model is None or all(
+        model.offers(canonical_type_name(name)) for name in entry.vgpu_devices
+    )
 
 
 def entry_types(entry: Entry, catalog: Catalog | None = None) -> tuple[tuple[str, int], ...]:
