@@ -94,7 +94,7 @@ GPUS = (a2(0, "0000:08:00.0"), a16(1, "0000:09:00.0"), l40s(2, "0000:41:00.0"))
 
 
 @pytest.fixture(scope="module")
-def doc():  # type: ignore[no-untyped-def]
+def doc():
     return load_text(DOC, "pools.yaml")
 
 
@@ -110,12 +110,12 @@ def doc():  # type: ignore[no-untyped-def]
         ({}, "fallback", "default"),
     ],
 )
-def test_precedence(doc, labels, config, source) -> None:  # type: ignore[no-untyped-def]
+def test_precedence(doc, labels, config, source) -> None:
     selection = select(doc, "n1", labels)
     assert (selection.config, selection.source) == (config, source)
 
 
-def test_selection_details(doc) -> None:  # type: ignore[no-untyped-def]
+def test_selection_details(doc) -> None:
     assert select(doc, "n1", {"pool": "vdi"}).detail == (
         "first matching node-selector (pools.yaml:4:5)"
     )
@@ -125,7 +125,7 @@ def test_selection_details(doc) -> None:  # type: ignore[no-untyped-def]
     )
 
 
-def test_custom_label_key(doc) -> None:  # type: ignore[no-untyped-def]
+def test_custom_label_key(doc) -> None:
     labels = {"example.com/layout": "compute"}
     assert select(doc, "n1", labels, label_key="example.com/layout").config == "compute"
 
@@ -138,7 +138,7 @@ def test_no_config_selected_is_an_outcome() -> None:
     assert selection.config is None and selection.source == "none"
 
 
-def test_label_naming_unknown_config_suggests(doc) -> None:  # type: ignore[no-untyped-def]
+def test_label_naming_unknown_config_suggests(doc) -> None:
     with pytest.raises(SelectionError) as caught:
         select(doc, "n1", {"nvidia.com/vgpu.config": "compte"})
     assert str(caught.value) == (
@@ -147,7 +147,7 @@ def test_label_naming_unknown_config_suggests(doc) -> None:  # type: ignore[no-u
     )
 
 
-def test_a2_and_a16_share_a_device_id_types_decide(doc) -> None:  # type: ignore[no-untyped-def]
+def test_a2_and_a16_share_a_device_id_types_decide(doc) -> None:
     state = resolve(doc, "vdi", GPUS, "n1", "label")
     assert [(g.address, g.types) for g in state.gpus] == [
         ("0000:08:00.0", (("A2-4Q", 4),)),
@@ -159,13 +159,13 @@ def test_a2_and_a16_share_a_device_id_types_decide(doc) -> None:  # type: ignore
     assert (state.node, state.config, state.selection_source) == ("n1", "vdi", "label")
 
 
-def test_a2_and_a16_by_subsystem_filter(doc) -> None:  # type: ignore[no-untyped-def]
+def test_a2_and_a16_by_subsystem_filter(doc) -> None:
     state = resolve(doc, "by-subsystem", GPUS, "n1", "label")
     assert [g.types for g in state.gpus] == [(("A2-2Q", 8),), (("A16-4Q", 4),)]
     assert state.gpus[0].model == "A2"
 
 
-def test_index_and_address(doc) -> None:  # type: ignore[no-untyped-def]
+def test_index_and_address(doc) -> None:
     state = resolve(doc, "lab", GPUS, "n1", "node-selector[2]")
     assert [(g.index, g.types) for g in state.gpus] == [
         (0, (("A2-8Q", 2),)),
@@ -174,7 +174,7 @@ def test_index_and_address(doc) -> None:  # type: ignore[no-untyped-def]
     assert state.unmanaged == ("0000:41:00.0",)
 
 
-def test_overlapping_entries_name_both_lines(doc) -> None:  # type: ignore[no-untyped-def]
+def test_overlapping_entries_name_both_lines(doc) -> None:
     with pytest.raises(ConfigError) as caught:
         resolve(doc, "overlap", GPUS, "n1", "label")
     assert [str(i) for i in caught.value.issues] == [
@@ -184,7 +184,7 @@ def test_overlapping_entries_name_both_lines(doc) -> None:  # type: ignore[no-un
     ]
 
 
-def test_unmanaged_and_empty_layout(doc) -> None:  # type: ignore[no-untyped-def]
+def test_unmanaged_and_empty_layout(doc) -> None:
     state = resolve(doc, "compute", GPUS, "n1", "node-selector[1]")
     assert [g.address for g in state.gpus] == ["0000:41:00.0"]
     assert state.unmanaged == ("0000:08:00.0", "0000:09:00.0")
@@ -223,6 +223,6 @@ def test_policy_flows_into_desired_state() -> None:
     assert state.policy.prune is True and state.policy.in_use == "ignore"
 
 
-def test_resolve_unknown_config(doc) -> None:  # type: ignore[no-untyped-def]
+def test_resolve_unknown_config(doc) -> None:
     with pytest.raises(SelectionError, match="did you mean compute"):
         resolve(doc, "comptue", GPUS, "n1", "flag")

@@ -35,7 +35,7 @@ def load_document(path: str) -> ConfigDocument:
     """Load ``path`` (``-`` = stdin); print every error and exit 1 when it is invalid."""
     try:
         if path == "-":
-            return load_text(click.get_text_stream("stdin").read(), "<stdin>")
+            return load_text(sys.stdin.read(), "<stdin>")
         return load_file(path)
     except ConfigError as exc:
         _fail([str(issue) for issue in exc.issues])
