@@ -3,9 +3,9 @@
 
 One entry per GPU model that has time-sliced Q-series types: the Q type at half
 the GPU's framebuffer (or the largest Q type below half; a GPU whose only Q
-type is the whole GPU gets that one), as many as the GPU holds. Entries select their model by device-filter; where models share a PCI
-device id (A2 / A16, Quadro RTX 6000 / 8000 passive) the filter includes the
-subsystem id (``0xDDDD10DE:0xSSSS10DE``).
+type is the whole GPU gets that one), as many as the GPU holds. Entries select
+their model by device-filter; where models share a PCI device id (A2 / A16,
+Quadro RTX 6000 / 8000 passive) the filter includes the subsystem id (``0xDDDD10DE:0xSSSS10DE``).
 
     python scripts/gen_default_config.py          # rewrite the file
     python scripts/gen_default_config.py --check  # exit 1 when it is out of date
