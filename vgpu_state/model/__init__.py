@@ -7,6 +7,7 @@ from vgpu_state.model.errors import (
     ConfigIssue,
     DriverError,
     PlanningError,
+    SelectionError,
     TransientError,
     VgpuStateError,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "PciAddress",
     "PlanningError",
     "Policy",
+    "SelectionError",
     "SriovPolicy",
     "TransientError",
     "Vgpu",

@@ -34,6 +34,13 @@ class ConfigError(VgpuStateError):
         super().__init__("\n".join(str(i) for i in self.issues))
 
 
+class SelectionError(VgpuStateError):
+    """A node's selection input (its config label) names a config the file does not define.
+
+    Exit code 1, like :class:`ConfigError`: fix the label or the file.
+    """
+
+
 class PlanningError(VgpuStateError):
     """The desired layout cannot be reached on this node (e.g. it does not fit)."""
 

@@ -1,0 +1,164 @@
+"""``vgpu-state validate``, ``schema`` and ``select``: the config file from the shell."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import click
+
+from vgpu_state.catalog import default_catalog, suggest
+from vgpu_state.config import (
+    DEFAULT_LABEL_KEY,
+    ConfigDocument,
+    json_schema_text,
+    load_file,
+    load_text,
+    resolve,
+    select,
+)
+from vgpu_state.model.desired import DesiredState
+from vgpu_state.model.errors import ConfigError, SelectionError
+from vgpu_state.model.pci import parse_pci_address
+from vgpu_state.model.snapshot import Gpu
+
+NVIDIA = 0x10DE
+
+
+def _fail(lines: Sequence[str]) -> None:
+    for line in lines:
+        click.echo(line, err=True)
+    sys.exit(1)
+
+
+def load_document(path: str) -> ConfigDocument:
+    """Load ``path`` (``-`` = stdin); print every error and exit 1 when it is invalid."""
+    try:
+        if path == "-":
+            return load_text(sys.stdin.read(), "<stdin>")
+        return load_file(path)
+    except ConfigError as exc:
+        _fail([str(issue) for issue in exc.issues])
+        raise  # unreachable: _fail exits
+
+
+def gpus_from_flags(specs: Sequence[str]) -> tuple[Gpu, ...]:
+    """GPUs from ``ADDRESS=MODEL`` flags; the index is the order by address."""
+    catalog = default_catalog()
+    parsed: list[tuple[str, str]] = []
+    for spec in specs:
+        address, sep, model_text = spec.partition("=")
+        if not sep or not model_text.strip():
+            raise click.BadParameter(
+                f"{spec!r}: expected ADDRESS=MODEL, e.g. 0000:08:00.0=A2", param_hint="--gpu"
+            )
+        try:
+            canonical = parse_pci_address(address)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--gpu") from None
+        parsed.append((canonical, model_text.strip()))
+    gpus = []
+    for index, (address, model_text) in enumerate(sorted(parsed)):
+        model = catalog.find_model(model_text)
+        if model is None:
+            names = [m.short_name for m in catalog.models]
+            hint = suggest(model_text, names)
+            tail = f"; did you mean {hint}?" if hint else ""
+            raise click.BadParameter(f"unknown GPU model {model_text!r}{tail}", param_hint="--gpu")
+        gpus.append(
+            Gpu(
+                index=index,
+                address=address,
+                vendor_id=NVIDIA,
+                device_id=model.device_ids[0],
+                subsystem_vendor_id=NVIDIA,
+                subsystem_device_id=(model.subsystem_device_ids or (0,))[0],
+                model=model.name,
+                sriov_totalvfs=model.sriov_totalvfs,
+            )
+        )
+    return tuple(gpus)
+
+
+def _labels(specs: Sequence[str]) -> dict[str, str]:
+    labels = {}
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{spec!r}: expected KEY=VALUE", param_hint="--label")
+        labels[key] = value
+    return labels
+
+
+def render_layout(state: DesiredState, gpus: Sequence[Gpu]) -> list[str]:
+    """One line per GPU: its layout, or ``unmanaged``."""
+    catalog = default_catalog()
+    wanted = {g.address: g for g in state.gpus}
+    lines = []
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        model = catalog.model(gpu.model) if gpu.model else None
+        label = model.short_name if model is not None else (gpu.model or "unknown model")
+        head = f"  GPU {gpu.index} {gpu.address} {label}:"
+        desired = wanted.get(gpu.address)
+        if desired is None:
+            lines.append(f"{head} unmanaged (no entry covers it; left untouched)")
+            continue
+        layout = ", ".join(f"{count}x {name}" for name, count in desired.types) or "no vGPUs"
+        lines.append(f"{head} {layout}  [{desired.entry}]")
+    return lines
+
+
+@click.command("validate")
+@click.option("-f", "--file", "path", required=True, help="Config file; - reads stdin.")
+@click.option("-c", "--config", "config_name", help="Also check that this config exists.")
+def validate(path: str, config_name: str | None) -> None:
+    """Check a config file; print every error as file:line:column: message."""
+    document = load_document(path)
+    if config_name is not None and config_name not in document.configs:
+        hint = suggest(config_name, document.config_names)
+        tail = f"; did you mean {hint}?" if hint else ""
+        _fail([f"{document.file}: config {config_name!r} is not defined{tail}"])
+    count = len(document.configs)
+    click.echo(f"{document.file}: valid: {count} config{'s' if count != 1 else ''}")
+
+
+@click.command("schema")
+def schema() -> None:
+    """Print the JSON Schema of the config file."""
+    click.echo(json_schema_text(), nl=False)
+
+
+@click.command("select")
+@click.option("-f", "--file", "path", required=True, help="Config file; - reads stdin.")
+@click.option("--node", "node_name", required=True, help="Node name.")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="A node label.")
+@click.option(
+    "--gpu", "gpu_specs", multiple=True, metavar="ADDRESS=MODEL", help="A GPU, e.g. 08:00.0=A2."
+)
+@click.option("--label-key", default=DEFAULT_LABEL_KEY, show_default=True)
+def select_cmd(
+    path: str, node_name: str, labels: tuple[str, ...], gpu_specs: tuple[str, ...], label_key: str
+) -> None:
+    """Show which config a node gets and the layout of each GPU."""
+    document = load_document(path)
+    gpus = gpus_from_flags(gpu_specs)
+    try:
+        selection = select(document, node_name, _labels(labels), label_key)
+    except SelectionError as exc:
+        _fail([str(exc)])
+        return
+    if selection.config is None:
+        click.echo(f"node {node_name}: no config selected ({selection.detail})")
+        for gpu in gpus:
+            click.echo(f"  GPU {gpu.index} {gpu.address}: unmanaged")
+        return
+    click.echo(f"node {node_name}: config {selection.config} from {selection.detail}")
+    try:
+        state = resolve(document, selection.config, gpus, node_name, selection.source)
+    except ConfigError as exc:
+        _fail([str(issue) for issue in exc.issues])
+        return
+    p = state.policy
+    click.echo(f"  policy: in-use={p.in_use} prune={str(p.prune).lower()} sriov={p.sriov}")
+    for line in render_layout(state, gpus):
+        click.echo(line)

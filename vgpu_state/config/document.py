@@ -1,0 +1,206 @@
+"""The config document: pydantic models of the file's shape, and the loaded document.
+
+The models mirror the YAML keys (``vgpu-configs``, ``device-filter`` …) through
+aliases, so ``ConfigFile.model_json_schema(by_alias=True)`` is the schema of the
+file. Loading (``vgpu_state.config.loader``) checks a file node by node and then
+builds these models; they never see unchecked input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, WithJsonSchema
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+
+from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
+
+DEVICE_FILTER_PATTERN = r"^0[xX][0-9a-fA-F]{8}(:0[xX][0-9a-fA-F]{8})?$"
+PCI_ADDRESS_PATTERN = r"^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$"
+LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class PolicySpec(_Model):
+    """Policy knobs; a key left out inherits the top-level value, then the default."""
+
+    in_use: InUsePolicy | None = Field(
+        default=None,
+        alias="in-use",
+        description="protect (default): never destroy a vGPU a pod or VM holds; "
+        "ignore: plan as if nothing were in use.",
+    )
+    prune: bool | None = Field(
+        default=None,
+        description="false (default): leave unwanted vGPUs in place and report them; "
+        "true: destroy them (still subject to in-use).",
+    )
+    sriov: SriovPolicy | None = Field(
+        default=None,
+        description="auto (default): enable a GPU's virtual functions when the layout "
+        "needs them; off: never touch SR-IOV.",
+    )
+
+    def apply_to(self, base: Policy) -> Policy:
+        """``base`` with every key this spec sets replaced."""
+        return Policy(
+            in_use=self.in_use if self.in_use is not None else base.in_use,
+            prune=self.prune if self.prune is not None else base.prune,
+            sriov=self.sriov if self.sriov is not None else base.sriov,
+        )
+
+
+_DEVICES_SCHEMA: dict[str, Any] = {
+    "description": "'all', or a list of GPU indices (0, 1, …) and PCI addresses "
+    "(0000:3b:00.0 or 3b:00.0).",
+    "anyOf": [
+        {"const": "all"},
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0},
+                    {"type": "string", "pattern": PCI_ADDRESS_PATTERN},
+                ]
+            },
+        },
+    ],
+}
+_FILTER_ITEM: dict[str, Any] = {"type": "string", "pattern": DEVICE_FILTER_PATTERN}
+_FILTER_SCHEMA: dict[str, Any] = {
+    "description": "PCI device and vendor id 0xDDDDVVVV, optionally with the subsystem "
+    "device and vendor id 0xDDDDVVVV:0xSSSSVVVV; one string or a list (any one matches).",
+    "anyOf": [_FILTER_ITEM, {"type": "array", "minItems": 1, "items": _FILTER_ITEM}],
+}
+
+
+class Entry(_Model):
+    """One layout rule of a config: which GPUs, and the vGPU types each gets."""
+
+    devices: Annotated[Literal["all"] | tuple[int | str, ...], WithJsonSchema(_DEVICES_SCHEMA)] = (
+        Field(title="Devices")
+    )
+    device_filter: Annotated[tuple[str, ...], WithJsonSchema(_FILTER_SCHEMA)] = Field(
+        default=(), alias="device-filter", title="Device Filter"
+    )
+    vgpu_devices: dict[str, Annotated[int, Field(gt=0)]] = Field(
+        alias="vgpu-devices",
+        description="vGPU type name → number of vGPUs of that type on each matching GPU. "
+        "{} means no vGPUs.",
+    )
+
+
+class NamedConfig(_Model):
+    """A named layout: the v1 list of entries, or a mapping with ``entries`` and ``policy``."""
+
+    entries: tuple[Entry, ...] = Field(min_length=1)
+    policy: PolicySpec | None = None
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        mapping = handler(core_schema)
+        resolved = handler.resolve_ref_schema(mapping)
+        entries = dict(resolved["properties"]["entries"])
+        entries.pop("title", None)
+        return {
+            "description": "A list of entries (vgpu-device-manager v1 form), or a mapping "
+            "with entries and a policy for this config.",
+            "anyOf": [entries, mapping],
+        }
+
+
+class LabelExpression(_Model):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = ()
+
+
+class NodeSelector(_Model):
+    """Nodes whose labels match get ``config`` (when they carry no config label)."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="match-labels")
+    match_expressions: tuple[LabelExpression, ...] = Field(default=(), alias="match-expressions")
+    config: str
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for expr in self.match_expressions:
+            present = expr.key in labels
+            if expr.operator == "In" and not (present and labels[expr.key] in expr.values):
+                return False
+            if expr.operator == "NotIn" and present and labels[expr.key] in expr.values:
+                return False
+            if expr.operator == "Exists" and not present:
+                return False
+            if expr.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+
+class ConfigFile(_Model):
+    """vgpu-state config file (a superset of NVIDIA vgpu-device-manager version v1)."""
+
+    model_config = ConfigDict(title="vgpu-state config")
+
+    version: Literal["v1"]
+    vgpu_configs: dict[str, NamedConfig] = Field(
+        alias="vgpu-configs", min_length=1, description="Named layouts."
+    )
+    node_selectors: tuple[NodeSelector, ...] = Field(
+        default=(),
+        alias="node-selectors",
+        description="Label selectors → config name; the first match wins.",
+    )
+    default: str | None = Field(
+        default=None, description="The config of nodes no label or node-selector picks."
+    )
+    policy: PolicySpec | None = None
+
+
+@dataclass(frozen=True)
+class ConfigDocument:
+    """A loaded, valid config file.
+
+    Two documents are equal when their content is; the file name and the
+    positions of the nodes do not take part.
+    """
+
+    spec: ConfigFile
+    file: str = field(default="<config>", compare=False)
+    positions: Mapping[str, tuple[int, int]] = field(default_factory=dict, compare=False)
+    """Key path (``vgpu-configs.a10[0]``, ``node-selectors[1]``, ``default``) → (line, column)."""
+
+    @property
+    def configs(self) -> dict[str, NamedConfig]:
+        return self.spec.vgpu_configs
+
+    @property
+    def config_names(self) -> tuple[str, ...]:
+        return tuple(self.spec.vgpu_configs)
+
+    def policy_for(self, name: str) -> Policy:
+        """The effective policy of config ``name``: defaults ← top level ← the config's own."""
+        policy = Policy()
+        if self.spec.policy is not None:
+            policy = self.spec.policy.apply_to(policy)
+        own = self.spec.vgpu_configs[name].policy
+        return own.apply_to(policy) if own is not None else policy
+
+    def location(self, path: str) -> str:
+        """``file:line:column`` of a key path, or just the file name when unknown."""
+        pos = self.positions.get(path)
+        return f"{self.file}:{pos[0]}:{pos[1]}" if pos else self.file
+
+    def entry_ref(self, name: str, index: int) -> str:
+        path = f"vgpu-configs.{name}[{index}]"
+        return f"{self.location(path)} ({path})"

@@ -1,0 +1,121 @@
+"""Resolve a selected config onto a node's GPUs: the desired layout per GPU.
+
+An entry applies to a GPU when its ``devices`` (``all``, an index or a PCI
+address) and its ``device-filter`` match **and** the GPU's model offers every
+type the entry lists (a GPU of unknown model accepts the types as they are).
+The last condition exists because real vgpu-device-manager configs list one
+entry per model under the same device id (A2 and A16 share ``0x25B6``), each
+with that model's types: without it both entries would claim both GPUs.
+
+More than one applicable entry for one GPU is an error naming both entries;
+a GPU no entry covers is *unmanaged* and is never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vgpu_state.catalog import Catalog, GpuModel, default_catalog, suggest
+from vgpu_state.config.document import ConfigDocument, Entry
+from vgpu_state.config.filters import parse_device_filter
+from vgpu_state.config.typenames import canonical_type_name
+from vgpu_state.model.desired import DesiredGpu, DesiredState
+from vgpu_state.model.errors import ConfigError, ConfigIssue, SelectionError
+from vgpu_state.model.snapshot import Gpu
+
+
+def gpu_model(gpu: Gpu, catalog: Catalog | None = None) -> GpuModel | None:
+    """The catalog model of a GPU: its recorded model name, else its PCI ids."""
+    cat = catalog or default_catalog()
+    if gpu.model:
+        found = cat.model(gpu.model) or cat.find_model(gpu.model)
+        if found is not None:
+            return found
+    return cat.model_for_pci(gpu.device_id, gpu.subsystem_device_id)
+
+
+def entry_applies(entry: Entry, gpu: Gpu, model: GpuModel | None) -> bool:
+    if (
+        entry.devices != "all"
+        and gpu.index not in entry.devices
+        and (gpu.address not in entry.devices)
+    ):
+        return False
+    if entry.device_filter and not any(
+        parse_device_filter(f).matches(gpu) for f in entry.device_filter
+    ):
+        return False
+    return model is None or all(
+        model.offers(canonical_type_name(name)) for name in entry.vgpu_devices
+    )
+
+
+def entry_types(entry: Entry, catalog: Catalog | None = None) -> tuple[tuple[str, int], ...]:
+    counts: dict[str, int] = {}
+    for name, count in entry.vgpu_devices.items():
+        canon = canonical_type_name(name, catalog)
+        counts[canon] = counts.get(canon, 0) + count
+    return tuple(sorted(counts.items()))
+
+
+def resolve(
+    document: ConfigDocument,
+    config_name: str,
+    gpus: Sequence[Gpu],
+    node_name: str,
+    source: str,
+) -> DesiredState:
+    """The desired layout of node ``node_name`` under config ``config_name``."""
+    if config_name not in document.configs:
+        hint = suggest(config_name, document.config_names)
+        tail = f"; did you mean {hint}?" if hint else ""
+        raise SelectionError(f"config {config_name!r} is not defined in {document.file}{tail}")
+    catalog = default_catalog()
+    entries = document.configs[config_name].entries
+    desired: list[DesiredGpu] = []
+    unmanaged: list[str] = []
+    issues: list[ConfigIssue] = []
+    for gpu in sorted(gpus, key=lambda g: (g.index, g.address)):
+        model = gpu_model(gpu, catalog)
+        applying = [i for i, e in enumerate(entries) if entry_applies(e, gpu, model)]
+        if not applying:
+            unmanaged.append(gpu.address)
+            continue
+        if len(applying) > 1:
+            issues.append(_overlap(document, config_name, gpu, applying[0], applying[1]))
+            continue
+        index = applying[0]
+        desired.append(
+            DesiredGpu(
+                address=gpu.address,
+                index=gpu.index,
+                model=model.name if model is not None else gpu.model,
+                types=entry_types(entries[index], catalog),
+                entry=document.entry_ref(config_name, index),
+            )
+        )
+    if issues:
+        raise ConfigError(issues)
+    return DesiredState(
+        node=node_name,
+        config=config_name,
+        selection_source=source,
+        policy=document.policy_for(config_name),
+        gpus=tuple(desired),
+        unmanaged=tuple(unmanaged),
+    )
+
+
+def _overlap(document: ConfigDocument, name: str, gpu: Gpu, first: int, second: int) -> ConfigIssue:
+    path = f"vgpu-configs.{name}[{second}]"
+    line, column = document.positions.get(path, (0, 0))
+    first_line = document.positions.get(f"vgpu-configs.{name}[{first}]", (0, 0))[0]
+    return ConfigIssue(
+        document.file,
+        line,
+        column,
+        path,
+        f"GPU {gpu.address} (index {gpu.index}) matches two entries of config {name!r}: "
+        f"[{first}] on line {first_line} and [{second}] on line {line}; make their devices "
+        "or device-filter disjoint",
+    )

@@ -1,0 +1,147 @@
+"""YAML text → ruamel node tree with positions, and small helpers to read it.
+
+The loader composes the YAML into nodes (no Python objects yet) so that every
+key and value keeps its line and column, duplicate keys stay visible, and the
+original text of a scalar (``0x223610DE`` unquoted) is still at hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from vgpu_state.model.errors import ConfigIssue
+
+STR = "tag:yaml.org,2002:str"
+INT = "tag:yaml.org,2002:int"
+BOOL = "tag:yaml.org,2002:bool"
+NULL = "tag:yaml.org,2002:null"
+FLOAT = "tag:yaml.org,2002:float"
+MERGE = "tag:yaml.org,2002:merge"
+
+
+@dataclass
+class Issues:
+    """Collects every problem of one file; positions are 1-based."""
+
+    file: str
+    items: list[ConfigIssue] = field(default_factory=list)
+
+    def at(self, node: Node | None, path: str, message: str) -> None:
+        line, column = position(node)
+        self.items.append(ConfigIssue(self.file, line, column, path, message))
+
+    def at_position(self, line: int, column: int, path: str, message: str) -> None:
+        self.items.append(ConfigIssue(self.file, line, column, path, message))
+
+
+def position(node: Node | None) -> tuple[int, int]:
+    if node is None:
+        return 1, 1
+    mark = node.start_mark
+    return int(mark.line) + 1, int(mark.column) + 1
+
+
+def tag(node: Node) -> str:
+    return str(node.tag)
+
+
+def compose(text: str, issues: Issues) -> Node | None:
+    """Compose ``text``; a YAML syntax error becomes an issue and ``None``."""
+    yaml = YAML(typ="safe", pure=True)
+    try:
+        node: Node | None = yaml.compose(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
+        parts = [p for p in (exc.context, exc.problem) if p]
+        problem = ", ".join(parts) or "syntax error"
+        issues.at_position(line, column, "", f"not valid YAML: {problem}")
+        return None
+    except YAMLError as exc:
+        issues.at_position(1, 1, "", f"not valid YAML: {exc}")
+        return None
+    except (ValueError, RecursionError) as exc:
+        issues.at_position(1, 1, "", f"not valid YAML: {exc}")
+        return None
+    return node
+
+
+def scalar_value(node: ScalarNode) -> Any:
+    """The Python value of a scalar under the YAML 1.2 core schema."""
+    text = str(node.value)
+    kind = tag(node)
+    if kind == INT:
+        digits = text.replace("_", "")
+        try:
+            return int(digits, 0)
+        except ValueError:
+            try:
+                return int(digits, 10)
+            except ValueError:
+                return text
+    if kind == BOOL:
+        return text.lower() == "true"
+    if kind == NULL:
+        return None
+    if kind == FLOAT:
+        try:
+            return float(text.replace("_", ""))
+        except ValueError:
+            return text
+    return text
+
+
+def describe(node: Node) -> str:
+    """A short rendering of a node's value for messages: ``'abc'``, ``7``, ``a list``."""
+    if isinstance(node, ScalarNode):
+        value = scalar_value(node)
+        if value is None:
+            return "nothing (null)"
+        if isinstance(value, bool):
+            return f"{str(value).lower()} (a boolean)"
+        if isinstance(value, int | float):
+            return str(node.value)
+        return repr(str(node.value))
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    return "an unsupported value"
+
+
+def is_str(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and tag(node) == STR
+
+
+def mapping_items(node: MappingNode, path: str, issues: Issues) -> list[tuple[str, Node, Node]]:
+    """(key text, key node, value node) of a mapping; duplicates and odd keys become issues."""
+    seen: dict[str, Node] = {}
+    items: list[tuple[str, Node, Node]] = []
+    for key_node, value_node in node.value:
+        if not isinstance(key_node, ScalarNode):
+            issues.at(key_node, path, f"a key must be a plain name, found {describe(key_node)}")
+            continue
+        if tag(key_node) == MERGE:
+            issues.at(key_node, path, "merge keys (<<) are not supported; write the keys out")
+            continue
+        key = str(key_node.value)
+        if key in seen:
+            first = position(seen[key])[0]
+            issues.at(
+                key_node,
+                join(path, key),
+                f"duplicate key {key!r} (first defined on line {first})",
+            )
+            continue
+        seen[key] = key_node
+        items.append((key, key_node, value_node))
+    return items
+
+
+def join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
