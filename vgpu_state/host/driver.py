@@ -66,9 +66,7 @@ def pci_device_path(root: str, address: str, *parts: str) -> str:
     return os.path.join(root, "bus", "pci", "devices", address, *parts)
 
 
-def create_mdev(
-    root: str, parent: str, type_id: int, uuid: str, writer: Writer = os_write
-) -> None:
+def create_mdev(root: str, parent: str, type_id: int, uuid: str, writer: Writer = os_write) -> None:
     """Create an mdev vGPU of ``type_id`` with ``uuid`` on ``parent`` (a VF or PF)."""
     path = pci_device_path(root, parent, "mdev_supported_types", f"nvidia-{type_id}", "create")
     write_attribute("create", path, uuid, writer)

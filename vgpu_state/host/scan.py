@@ -146,7 +146,9 @@ class _Scanner:
                     vf_has_vfio = True
                     listed = rd.text(os.path.join(vf_path, "nvidia", "creatable_vgpu_types"))
                     pairs = parse_creatable_vgpu_types(listed or "")
-                    creatable = tuple(CreatableType(type_id=i, name=n, available=1) for i, n in pairs)
+                    creatable = tuple(
+                        CreatableType(type_id=i, name=n, available=1) for i, n in pairs
+                    )
                     for i, n in pairs:
                         known_names.setdefault(i, n)
                     if cur != 0:
@@ -286,7 +288,9 @@ class _Scanner:
             else:
                 name = self._catalog_name(type_id) if type_id is not None else None
             found.append(
-                Vgpu(kind="mdev", parent=parent, uuid=entry.lower(), type_id=type_id, type_name=name)
+                Vgpu(
+                    kind="mdev", parent=parent, uuid=entry.lower(), type_id=type_id, type_name=name
+                )
             )
         return found
 
