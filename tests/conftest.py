@@ -47,3 +47,18 @@ def sim_host_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
     yield make
     for host in made:
         host.close()
+
+
+@pytest.fixture
+def fast_tmp_path(tmp_path: Path) -> Iterator[Path]:
+    """An empty directory in memory (``/dev/shm`` when available) for trees of thousands of files."""
+    import shutil
+    import tempfile
+
+    shm = "/dev/shm"
+    if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    path = Path(tempfile.mkdtemp(prefix="vgpu-test-", dir=shm))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

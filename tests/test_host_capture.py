@@ -89,9 +89,9 @@ def build_a2_capture(root: Path) -> None:
             _link(root / "bus/mdev/devices" / uuid, f"../../../{BRIDGE}/{addr}/{uuid}")
 
 
-def test_a2_capture_scans_to_the_expected_snapshot(tmp_path: Path) -> None:
-    build_a2_capture(tmp_path)
-    snap = scan(str(tmp_path), "a2-node")
+def test_a2_capture_scans_to_the_expected_snapshot(fast_tmp_path: Path) -> None:
+    build_a2_capture(fast_tmp_path)
+    snap = scan(str(fast_tmp_path), "a2-node")
     assert snap.problems == ()
     assert len(snap.gpus) == 1
     gpu = snap.gpus[0]
@@ -122,9 +122,9 @@ def test_a2_capture_scans_to_the_expected_snapshot(tmp_path: Path) -> None:
     assert gpu.pf_creatable == ()
 
 
-def test_mdev_type_name_falls_back_to_catalog_when_type_dir_unreadable(tmp_path: Path) -> None:
-    build_a2_capture(tmp_path)
-    (tmp_path / BRIDGE / "0000:08:00.4/mdev_supported_types/nvidia-754/name").unlink()
-    gpu = scan(str(tmp_path)).gpus[0]
+def test_mdev_type_name_falls_back_to_catalog_when_type_dir_unreadable(fast_tmp_path: Path) -> None:
+    build_a2_capture(fast_tmp_path)
+    (fast_tmp_path / BRIDGE / "0000:08:00.4/mdev_supported_types/nvidia-754/name").unlink()
+    gpu = scan(str(fast_tmp_path)).gpus[0]
     found = [v for v in gpu.vgpus if v.parent == "0000:08:00.4"]
     assert found[0].type_id == 754 and found[0].type_name == "A2-4C"

@@ -24,19 +24,19 @@ gpus:
 """
 
 
-def _tree(tmp_path: Path, text: str = SPEC) -> Path:
-    root = tmp_path / "sys"
+def _tree(fast_tmp_path: Path, text: str = SPEC) -> Path:
+    root = fast_tmp_path / "sys"
     materialize(render(SimDriver(parse_spec(text))), str(root))
     return root
 
 
-def test_missing_root_is_a_node_problem(tmp_path: Path) -> None:
-    snap = scan(str(tmp_path / "nothing"))
+def test_missing_root_is_a_node_problem(fast_tmp_path: Path) -> None:
+    snap = scan(str(fast_tmp_path / "nothing"))
     assert snap.gpus == () and "not found" in snap.problems[0]
 
 
-def test_missing_optional_files(tmp_path: Path) -> None:
-    root = _tree(tmp_path)
+def test_missing_optional_files(fast_tmp_path: Path) -> None:
+    root = _tree(fast_tmp_path)
     pf = root / "bus/pci/devices/0000:08:00.0"
     for name in ("numa_node", "subsystem_vendor", "subsystem_device", "iommu_group", "driver"):
         os.unlink(pf / name)
@@ -46,8 +46,8 @@ def test_missing_optional_files(tmp_path: Path) -> None:
     assert gpu.model is None and any("catalog" in p for p in gpu.problems)
 
 
-def test_broken_symlinks_are_problems(tmp_path: Path) -> None:
-    root = _tree(tmp_path)
+def test_broken_symlinks_are_problems(fast_tmp_path: Path) -> None:
+    root = _tree(fast_tmp_path)
     vf = root / "bus/pci/devices/0000:08:00.4"
     os.unlink(vf / "iommu_group")
     os.symlink("../../../../kernel/iommu_groups/9999", vf / "iommu_group")
@@ -61,8 +61,8 @@ def test_broken_symlinks_are_problems(tmp_path: Path) -> None:
     assert len(gpu.vfs) == 16
 
 
-def test_unreadable_files_and_enxio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = _tree(tmp_path)
+def test_unreadable_files_and_enxio(fast_tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _tree(fast_tmp_path)
     real_read = os.read
     bad: dict[int, int] = {}
     real_open = os.open
@@ -91,8 +91,8 @@ def test_unreadable_files_and_enxio(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert l40s.vgpus[0].type_name == "L40S-8Q"
 
 
-def test_garbage_values(tmp_path: Path) -> None:
-    root = _tree(tmp_path)
+def test_garbage_values(fast_tmp_path: Path) -> None:
+    root = _tree(fast_tmp_path)
     pf = root / "bus/pci/devices/0000:3b:00.0"
     os.chmod(pf / "numa_node", 0o644)
     (pf / "numa_node").write_text("banana\n")
@@ -102,19 +102,19 @@ def test_garbage_values(tmp_path: Path) -> None:
     assert any("not a number" in p for p in gpu.problems)
 
 
-def test_many_unrelated_devices_are_skipped_cheaply(tmp_path: Path) -> None:
+def test_many_unrelated_devices_are_skipped_cheaply(fast_tmp_path: Path) -> None:
     text = SPEC + "extra-pci-devices: 2000\n"
-    root = _tree(tmp_path, text)
+    root = _tree(fast_tmp_path, text)
     snap, stats = scan_with_stats(str(root))
     assert [g.address for g in snap.gpus] == ["0000:08:00.0", "0000:26:00.0", "0000:3b:00.0"]
     assert [g.index for g in snap.gpus] == [0, 1, 2]
-    small, small_stats = scan_with_stats(str(_tree(tmp_path / "b")))
+    small, small_stats = scan_with_stats(str(_tree(fast_tmp_path / "b")))
     # Each unrelated device costs exactly one read (its vendor file).
     assert stats.files_read - small_stats.files_read == 2000
 
 
-def test_nvidia_non_gpu_functions_and_vfs_are_not_gpus(tmp_path: Path) -> None:
-    root = _tree(tmp_path)
+def test_nvidia_non_gpu_functions_and_vfs_are_not_gpus(fast_tmp_path: Path) -> None:
+    root = _tree(fast_tmp_path)
     audio = root / "devices/pci0000:00/0000:3b:00.1"
     audio.mkdir(parents=True)
     (audio / "vendor").write_text("0x10de\n")
@@ -124,14 +124,14 @@ def test_nvidia_non_gpu_functions_and_vfs_are_not_gpus(tmp_path: Path) -> None:
     assert len(snap.gpus) == 3
 
 
-def test_layout_detection(tmp_path: Path) -> None:
+def test_layout_detection(fast_tmp_path: Path) -> None:
     text = """
 gpus:
   - {address: "0000:08:00.0", model: A2, sriov: false}
   - {address: "0000:09:00.0", model: A2, driver: vfio-pci}
   - {address: "0000:3b:00.0", model: T4}
 """
-    root = _tree(tmp_path, text)
+    root = _tree(fast_tmp_path, text)
     snap = scan(str(root))
     layouts = [(g.address, g.layout) for g in snap.gpus]
     assert layouts == [

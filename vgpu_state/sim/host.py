@@ -23,12 +23,20 @@ from vgpu_state.sim.sysfs import SimSysfs
 from vgpu_state.sim.tree import SRIOV_MANAGE_CONTROL
 
 
+def _temp_root() -> str:
+    """A fresh directory, in memory (``/dev/shm``) when possible, like sysfs itself."""
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    return tempfile.mkdtemp(prefix="vgpu-sim-", dir=base)
+
+
 class SimHost:
     """A simulated node rendered as a directory tree under ``root``.
 
     ``spec``: a :class:`NodeSpec` or the path of a spec file (then :meth:`save`
     without an argument writes back to it). ``root``: where to write the tree;
-    a temporary directory (removed by :meth:`close`) when omitted.
+    a new, empty directory; a temporary one under ``/dev/shm`` (removed by
+    :meth:`close`) when omitted.
     """
 
     def __init__(self, spec: NodeSpec | str | Path, root: str | Path | None = None) -> None:
@@ -40,9 +48,9 @@ class SimHost:
             loaded = load_spec(self.spec_path)
         self.sysfs = SimSysfs(loaded)
         self._own_root = root is None
-        self.root = str(root) if root is not None else tempfile.mkdtemp(prefix="vgpu-sim-")
-        if not self._own_root and os.path.exists(self.root):
-            shutil.rmtree(self.root)
+        self.root = str(root) if root is not None else _temp_root()
+        if not self._own_root and os.path.exists(self.root) and os.listdir(self.root):
+            raise ValueError(f"{self.root} is not empty; SimHost writes a whole sysfs tree there")
         self._rendered = self.sysfs.tree
         materialize(self._rendered, self.root)
 
