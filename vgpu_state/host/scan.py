@@ -72,6 +72,23 @@ class _Scanner:
         self.read = reader
         self.devices = os.path.join(root, "bus", "pci", "devices")
         self.catalog = default_catalog()
+        # Free VFs of one GPU list identical types; share the frozen values.
+        self._listings: dict[str, tuple[CreatableType, ...]] = {}
+        self._types: dict[tuple[int, str, int], CreatableType] = {}
+
+    def creatable(self, type_id: int, name: str, available: int) -> CreatableType:
+        key = (type_id, name, available)
+        found = self._types.get(key)
+        if found is None:
+            found = self._types[key] = CreatableType(type_id=type_id, name=name, available=available)
+        return found
+
+    def listing(self, text: str) -> tuple[CreatableType, ...]:
+        found = self._listings.get(text)
+        if found is None:
+            pairs = parse_creatable_vgpu_types(text)
+            found = self._listings[text] = tuple(self.creatable(i, n, 1) for i, n in pairs)
+        return found
 
     def run(self, node: str) -> NodeSnapshot:
         names = self.read.listdir(self.devices)
@@ -133,7 +150,7 @@ class _Scanner:
             vf_group = rd.link_int(os.path.join(vf_path, "iommu_group"))
             creatable: tuple[CreatableType, ...] = ()
             current: int | None = None
-            types = self._mdev_types(vf_path)
+            types = self._mdev_types(vf_path, known_names)
             if types is not None:
                 vf_has_mdev = True
                 creatable = tuple(t for t in types if t.available > 0)
@@ -145,12 +162,9 @@ class _Scanner:
                 if cur is not None:
                     vf_has_vfio = True
                     listed = rd.text(os.path.join(vf_path, "nvidia", "creatable_vgpu_types"))
-                    pairs = parse_creatable_vgpu_types(listed or "")
-                    creatable = tuple(
-                        CreatableType(type_id=i, name=n, available=1) for i, n in pairs
-                    )
-                    for i, n in pairs:
-                        known_names.setdefault(i, n)
+                    creatable = self.listing(listed or "")
+                    for t in creatable:
+                        known_names.setdefault(t.type_id, t.name)
                     if cur != 0:
                         current = cur
                         vfio_current.append((vf_address, cur))
@@ -246,8 +260,14 @@ class _Scanner:
         )
 
     # mdev ----------------------------------------------------------------------
-    def _mdev_types(self, device_path: str) -> tuple[CreatableType, ...] | None:
-        """Every type of a parent with its ``available_instances``; ``None`` if not a parent."""
+    def _mdev_types(
+        self, device_path: str, names: dict[int, str] | None = None
+    ) -> tuple[CreatableType, ...] | None:
+        """Every type of a parent with its ``available_instances``; ``None`` if not a parent.
+
+        ``names`` caches type names already read on the same GPU (a type id names
+        one type), so each ``name`` file is read once per GPU.
+        """
         types_dir = os.path.join(device_path, "mdev_supported_types")
         entries = self.read.listdir(types_dir)
         if entries is None:
@@ -260,11 +280,13 @@ class _Scanner:
             type_id = int(m.group(1))
             type_path = os.path.join(types_dir, entry)
             available = self.read.integer(os.path.join(type_path, "available_instances"))
-            raw_name = self.read.text(os.path.join(type_path, "name"))
-            name = short_type_name(raw_name) if raw_name else self._catalog_name(type_id)
-            found.append(
-                CreatableType(type_id=type_id, name=name or entry, available=available or 0)
-            )
+            name: str | None = names.get(type_id) if names is not None else None
+            if name is None:
+                raw_name = self.read.text(os.path.join(type_path, "name"))
+                name = short_type_name(raw_name) if raw_name else self._catalog_name(type_id)
+                if name and names is not None:
+                    names[type_id] = name
+            found.append(self.creatable(type_id, name or entry, available or 0))
         found.sort(key=lambda t: t.type_id)
         return tuple(found)
 

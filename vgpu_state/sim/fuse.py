@@ -65,6 +65,10 @@ def make_operations(sysfs: SimSysfs) -> Any:
 
     class SysfsOperations(base):  # type: ignore[misc,valid-type]
         use_ns = True
+        served = False
+
+        def init(self, path: str) -> None:
+            self.served = True
 
         def _lookup(self, path: str) -> Any:
             e = sysfs.tree.entries.get(path.strip("/"))
@@ -151,17 +155,23 @@ def serve(spec: NodeSpec, mountpoint: str, save_to: str | Path | None = None) ->
 
     sysfs = SimSysfs(spec)
     ops = make_operations(sysfs)
-    mfusepy.FUSE(
-        ops,
-        mountpoint,
-        foreground=True,
-        nothreads=True,
-        direct_io=True,
-        attr_timeout=0,
-        entry_timeout=0,
-        negative_timeout=0,
-        fsname="vgpu-state-sim",
-    )
+    try:
+        mfusepy.FUSE(
+            ops,
+            mountpoint,
+            foreground=True,
+            nothreads=True,
+            direct_io=True,
+            attr_timeout=0,
+            entry_timeout=0,
+            negative_timeout=0,
+            fsname="vgpu-state-sim",
+        )
+    except RuntimeError:
+        # libfuse reports a non-zero status when a signal ended the loop; that
+        # is a clean unmount once the file system has been served.
+        if not ops.served:
+            raise
     if save_to is not None:
         save_spec(sysfs.to_spec(), save_to)
 

@@ -103,6 +103,7 @@ def errno_value(name: str) -> int:
 def _yaml() -> YAML:
     y = YAML(typ="safe", pure=True)
     y.default_flow_style = False
+    y.sort_base_mapping_type_on_output = False  # type: ignore[assignment]
     return y
 
 
@@ -133,8 +134,8 @@ def load_spec(path: str | Path) -> NodeSpec:
 
 
 def dump_spec(spec: NodeSpec) -> str:
-    data = spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-    data.setdefault("node", spec.node)
+    data = {"node": spec.node}
+    data.update(spec.model_dump(mode="json", by_alias=True, exclude_defaults=True))
     out = io.StringIO()
     _yaml().dump(data, out)
     return out.getvalue()
