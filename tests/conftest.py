@@ -20,7 +20,7 @@ def sim_spec_paths() -> list[Path]:
 
 @pytest.fixture
 def require_fuse() -> None:
-    """Skip (with the reason) when FUSE is unusable; fail instead under VGPU_STATE_REQUIRE_FUSE=1."""
+    """Skip (printing why) when FUSE is unusable; fail instead under VGPU_STATE_REQUIRE_FUSE=1."""
     from vgpu_state.sim.fuse import fuse_unavailable_reason
 
     reason = fuse_unavailable_reason()
@@ -34,7 +34,7 @@ def require_fuse() -> None:
 
 @pytest.fixture
 def sim_host_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
-    """Build :class:`vgpu_state.sim.host.SimHost` objects (from a spec or spec path) closed after the test."""
+    """Build ``SimHost`` objects (from a spec or a spec path); all are closed after the test."""
     from vgpu_state.sim.host import SimHost
 
     made: list[SimHost] = []
@@ -51,7 +51,7 @@ def sim_host_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
 
 @pytest.fixture
 def fast_tmp_path(tmp_path: Path) -> Iterator[Path]:
-    """An empty directory in memory (``/dev/shm`` when available) for trees of thousands of files."""
+    """An empty directory in memory (``/dev/shm`` when available) for trees of many files."""
     import shutil
     import tempfile
 

@@ -1,4 +1,4 @@
-"""A hand-built tree reproducing the A2 capture (reference §2.2, §3.1) scans to the expected snapshot."""
+"""A hand-built tree of the A2 capture (reference §2.2, §3.1) scans to the expected snapshot."""
 
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ import pytest
 
 from vgpu_state.host import scan, scan_with_stats
 from vgpu_state.model.snapshot import Layout
+from vgpu_state.sim.dirtree import materialize
+from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.spec import parse_spec
 from vgpu_state.sim.tree import render
-from vgpu_state.sim.driver_model import SimDriver
-from vgpu_state.sim.dirtree import materialize
 
 SPEC = """
 node: n
@@ -108,7 +108,7 @@ def test_many_unrelated_devices_are_skipped_cheaply(fast_tmp_path: Path) -> None
     snap, stats = scan_with_stats(str(root))
     assert [g.address for g in snap.gpus] == ["0000:08:00.0", "0000:26:00.0", "0000:3b:00.0"]
     assert [g.index for g in snap.gpus] == [0, 1, 2]
-    small, small_stats = scan_with_stats(str(_tree(fast_tmp_path / "b")))
+    _, small_stats = scan_with_stats(str(_tree(fast_tmp_path / "b")))
     # Each unrelated device costs exactly one read (its vendor file).
     assert stats.files_read - small_stats.files_read == 2000
 

@@ -30,7 +30,9 @@ def errno_of(fn: object, *args: object) -> int:
 def test_vf_numbering_is_ari_with_offset_4() -> None:
     g = a2().gpus[0]
     addrs = g.vf_addresses()
-    assert addrs[0] == "0000:08:00.4" and addrs[11] == "0000:08:01.7" and addrs[15] == "0000:08:02.3"
+    assert (
+        addrs[0] == "0000:08:00.4" and addrs[11] == "0000:08:01.7" and addrs[15] == "0000:08:02.3"
+    )
 
 
 def test_equal_size_rule() -> None:
@@ -77,7 +79,7 @@ def test_pf_parent_counts_on_non_sriov_gpu() -> None:
 def test_vendor_vfio_errnos_and_catalog_text() -> None:
     d = SimDriver(
         parse_spec(
-            'driver: {flavour: graphics}\n'
+            "driver: {flavour: graphics}\n"
             'gpus: [{address: "0000:26:00.0", model: L40S, layout: vendor-vfio}]'
         )
     )
@@ -166,7 +168,11 @@ def test_fault_path_glob() -> None:
         ),
         ('gpus: [{address: "0000:08:00.0", model: A2, vgpus: [{type: A2-4Q, vf: 16}]}]', "VF 16"),
         ("faults: [{op: create, errno: ENOPE}]", "errno name"),
-        ("driver: {flavour: compute}\ngpus: [{address: \"0000:08:00.0\", model: A2, vgpus: [{type: A2-4Q}]}]", "flavour"),
+        (
+            "driver: {flavour: compute}\n"
+            'gpus: [{address: "0000:08:00.0", model: A2, vgpus: [{type: A2-4Q}]}]',
+            "flavour",
+        ),
     ],
 )
 def test_spec_errors_are_clear(text: str, message: str) -> None:
@@ -176,8 +182,11 @@ def test_spec_errors_are_clear(text: str, message: str) -> None:
 
 
 def test_spec_round_trip() -> None:
-    d = a2("labels: {a: b}", f"[{{type: A2-4Q, uuid: {U1}, vf: 3, in-use: vm x/y}}, {{type: A2-4C}}]")
+    d = a2(
+        "labels: {a: b}", f"[{{type: A2-4Q, uuid: {U1}, vf: 3, in-use: vm x/y}}, {{type: A2-4C}}]"
+    )
     spec = d.to_spec()
     again = SimDriver(parse_spec(dump_spec(spec)))
     assert again.to_spec() == spec
-    assert [(v.vf, v.uuid, v.in_use) for v in again.gpus[0].vgpus][0] == (3, U1, "vm x/y")
+    first = again.gpus[0].vgpus[0]
+    assert (first.vf, first.uuid, first.in_use) == (3, U1, "vm x/y")

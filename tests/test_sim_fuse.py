@@ -96,13 +96,19 @@ def test_driver_operations_match_in_process(sim_spec_paths: list[Path], tmp_path
     assert load_spec(work) == expected_spec  # --save wrote the final state back
 
 
-def test_errno_values_through_plain_system_calls(sim_spec_paths: list[Path], tmp_path: Path) -> None:
+def test_errno_values_through_plain_system_calls(
+    sim_spec_paths: list[Path], tmp_path: Path
+) -> None:
     spec_path = next(p for p in sim_spec_paths if p.name == "mixed.yaml")
     with mounted(spec_path, tmp_path / "mnt") as m:
         r = m.root
         types = r / "bus/pci/devices/0000:08:00.7/mdev_supported_types"
-        assert _os_errno(lambda: _write(r / f"bus/mdev/devices/{U_BUSY}/remove", "1\n")) == errno.EBUSY
-        assert _os_errno(lambda: _write(types / "nvidia-746/create", "not-a-uuid\n")) == errno.EINVAL
+        assert (
+            _os_errno(lambda: _write(r / f"bus/mdev/devices/{U_BUSY}/remove", "1\n")) == errno.EBUSY
+        )
+        assert (
+            _os_errno(lambda: _write(types / "nvidia-746/create", "not-a-uuid\n")) == errno.EINVAL
+        )
         assert _os_errno(lambda: _write(types / "nvidia-746/create", U_BUSY + "\n")) == errno.EEXIST
         assert _os_errno(lambda: _write(types / "nvidia-747/create", U_NEW + "\n")) == errno.EINVAL
         vf = r / "bus/pci/devices/0000:81:00.4/nvidia"
@@ -119,7 +125,10 @@ def test_errno_values_through_plain_system_calls(sim_spec_paths: list[Path], tmp
         assert _os_errno(lambda: _write(numvfs, "99")) == errno.ERANGE
         assert _os_errno(lambda: (types / "nvidia-746/create").read_text()) == errno.EACCES
         assert os.stat(types / "nvidia-746/create").st_mode & 0o777 == 0o200
-        assert _os_errno(lambda: _write(r / "bus/pci/devices/0000:08:00.0/vendor", "1")) == errno.EACCES
+        assert (
+            _os_errno(lambda: _write(r / "bus/pci/devices/0000:08:00.0/vendor", "1"))
+            == errno.EACCES
+        )
         assert _os_errno(lambda: _write(r / "bus/pci/devices/new-file", "1")) in (
             errno.EACCES, errno.ENOENT,
         )  # fmt: skip

@@ -19,7 +19,9 @@ U_FREE = "c728e022-f16f-434b-ad2c-9665ee634d3d"
 Factory = Callable[..., SimHost]
 
 
-def test_every_example_spec_scans_cleanly(sim_spec_paths: list[Path], sim_host_factory: Factory) -> None:
+def test_every_example_spec_scans_cleanly(
+    sim_spec_paths: list[Path], sim_host_factory: Factory
+) -> None:
     assert {p.name for p in sim_spec_paths} >= {
         "a2-host.yaml", "t4-pair.yaml", "a16-board.yaml", "l40s-pair.yaml", "mixed.yaml",
     }  # fmt: skip
@@ -60,7 +62,9 @@ def test_a2_host_matches_the_capture(sim_host_factory: Factory, sim_spec_paths: 
     assert os.readlink(root / "bus/pci/devices/0000:08:00.0/virtfn11") == "../0000:08:01.7"
     assert os.readlink(root / "bus/pci/devices/0000:08:00.4/physfn") == "../0000:08:00.0"
     mdev = root / f"bus/mdev/devices/{U_BUSY}"
-    assert os.path.realpath(mdev / "mdev_type").endswith("0000:08:00.4/mdev_supported_types/nvidia-754")
+    assert os.path.realpath(mdev / "mdev_type").endswith(
+        "0000:08:00.4/mdev_supported_types/nvidia-754"
+    )
     assert os.path.realpath(root / "class/mdev_bus/0000:08:00.4") == os.path.realpath(
         root / "bus/pci/devices/0000:08:00.4"
     )
@@ -85,7 +89,7 @@ def test_mdev_operations(sim_host_factory: Factory, sim_spec_paths: list[Path]) 
 
 def test_vfio_operations_and_sriov(sim_host_factory: Factory) -> None:
     spec = parse_spec(
-        'node: n\ndriver: {flavour: graphics}\n'
+        "node: n\ndriver: {flavour: graphics}\n"
         'gpus: [{address: "0000:26:00.0", model: L40S, layout: vendor-vfio, sriov: false}]'
     )
     host = sim_host_factory(spec)
@@ -107,7 +111,9 @@ def test_vfio_operations_and_sriov(sim_host_factory: Factory) -> None:
 
 
 def test_sriov_numvfs_path_without_sriov_manage(sim_host_factory: Factory) -> None:
-    spec = parse_spec('sriov-manage: false\ngpus: [{address: "0000:08:00.0", model: A2, sriov: false}]')
+    spec = parse_spec(
+        'sriov-manage: false\ngpus: [{address: "0000:08:00.0", model: A2, sriov: false}]'
+    )
     host = sim_host_factory(spec)
     from vgpu_state.model.errors import InterfaceMissingError
 

@@ -30,7 +30,9 @@ def render_text(snapshot: NodeSnapshot, console: Console) -> None:
     if not snapshot.gpus:
         console.print(f"{title}: no NVIDIA GPUs found")
     for gpu in snapshot.gpus:
-        table = Table(title=f"GPU {gpu.index} {gpu.address}", show_header=False, title_justify="left")
+        table = Table(
+            title=f"GPU {gpu.index} {gpu.address}", show_header=False, title_justify="left"
+        )
         table.add_column("field", style="bold")
         table.add_column("value")
         table.add_row("model", gpu.model or f"unknown (device 0x{gpu.device_id:04x})")

@@ -80,7 +80,9 @@ class _Scanner:
         key = (type_id, name, available)
         found = self._types.get(key)
         if found is None:
-            found = self._types[key] = CreatableType(type_id=type_id, name=name, available=available)
+            found = self._types[key] = CreatableType(
+                type_id=type_id, name=name, available=available
+            )
         return found
 
     def listing(self, text: str) -> tuple[CreatableType, ...]:

@@ -29,7 +29,9 @@ def materialize(tree: Tree, root: str, previous: Tree | None = None) -> None:
     if previous is None:
         os.makedirs(root, exist_ok=True)
     else:
-        gone = [p for p, e in old.items() if p not in tree.entries or not _same_kind(e, tree.entries[p])]
+        gone = [
+            p for p, e in old.items() if p not in tree.entries or not _same_kind(e, tree.entries[p])
+        ]
         for p in sorted(gone, key=len, reverse=True):
             _remove(os.path.join(root, p))
     for p in sorted(tree.entries):

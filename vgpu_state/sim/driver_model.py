@@ -194,9 +194,7 @@ class SimDriver:
                     numa_node=g.numa_node,
                     iommu_group=g.iommu_group if g.iommu_group is not None else 16 + i,
                     vf_iommu_group_base=(
-                        g.vf_iommu_group_base
-                        if g.vf_iommu_group_base is not None
-                        else 100 + 64 * i
+                        g.vf_iommu_group_base if g.vf_iommu_group_base is not None else 100 + 64 * i
                     ),
                     flavour=spec.driver.flavour,
                     spec_iommu_group=g.iommu_group,
@@ -225,9 +223,13 @@ class SimDriver:
         vf = v.vf
         if gpu.sriov_capable:
             if gpu.numvfs == 0:
-                raise SpecError(f"{where}: {gpu.address} has SR-IOV disabled; no VF can hold {t.name}")
+                raise SpecError(
+                    f"{where}: {gpu.address} has SR-IOV disabled; no VF can hold {t.name}"
+                )
             if vf is None:
-                vf = next(i for i in range(gpu.numvfs + 1) if i == gpu.numvfs or gpu.vgpu_on_vf(i) is None)
+                vf = next(
+                    i for i in range(gpu.numvfs + 1) if i == gpu.numvfs or gpu.vgpu_on_vf(i) is None
+                )
             if not 0 <= vf < gpu.numvfs:
                 raise SpecError(f"{where}.vf: VF {vf} does not exist (0…{gpu.numvfs - 1})")
         elif vf is not None:
@@ -235,7 +237,10 @@ class SimDriver:
         try:
             if gpu.layout == "mdev":
                 uid = v.uuid or str(
-                    uuid_mod.uuid5(uuid_mod.NAMESPACE_URL, f"vgpu-state-sim/{self.node}/{gpu.address}/{len(gpu.vgpus)}")
+                    uuid_mod.uuid5(
+                        uuid_mod.NAMESPACE_URL,
+                        f"vgpu-state-sim/{self.node}/{gpu.address}/{len(gpu.vgpus)}",
+                    )
                 )
                 parent = gpu.address if vf is None else gpu.vf_addresses()[vf]
                 self.mdev_create(parent, t.type_id, uid.encode())
@@ -401,10 +406,6 @@ class SimDriver:
         if t is None or t not in gpu.creatable_on_vf(vf):
             raise fail(errno.EIO, "vGPU type not creatable on this VF")
         gpu.vgpus.append(SimVgpu(type=t, uuid=None, vf=vf, iommu_group=self._new_group()))
-
-    def vf_type_kind(self, data: bytes) -> str:
-        """``clear-type`` for a write of 0, else ``set-type`` (for fault matching)."""
-        return "clear-type" if data.strip() in (b"0", b"") else "set-type"
 
     # SR-IOV ----------------------------------------------------------------------
     def sriov_numvfs_write(self, pf: str, data: bytes) -> None:

@@ -37,7 +37,7 @@ def fuse_unavailable_reason() -> str | None:
         return "fusermount3 not found (install Debian fuse3)"
     try:
         import mfusepy  # noqa: F401
-    except (ImportError, OSError, OSError) as e:
+    except (ImportError, OSError) as e:
         return f"mfusepy cannot be loaded: {e}"
     return None
 
@@ -80,7 +80,13 @@ def make_operations(sysfs: SimSysfs) -> Any:
             with sysfs.lock:
                 e = self._lookup(path)
             ns = int(started * 1e9)
-            base_attrs = {"st_uid": uid, "st_gid": gid, "st_atime": ns, "st_mtime": ns, "st_ctime": ns}
+            base_attrs = {
+                "st_uid": uid,
+                "st_gid": gid,
+                "st_atime": ns,
+                "st_mtime": ns,
+                "st_ctime": ns,
+            }
             if isinstance(e, Dir):
                 return {**base_attrs, "st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, "st_size": 0}
             if isinstance(e, Link):
@@ -91,7 +97,12 @@ def make_operations(sysfs: SimSysfs) -> Any:
                     "st_size": len(e.target),
                 }
             assert isinstance(e, File)
-            return {**base_attrs, "st_mode": stat.S_IFREG | e.mode, "st_nlink": 1, "st_size": _ATTR_SIZE}
+            return {
+                **base_attrs,
+                "st_mode": stat.S_IFREG | e.mode,
+                "st_nlink": 1,
+                "st_size": _ATTR_SIZE,
+            }
 
         def readdir(self, path: str, fh: int) -> list[str]:
             with sysfs.lock:
@@ -185,12 +196,24 @@ class Mount:
 
     def sriov_manage_command(self) -> tuple[str, ...]:
         """An argv prefix that behaves like ``/usr/lib/nvidia/sriov-manage`` on this mount."""
-        return (sys.executable, "-m", "vgpu_state.cli.main", "sim", "sriov-manage", "--root", str(self.root))
+        return (
+            sys.executable,
+            "-m",
+            "vgpu_state.cli.main",
+            "sim",
+            "sriov-manage",
+            "--root",
+            str(self.root),
+        )
 
 
 @contextmanager
 def mounted(
-    spec: NodeSpec | str | Path, mountpoint: str | Path, *, save: bool = False, timeout: float = 15.0
+    spec: NodeSpec | str | Path,
+    mountpoint: str | Path,
+    *,
+    save: bool = False,
+    timeout: float = 15.0,
 ) -> Iterator[Mount]:
     """Serve ``spec`` at ``mountpoint`` from a child process; unmount on exit.
 

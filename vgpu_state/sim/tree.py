@@ -149,11 +149,15 @@ def render(drv: SimDriver) -> Tree:
     _render_extra(t, drv.extra_pci_devices)
     if drv.sriov_manage_installed:
         t.file(SRIOV_MANAGE_CONTROL, None, 0o200, WriteTarget("sriov-manage"))
-        t.file(SRIOV_MANAGE_OUTPUT, drv.sriov_manage_output + "\n" if drv.sriov_manage_output else "")
+        t.file(
+            SRIOV_MANAGE_OUTPUT, drv.sriov_manage_output + "\n" if drv.sriov_manage_output else ""
+        )
     return t
 
 
-def _common_attrs(t: Tree, path: str, device: int, sub_vendor: int, sub_device: int, numa: int) -> None:
+def _common_attrs(
+    t: Tree, path: str, device: int, sub_vendor: int, sub_device: int, numa: int
+) -> None:
     t.file(f"{path}/vendor", _hex4(0x10DE))
     t.file(f"{path}/device", _hex4(device))
     t.file(f"{path}/class", "0x030200\n")
