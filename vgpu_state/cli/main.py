@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "select_cmd",
         "Show which config a node gets and the layout of each GPU.",
     ),
+    "scan": ("vgpu_state.cli.scan", "scan", "Show the node's GPUs, vGPUs and creatable types."),
+    "sim": ("vgpu_state.cli.sim", "sim", "Run the NVIDIA vGPU driver simulator (FUSE mount)."),
 }
 
 

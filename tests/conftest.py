@@ -1,0 +1,64 @@
+"""Shared fixtures. Keep each fixture generic and named after what it provides."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SIM_SPECS_DIR = REPO_ROOT / "configs" / "sim"
+
+
+@pytest.fixture
+def sim_spec_paths() -> list[Path]:
+    """Every example simulator spec under ``configs/sim``."""
+    return sorted(SIM_SPECS_DIR.glob("*.yaml"))
+
+
+@pytest.fixture
+def require_fuse() -> None:
+    """Skip (printing why) when FUSE is unusable; fail instead under VGPU_STATE_REQUIRE_FUSE=1."""
+    from vgpu_state.sim.fuse import fuse_unavailable_reason
+
+    reason = fuse_unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("VGPU_STATE_REQUIRE_FUSE") == "1":
+        pytest.fail(f"FUSE is required (VGPU_STATE_REQUIRE_FUSE=1) but unusable: {reason}")
+    print(f"skipping FUSE test: {reason}")
+    pytest.skip(f"FUSE unusable: {reason}")
+
+
+@pytest.fixture
+def sim_host_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
+    """Build ``SimHost`` objects (from a spec or a spec path); all are closed after the test."""
+    from vgpu_state.sim.host import SimHost
+
+    made: list[SimHost] = []
+
+    def make(spec: object, root: Path | None = None) -> SimHost:
+        host = SimHost(spec, root)  # type: ignore[arg-type]
+        made.append(host)
+        return host
+
+    yield make
+    for host in made:
+        host.close()
+
+
+@pytest.fixture
+def fast_tmp_path(tmp_path: Path) -> Iterator[Path]:
+    """An empty directory in memory (``/dev/shm`` when available) for trees of many files."""
+    import shutil
+    import tempfile
+
+    shm = "/dev/shm"
+    if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    path = Path(tempfile.mkdtemp(prefix="vgpu-test-", dir=shm))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,105 @@
+"""Driver writes: exact path and value, O_WRONLY without O_CREAT, errno → typed errors."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from vgpu_state.host import SysfsHost, driver
+from vgpu_state.host.port import HostPort
+from vgpu_state.model.errors import (
+    AlreadyExistsError,
+    DeviceBusyError,
+    DriverError,
+    InterfaceMissingError,
+    TypeNotCreatableError,
+)
+
+
+def _attr(path: Path, text: str = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_operations_write_the_documented_files(tmp_path: Path) -> None:
+    r = str(tmp_path)
+    create = _attr(tmp_path / "bus/pci/devices/0000:08:00.5/mdev_supported_types/nvidia-746/create")
+    remove = _attr(tmp_path / "bus/mdev/devices/c728e022-f16f-434b-ad2c-9665ee634d3d/remove")
+    cur = _attr(tmp_path / "bus/pci/devices/0000:26:00.4/nvidia/current_vgpu_type", "0\n")
+    _attr(tmp_path / "bus/pci/devices/0000:26:00.0/sriov_totalvfs", "32\n")
+    numvfs = _attr(tmp_path / "bus/pci/devices/0000:26:00.0/sriov_numvfs", "0\n")
+    host = SysfsHost(r, "n", sriov_manage="")
+    assert isinstance(host, HostPort)
+    host.create_mdev("0000:08:00.5", 746, "c728e022-f16f-434b-ad2c-9665ee634d3d")
+    assert create.read_text() == "c728e022-f16f-434b-ad2c-9665ee634d3d"
+    host.remove_mdev("c728e022-f16f-434b-ad2c-9665ee634d3d")
+    assert remove.read_text() == "1"
+    host.set_vf_type("0000:26:00.4", 1150)
+    assert cur.read_text() == "1150"
+    cur.write_text("")  # a plain file keeps old bytes past the write; sysfs has no offset
+    host.clear_vf_type("0000:26:00.4")
+    assert cur.read_text() == "0"
+    host.enable_sriov("0000:26:00.0")
+    assert numvfs.read_text() == "32"
+    numvfs.write_text("")
+    host.disable_sriov("0000:26:00.0")
+    assert numvfs.read_text() == "0"
+
+
+def test_missing_attribute_is_not_created(tmp_path: Path) -> None:
+    with pytest.raises(InterfaceMissingError) as info:
+        driver.create_mdev(str(tmp_path), "0000:08:00.5", 746, "x")
+    assert info.value.errno == errno.ENOENT and "nvidia-746/create" in info.value.path
+    assert not (tmp_path / "bus").exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "operation", "cls"),
+    [
+        (errno.EBUSY, "remove", DeviceBusyError),
+        (errno.EEXIST, "create", AlreadyExistsError),
+        (errno.EINVAL, "create", TypeNotCreatableError),
+        (errno.EIO, "set-type", TypeNotCreatableError),
+        (errno.ENOENT, "sriov-enable", InterfaceMissingError),
+        (errno.ERANGE, "sriov-enable", DriverError),
+        (errno.EINVAL, "remove", DriverError),
+    ],
+)
+def test_errno_maps_to_typed_error(code: int, operation: str, cls: type[DriverError]) -> None:
+    def writer(path: str, value: str) -> None:
+        raise OSError(code, os.strerror(code))
+
+    with pytest.raises(cls) as info:
+        driver.write_attribute(operation, "/sys/x", "v", writer)
+    assert type(info.value) is cls
+    assert (info.value.errno, info.value.path, info.value.value) == (code, "/sys/x", "v")
+
+
+def _script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "sriov-manage"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_sriov_manage_is_run_with_flag_and_address(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    tool = _script(tmp_path, f'echo "$@" >> {log}\n')
+    host = SysfsHost(str(tmp_path), sriov_manage=tool)
+    host.enable_sriov("0000:08:00.0")
+    host.disable_sriov("0000:08:00.0")
+    assert log.read_text().splitlines() == ["-e 0000:08:00.0", "-d 0000:08:00.0"]
+
+
+def test_sriov_manage_failure_is_a_driver_error(tmp_path: Path) -> None:
+    tool = _script(tmp_path, 'echo "Cannot obtain unbindLock for $2" >&2\nexit 1\n')
+    with pytest.raises(DeviceBusyError) as info:
+        SysfsHost(str(tmp_path), sriov_manage=tool).disable_sriov("0000:08:00.0")
+    assert "unbindLock" in str(info.value)
+    with pytest.raises(InterfaceMissingError):
+        SysfsHost(str(tmp_path), sriov_manage=str(tmp_path / "absent")).enable_sriov("0000:08:00.0")

@@ -1,0 +1,81 @@
+"""``vgpu-state scan``: what the node's sysfs shows, as a table or JSON."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from vgpu_state.host import scan as scan_sysfs
+from vgpu_state.model.errors import VgpuStateError
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot
+
+
+def _creatable_summary(gpu: Gpu) -> list[str]:
+    """Per type: ``available_instances`` on the PF, or on how many free VFs it is offered."""
+    on_pf = {t.name: t.available for t in gpu.pf_creatable}
+    on_vfs: dict[str, int] = {}
+    for vf in gpu.vfs:
+        for t in vf.creatable:
+            on_vfs[t.name] = on_vfs.get(t.name, 0) + 1
+    rows = [f"{name} ×{count}" for name, count in sorted(on_pf.items())]
+    rows += [f"{name} (on {n} VF{'s' if n != 1 else ''})" for name, n in sorted(on_vfs.items())]
+    return rows
+
+
+def render_text(snapshot: NodeSnapshot, console: Console) -> None:
+    title = f"node {snapshot.node or '(unnamed)'} — sysfs {snapshot.sysfs_root}"
+    if not snapshot.gpus:
+        console.print(f"{title}: no NVIDIA GPUs found")
+    for gpu in snapshot.gpus:
+        table = Table(
+            title=f"GPU {gpu.index} {gpu.address}", show_header=False, title_justify="left"
+        )
+        table.add_column("field", style="bold")
+        table.add_column("value")
+        table.add_row("model", gpu.model or f"unknown (device 0x{gpu.device_id:04x})")
+        table.add_row("driver", gpu.driver or "-")
+        table.add_row("layout", f"{gpu.layout.value} ({gpu.layout_reason})")
+        if gpu.sriov_totalvfs:
+            table.add_row("VFs", f"{gpu.sriov_numvfs}/{gpu.sriov_totalvfs} enabled")
+        table.add_row("NUMA / IOMMU", f"{gpu.numa_node} / {gpu.iommu_group}")
+        vgpus = [
+            f"{v.type_name or v.type_id} {v.uuid or ''} on {v.parent}".replace("  ", " ")
+            for v in gpu.vgpus
+        ]
+        table.add_row("vGPUs", "\n".join(vgpus) if vgpus else "none")
+        creatable = _creatable_summary(gpu)
+        table.add_row("creatable", ", ".join(creatable) if creatable else "none")
+        if gpu.problems:
+            table.add_row("problems", "\n".join(gpu.problems), style="yellow")
+        console.print(table)
+    for problem in snapshot.problems:
+        console.print(f"[yellow]problem:[/] {problem}")
+
+
+@click.command("scan")
+@click.option("--sysfs-root", default="/sys", show_default=True, help="Root of the sysfs tree.")
+@click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="Scan a simulated node.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@click.option("--node", default="", help="Node name recorded in the snapshot.")
+def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
+    """Show the node's NVIDIA GPUs, their vGPU layout, vGPUs and creatable types."""
+    try:
+        if sim_spec is not None:
+            from vgpu_state.sim.host import SimHost
+
+            with SimHost(sim_spec) as host:
+                snapshot = host.scan()
+                if node:
+                    snapshot = snapshot.model_copy(update={"node": node})
+        else:
+            snapshot = scan_sysfs(sysfs_root, node)
+    except VgpuStateError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if output == "json":
+        click.echo(snapshot.model_dump_json(indent=2))
+    else:
+        render_text(snapshot, Console())

@@ -1,0 +1,71 @@
+"""The host port: what the executor needs from a node, and the real sysfs implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from vgpu_state.host import driver
+from vgpu_state.host.scan import scan
+from vgpu_state.model.snapshot import NodeSnapshot
+
+
+@runtime_checkable
+class HostPort(Protocol):
+    """Read and change one node's vGPU state. Every change raises ``DriverError`` on failure."""
+
+    def scan(self) -> NodeSnapshot: ...
+
+    def enable_sriov(self, pf: str) -> None: ...
+
+    def disable_sriov(self, pf: str) -> None: ...
+
+    def create_mdev(self, parent: str, type_id: int, uuid: str) -> None: ...
+
+    def remove_mdev(self, uuid: str) -> None: ...
+
+    def set_vf_type(self, vf: str, type_id: int) -> None: ...
+
+    def clear_vf_type(self, vf: str) -> None: ...
+
+
+class SysfsHost:
+    """:class:`HostPort` on a real (or mounted) sysfs tree.
+
+    ``sriov_manage``: the sriov-manage command (a path or an argv prefix). ``None``
+    uses ``/usr/lib/nvidia/sriov-manage`` when it is installed; an empty string or
+    sequence always writes ``sriov_numvfs`` instead.
+    """
+
+    def __init__(
+        self, root: str = "/sys", node: str = "", sriov_manage: str | Sequence[str] | None = None
+    ) -> None:
+        self.root = root
+        self.node = node
+        if sriov_manage is None:
+            self.sriov_manage = driver.default_sriov_manage()
+        elif isinstance(sriov_manage, str):
+            self.sriov_manage = (sriov_manage,) if sriov_manage else None
+        else:
+            self.sriov_manage = tuple(sriov_manage) or None
+
+    def scan(self) -> NodeSnapshot:
+        return scan(self.root, self.node)
+
+    def enable_sriov(self, pf: str) -> None:
+        driver.enable_sriov(self.root, pf, self.sriov_manage)
+
+    def disable_sriov(self, pf: str) -> None:
+        driver.disable_sriov(self.root, pf, self.sriov_manage)
+
+    def create_mdev(self, parent: str, type_id: int, uuid: str) -> None:
+        driver.create_mdev(self.root, parent, type_id, uuid)
+
+    def remove_mdev(self, uuid: str) -> None:
+        driver.remove_mdev(self.root, uuid)
+
+    def set_vf_type(self, vf: str, type_id: int) -> None:
+        driver.set_vf_type(self.root, vf, type_id)
+
+    def clear_vf_type(self, vf: str) -> None:
+        driver.clear_vf_type(self.root, vf)

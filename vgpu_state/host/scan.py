@@ -1,0 +1,331 @@
+"""Read one node's NVIDIA GPUs and vGPUs from sysfs into a :class:`NodeSnapshot`.
+
+Only plain file reads, directory listings and ``readlink`` are used, so the
+same code reads a real ``/sys``, a container's ``/host/sys``, the simulator's
+directory tree and its FUSE mount.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from vgpu_state.catalog import default_catalog, short_type_name
+from vgpu_state.host.reader import Reader
+from vgpu_state.model.snapshot import (
+    CreatableType,
+    Gpu,
+    Layout,
+    NodeSnapshot,
+    Vgpu,
+    VirtualFunction,
+)
+
+NVIDIA_VENDOR = 0x10DE
+GPU_CLASSES = (0x0300, 0x0302)
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_CREATABLE_LINE = re.compile(r"^\s*([0-9]+)\s*:?\s*(.+?)\s*$")
+_TYPE_DIR = re.compile(r"^nvidia-([0-9]+)$")
+
+
+@dataclass(frozen=True)
+class ScanStats:
+    """How much a scan read (the benchmark reports it)."""
+
+    files_read: int
+    seconds: float
+
+
+def parse_creatable_vgpu_types(text: str) -> tuple[tuple[int, str], ...]:
+    """``(type id, short name)`` pairs of a vendor-VFIO ``creatable_vgpu_types`` file.
+
+    Accepts the driver's ``ID    : vGPU Name`` header with ``<id>  : NVIDIA <name>``
+    lines, and ``<id> <name>`` lines without the colon.
+    """
+    found: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        m = _CREATABLE_LINE.match(line)
+        if m is None:
+            continue
+        found.append((int(m.group(1)), short_type_name(m.group(2))))
+    return tuple(found)
+
+
+def scan(root: str = "/sys", node: str = "") -> NodeSnapshot:
+    """Scan the sysfs tree at ``root``; never raises on an unexpected tree."""
+    return scan_with_stats(root, node)[0]
+
+
+def scan_with_stats(root: str = "/sys", node: str = "") -> tuple[NodeSnapshot, ScanStats]:
+    import time
+
+    started = time.perf_counter()
+    reader = Reader()
+    snapshot = _Scanner(root, reader).run(node)
+    return snapshot, ScanStats(reader.files_read, time.perf_counter() - started)
+
+
+class _Scanner:
+    def __init__(self, root: str, reader: Reader) -> None:
+        self.root = root
+        self.read = reader
+        self.devices = os.path.join(root, "bus", "pci", "devices")
+        self.catalog = default_catalog()
+        # Free VFs of one GPU list identical types; share the frozen values.
+        self._listings: dict[str, tuple[CreatableType, ...]] = {}
+        self._types: dict[tuple[int, str, int], CreatableType] = {}
+
+    def creatable(self, type_id: int, name: str, available: int) -> CreatableType:
+        key = (type_id, name, available)
+        found = self._types.get(key)
+        if found is None:
+            found = self._types[key] = CreatableType(
+                type_id=type_id, name=name, available=available
+            )
+        return found
+
+    def listing(self, text: str) -> tuple[CreatableType, ...]:
+        found = self._listings.get(text)
+        if found is None:
+            pairs = parse_creatable_vgpu_types(text)
+            found = self._listings[text] = tuple(self.creatable(i, n, 1) for i, n in pairs)
+        return found
+
+    def run(self, node: str) -> NodeSnapshot:
+        names = self.read.listdir(self.devices)
+        if names is None:
+            problems = (*self.read.take_problems(), f"{self.devices} not found: is sysfs mounted?")
+            return NodeSnapshot(node=node, sysfs_root=self.root, problems=problems)
+        pfs: list[str] = []
+        for name in names:
+            path = os.path.join(self.devices, name)
+            if self.read.integer(os.path.join(path, "vendor"), note=False) != NVIDIA_VENDOR:
+                continue
+            cls = self.read.integer(os.path.join(path, "class"), note=False)
+            if cls is None or (cls >> 8) not in GPU_CLASSES:
+                continue
+            if os.path.lexists(os.path.join(path, "physfn")):
+                continue
+            pfs.append(name)
+        node_problems = self.read.take_problems()
+        pfs.sort(key=lambda a: int(a.replace(":", "").replace(".", ""), 16) if _is_hex(a) else -1)
+        gpus = tuple(self._gpu(i, a) for i, a in enumerate(pfs))
+        return NodeSnapshot(node=node, sysfs_root=self.root, gpus=gpus, problems=node_problems)
+
+    # one GPU -------------------------------------------------------------------
+    def _gpu(self, index: int, address: str) -> Gpu:
+        rd = self.read
+        path = os.path.join(self.devices, address)
+        device_id = rd.integer(os.path.join(path, "device")) or 0
+        sub_vendor = rd.integer(os.path.join(path, "subsystem_vendor")) or 0
+        sub_device = rd.integer(os.path.join(path, "subsystem_device")) or 0
+        model = self.catalog.model_for_pci(device_id, sub_device)
+        driver = rd.link_name(os.path.join(path, "driver"))
+        numa = rd.integer(os.path.join(path, "numa_node"))
+        group = rd.link_int(os.path.join(path, "iommu_group"))
+        totalvfs = rd.integer(os.path.join(path, "sriov_totalvfs"))
+        numvfs = rd.integer(os.path.join(path, "sriov_numvfs")) if totalvfs is not None else None
+
+        pf_types = self._mdev_types(path)
+        pf_mdevs = self._mdevs(path, address) if pf_types is not None else []
+
+        vf_entries: list[tuple[int, str]] = []
+        for entry in rd.listdir(path) or []:
+            if entry.startswith("virtfn") and entry[6:].isdigit():
+                target = rd.link_name(os.path.join(path, entry))
+                if target is not None:
+                    vf_entries.append((int(entry[6:]), target))
+        vf_entries.sort()
+
+        vfs: list[VirtualFunction] = []
+        vgpus: list[Vgpu] = list(pf_mdevs)
+        vf_has_mdev = False
+        vf_has_vfio = False
+        vfio_current: list[tuple[str, int]] = []
+        known_names: dict[int, str] = {}
+        for t in pf_types or ():
+            known_names[t.type_id] = t.name
+        for vf_index, vf_address in vf_entries:
+            vf_path = os.path.join(self.devices, vf_address)
+            vf_driver = rd.link_name(os.path.join(vf_path, "driver"))
+            vf_group = rd.link_int(os.path.join(vf_path, "iommu_group"))
+            creatable: tuple[CreatableType, ...] = ()
+            current: int | None = None
+            types = self._mdev_types(vf_path, known_names)
+            if types is not None:
+                vf_has_mdev = True
+                creatable = tuple(t for t in types if t.available > 0)
+                for t in types:
+                    known_names.setdefault(t.type_id, t.name)
+                vgpus.extend(self._mdevs(vf_path, vf_address))
+            else:
+                cur = rd.integer(os.path.join(vf_path, "nvidia", "current_vgpu_type"))
+                if cur is not None:
+                    vf_has_vfio = True
+                    listed = rd.text(os.path.join(vf_path, "nvidia", "creatable_vgpu_types"))
+                    creatable = self.listing(listed or "")
+                    for t in creatable:
+                        known_names.setdefault(t.type_id, t.name)
+                    if cur != 0:
+                        current = cur
+                        vfio_current.append((vf_address, cur))
+            vfs.append(
+                VirtualFunction(
+                    index=vf_index,
+                    address=vf_address,
+                    driver=vf_driver,
+                    iommu_group=vf_group,
+                    creatable=creatable,
+                    current_type_id=current,
+                )
+            )
+        for vf_address, type_id in vfio_current:
+            vgpus.append(
+                Vgpu(
+                    kind="vf",
+                    parent=vf_address,
+                    type_id=type_id,
+                    type_name=known_names.get(type_id) or self._catalog_name(type_id),
+                )
+            )
+
+        layout, reason = self._layout(
+            driver=driver,
+            sriov_totalvfs=totalvfs,
+            sriov_numvfs=numvfs or 0,
+            pf_has_mdev=pf_types is not None,
+            vf_has_mdev=vf_has_mdev,
+            vf_has_vfio=vf_has_vfio,
+            vf_count=len(vfs),
+        )
+        problems = list(rd.take_problems())
+        if model is None:
+            problems.append(
+                f"device 0x{device_id:04x} subsystem 0x{sub_device:04x} is not in the vGPU catalog"
+            )
+        return Gpu(
+            index=index,
+            address=address,
+            vendor_id=NVIDIA_VENDOR,
+            device_id=device_id,
+            subsystem_vendor_id=sub_vendor,
+            subsystem_device_id=sub_device,
+            model=model.name if model else None,
+            driver=driver,
+            numa_node=numa,
+            iommu_group=group,
+            sriov_totalvfs=totalvfs,
+            sriov_numvfs=numvfs or 0,
+            vfs=tuple(vfs),
+            layout=layout,
+            layout_reason=reason,
+            pf_creatable=tuple(t for t in pf_types or () if t.available > 0),
+            vgpus=tuple(sorted(vgpus, key=lambda v: (v.parent, v.uuid or ""))),
+            problems=tuple(problems),
+        )
+
+    @staticmethod
+    def _layout(
+        *,
+        driver: str | None,
+        sriov_totalvfs: int | None,
+        sriov_numvfs: int,
+        pf_has_mdev: bool,
+        vf_has_mdev: bool,
+        vf_has_vfio: bool,
+        vf_count: int,
+    ) -> tuple[Layout, str]:
+        if driver != "nvidia":
+            bound = f"bound to {driver}" if driver else "not bound to any driver"
+            return Layout.UNAVAILABLE, (
+                f"the GPU is {bound}, not to nvidia (the vGPU Manager's host driver)"
+            )
+        if pf_has_mdev or vf_has_mdev:
+            where = "the PF" if pf_has_mdev else "its VFs"
+            return Layout.MDEV, f"mdev types found on {where}"
+        if vf_has_vfio:
+            return Layout.VENDOR_VFIO, "VFs expose nvidia/current_vgpu_type"
+        if sriov_totalvfs and sriov_numvfs == 0:
+            return Layout.SRIOV_DISABLED, "SR-IOV capable with no VFs enabled (run sriov-manage -e)"
+        if sriov_totalvfs and vf_count == 0:
+            return Layout.UNAVAILABLE, (
+                f"sriov_numvfs is {sriov_numvfs} but the PF lists no virtfn links"
+            )
+        if sriov_totalvfs:
+            return Layout.UNAVAILABLE, (
+                "VFs are enabled but expose neither mdev types nor nvidia/current_vgpu_type: "
+                "is the vGPU Manager (not the data-centre) driver installed?"
+            )
+        return Layout.UNAVAILABLE, (
+            "no mdev types and no vendor-VFIO interface: is the vGPU Manager driver loaded?"
+        )
+
+    # mdev ----------------------------------------------------------------------
+    def _mdev_types(
+        self, device_path: str, names: dict[int, str] | None = None
+    ) -> tuple[CreatableType, ...] | None:
+        """Every type of a parent with its ``available_instances``; ``None`` if not a parent.
+
+        ``names`` caches type names already read on the same GPU (a type id names
+        one type), so each ``name`` file is read once per GPU.
+        """
+        types_dir = os.path.join(device_path, "mdev_supported_types")
+        entries = self.read.listdir(types_dir)
+        if entries is None:
+            return None
+        found: list[CreatableType] = []
+        for entry in entries:
+            m = _TYPE_DIR.match(entry)
+            if m is None:
+                continue
+            type_id = int(m.group(1))
+            type_path = os.path.join(types_dir, entry)
+            available = self.read.integer(os.path.join(type_path, "available_instances"))
+            name: str | None = names.get(type_id) if names is not None else None
+            if name is None:
+                raw_name = self.read.text(os.path.join(type_path, "name"))
+                name = short_type_name(raw_name) if raw_name else self._catalog_name(type_id)
+                if name and names is not None:
+                    names[type_id] = name
+            found.append(self.creatable(type_id, name or entry, available or 0))
+        found.sort(key=lambda t: t.type_id)
+        return tuple(found)
+
+    def _mdevs(self, parent_path: str, parent: str) -> list[Vgpu]:
+        found: list[Vgpu] = []
+        for entry in self.read.listdir(parent_path) or []:
+            if _UUID.match(entry) is None:
+                continue
+            type_link = os.path.join(parent_path, entry, "mdev_type")
+            try:
+                target = os.readlink(type_link)
+            except OSError:
+                self.read.problems.append(f"{type_link} missing: mdev {entry} has no type")
+                found.append(Vgpu(kind="mdev", parent=parent, uuid=entry.lower()))
+                continue
+            m = _TYPE_DIR.match(os.path.basename(target.rstrip("/")))
+            type_id = int(m.group(1)) if m else None
+            raw_name = self.read.text(os.path.join(type_link, "name"), note=False)
+            if raw_name:
+                name: str | None = short_type_name(raw_name)
+            else:
+                name = self._catalog_name(type_id) if type_id is not None else None
+            found.append(
+                Vgpu(
+                    kind="mdev", parent=parent, uuid=entry.lower(), type_id=type_id, type_name=name
+                )
+            )
+        return found
+
+    def _catalog_name(self, type_id: int) -> str | None:
+        t = self.catalog.type_by_id(type_id)
+        return t.name if t else None
+
+
+def _is_hex(address: str) -> bool:
+    try:
+        int(address.replace(":", "").replace(".", ""), 16)
+    except ValueError:
+        return False
+    return True

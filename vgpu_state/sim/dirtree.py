@@ -1,0 +1,63 @@
+"""The directory-tree frontend: the simulated ``/sys`` as real files, dirs and symlinks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from vgpu_state.sim.tree import Dir, Entry, File, Link, Tree
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _same_kind(a: Entry, b: Entry) -> bool:
+    return type(a) is type(b)
+
+
+def materialize(tree: Tree, root: str, previous: Tree | None = None) -> None:
+    """Write ``tree`` under ``root``; with ``previous``, touch only what changed.
+
+    Write-only attributes become empty files with mode 0200. Files whose reads
+    fail on a real host (ENXIO) are written empty, like a file copy of sysfs.
+    """
+    old = previous.entries if previous is not None else {}
+    if previous is None:
+        os.makedirs(root, exist_ok=True)
+    else:
+        gone = [
+            p for p, e in old.items() if p not in tree.entries or not _same_kind(e, tree.entries[p])
+        ]
+        for p in sorted(gone, key=len, reverse=True):
+            _remove(os.path.join(root, p))
+    for p in sorted(tree.entries):
+        e = tree.entries[p]
+        before = old.get(p)
+        if before == e:
+            continue
+        full = os.path.join(root, p) if p else root
+        if isinstance(e, Dir):
+            os.makedirs(full, exist_ok=True)
+        elif isinstance(e, Link):
+            if os.path.lexists(full):
+                os.unlink(full)
+            os.symlink(e.target, full)
+        elif isinstance(e, File):
+            _write_file(full, e, fresh=not isinstance(before, File))
+
+
+def _write_file(full: str, e: File, fresh: bool) -> None:
+    if e.content is None:
+        if fresh or not os.path.exists(full):
+            with open(full, "wb"):
+                pass
+    else:
+        if os.path.exists(full):
+            os.chmod(full, 0o644)
+        with open(full, "wb") as f:
+            f.write(e.content)
+    os.chmod(full, e.mode)

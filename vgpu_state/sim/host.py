@@ -1,0 +1,142 @@
+"""``SimHost``: a :class:`~vgpu_state.host.HostPort` backed by the simulator.
+
+Driver operations take the same paths and values as on a real host (the
+functions of :mod:`vgpu_state.host.driver`), but the write lands in the
+simulated driver, which then re-renders the changed parts of the directory
+tree; :meth:`SimHost.scan` is the real :func:`vgpu_state.host.scan` of that tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from vgpu_state.host import driver
+from vgpu_state.host.scan import scan
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.sim.dirtree import materialize
+from vgpu_state.sim.spec import NodeSpec, load_spec, save_spec
+from vgpu_state.sim.sysfs import SimSysfs
+from vgpu_state.sim.tree import SRIOV_MANAGE_CONTROL
+
+
+def _temp_root() -> str:
+    """A fresh directory, in memory (``/dev/shm``) when possible, like sysfs itself."""
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    return tempfile.mkdtemp(prefix="vgpu-sim-", dir=base)
+
+
+class SimHost:
+    """A simulated node rendered as a directory tree under ``root``.
+
+    ``spec``: a :class:`NodeSpec` or the path of a spec file (then :meth:`save`
+    without an argument writes back to it). ``root``: where to write the tree;
+    a new, empty directory; a temporary one under ``/dev/shm`` (removed by
+    :meth:`close`) when omitted.
+    """
+
+    def __init__(self, spec: NodeSpec | str | Path, root: str | Path | None = None) -> None:
+        if isinstance(spec, NodeSpec):
+            self.spec_path: Path | None = None
+            loaded = spec
+        else:
+            self.spec_path = Path(spec)
+            loaded = load_spec(self.spec_path)
+        self.sysfs = SimSysfs(loaded)
+        self._own_root = root is None
+        self.root = str(root) if root is not None else _temp_root()
+        if not self._own_root and os.path.exists(self.root) and os.listdir(self.root):
+            raise ValueError(f"{self.root} is not empty; SimHost writes a whole sysfs tree there")
+        self._rendered = self.sysfs.tree
+        materialize(self._rendered, self.root)
+
+    @property
+    def node(self) -> str:
+        return self.sysfs.driver.node
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.sysfs.driver.labels)
+
+    # HostPort ------------------------------------------------------------------
+    def scan(self) -> NodeSnapshot:
+        return scan(self.root, self.node)
+
+    def enable_sriov(self, pf: str) -> None:
+        self._sriov("-e", pf)
+
+    def disable_sriov(self, pf: str) -> None:
+        self._sriov("-d", pf)
+
+    def create_mdev(self, parent: str, type_id: int, uuid: str) -> None:
+        driver.create_mdev(self.root, parent, type_id, uuid, self._writer)
+
+    def remove_mdev(self, uuid: str) -> None:
+        driver.remove_mdev(self.root, uuid, self._writer)
+
+    def set_vf_type(self, vf: str, type_id: int) -> None:
+        driver.set_vf_type(self.root, vf, type_id, self._writer)
+
+    def clear_vf_type(self, vf: str) -> None:
+        driver.clear_vf_type(self.root, vf, self._writer)
+
+    # raw access ----------------------------------------------------------------
+    def write(self, path: str, value: str | bytes) -> None:
+        """One write to ``path`` (absolute under ``root`` or relative to it); raises ``OSError``."""
+        rel = os.path.relpath(path, self.root) if os.path.isabs(path) else path
+        data = value.encode() if isinstance(value, str) else value
+        try:
+            self.sysfs.write(rel, data)
+        finally:
+            self._refresh()
+
+    def _writer(self, path: str, value: str) -> None:
+        self.write(path, value)
+
+    def _sriov(self, flag: str, pf: str) -> None:
+        if self.sysfs.driver.sriov_manage_installed:
+            control = os.path.join(self.root, SRIOV_MANAGE_CONTROL)
+            op = "sriov-enable" if flag == "-e" else "sriov-disable"
+            driver.write_attribute(op, control, f"{flag} {pf}", self._writer)
+        elif flag == "-e":
+            driver.enable_sriov(self.root, pf, None, self._writer)
+        else:
+            driver.disable_sriov(self.root, pf, None, self._writer)
+
+    def _refresh(self) -> None:
+        tree = self.sysfs.tree
+        if tree is not self._rendered:
+            materialize(tree, self.root, self._rendered)
+            self._rendered = tree
+
+    # state ---------------------------------------------------------------------
+    def to_spec(self) -> NodeSpec:
+        """The current host state as a spec (loads back into an equal host)."""
+        return self.sysfs.to_spec()
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write :meth:`to_spec` to ``path`` (default: the spec file it was loaded from)."""
+        target = Path(path) if path is not None else self.spec_path
+        if target is None:
+            raise ValueError("SimHost was built from a NodeSpec: pass the path to save to")
+        save_spec(self.to_spec(), target)
+        return target
+
+    def close(self) -> None:
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> SimHost:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,148 @@
+"""The simulated node's spec file (YAML): GPUs, existing vGPUs, driver flavour, faults."""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import io
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from vgpu_state.model.errors import VgpuStateError
+from vgpu_state.model.pci import parse_pci_address
+
+
+class SpecError(VgpuStateError):
+    """The simulator spec is invalid; the message names the file and the field."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class VgpuSpec(_Spec):
+    type: str
+    uuid: str | None = None
+    """mdev layout: the mdev UUID (derived from node, GPU and slot when omitted)."""
+    vf: int | None = None
+    """SR-IOV GPUs: the VF index holding the vGPU (lowest free VF when omitted)."""
+    in_use: str | None = Field(default=None, alias="in-use")
+    """Who holds the vGPU (e.g. ``vm default/win-1``); removing it fails with EBUSY."""
+
+
+class GpuSpec(_Spec):
+    address: str
+    model: str
+    layout: Literal["mdev", "vendor-vfio"] = "mdev"
+    sriov: bool = True
+    driver: str = "nvidia"
+    """The PF's driver; anything but ``nvidia`` makes the GPU unavailable for vGPUs."""
+    numa_node: int = Field(default=0, alias="numa-node")
+    iommu_group: int | None = Field(default=None, alias="iommu-group")
+    vf_iommu_group_base: int | None = Field(default=None, alias="vf-iommu-group-base")
+    vgpus: tuple[VgpuSpec, ...] = ()
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        return parse_pci_address(v)
+
+
+class DriverSpec(_Spec):
+    flavour: Literal["graphics", "compute", "all"] = "all"
+    create_unavailable_errno: str = Field(default="EINVAL", alias="create-unavailable-errno")
+    """errno of an mdev ``create`` whose type is not available (EINVAL or EUSERS)."""
+
+    @field_validator("create_unavailable_errno")
+    @classmethod
+    def _errno(cls, v: str) -> str:
+        return check_errno_name(v)
+
+
+class FaultSpec(_Spec):
+    op: Literal["create", "remove", "set-type", "clear-type", "sriov", "any"] = "any"
+    nth: int | None = Field(default=None, ge=1)
+    """Fail only the Nth matching write (1-based); every matching write when omitted."""
+    errno: str | None = None
+    delay_ms: int = Field(default=0, alias="delay-ms", ge=0)
+    path: str | None = None
+    """A glob matched against the path below the sysfs root (e.g. ``bus/mdev/*``)."""
+
+    @field_validator("errno")
+    @classmethod
+    def _errno(cls, v: str | None) -> str | None:
+        return None if v is None else check_errno_name(v)
+
+
+class NodeSpec(_Spec):
+    node: str = "sim-node"
+    labels: dict[str, str] = {}
+    driver: DriverSpec = DriverSpec()
+    sriov_manage: bool = Field(default=True, alias="sriov-manage")
+    gpus: tuple[GpuSpec, ...] = ()
+    faults: tuple[FaultSpec, ...] = ()
+    extra_pci_devices: int = Field(default=0, alias="extra-pci-devices", ge=0)
+
+
+def check_errno_name(name: str) -> str:
+    upper = name.strip().upper()
+    if not hasattr(errno_mod, upper) or not upper.startswith("E"):
+        raise ValueError(f"{name!r} is not an errno name such as EBUSY, EINVAL or EIO")
+    return upper
+
+
+def errno_value(name: str) -> int:
+    value = getattr(errno_mod, name)
+    assert isinstance(value, int)
+    return value
+
+
+def _yaml() -> YAML:
+    y = YAML(typ="safe", pure=True)
+    y.default_flow_style = False
+    y.sort_base_mapping_type_on_output = False  # type: ignore[assignment]
+    return y
+
+
+def parse_spec(text: str, source: str = "<spec>") -> NodeSpec:
+    try:
+        data = _yaml().load(text)
+    except YAMLError as e:
+        raise SpecError(f"{source}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping with 'node' and 'gpus'")
+    try:
+        return NodeSpec.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            lines.append(f"{source}: {where}: {err['msg']}")
+        raise SpecError("\n".join(lines)) from e
+
+
+def load_spec(path: str | Path) -> NodeSpec:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read: {e.strerror}") from e
+    return parse_spec(text, str(p))
+
+
+def dump_spec(spec: NodeSpec) -> str:
+    data = {"node": spec.node}
+    data.update(spec.model_dump(mode="json", by_alias=True, exclude_defaults=True))
+    out = io.StringIO()
+    _yaml().dump(data, out)
+    return out.getvalue()
+
+
+def save_spec(spec: NodeSpec, path: str | Path) -> None:
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(dump_spec(spec), encoding="utf-8")
+    tmp.replace(p)

@@ -1,0 +1,99 @@
+"""The simulated sysfs: the driver model plus its rendered tree, read and written by path."""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+
+from vgpu_state.sim.driver_model import SimDriver
+from vgpu_state.sim.spec import NodeSpec
+from vgpu_state.sim.tree import Dir, Entry, File, Link, Tree, WriteTarget, render
+
+
+def _op_kind(target: WriteTarget, data: bytes) -> str:
+    if target.kind == "create":
+        return "create"
+    if target.kind == "remove":
+        return "remove"
+    if target.kind == "current_vgpu_type":
+        return "clear-type" if data.strip() in (b"0", b"") else "set-type"
+    return "sriov"
+
+
+class SimSysfs:
+    """Thread-safe access to a simulated node by sysfs path (relative to the root).
+
+    ``write`` applies the driver's reaction and re-renders the tree before it
+    returns, so every later read sees the new state (the driver updates
+    ``available_instances`` synchronously).
+    """
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.driver = SimDriver(spec)
+        self.lock = threading.RLock()
+        self.tree: Tree = render(self.driver)
+        self.generation = 0
+
+    def entry(self, path: str) -> Entry | None:
+        real = self.tree.resolve(path)
+        return None if real is None else self.tree.entries.get(real)
+
+    def read(self, path: str) -> bytes:
+        with self.lock:
+            e = self.entry(path)
+            if e is None:
+                raise OSError(errno.ENOENT, "No such file or directory")
+            if isinstance(e, Dir):
+                raise OSError(errno.EISDIR, "Is a directory")
+            if isinstance(e, Link):
+                raise OSError(errno.EINVAL, "is a symlink")
+            if e.content is None:
+                raise OSError(errno.EACCES, "write-only attribute")
+            if e.read_errno is not None:
+                raise OSError(e.read_errno, "no vGPU on this device")
+            return e.content
+
+    def write(self, path: str, data: bytes) -> None:
+        """One ``write(2)`` of ``data`` to the attribute at ``path``."""
+        rel = path.strip("/")
+        with self.lock:
+            e = self.entry(rel)
+            if e is None:
+                raise OSError(errno.ENOENT, "No such file or directory")
+            if not isinstance(e, File) or e.write is None:
+                raise OSError(errno.EACCES, "read-only attribute")
+            target = e.write
+            effect = self.driver.fault_for(_op_kind(target, data), self.tree.resolve(rel) or rel)
+        if effect.delay_seconds:
+            time.sleep(effect.delay_seconds)
+        with self.lock:
+            if effect.errno is not None:
+                raise OSError(effect.errno, "injected fault")
+            try:
+                self._dispatch(target, data)
+            finally:
+                self.tree = render(self.driver)
+                self.generation += 1
+
+    def _dispatch(self, target: WriteTarget, data: bytes) -> None:
+        d = self.driver
+        if target.kind == "create":
+            d.mdev_create(target.device, target.type_id, data)
+        elif target.kind == "remove":
+            d.mdev_remove(target.device, data)
+        elif target.kind == "current_vgpu_type":
+            d.vf_type_write(target.device, data)
+        elif target.kind == "sriov_numvfs":
+            d.sriov_numvfs_write(target.device, data)
+        elif target.kind == "sriov-manage":
+            status, output = d.sriov_manage(data.decode("ascii", "replace"))
+            d.sriov_manage_output = output
+            if status != 0:
+                raise OSError(errno.EBUSY if "unbindLock" in output else errno.ENODEV, output)
+        else:
+            raise OSError(errno.EACCES, "read-only attribute")
+
+    def to_spec(self) -> NodeSpec:
+        with self.lock:
+            return self.driver.to_spec()

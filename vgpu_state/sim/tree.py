@@ -1,0 +1,305 @@
+"""The simulated ``/sys`` as data: every directory, attribute file and symlink.
+
+:func:`render` is a pure function of the driver state. Both frontends serve
+this one tree: the directory frontend writes it to disk, the FUSE frontend
+answers system calls from it. Paths are relative to the sysfs root.
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+from dataclasses import dataclass, field
+
+from vgpu_state.sim.driver_model import SRIOV_OFFSET, SRIOV_STRIDE, SimDriver, SimGpu, SimVgpu
+
+CONTROL_DIR = ".vgpu-sim"
+"""Simulator controls inside the tree (not part of real sysfs)."""
+SRIOV_MANAGE_CONTROL = f"{CONTROL_DIR}/sriov-manage"
+SRIOV_MANAGE_OUTPUT = f"{CONTROL_DIR}/sriov-manage.out"
+
+_RESOURCE_LINE = "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
+
+
+@dataclass(frozen=True)
+class WriteTarget:
+    """What a write to a file means to the driver."""
+
+    kind: str
+    """``create`` | ``remove`` | ``current_vgpu_type`` | ``sriov_numvfs`` | ``sriov-manage``."""
+    device: str = ""
+    type_id: int = 0
+
+
+@dataclass(frozen=True)
+class Dir:
+    pass
+
+
+@dataclass(frozen=True)
+class File:
+    content: bytes | None
+    """``None`` for a write-only attribute."""
+    mode: int = 0o444
+    read_errno: int | None = None
+    write: WriteTarget | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    target: str
+
+
+Entry = Dir | File | Link
+
+
+@dataclass
+class Tree:
+    entries: dict[str, Entry] = field(default_factory=dict)
+    children: dict[str, list[str]] = field(default_factory=dict)
+
+    def _ensure_dir(self, path: str) -> None:
+        if path in self.entries:
+            return
+        if path:
+            parent = posixpath.dirname(path)
+            self._ensure_dir(parent)
+            self.children[parent].append(posixpath.basename(path))
+        self.entries[path] = Dir()
+        self.children[path] = []
+
+    def add(self, path: str, entry: Entry) -> None:
+        if path not in self.entries:
+            parent = posixpath.dirname(path)
+            self._ensure_dir(parent)
+            self.children[parent].append(posixpath.basename(path))
+        self.entries[path] = entry
+        if isinstance(entry, Dir):
+            self.children.setdefault(path, [])
+
+    def resolve(self, path: str) -> str | None:
+        """``path`` with every symlink followed (as the kernel's path walk does)."""
+        parts = [p for p in path.strip("/").split("/") if p]
+        current = ""
+        hops = 0
+        while parts:
+            name = parts.pop(0)
+            if name == "..":
+                current = posixpath.dirname(current)
+                continue
+            if name == ".":
+                continue
+            candidate = f"{current}/{name}" if current else name
+            e = self.entries.get(candidate)
+            if e is None:
+                return None
+            if isinstance(e, Link):
+                hops += 1
+                if hops > 40:
+                    return None
+                parts = [p for p in e.target.split("/") if p] + parts
+                continue
+            current = candidate
+        return current
+
+    def dir(self, path: str) -> None:
+        self.add(path, Dir())
+
+    def file(
+        self,
+        path: str,
+        text: str | None,
+        mode: int = 0o444,
+        write: WriteTarget | None = None,
+        read_errno: int | None = None,
+    ) -> None:
+        content = None if text is None else text.encode()
+        self.add(path, File(content, mode, read_errno, write))
+
+    def link(self, path: str, target_abs: str) -> None:
+        """A symlink at ``path`` to ``target_abs`` (both below the root), stored relative."""
+        rel = posixpath.relpath(target_abs, posixpath.dirname(path) or ".")
+        self.add(path, Link(rel))
+
+
+def _hex4(v: int) -> str:
+    return f"0x{v:04x}\n"
+
+
+def bridge_dir(gpu: SimGpu) -> str:
+    domain = gpu.address[:4]
+    return f"devices/pci{domain}:00/{domain}:00:{3 + gpu.index:02x}.0"
+
+
+def device_dir(gpu: SimGpu, address: str) -> str:
+    return f"{bridge_dir(gpu)}/{address}"
+
+
+def render(drv: SimDriver) -> Tree:
+    t = Tree()
+    t.add("", Dir())
+    for d in ("bus/pci/devices", "bus/pci/drivers/nvidia", "class", "kernel/iommu_groups"):
+        t.dir(d)
+    if any(g.layout == "mdev" for g in drv.gpus):
+        t.dir("bus/mdev/devices")
+        t.dir("bus/mdev/drivers/nvidia-vgpu-vfio")
+        t.dir("class/mdev_bus")
+    for g in drv.gpus:
+        _render_gpu(t, drv, g)
+    _render_extra(t, drv.extra_pci_devices)
+    if drv.sriov_manage_installed:
+        t.file(SRIOV_MANAGE_CONTROL, None, 0o200, WriteTarget("sriov-manage"))
+        t.file(
+            SRIOV_MANAGE_OUTPUT, drv.sriov_manage_output + "\n" if drv.sriov_manage_output else ""
+        )
+    return t
+
+
+def _common_attrs(
+    t: Tree, path: str, device: int, sub_vendor: int, sub_device: int, numa: int
+) -> None:
+    t.file(f"{path}/vendor", _hex4(0x10DE))
+    t.file(f"{path}/device", _hex4(device))
+    t.file(f"{path}/class", "0x030200\n")
+    t.file(f"{path}/subsystem_vendor", _hex4(sub_vendor))
+    t.file(f"{path}/subsystem_device", _hex4(sub_device))
+    t.file(f"{path}/numa_node", f"{numa}\n")
+    t.file(f"{path}/resource", _RESOURCE_LINE * 13)
+    t.file(f"{path}/irq", "0\n")
+
+
+def _group(t: Tree, path: str, group: int) -> None:
+    t.dir(f"kernel/iommu_groups/{group}/devices")
+    t.link(f"{path}/iommu_group", f"kernel/iommu_groups/{group}")
+
+
+def _render_gpu(t: Tree, drv: SimDriver, g: SimGpu) -> None:
+    pf = device_dir(g, g.address)
+    t.dir(pf)
+    t.link(f"bus/pci/devices/{g.address}", pf)
+    _common_attrs(t, pf, g.device_id, 0x10DE, g.subsystem_device_id, g.numa_node)
+    t.file(f"{pf}/reset_method", "flr bus\n")
+    if g.driver:
+        t.dir(f"bus/pci/drivers/{g.driver}")
+        t.link(f"{pf}/driver", f"bus/pci/drivers/{g.driver}")
+    _group(t, pf, g.iommu_group)
+    if g.sriov_capable:
+        t.file(f"{pf}/sriov_totalvfs", f"{g.totalvfs}\n")
+        t.file(f"{pf}/sriov_numvfs", f"{g.numvfs}\n", 0o644, WriteTarget("sriov_numvfs", g.address))
+        t.file(f"{pf}/sriov_offset", f"{SRIOV_OFFSET}\n")
+        t.file(f"{pf}/sriov_stride", f"{SRIOV_STRIDE}\n")
+        t.file(f"{pf}/sriov_vf_device", f"{g.device_id:04x}\n")
+        t.file(f"{pf}/sriov_drivers_autoprobe", "1\n")
+        t.file(f"{pf}/sriov_vf_total_msix", "0\n")
+    if g.is_mdev_parent_pf():
+        _render_mdev_parent(t, g, None, g.address, pf)
+    if g.driver != "nvidia":
+        return
+    for i, vf_addr in enumerate(g.vf_addresses()):
+        vf = device_dir(g, vf_addr)
+        t.dir(vf)
+        t.link(f"bus/pci/devices/{vf_addr}", vf)
+        t.link(f"{pf}/virtfn{i}", vf)
+        t.link(f"{vf}/physfn", pf)
+        _common_attrs(t, vf, g.device_id, 0x10DE, 0x0000, g.numa_node)
+        t.file(f"{vf}/reset_method", "flr\n")
+        t.link(f"{vf}/driver", "bus/pci/drivers/nvidia")
+        _group(t, vf, g.vf_iommu_group_base + i)
+        if g.layout == "mdev":
+            _render_mdev_parent(t, g, i, vf_addr, vf)
+        else:
+            _render_vfio_vf(t, g, i, vf)
+
+
+def _render_mdev_parent(t: Tree, g: SimGpu, vf: int | None, address: str, path: str) -> None:
+    t.link(f"class/mdev_bus/{address}", path)
+    prefix = g.model.mdev_name_prefix
+    for vt in g.offered_types():
+        d = f"{path}/mdev_supported_types/nvidia-{vt.type_id}"
+        t.file(f"{d}/name", f"{prefix} {vt.name}\n")
+        t.file(f"{d}/available_instances", f"{g.available(vf, vt)}\n")
+        t.file(f"{d}/device_api", "vfio-pci\n")
+        t.file(f"{d}/description", _description(vt.series, vt.framebuffer_mib, vt.max_instances))
+        t.file(f"{d}/create", None, 0o200, WriteTarget("create", address, vt.type_id))
+        t.dir(f"{d}/devices")
+    for v in g.vgpus:
+        if v.vf == vf and v.uuid is not None:
+            _render_mdev(t, v, address, path)
+
+
+def _render_mdev(t: Tree, v: SimVgpu, parent: str, parent_path: str) -> None:
+    assert v.uuid is not None
+    m = f"{parent_path}/{v.uuid}"
+    type_dir = f"{parent_path}/mdev_supported_types/nvidia-{v.type.type_id}"
+    t.dir(m)
+    t.link(f"{m}/driver", "bus/mdev/drivers/nvidia-vgpu-vfio")
+    _group(t, m, v.iommu_group)
+    t.link(f"{m}/mdev_type", type_dir)
+    t.file(f"{m}/remove", None, 0o200, WriteTarget("remove", v.uuid))
+    t.file(f"{m}/nvidia/vgpu_params", "\n", 0o644)
+    t.file(f"{m}/nvidia/vm_name", f"{v.in_use or ''}\n")
+    t.link(f"{type_dir}/devices/{v.uuid}", m)
+    t.link(f"bus/mdev/devices/{v.uuid}", m)
+
+
+def _description(series: str, fb_mib: int, max_instance: int) -> str:
+    """The ``description`` line of §3.1 (heads/frame-rate/resolution per series)."""
+    heads, frl, res = {
+        "B": (4, 45, "5120x2880"),
+        "Q": (4, 60, "7680x4320" if fb_mib >= 2048 else "5120x2880"),
+        "A": (1, 60, "1280x1024"),
+        "C": (1, 60, "4096x2400"),
+    }.get(series, (1, 60, "4096x2400"))
+    return (
+        f"num_heads={heads}, frl_config={frl}, framebuffer={fb_mib}M, "
+        f"max_resolution={res}, max_instance={max_instance}\n"
+    )
+
+
+def creatable_text(g: SimGpu, vf: int) -> str:
+    """``creatable_vgpu_types`` of a VF: the header then ``%-6d: NVIDIA <name>`` lines."""
+    lines = ["ID    : vGPU Name"]
+    for vt in sorted(g.creatable_on_vf(vf), key=lambda x: x.type_id):
+        lines.append(f"{vt.type_id:<6d}: {g.model.mdev_name_prefix} {vt.name}")
+    return "\n".join(lines) + "\n"
+
+
+def _render_vfio_vf(t: Tree, g: SimGpu, i: int, vf: str) -> None:
+    v = g.vgpu_on_vf(i)
+    n = f"{vf}/nvidia"
+    t.file(f"{n}/creatable_vgpu_types", creatable_text(g, i))
+    t.file(
+        f"{n}/current_vgpu_type",
+        f"{v.type.type_id if v else 0}\n",
+        0o644,
+        WriteTarget("current_vgpu_type", g.vf_addresses()[i]),
+    )
+    if v is None:
+        t.file(f"{n}/gpu_instance_id", "", 0o444, read_errno=errno.ENXIO)
+        t.file(f"{n}/placement_id", "", 0o444, read_errno=errno.ENXIO)
+    else:
+        t.file(f"{n}/gpu_instance_id", "0\n")
+        t.file(f"{n}/placement_id", f"{_placement(g, v)}\n")
+    t.file(f"{n}/vgpu_params", "\n", 0o644)
+    t.file(f"{n}/warm_update", "0\n", 0o644)
+    t.dir(f"{vf}/vfio-dev/vfio{g.vf_iommu_group_base + i}")
+
+
+def _placement(g: SimGpu, v: SimVgpu) -> int:
+    slots = max(1, v.type.framebuffer_mib // 1024)
+    order = [x for x in g.vgpus if x.vf is not None]
+    return order.index(v) * slots if v in order else 0
+
+
+def _render_extra(t: Tree, count: int) -> None:
+    """Unrelated PCI functions (network, storage, bridges) that a scan must skip."""
+    for n in range(count):
+        bus = 0xC0 + n // 256
+        addr = f"0000:{bus:02x}:{(n // 8) % 32:02x}.{n % 8}"
+        path = f"devices/pci0000:{bus:02x}/{addr}"
+        t.link(f"bus/pci/devices/{addr}", path)
+        vendor, cls = ((0x8086, "0x020000"), (0x15B3, "0x020700"), (0x1022, "0x060400"))[n % 3]
+        t.file(f"{path}/vendor", _hex4(vendor))
+        t.file(f"{path}/device", _hex4(0x1000 + n % 0x100))
+        t.file(f"{path}/class", f"{cls}\n")
+        t.file(f"{path}/numa_node", "-1\n")
