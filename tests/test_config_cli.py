@@ -18,7 +18,8 @@ from vgpu_state.config import json_schema_text, load_file
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "vgpu-state-config.schema.json"
-SHIPPED = sorted((REPO / "configs").rglob("*.yaml"))
+# Config documents only: configs/sim/ holds simulator node specs, tested with the simulator.
+SHIPPED = sorted(p for p in (REPO / "configs").rglob("*.yaml") if p.parent.name != "sim")
 
 
 def run(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
