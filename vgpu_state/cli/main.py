@@ -20,6 +20,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "scan": ("vgpu_state.cli.scan", "scan", "Show the node's GPUs, vGPUs and creatable types."),
     "sim": ("vgpu_state.cli.sim", "sim", "Run the NVIDIA vGPU driver simulator (FUSE mount)."),
+    "plan": ("vgpu_state.cli.plan", "plan_cmd", "Show the changes apply would make (dry run)."),
+    "apply": ("vgpu_state.cli.plan", "apply_cmd", "Plan, confirm, apply; or apply a saved plan."),
+    "assert": (
+        "vgpu_state.cli.plan",
+        "assert_cmd",
+        "Exit 0 when the node matches its config, 1 otherwise.",
+    ),
+    "export": ("vgpu_state.cli.plan", "export_cmd", "Print a config that reproduces the node."),
+    "history": ("vgpu_state.cli.plan", "history_cmd", "Show the journal of past applies."),
 }
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vgpu_state.executor.journal import Journal
-from vgpu_state.executor.ports import HostPort
+from vgpu_state.host import HostPort
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import BlockedError, DriverError, VgpuStateError
 from vgpu_state.model.plan import Action, ActionKind, GpuPlan, Plan
@@ -253,5 +253,8 @@ def apply(
             run.record("plan-end", outcome="failed", failed=f"verify gpu[{header.address}]")
             raise VerificationError(header.address, sorted(want - got), sorted(got - want))
     seconds = time.perf_counter() - started
-    run.record("plan-end", outcome="converged", seconds=round(seconds, 6))
+    outcome = "partial" if plan.blocked else "converged"
+    run.record(
+        "plan-end", outcome=outcome, blocked=len(plan.blocked), seconds=round(seconds, 6)
+    )
     return ApplyResult(run.plan_id, tuple(run.steps), live, seconds)

@@ -113,6 +113,25 @@ class SimHost:
             materialize(tree, self.root, self._rendered)
             self._rendered = tree
 
+    def in_use(self) -> dict[str, str]:
+        """vGPUs the spec marks as held: key (mdev UUID or VF address) -> holder.
+
+        On a real node this comes from the kubelet; the simulated node carries it
+        in its spec so that plans against it protect the same vGPUs the simulated
+        driver refuses to remove.
+        """
+        held: dict[str, str] = {}
+        for g in self.sysfs.driver.gpus:
+            vfs = g.vf_addresses()
+            for v in g.vgpus:
+                if not v.in_use:
+                    continue
+                if v.uuid is not None:
+                    held[v.uuid] = v.in_use
+                elif v.vf is not None and v.vf < len(vfs):
+                    held[vfs[v.vf]] = v.in_use
+        return held
+
     # state ---------------------------------------------------------------------
     def to_spec(self) -> NodeSpec:
         """The current host state as a spec (loads back into an equal host)."""

@@ -1,0 +1,151 @@
+"""Shared CLI plumbing: option sets, input loading, error reporting."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import click
+
+from vgpu_state.model.errors import ConfigError, VgpuStateError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn vgpu-state errors into ``file:line:col`` lines or ``error: …`` and exit 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as e:
+            for issue in e.issues:
+                click.echo(str(issue), err=True)
+            sys.exit(1)
+        except VgpuStateError as e:
+            fail(str(e))
+        except OSError as e:
+            fail(f"{e.filename or ''}: {e.strerror}" if e.filename else str(e))
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def parse_labels(values: tuple[str, ...]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--label")
+        labels[key] = value
+    return labels
+
+
+def parse_in_use(values: tuple[str, ...], file: str | None) -> dict[str, str]:
+    """``--in-use KEY[=HOLDER]`` and ``--in-use-file`` (JSON object, or lines ``KEY [HOLDER]``)."""
+    held: dict[str, str] = {}
+    if file:
+        text = Path(file).read_text() if file != "-" else sys.stdin.read()
+        stripped = text.strip()
+        if stripped.startswith("{"):
+            try:
+                data = json.loads(stripped)
+            except json.JSONDecodeError as e:
+                raise click.BadParameter(
+                    f"{file}:{e.lineno}:{e.colno}: {e.msg}", param_hint="--in-use-file"
+                ) from e
+            held.update({str(k): str(v) for k, v in data.items()})
+        else:
+            for line in text.splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    key, _, holder = line.partition(" ")
+                    held[key] = holder.strip() or "an unnamed holder"
+    for item in values:
+        key, _, holder = item.partition("=")
+        held[key.strip()] = holder.strip() or "an unnamed holder"
+    return held
+
+
+def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``-f/-c/--node/--label/--label-key`` and the host source options."""
+    for decorator in reversed(
+        [
+            click.option(
+                "-f",
+                "--config-file",
+                "config_file",
+                envvar="VGPU_STATE_CONFIG_FILE",
+                help="Config file (- for stdin). Env: VGPU_STATE_CONFIG_FILE.",
+            ),
+            click.option(
+                "-c",
+                "--config",
+                "config_name",
+                envvar="VGPU_STATE_SELECTED_CONFIG",
+                help="Use this named config instead of selecting one by node labels.",
+            ),
+            click.option("--node", "node", help="Node name (default: the simulated node's)."),
+            click.option(
+                "--label",
+                "labels",
+                multiple=True,
+                metavar="KEY=VALUE",
+                help="A node label used for selection (repeatable).",
+            ),
+            click.option(
+                "--label-key",
+                default="nvidia.com/vgpu.config",
+                show_default=True,
+                help="The node label that names a config.",
+            ),
+            click.option(
+                "--sysfs-root",
+                type=click.Path(file_okay=False),
+                help="Read the host from this sysfs root (default /sys).",
+            ),
+            click.option(
+                "--sim",
+                "sim_spec",
+                type=click.Path(dir_okay=False),
+                help="Use a simulated node described by this spec file.",
+            ),
+            click.option(
+                "--in-use",
+                "in_use",
+                multiple=True,
+                metavar="KEY[=HOLDER]",
+                help="A vGPU (mdev UUID or VF address) held by a pod or VM (repeatable).",
+            ),
+            click.option(
+                "--in-use-file",
+                type=click.Path(dir_okay=False, allow_dash=True),
+                help="In-use vGPUs: a JSON object {key: holder} or lines 'KEY HOLDER'.",
+            ),
+        ]
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+@dataclass(frozen=True)
+class HostSource:
+    sysfs_root: str | None
+    sim_spec: str | None
+
+    def describe(self) -> str:
+        if self.sim_spec:
+            return f"simulated node {self.sim_spec}"
+        return f"sysfs at {self.sysfs_root or '/sys'}"
