@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.text import Text
 
 from vgpu_state.cli.common import (
     fail,
@@ -127,10 +128,13 @@ def _progress(out: Any) -> Any:
     def report(a: Action, r: StepResult) -> None:
         mark, style = marks.get(r.outcome, ("?", ""))
         extra = " (already done)" if r.outcome == "skipped" else ""
-        out.print(
-            f"  [{style}]{mark}[/] {a.kind.value} {a.address}"
-            f"{' ' + a.type_name if a.type_name else ''}{extra}  {r.seconds * 1000:.1f} ms"
+        line = Text("  ")
+        line.append(mark, style=style)
+        line.append(
+            f" {a.kind.value} {a.address}{' ' + a.type_name if a.type_name else ''}{extra}"
+            f"  {r.seconds * 1000:.1f} ms"
         )
+        out.print(line)
 
     return report
 
