@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -43,7 +43,7 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def parse_labels(values: tuple[str, ...]) -> dict[str, str]:
+def parse_labels(values: Sequence[str]) -> dict[str, str]:
     labels: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")

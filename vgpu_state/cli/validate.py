@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import click
 
 from vgpu_state.catalog import default_catalog, suggest
+from vgpu_state.cli.common import parse_labels
 from vgpu_state.config import (
     DEFAULT_LABEL_KEY,
     ConfigDocument,
@@ -80,16 +81,6 @@ def gpus_from_flags(specs: Sequence[str]) -> tuple[Gpu, ...]:
     return tuple(gpus)
 
 
-def _labels(specs: Sequence[str]) -> dict[str, str]:
-    labels = {}
-    for spec in specs:
-        key, sep, value = spec.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{spec!r}: expected KEY=VALUE", param_hint="--label")
-        labels[key] = value
-    return labels
-
-
 def render_layout(state: DesiredState, gpus: Sequence[Gpu]) -> list[str]:
     """One line per GPU: its layout, or ``unmanaged``."""
     catalog = default_catalog()
@@ -143,7 +134,7 @@ def select_cmd(
     document = load_document(path)
     gpus = gpus_from_flags(gpu_specs)
     try:
-        selection = select(document, node_name, _labels(labels), label_key)
+        selection = select(document, node_name, parse_labels(labels), label_key)
     except SelectionError as exc:
         _fail([str(exc)])
         return
