@@ -162,3 +162,11 @@ def test_plan_and_scan_never_import_kubernetes_or_grpc(node: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_config_from_stdin(node: Path) -> None:
+    result = CliRunner().invoke(
+        cli, ["plan", "-f", "-", "--sim", str(node)], input=CONFIG.read_text()
+    )
+    assert result.exit_code == 0
+    assert result.stdout.rstrip().endswith("Plan: 8 to create, 1 to destroy, 0 blocked.")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vgpu_state.config import load_file, resolve, select
+from vgpu_state.config import load_file, load_text, resolve, select
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.executor import HostPort, Journal, journal_path, lock_path
 from vgpu_state.host import SysfsHost
@@ -92,7 +93,10 @@ def open_session(
     sim_spec: str | None,
     in_use: Mapping[str, str],
 ) -> Session:
-    document = load_file(config_file)
+    if config_file == "-":
+        document = load_text(sys.stdin.read(), "<stdin>")
+    else:
+        document = load_file(config_file)
     host = open_host(sysfs_root, sim_spec, node)
     node_name, host_labels = host_identity(host, node)
     all_labels = {**host_labels, **labels}
