@@ -509,3 +509,13 @@ def test_error_has_no_traceback_text() -> None:
         load_text("version: v1\nvgpu-configs: [\n", "f.yaml")
     assert "Traceback" not in str(caught.value)
     assert str(caught.value).startswith("f.yaml:3:1: not valid YAML")
+
+
+def test_a_config_with_errors_still_counts_as_defined() -> None:
+    text = "version: v1\ndefault: a\nvgpu-configs:\n  a:\n    - devices: all\n      vgpu-devices: {A10-4W: 1}\n"
+    with pytest.raises(ConfigError) as err:
+        load_text(text, "f.yaml")
+    assert [str(i) for i in err.value.issues] == [
+        "f.yaml:6:22: unknown vGPU type 'A10-4W'; did you mean A10-4Q? "
+        "(vgpu-configs.a[0].vgpu-devices.A10-4W)"
+    ]

@@ -98,6 +98,8 @@ class _Loader:
         self.issues = issues
         self.catalog = catalog
         self.positions: dict[str, tuple[int, int]] = {}
+        self.declared: tuple[str, ...] = ()
+        """Every config name the file declares, including ones whose layout has errors."""
 
     def add(self, node: Node | None, path: str, message: str) -> None:
         self.issues.at(node, path, message)
@@ -122,7 +124,7 @@ class _Loader:
 
         version = self._version(root, values.get("version"))
         configs = self._configs(root, values.get("vgpu-configs"))
-        names = tuple(configs) if configs is not None else None
+        names = self.declared if configs is not None else None
         selectors = self._selectors(values.get("node-selectors"), names)
         default = self._config_ref(values.get("default"), "default", names)
         policy = self._policy(values["policy"], "policy") if "policy" in values else None
@@ -161,6 +163,7 @@ class _Loader:
         if not items and not node.value:
             self.add(node, path, "vgpu-configs is empty; define at least one named layout")
         configs: dict[str, NamedConfig] = {}
+        self.declared = tuple(name for name, _, _ in items)
         for name, key_node, value in items:
             cpath = join(path, name)
             self.positions[cpath] = position(key_node)
