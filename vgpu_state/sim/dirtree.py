@@ -41,13 +41,30 @@ def materialize(tree: Tree, root: str, previous: Tree | None = None) -> None:
             continue
         full = os.path.join(root, p) if p else root
         if isinstance(e, Dir):
-            os.makedirs(full, exist_ok=True)
+            if previous is None and p:
+                os.mkdir(full)  # sorted order: the parent exists already
+            else:
+                os.makedirs(full, exist_ok=True)
         elif isinstance(e, Link):
             if os.path.lexists(full):
                 os.unlink(full)
             os.symlink(e.target, full)
         elif isinstance(e, File):
-            _write_file(full, e, fresh=not isinstance(before, File))
+            if previous is None:
+                _create_file(full, e)
+            else:
+                _write_file(full, e, fresh=not isinstance(before, File))
+
+
+def _create_file(full: str, e: File) -> None:
+    """A file in a new tree: one open with its final mode, no existence checks."""
+    fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        if e.content:
+            os.write(fd, e.content)
+        os.fchmod(fd, e.mode)
+    finally:
+        os.close(fd)
 
 
 def _write_file(full: str, e: File, fresh: bool) -> None:

@@ -12,6 +12,7 @@ import fnmatch
 import re
 import uuid as uuid_mod
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from vgpu_state.catalog import GpuModel, VgpuType, default_catalog
 from vgpu_state.model.pci import vf_address
@@ -31,6 +32,12 @@ _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4
 _SERIES = {"graphics": frozenset("QBA"), "compute": frozenset("C"), "all": frozenset("QBAC")}
 # Subsystem device ids of PFs whose model the catalog tells apart by device id alone.
 _DEFAULT_SUBSYSTEM = {0x1EB8: 0x12A2, 0x26B9: 0x1851}
+
+
+@lru_cache(maxsize=256)
+def _vf_addresses(pf: str, numvfs: int) -> tuple[str, ...]:
+    """The addresses of a PF's first ``numvfs`` VFs (computed once per PF and count)."""
+    return tuple(vf_address(pf, SRIOV_OFFSET, SRIOV_STRIDE, i) for i in range(numvfs))
 
 
 def fail(code: int, message: str = "") -> OSError:
@@ -81,7 +88,7 @@ class SimGpu:
         return ids[0] if ids else _DEFAULT_SUBSYSTEM.get(self.device_id, 0)
 
     def vf_addresses(self) -> list[str]:
-        return [vf_address(self.address, SRIOV_OFFSET, SRIOV_STRIDE, i) for i in range(self.numvfs)]
+        return list(_vf_addresses(self.address, self.numvfs))
 
     def vf_index(self, address: str) -> int | None:
         for i, a in enumerate(self.vf_addresses()):
