@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.text import Text
 
 from vgpu_state.cli.common import (
     fail,
@@ -123,6 +122,8 @@ def _save_plan(
 
 
 def _progress(out: Any) -> Any:
+    from rich.text import Text
+
     marks = {"ok": ("✓", "green"), "skipped": ("=", "cyan"), "failed": ("✗", "bold red")}
 
     def report(a: Action, r: StepResult) -> None:
