@@ -65,7 +65,7 @@ def open_host(sysfs_root: str | None, sim_spec: str | None, node: str | None) ->
     if sim_spec:
         from vgpu_state.sim.host import SimHost
 
-        return SimHost(sim_spec)
+        return SimHost(sim_spec, in_memory=True)
     return SysfsHost(sysfs_root or "/sys", node or os.uname().nodename)
 
 

@@ -1,9 +1,56 @@
-"""Plain-file reads of sysfs attributes that never raise: failures become problems."""
+"""Reads of sysfs attributes that never raise: failures become problems.
+
+All file system access goes through a :class:`Filesystem`; the real one uses
+plain system calls (``open``/``read``, ``readlink``, ``listdir``), and the
+simulator offers an in-memory one so read-only commands need no tree on disk.
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Filesystem(Protocol):
+    """The calls a scan makes; each raises ``OSError`` with the real errno on failure."""
+
+    def read(self, path: str) -> bytes: ...
+
+    def readlink(self, path: str) -> str: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def exists(self, path: str) -> bool:
+        """True when ``path`` exists, following symlinks."""
+        ...
+
+    def lexists(self, path: str) -> bool:
+        """True when ``path`` exists, a dangling symlink included."""
+        ...
+
+
+class OsFilesystem:
+    """The real file system: one ``open``/``read``/``close`` per attribute."""
+
+    def read(self, path: str) -> bytes:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.read(fd, 65536)
+        finally:
+            os.close(fd)
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def lexists(self, path: str) -> bool:
+        return os.path.lexists(path)
 
 
 @dataclass
@@ -15,27 +62,20 @@ class Reader:
     when ``note`` is true.
     """
 
+    fs: Filesystem = field(default_factory=OsFilesystem)
     files_read: int = 0
     problems: list[str] = field(default_factory=list)
 
     def text(self, path: str, *, note: bool = True) -> str | None:
         self.files_read += 1
         try:
-            fd = os.open(path, os.O_RDONLY)
+            data = self.fs.read(path)
         except FileNotFoundError:
             return None
         except OSError as e:
             if note:
-                self.problems.append(f"cannot open {path}: {os.strerror(e.errno or 0)}")
-            return None
-        try:
-            data = os.read(fd, 65536)
-        except OSError as e:
-            if note:
                 self.problems.append(f"cannot read {path}: {os.strerror(e.errno or 0)}")
             return None
-        finally:
-            os.close(fd)
         return data.decode("utf-8", "replace")
 
     def integer(self, path: str, *, note: bool = True) -> int | None:
@@ -57,14 +97,14 @@ class Reader:
     def link_name(self, path: str, *, note: bool = True) -> str | None:
         """The basename of a symlink's target; ``None`` if absent or dangling."""
         try:
-            target = os.readlink(path)
+            target = self.fs.readlink(path)
         except FileNotFoundError:
             return None
         except OSError as e:
             if note:
                 self.problems.append(f"cannot read link {path}: {os.strerror(e.errno or 0)}")
             return None
-        if not os.path.exists(path):
+        if not self.fs.exists(path):
             if note:
                 self.problems.append(f"{path} is a broken symlink (-> {target})")
             return None
@@ -83,7 +123,7 @@ class Reader:
 
     def listdir(self, path: str, *, note: bool = True) -> list[str] | None:
         try:
-            return os.listdir(path)
+            return self.fs.listdir(path)
         except FileNotFoundError:
             return None
         except OSError as e:

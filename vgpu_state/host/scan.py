@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from vgpu_state.catalog import default_catalog, short_type_name
-from vgpu_state.host.reader import Reader
+from vgpu_state.host.reader import Filesystem, OsFilesystem, Reader
 from vgpu_state.model.snapshot import (
     CreatableType,
     Gpu,
@@ -52,16 +52,21 @@ def parse_creatable_vgpu_types(text: str) -> tuple[tuple[int, str], ...]:
     return tuple(found)
 
 
-def scan(root: str = "/sys", node: str = "") -> NodeSnapshot:
-    """Scan the sysfs tree at ``root``; never raises on an unexpected tree."""
-    return scan_with_stats(root, node)[0]
+def scan(root: str = "/sys", node: str = "", fs: Filesystem | None = None) -> NodeSnapshot:
+    """Scan the sysfs tree at ``root``; never raises on an unexpected tree.
+
+    ``fs`` replaces the real file system (the simulator's in-memory tree).
+    """
+    return scan_with_stats(root, node, fs)[0]
 
 
-def scan_with_stats(root: str = "/sys", node: str = "") -> tuple[NodeSnapshot, ScanStats]:
+def scan_with_stats(
+    root: str = "/sys", node: str = "", fs: Filesystem | None = None
+) -> tuple[NodeSnapshot, ScanStats]:
     import time
 
     started = time.perf_counter()
-    reader = Reader()
+    reader = Reader(fs if fs is not None else OsFilesystem())
     snapshot = _Scanner(root, reader).run(node)
     return snapshot, ScanStats(reader.files_read, time.perf_counter() - started)
 
@@ -105,7 +110,7 @@ class _Scanner:
             cls = self.read.integer(os.path.join(path, "class"), note=False)
             if cls is None or (cls >> 8) not in GPU_CLASSES:
                 continue
-            if os.path.lexists(os.path.join(path, "physfn")):
+            if self.read.fs.lexists(os.path.join(path, "physfn")):
                 continue
             pfs.append(name)
         node_problems = self.read.take_problems()
@@ -299,7 +304,7 @@ class _Scanner:
                 continue
             type_link = os.path.join(parent_path, entry, "mdev_type")
             try:
-                target = os.readlink(type_link)
+                target = self.read.fs.readlink(type_link)
             except OSError:
                 self.read.problems.append(f"{type_link} missing: mdev {entry} has no type")
                 found.append(Vgpu(kind="mdev", parent=parent, uuid=entry.lower()))

@@ -18,6 +18,7 @@ from vgpu_state.host import driver
 from vgpu_state.host.scan import scan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.dirtree import materialize
+from vgpu_state.sim.memfs import MemoryFilesystem
 from vgpu_state.sim.spec import NodeSpec, load_spec, save_spec
 from vgpu_state.sim.sysfs import SimSysfs
 from vgpu_state.sim.tree import SRIOV_MANAGE_CONTROL
@@ -37,9 +38,20 @@ class SimHost:
     without an argument writes back to it). ``root``: where to write the tree;
     a new, empty directory; a temporary one under ``/dev/shm`` (removed by
     :meth:`close`) when omitted.
+
+    ``in_memory``: write no tree at all; :meth:`scan` walks the simulated sysfs
+    in memory through the same file system calls, and writes go straight to the
+    simulated driver. The CLI's ``--sim`` uses this; the directory tree is for
+    tools that read the files themselves.
     """
 
-    def __init__(self, spec: NodeSpec | str | Path, root: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        spec: NodeSpec | str | Path,
+        root: str | Path | None = None,
+        *,
+        in_memory: bool = False,
+    ) -> None:
         if isinstance(spec, NodeSpec):
             self.spec_path: Path | None = None
             loaded = spec
@@ -47,11 +59,17 @@ class SimHost:
             self.spec_path = Path(spec)
             loaded = load_spec(self.spec_path)
         self.sysfs = SimSysfs(loaded)
-        self._own_root = root is None
+        self.in_memory = in_memory
+        self._own_root = root is None and not in_memory
+        self._rendered = self.sysfs.tree
+        if in_memory:
+            self.root = str(root) if root is not None else "/sim/sys"
+            self._fs: MemoryFilesystem | None = MemoryFilesystem(self.sysfs, self.root)
+            return
+        self._fs = None
         self.root = str(root) if root is not None else _temp_root()
         if not self._own_root and os.path.exists(self.root) and os.listdir(self.root):
             raise ValueError(f"{self.root} is not empty; SimHost writes a whole sysfs tree there")
-        self._rendered = self.sysfs.tree
         materialize(self._rendered, self.root)
 
     @property
@@ -64,7 +82,7 @@ class SimHost:
 
     # HostPort ------------------------------------------------------------------
     def scan(self) -> NodeSnapshot:
-        return scan(self.root, self.node)
+        return scan(self.root, self.node, self._fs)
 
     def enable_sriov(self, pf: str) -> None:
         self._sriov("-e", pf)
@@ -108,6 +126,8 @@ class SimHost:
             driver.disable_sriov(self.root, pf, None, self._writer)
 
     def _refresh(self) -> None:
+        if self.in_memory:
+            return
         tree = self.sysfs.tree
         if tree is not self._rendered:
             materialize(tree, self.root, self._rendered)

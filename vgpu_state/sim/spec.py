@@ -107,9 +107,14 @@ def _yaml() -> YAML:
     return y
 
 
+def _loader() -> YAML:
+    """The safe loader, with ruamel's C parser when it is installed (about 10x faster)."""
+    return YAML(typ="safe")
+
+
 def parse_spec(text: str, source: str = "<spec>") -> NodeSpec:
     try:
-        data = _yaml().load(text)
+        data = _loader().load(text)
     except YAMLError as e:
         raise SpecError(f"{source}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
