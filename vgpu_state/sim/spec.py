@@ -10,7 +10,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from vgpu_state.catalog import default_catalog, suggest
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.pci import parse_pci_address
 
@@ -49,6 +51,17 @@ class GpuSpec(_Spec):
     @classmethod
     def _address(cls, v: str) -> str:
         return parse_pci_address(v)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        catalog = default_catalog()
+        if catalog.find_model(v) is None:
+            names = [m.short_name for m in catalog.models] + [m.name for m in catalog.models]
+            found = suggest(v, names)
+            hint = f"; did you mean {found!r}?" if found else ""
+            raise ValueError(f"unknown GPU model {v!r}{hint}")
+        return v
 
 
 class DriverSpec(_Spec):
@@ -122,11 +135,36 @@ def parse_spec(text: str, source: str = "<spec>") -> NodeSpec:
     try:
         return NodeSpec.model_validate(data)
     except ValidationError as e:
+        root = _loader().compose(text)
         lines = []
         for err in e.errors():
-            where = ".".join(str(p) for p in err["loc"])
-            lines.append(f"{source}: {where}: {err['msg']}")
+            loc = tuple(err["loc"])
+            where = ".".join(str(p) for p in loc)
+            line, column = _position(root, loc, key=err["type"] == "extra_forbidden")
+            value = "" if err["type"] == "missing" else f" (found {err['input']!r})"
+            message = str(err["msg"]).removeprefix("Value error, ")
+            lines.append(f"{source}:{line}:{column}: {where}: {message}{value}")
         raise SpecError("\n".join(lines)) from e
+
+
+def _position(root: Node | None, loc: tuple[int | str, ...], key: bool) -> tuple[int, int]:
+    """1-based line and column of the YAML value at ``loc`` (of its key with ``key``)."""
+    node = root
+    mark = root.start_mark if root is not None else None
+    for part in loc:
+        if isinstance(node, MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == part), None)
+            if match is None:
+                break
+            mark, node = match[0].start_mark, match[1]
+            if part != loc[-1] or not key:
+                mark = node.start_mark
+        elif isinstance(node, SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            mark = node.start_mark
+        else:
+            break
+    return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
 
 
 def load_spec(path: str | Path) -> NodeSpec:

@@ -1,0 +1,41 @@
+"""A bad simulator spec names the file, line, column and the offending value."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpu_state.sim.spec import SpecError, parse_spec
+
+BAD = """\
+node: x
+gpus:
+  - address: "0000:08:00.0"
+    model: A3
+    layout: mdevv
+    vgpus:
+      - {type: A2-4Q, vff: 1}
+"""
+
+
+def test_every_problem_is_reported_with_its_position() -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(BAD, "node.yaml")
+    assert str(err.value).splitlines() == [
+        "node.yaml:4:12: gpus.0.model: unknown GPU model 'A3'; did you mean 'A30'? (found 'A3')",
+        "node.yaml:5:13: gpus.0.layout: Input should be 'mdev' or 'vendor-vfio' (found 'mdevv')",
+        "node.yaml:7:23: gpus.0.vgpus.0.vff: Extra inputs are not permitted (found 1)",
+    ]
+
+
+def test_bad_address_and_missing_key() -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec('node: x\ngpus:\n  - address: "08:00"\n', "n.yaml")
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith("n.yaml:3:14: gpus.0.address: '08:00' is not a PCI address")
+    assert lines[1] == "n.yaml:3:5: gpus.0.model: Field required"
+
+
+def test_not_yaml() -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec("node: [x\n", "n.yaml")
+    assert str(err.value).startswith("n.yaml: not valid YAML")
