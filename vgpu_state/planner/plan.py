@@ -301,18 +301,7 @@ class _Planner:
             if vfs_off:
                 u = next(uuids)
                 work.actions.append(
-                    Action(
-                        kind=ActionKind.CREATE,
-                        address=f"gpu[{g.address}].vgpu[{u}]",
-                        gpu=g.address,
-                        layout=g.layout,
-                        type_name=name,
-                        type_id=self.type_id(g, name, None),
-                        uuid=u,
-                        before=None,
-                        after={"type": name, "uuid": u, "parent": None},
-                        reason="wanted by the layout; parent chosen once SR-IOV is enabled",
-                    )
+                    _create(g, name, self.type_id(g, name, None), uuid=u, parent=None)
                 )
                 continue
             parent = self.choose_parent(g, name, occupied, has_destroys)
@@ -329,38 +318,9 @@ class _Planner:
                 )
                 continue
             if g.layout is Layout.VENDOR_VFIO:
-                work.actions.append(
-                    Action(
-                        kind=ActionKind.CREATE,
-                        address=f"gpu[{g.address}].vf[{parent}]",
-                        gpu=g.address,
-                        layout=g.layout,
-                        type_name=name,
-                        type_id=type_id,
-                        parent=parent,
-                        vf=parent,
-                        before=None,
-                        after={"type": name, "type_id": type_id, "vf": parent},
-                        reason="wanted by the layout",
-                    )
-                )
+                work.actions.append(_create(g, name, type_id, vf=parent, parent=parent))
             else:
-                u = next(uuids)
-                work.actions.append(
-                    Action(
-                        kind=ActionKind.CREATE,
-                        address=f"gpu[{g.address}].vgpu[{u}]",
-                        gpu=g.address,
-                        layout=g.layout,
-                        type_name=name,
-                        type_id=type_id,
-                        parent=parent,
-                        uuid=u,
-                        before=None,
-                        after={"type": name, "type_id": type_id, "uuid": u, "parent": parent},
-                        reason="wanted by the layout",
-                    )
-                )
+                work.actions.append(_create(g, name, type_id, uuid=next(uuids), parent=parent))
         return vfs_off
 
     def choose_parent(
@@ -443,6 +403,41 @@ class _Planner:
             blocked=tuple(blocked),
             summary=summary,
         )
+
+
+def _create(
+    g: Gpu,
+    name: str,
+    type_id: int | None,
+    *,
+    parent: str | None,
+    uuid: str | None = None,
+    vf: str | None = None,
+) -> Action:
+    """A create step: on a VF (vendor-VFIO), or an mdev (parent ``None`` until SR-IOV is on)."""
+    after: dict[str, object] = {"type": name, "type_id": type_id}
+    if vf is not None:
+        address, after["vf"] = f"gpu[{g.address}].vf[{vf}]", vf
+    else:
+        address = f"gpu[{g.address}].vgpu[{uuid}]"
+        after.update(uuid=uuid, parent=parent)
+    reason = "wanted by the layout"
+    if parent is None:
+        reason += "; parent chosen once SR-IOV is enabled"
+    return Action(
+        kind=ActionKind.CREATE,
+        address=address,
+        gpu=g.address,
+        layout=g.layout,
+        type_name=name,
+        type_id=type_id,
+        parent=parent,
+        uuid=uuid,
+        vf=vf,
+        before=None,
+        after=after,
+        reason=reason,
+    )
 
 
 def _vgpu_view(v: Vgpu) -> dict[str, object]:
