@@ -60,7 +60,7 @@ SCENARIOS = {
     # mdev on VFs: the held A2-4C stays, the unwanted A2-4A goes, two A2-4Q are added.
     "mdev-vf": (
         "a2-host.yaml",
-        '    - devices: all\n      vgpu-devices: {A2-4Q: 3, A2-4C: 1}\n',
+        "    - devices: all\n      vgpu-devices: {A2-4Q: 3, A2-4C: 1}\n",
         {"0000:08:00.0": {"A2-4Q": 3, "A2-4C": 1}},
     ),
     # mdev on the PF (T4): a size change on one GPU, a new layout on the other.
