@@ -66,3 +66,15 @@ def test_second_lock_waits_then_names_the_holder(tmp_path: Path) -> None:
         holder.wait()
     with HostLock(path, timeout=1):
         pass  # released when the holder died
+
+
+def test_a_later_converged_apply_on_the_node_resolves_an_unfinished_plan(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.jsonl")
+    j.append({"event": "plan-start", "plan_id": "old", "node": "n1", "actions": 3})
+    j.append({"event": "plan-start", "plan_id": "other", "node": "n2", "actions": 1})
+    j.append({"event": "plan-start", "plan_id": "new", "node": "n1", "actions": 2})
+    j.append({"event": "plan-end", "plan_id": "new", "node": "n1", "outcome": "failed"})
+    assert {u.plan_id for u in j.unfinished()} == {"old", "other"}
+    j.append({"event": "plan-start", "plan_id": "last", "node": "n1", "actions": 2})
+    j.append({"event": "plan-end", "plan_id": "last", "node": "n1", "outcome": "converged"})
+    assert [u.plan_id for u in j.unfinished()] == ["other"]

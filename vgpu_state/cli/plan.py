@@ -229,6 +229,8 @@ def apply_cmd(
             _warn_unfinished(journal)
             p = make_plan(s.desired, s.snapshot, s.in_use)
             print_plan_text(render_text(p))
+            if not p.actions and (skip_blocked or not p.blocked):
+                _settle_unfinished(p, s, journal)
             if not p.has_changes:
                 return
             if p.blocked and not skip_blocked:
@@ -249,6 +251,12 @@ def apply_cmd(
             s.close()
     if not ok:
         sys.exit(1)
+
+
+def _settle_unfinished(p: Plan, s: Session, journal: Journal) -> None:
+    """Nothing left to run: journal an empty apply so interrupted plans count as finished."""
+    if journal.unfinished():
+        apply(p, s.host, journal=journal, in_use=s.in_use, skip_blocked=True, snapshot=s.snapshot)
 
 
 def _diff_views(saved: dict[str, Any], live: dict[str, Any]) -> list[str]:

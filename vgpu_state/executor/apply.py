@@ -170,17 +170,18 @@ class _Run:
             self.progress(a, result)
 
     def replan_deferred(self, header: GpuPlan, deferred: list[Action], live: NodeSnapshot) -> Plan:
-        """After SR-IOV is on, choose the parents the plan could not know yet."""
+        """After SR-IOV is on, choose the parents the plan could not know yet.
+
+        The GPU had its VFs off when the plan was made, so it held no vGPUs: the
+        deferred creates are its whole layout. vGPUs already there (an earlier,
+        interrupted run made them) count towards it, and nothing is destroyed.
+        """
         counts = Counter(a.type_name for a in deferred if a.type_name)
-        g = live.gpu(header.address)
-        for v in g.vgpus if g else ():
-            if v.type_name:
-                counts[v.type_name] += 1
         desired = DesiredState(
             node=self.plan.node,
             config=self.plan.selection.config,
             selection_source=self.plan.selection.source,
-            policy=self.plan.policy,
+            policy=self.plan.policy.model_copy(update={"prune": False}),
             gpus=(
                 DesiredGpu(
                     address=header.address,
@@ -191,7 +192,7 @@ class _Run:
                 ),
             ),
         )
-        return make_plan(desired, live, self.in_use, self.plan.policy)
+        return make_plan(desired, live, self.in_use, desired.policy)
 
 
 def apply(

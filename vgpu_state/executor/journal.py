@@ -8,7 +8,9 @@ the journal shows exactly which steps ran. Records:
   (``ok``, ``skipped``, ``failed``), errno and message;
 * ``plan-end``: outcome (``converged``, ``failed``, ``blocked``) and timings.
 
-A ``plan-start`` without its ``plan-end`` is an unfinished plan.
+A ``plan-start`` without its ``plan-end`` is an unfinished plan, until a later
+apply on the same node ends ``converged`` or ``partial``: that apply re-planned
+against the live state and so finished the interrupted work.
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ class Journal:
                 )
             elif event == "plan-end":
                 open_plans.pop(pid, None)
+                if r.get("outcome") in ("converged", "partial"):
+                    node = str(r.get("node", ""))
+                    open_plans = {k: u for k, u in open_plans.items() if u.node != node}
         return list(open_plans.values())
 
 

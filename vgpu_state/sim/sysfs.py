@@ -30,6 +30,7 @@ class SimSysfs:
     """
 
     def __init__(self, spec: NodeSpec) -> None:
+        self.initial = spec
         self.driver = SimDriver(spec)
         self.lock = threading.RLock()
         self.tree: Tree = render(self.driver)
@@ -64,6 +65,9 @@ class SimSysfs:
             if not isinstance(e, File) or e.write is None:
                 raise OSError(errno.EACCES, "read-only attribute")
             target = e.write
+            if target.kind == "reset":
+                self.reset()
+                return
             effect = self.driver.fault_for(_op_kind(target, data), self.tree.resolve(rel) or rel)
         if effect.delay_seconds:
             time.sleep(effect.delay_seconds)
@@ -75,6 +79,13 @@ class SimSysfs:
             finally:
                 self.tree = render(self.driver)
                 self.generation += 1
+
+    def reset(self) -> None:
+        """Back to the spec this node was loaded from: vGPUs, SR-IOV and fault counters."""
+        with self.lock:
+            self.driver = SimDriver(self.initial)
+            self.tree = render(self.driver)
+            self.generation += 1
 
     def _dispatch(self, target: WriteTarget, data: bytes) -> None:
         d = self.driver

@@ -17,6 +17,8 @@ CONTROL_DIR = ".vgpu-sim"
 """Simulator controls inside the tree (not part of real sysfs)."""
 SRIOV_MANAGE_CONTROL = f"{CONTROL_DIR}/sriov-manage"
 SRIOV_MANAGE_OUTPUT = f"{CONTROL_DIR}/sriov-manage.out"
+RESET_CONTROL = f"{CONTROL_DIR}/reset"
+"""Writing anything here puts the node back to the spec it was loaded from."""
 
 _RESOURCE_LINE = "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
 
@@ -26,7 +28,8 @@ class WriteTarget:
     """What a write to a file means to the driver."""
 
     kind: str
-    """``create`` | ``remove`` | ``current_vgpu_type`` | ``sriov_numvfs`` | ``sriov-manage``."""
+    """``create`` | ``remove`` | ``current_vgpu_type`` | ``sriov_numvfs`` | ``sriov-manage``
+    | ``reset`` (a simulator control)."""
     device: str = ""
     type_id: int = 0
 
@@ -147,6 +150,7 @@ def render(drv: SimDriver) -> Tree:
     for g in drv.gpus:
         _render_gpu(t, drv, g)
     _render_extra(t, drv.extra_pci_devices)
+    t.file(RESET_CONTROL, None, 0o200, WriteTarget("reset"))
     if drv.sriov_manage_installed:
         t.file(SRIOV_MANAGE_CONTROL, None, 0o200, WriteTarget("sriov-manage"))
         t.file(

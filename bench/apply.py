@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Benchmark: apply a 256-action plan (8 L40S x 32 VFs, vendor-specific VFIO, one
+L40S-1Q per VF) on the in-process simulator and through FUSE.
+
+Prints the total time, the time spent inside host operations and scans, and the
+engine's overhead per action (total minus host time, over the actions), once
+with the journal on /dev/shm and once on disk, so that fsync is reported
+separately instead of hidden in the engine figure.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vgpu_state.config import load_file, resolve
+from vgpu_state.executor import Journal, apply
+from vgpu_state.host import HostPort, SysfsHost
+from vgpu_state.planner import plan as make_plan
+from vgpu_state.sim.fuse import fuse_unavailable_reason, mounted
+from vgpu_state.sim.host import SimHost
+from vgpu_state.sim.spec import parse_spec
+
+TARGET_MS = 1.0
+GPUS = 8
+
+SPEC = "node: bench\ndriver: {flavour: graphics}\nextra-pci-devices: 64\ngpus:\n" + "\n".join(
+    f'  - {{address: "0000:{0x21 + i * 0x10:02x}:00.0", model: L40S, layout: vendor-vfio}}'
+    for i in range(GPUS)
+)
+LAYOUT = (
+    "version: v1\nvgpu-configs:\n  bench:\n    - devices: all\n      vgpu-devices: {L40S-1Q: 32}\n"
+)
+
+
+class TimedHost:
+    """A HostPort wrapper that adds up the time spent inside the host."""
+
+    def __init__(self, host: HostPort) -> None:
+        self.host = host
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        fn = getattr(self.host, name)
+
+        def timed(*args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        return timed
+
+
+def run(host: HostPort, journal_dir: str, workdir: Path) -> tuple[int, float, float]:
+    config = workdir / "layout.yaml"
+    config.write_text(LAYOUT)
+    snapshot = host.scan()
+    desired = resolve(load_file(config), "bench", snapshot.gpus, snapshot.node, "flag")
+    p = make_plan(desired, snapshot, {})
+    timed = TimedHost(host)
+    with tempfile.TemporaryDirectory(dir=journal_dir) as d:
+        started = time.perf_counter()
+        apply(p, timed, journal=Journal(Path(d) / "journal.jsonl"), snapshot=snapshot)  # type: ignore[arg-type]
+        total = time.perf_counter() - started
+    return len(p.actions), total, timed.seconds
+
+
+def report(label: str, actions: int, total: float, host: float) -> bool:
+    per = (total - host) / actions * 1000
+    mark = "OK" if per <= TARGET_MS else "SLOW"
+    print(
+        f"{label:34s} {actions} actions: total {total * 1000:7.1f} ms, host {host * 1000:7.1f} ms, "
+        f"engine {per:.3f} ms/action {mark}"
+    )
+    return per <= TARGET_MS
+
+
+def main() -> int:
+    print(f"Python {sys.version.split()[0]}")
+    spec = parse_spec(SPEC)
+    disk = tempfile.gettempdir()
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for jlabel, jdir in (("journal /dev/shm", "/dev/shm"), (f"journal {disk}", disk)):
+            with SimHost(spec) as host:
+                ok &= report(f"in-process, {jlabel}", *run(host, jdir, work))
+        reason = fuse_unavailable_reason()
+        if reason:
+            print(f"FUSE skipped: {reason}")
+            return 0 if ok else 1
+        for jlabel, jdir in (("journal /dev/shm", "/dev/shm"), (f"journal {disk}", disk)):
+            with mounted(spec, work / "mnt") as m:
+                host = SysfsHost(str(m.root), spec.node, m.sriov_manage_command())
+                report(f"FUSE, {jlabel}", *run(host, jdir, work))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
