@@ -88,7 +88,7 @@ ACTIONS = 30
 
 def _count_action_ends(journal: Path) -> int:
     try:
-        return journal.read_bytes().count(b'"event": "action-end"')
+        return journal.read_bytes().count(b'"event": "action"')
     except FileNotFoundError:
         return 0
 

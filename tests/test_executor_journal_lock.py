@@ -15,17 +15,17 @@ from vgpu_state.executor import HostLock, Journal, LockTimeoutError
 def test_journal_records_are_appended_and_read_back(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.jsonl")
     j.append({"event": "plan-start", "plan_id": "p1", "config": "c", "actions": 2})
-    j.append({"event": "action-end", "plan_id": "p1", "address": "gpu[x].vgpu[y]"})
+    j.append({"event": "action", "plan_id": "p1", "address": "gpu[x].vgpu[y]"})
     j.append({"event": "plan-end", "plan_id": "p1", "outcome": "converged"})
     events = [r["event"] for r in j.records()]
-    assert events == ["plan-start", "action-end", "plan-end"]
+    assert events == ["plan-start", "action", "plan-end"]
     assert j.unfinished() == []
 
 
 def test_unfinished_plan_is_reported_with_progress(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.jsonl")
     j.append({"event": "plan-start", "plan_id": "p2", "config": "a2", "actions": 3})
-    j.append({"event": "action-end", "plan_id": "p2", "address": "gpu[a].vgpu[1]"})
+    j.append({"event": "action", "plan_id": "p2", "address": "gpu[a].vgpu[1]"})
     with (tmp_path / "j.jsonl").open("a") as f:
         f.write('{"event": "action-st')  # torn write of a killed process
     [u] = j.unfinished()

@@ -57,3 +57,17 @@ def test_memory_filesystem_calls_behave_like_the_os() -> None:
     assert err.value.errno == errno.ENXIO
     with pytest.raises(FileNotFoundError):
         fs.read(f"{root}/bus/pci/devices/0000:99:00.0/vendor")
+
+
+def test_incremental_render_equals_a_full_render() -> None:
+    from vgpu_state.sim.tree import render
+
+    host = SimHost(REPO / "configs" / "sim" / "mixed.yaml", in_memory=True)
+    host.remove_mdev("9a3e5f10-4b6d-4e3c-9f20-3b4c5d6e7f80")
+    host.create_mdev("0000:3b:00.0", 232, "11111111-2222-4333-8444-555555555555")
+    host.set_vf_type("0000:81:00.4", 1153)
+    incremental, full = host.sysfs.tree, render(host.sysfs.driver)
+    assert incremental.entries == full.entries
+    assert {d: sorted(c) for d, c in incremental.children.items()} == {
+        d: sorted(c) for d, c in full.children.items()
+    }

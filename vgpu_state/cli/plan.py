@@ -455,7 +455,7 @@ def history_cmd(journal_file: str | None, sim_spec: str | None, count: int, verb
         entry = plans.setdefault(pid, {"steps": [], "start": r, "end": None})
         if r.get("event") == "plan-start":
             entry["start"] = r
-        elif r.get("event") == "action-end":
+        elif r.get("event") == "action":
             entry["steps"].append(r)
         elif r.get("event") == "plan-end":
             entry["end"] = r

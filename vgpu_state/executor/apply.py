@@ -138,36 +138,37 @@ class _Run:
                 h.create_mdev(a.parent, a.type_id, a.uuid)
 
     def step(self, a: Action, live: Gpu | None, remaining: tuple[Action, ...]) -> None:
-        self.record("action-start", address=a.address, kind=a.kind.value, type=a.type_name)
+        """Run one step and journal it: one record per step, written when it ends."""
+        wall = time.time()
         started = time.perf_counter()
+        error: DriverError | None = None
         if self.already_done(a, live):
             result = StepResult(a.address, a.kind.value, "skipped", 0.0, "already done")
         else:
             try:
                 self.perform(a)
+                result = StepResult(a.address, a.kind.value, "ok", time.perf_counter() - started)
             except DriverError as e:
+                error = e
                 seconds = time.perf_counter() - started
-                failed = StepResult(a.address, a.kind.value, "failed", seconds, str(e))
-                self.steps.append(failed)
-                self.record(
-                    "action-end",
-                    address=a.address,
-                    kind=a.kind.value,
-                    outcome="failed",
-                    errno=e.errno,
-                    message=str(e),
-                )
-                if self.progress:
-                    self.progress(a, failed)
-                self.record("plan-end", outcome="failed", failed=a.address, errno=e.errno)
-                raise ApplyError(a, e, remaining, tuple(self.steps)) from e
-            result = StepResult(a.address, a.kind.value, "ok", time.perf_counter() - started)
+                result = StepResult(a.address, a.kind.value, "failed", seconds, str(e))
         self.steps.append(result)
         self.record(
-            "action-end", address=a.address, kind=a.kind.value, outcome=result.outcome, errno=0
+            "action",
+            address=a.address,
+            kind=a.kind.value,
+            type=a.type_name,
+            started=round(wall, 6),
+            ended=round(wall + result.seconds, 6),
+            outcome=result.outcome,
+            errno=error.errno if error else 0,
+            **({"message": str(error)} if error else {}),
         )
         if self.progress:
             self.progress(a, result)
+        if error is not None:
+            self.record("plan-end", outcome="failed", failed=a.address, errno=error.errno)
+            raise ApplyError(a, error, remaining, tuple(self.steps)) from error
 
     def replan_deferred(self, header: GpuPlan, deferred: list[Action], live: NodeSnapshot) -> Plan:
         """After SR-IOV is on, choose the parents the plan could not know yet.
@@ -216,8 +217,17 @@ def apply(
             f"the plan has {len(plan.blocked)} blocked item(s); resolve them or apply the "
             "rest with --skip-blocked"
         )
-    started = time.perf_counter()
     run = _Run(plan, host, journal, in_use or {}, progress, uuid_mod.uuid4().hex[:12])
+    try:
+        return _execute(run, snapshot)
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+def _execute(run: _Run, snapshot: NodeSnapshot | None) -> ApplyResult:
+    plan, host = run.plan, run.host
+    started = time.perf_counter()
     run.record(
         "plan-start",
         fingerprint=plan.snapshot_fingerprint,

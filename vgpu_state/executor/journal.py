@@ -4,9 +4,14 @@ Each record is one line, fsynced before the next step runs, so after a crash
 the journal shows exactly which steps ran. Records:
 
 * ``plan-start``: plan id, node, config, selection, fingerprint, number of actions;
-* ``action-start`` / ``action-end``: the action's address and kind, outcome
-  (``ok``, ``skipped``, ``failed``), errno and message;
-* ``plan-end``: outcome (``converged``, ``failed``, ``blocked``) and timings.
+* ``action``: one per step, written when it ends: the action's address, kind and
+  type, ``started``/``ended`` (Unix time), outcome (``ok``, ``skipped``,
+  ``failed``), errno and, on failure, the message;
+* ``plan-end``: outcome (``converged``, ``partial``, ``failed``) and timings.
+
+A step that was running when the process died has no record; it is the step
+after the last recorded one, and re-planning against the live state shows
+whether it took effect.
 
 A ``plan-start`` without its ``plan-end`` is an unfinished plan, until a later
 apply on the same node ends ``converged`` or ``partial``: that apply re-planned
@@ -31,18 +36,26 @@ def journal_path(explicit: str | None = None) -> Path:
 
 
 class Journal:
+    """The journal file. ``append`` keeps the file open between records; ``close``
+    releases it (a later ``append`` opens it again)."""
+
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        self._fd: int | None = None
 
     def append(self, record: dict[str, Any]) -> None:
+        """Write one record and ``fdatasync`` it before returning."""
         line = json.dumps({"ts": time.time(), **record}, sort_keys=True) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._fd, line.encode())
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every readable record; a torn last line (crash mid-write) is skipped."""
@@ -76,7 +89,7 @@ class Journal:
                     done=0,
                     last_action="",
                 )
-            elif event == "action-end" and pid in open_plans:
+            elif event == "action" and pid in open_plans:
                 u = open_plans[pid]
                 open_plans[pid] = UnfinishedPlan(
                     u.plan_id, u.node, u.config, u.started, u.total, u.done + 1, str(r["address"])

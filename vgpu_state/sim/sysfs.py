@@ -8,7 +8,7 @@ import time
 
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.spec import NodeSpec
-from vgpu_state.sim.tree import Dir, Entry, File, Link, Tree, WriteTarget, render
+from vgpu_state.sim.tree import Dir, Entry, File, Link, Renderer, Tree, WriteTarget
 
 
 def _op_kind(target: WriteTarget, data: bytes) -> str:
@@ -33,7 +33,8 @@ class SimSysfs:
         self.initial = spec
         self.driver = SimDriver(spec)
         self.lock = threading.RLock()
-        self.tree: Tree = render(self.driver)
+        self.renderer = Renderer()
+        self.tree: Tree = self.renderer.render(self.driver)
         self.generation = 0
 
     def entry(self, path: str) -> Entry | None:
@@ -77,14 +78,15 @@ class SimSysfs:
             try:
                 self._dispatch(target, data)
             finally:
-                self.tree = render(self.driver)
+                self.tree = self.renderer.render(self.driver)
                 self.generation += 1
 
     def reset(self) -> None:
         """Back to the spec this node was loaded from: vGPUs, SR-IOV and fault counters."""
         with self.lock:
             self.driver = SimDriver(self.initial)
-            self.tree = render(self.driver)
+            self.renderer = Renderer()
+            self.tree = self.renderer.render(self.driver)
             self.generation += 1
 
     def _dispatch(self, target: WriteTarget, data: bytes) -> None:

@@ -139,6 +139,63 @@ def device_dir(gpu: SimGpu, address: str) -> str:
 
 
 def render(drv: SimDriver) -> Tree:
+    """The whole tree of a node (see :class:`Renderer` for the incremental form)."""
+    return Renderer().render(drv)
+
+
+def _gpu_state(g: SimGpu) -> tuple[object, ...]:
+    """Everything a GPU's part of the tree depends on; equal state, equal files."""
+    return (
+        g.layout,
+        g.driver,
+        g.numvfs,
+        g.numa_node,
+        g.iommu_group,
+        g.vf_iommu_group_base,
+        g.flavour,
+        tuple((v.type.type_id, v.uuid, v.vf, v.iommu_group, v.in_use) for v in g.vgpus),
+    )
+
+
+class Renderer:
+    """Renders a node, re-rendering only the GPUs whose state changed since the last call.
+
+    Each GPU's files live in their own :class:`Tree`; the node's tree is their
+    union with the node-wide part. Parts are never changed once made, so trees
+    handed out earlier stay valid.
+    """
+
+    def __init__(self) -> None:
+        self._parts: dict[str, tuple[tuple[object, ...], Tree]] = {}
+
+    def render(self, drv: SimDriver) -> Tree:
+        parts = [_render_node(drv)]
+        for g in drv.gpus:
+            state = _gpu_state(g)
+            cached = self._parts.get(g.address)
+            if cached is None or cached[0] != state:
+                part = Tree()
+                part.add("", Dir())
+                _render_gpu(part, drv, g)
+                cached = (state, part)
+                self._parts[g.address] = cached
+            parts.append(cached[1])
+        return _union(parts)
+
+
+def _union(parts: list[Tree]) -> Tree:
+    t = Tree()
+    shared: set[str] = set()
+    for p in parts:
+        t.entries.update(p.entries)
+        shared |= t.children.keys() & p.children.keys()
+        t.children.update(p.children)
+    for d in shared:
+        t.children[d] = list(dict.fromkeys(n for p in parts for n in p.children.get(d, ())))
+    return t
+
+
+def _render_node(drv: SimDriver) -> Tree:
     t = Tree()
     t.add("", Dir())
     for d in ("bus/pci/devices", "bus/pci/drivers/nvidia", "class", "kernel/iommu_groups"):
@@ -147,8 +204,6 @@ def render(drv: SimDriver) -> Tree:
         t.dir("bus/mdev/devices")
         t.dir("bus/mdev/drivers/nvidia-vgpu-vfio")
         t.dir("class/mdev_bus")
-    for g in drv.gpus:
-        _render_gpu(t, drv, g)
     _render_extra(t, drv.extra_pci_devices)
     t.file(RESET_CONTROL, None, 0o200, WriteTarget("reset"))
     if drv.sriov_manage_installed:
