@@ -40,6 +40,7 @@ def _session(
     sim_spec: str | None,
     in_use: tuple[str, ...],
     in_use_file: str | None,
+    sriov_manage: str | None = None,
 ) -> Session:
     if not config_file:
         raise SelectionError("missing the config file: pass -f FILE or set VGPU_STATE_CONFIG_FILE")
@@ -52,6 +53,7 @@ def _session(
         sysfs_root,
         sim_spec,
         parse_in_use(in_use, in_use_file),
+        sriov_manage,
     )
 
 
@@ -187,6 +189,12 @@ def _run_apply(
 @click.option(
     "--lock-timeout", type=float, default=30.0, show_default=True, help="Seconds to wait."
 )
+@click.option(
+    "--sriov-manage",
+    envvar="VGPU_STATE_SRIOV_MANAGE",
+    help="The sriov-manage command (default /usr/lib/nvidia/sriov-manage when installed; "
+    "'' writes sriov_numvfs). Env: VGPU_STATE_SRIOV_MANAGE.",
+)
 @handle_errors
 def apply_cmd(
     saved_plan: str | None,
@@ -204,11 +212,19 @@ def apply_cmd(
     journal_file: str | None,
     lock_file: str | None,
     lock_timeout: float,
+    sriov_manage: str | None,
 ) -> None:
     """Plan, show the plan, ask, and apply it. With PLAN.json, apply exactly that plan."""
     if saved_plan:
         _apply_saved(
-            saved_plan, sysfs_root, sim_spec, skip_blocked, journal_file, lock_file, lock_timeout
+            saved_plan,
+            sysfs_root,
+            sim_spec,
+            skip_blocked,
+            journal_file,
+            lock_file,
+            lock_timeout,
+            sriov_manage,
         )
         return
     lock = default_state_path(lock_file, "VGPU_STATE_LOCK_FILE", sim_spec, "lock")
@@ -223,6 +239,7 @@ def apply_cmd(
             sim_spec,
             in_use,
             in_use_file,
+            sriov_manage,
         )
         try:
             journal = s.journal(journal_file)
@@ -291,6 +308,7 @@ def _apply_saved(
     journal_file: str | None,
     lock_file: str | None,
     lock_timeout: float,
+    sriov_manage: str | None,
 ) -> None:
     try:
         doc = json.loads(Path(path).read_text())
@@ -307,7 +325,7 @@ def _apply_saved(
         sim_spec, sysfs_root = recorded.get("sim"), recorded.get("sysfs_root")
     lock = default_state_path(lock_file, "VGPU_STATE_LOCK_FILE", sim_spec, "lock")
     with HostLock(lock, lock_timeout):
-        host = open_host(sysfs_root, sim_spec, p.node)
+        host = open_host(sysfs_root, sim_spec, p.node, sriov_manage)
         try:
             snapshot = host.scan()
             if snapshot.fingerprint() != p.snapshot_fingerprint:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -59,14 +60,28 @@ def default_state_path(explicit: str | None, env: str, sim_spec: str | None, kin
     return journal_path() if kind == "journal" else lock_path()
 
 
-def open_host(sysfs_root: str | None, sim_spec: str | None, node: str | None) -> HostPort:
+def open_host(
+    sysfs_root: str | None,
+    sim_spec: str | None,
+    node: str | None,
+    sriov_manage: str | None = None,
+) -> HostPort:
+    """The host: a simulated node, or sysfs at ``sysfs_root`` (default ``/sys``).
+
+    ``sriov_manage``: the sriov-manage command line (split like a shell would);
+    ``None`` uses ``/usr/lib/nvidia/sriov-manage`` when installed, ``""`` always
+    writes ``sriov_numvfs``.
+    """
     if sim_spec and sysfs_root:
         raise SelectionError("give either --sim or --sysfs-root, not both")
+    if sim_spec and sriov_manage is not None:
+        raise SelectionError("--sriov-manage applies to a real sysfs, not to --sim")
     if sim_spec:
         from vgpu_state.sim.host import SimHost
 
         return SimHost(sim_spec, in_memory=True)
-    return SysfsHost(sysfs_root or "/sys", node or os.uname().nodename)
+    command = None if sriov_manage is None else shlex.split(sriov_manage)
+    return SysfsHost(sysfs_root or "/sys", node or os.uname().nodename, command)
 
 
 def host_identity(host: HostPort, node: str | None) -> tuple[str, dict[str, str]]:
@@ -92,12 +107,13 @@ def open_session(
     sysfs_root: str | None,
     sim_spec: str | None,
     in_use: Mapping[str, str],
+    sriov_manage: str | None = None,
 ) -> Session:
     if config_file == "-":
         document = load_text(sys.stdin.read(), "<stdin>")
     else:
         document = load_file(config_file)
-    host = open_host(sysfs_root, sim_spec, node)
+    host = open_host(sysfs_root, sim_spec, node, sriov_manage)
     node_name, host_labels = host_identity(host, node)
     all_labels = {**host_labels, **labels}
     if config_name:

@@ -156,6 +156,15 @@ def make_operations(sysfs: SimSysfs) -> Any:
     return SysfsOperations()
 
 
+ATTR_TIMEOUT = 1.0
+"""Seconds the kernel may cache a name lookup or attributes. File contents are
+never cached (``direct_io``), new names show at once (no negative caching) and
+every read, write and readdir reaches the simulated driver; only a removed
+entry may still pass a ``stat`` for up to this long, while opening it already
+fails with ENOENT. With no caching, every path component of every open is a
+round trip to this process, which made a scan of 8 GPUs × 32 VFs take seconds."""
+
+
 def serve(spec: NodeSpec, mountpoint: str, save_to: str | Path | None = None) -> None:
     """Mount the simulated tree at ``mountpoint`` and serve it until unmounted.
 
@@ -173,8 +182,8 @@ def serve(spec: NodeSpec, mountpoint: str, save_to: str | Path | None = None) ->
             foreground=True,
             nothreads=True,
             direct_io=True,
-            attr_timeout=0,
-            entry_timeout=0,
+            attr_timeout=ATTR_TIMEOUT,
+            entry_timeout=ATTR_TIMEOUT,
             negative_timeout=0,
             fsname="vgpu-state-sim",
         )
