@@ -66,8 +66,8 @@ def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
         if sim_spec is not None:
             from vgpu_state.sim.host import SimHost
 
-            with SimHost(sim_spec) as host:
-                snapshot = host.scan()
+            with SimHost(sim_spec, in_memory=True) as host:
+                snapshot = host.scan().model_copy(update={"sysfs_root": f"sim:{sim_spec}"})
                 if node:
                     snapshot = snapshot.model_copy(update={"node": node})
         else:
