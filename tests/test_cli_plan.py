@@ -170,3 +170,12 @@ def test_config_from_stdin(node: Path) -> None:
     )
     assert result.exit_code == 0
     assert result.stdout.rstrip().endswith("Plan: 8 to create, 1 to destroy, 0 blocked.")
+
+
+def test_select_takes_node_labels_and_gpus_from_the_simulator(node: Path) -> None:
+    code, out, _ = run("select", "-f", str(CONFIG), "--sim", str(node))
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "node gpu-node-1: config mixed from node label nvidia.com/vgpu.config=mixed"
+    )
+    assert "  GPU 1 0000:3b:00.0 T4: 4x T4-4Q  [" in out

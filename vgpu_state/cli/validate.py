@@ -19,7 +19,7 @@ from vgpu_state.config import (
     select,
 )
 from vgpu_state.model.desired import DesiredState
-from vgpu_state.model.errors import ConfigError, SelectionError
+from vgpu_state.model.errors import ConfigError, SelectionError, VgpuStateError
 from vgpu_state.model.pci import parse_pci_address
 from vgpu_state.model.snapshot import Gpu
 
@@ -81,6 +81,18 @@ def gpus_from_flags(specs: Sequence[str]) -> tuple[Gpu, ...]:
     return tuple(gpus)
 
 
+def gpus_from_sim(spec: str) -> tuple[tuple[Gpu, ...], str, dict[str, str]]:
+    """GPUs, node name and labels of a simulated node (its sysfs scanned in memory)."""
+    from vgpu_state.sim.host import SimHost
+
+    try:
+        with SimHost(spec, in_memory=True) as host:
+            return host.scan().gpus, host.node, host.labels
+    except VgpuStateError as exc:
+        _fail([str(exc)])
+        raise
+
+
 def render_layout(state: DesiredState, gpus: Sequence[Gpu]) -> list[str]:
     """One line per GPU: its layout, or ``unmanaged``."""
     catalog = default_catalog()
@@ -121,20 +133,42 @@ def schema() -> None:
 
 @click.command("select")
 @click.option("-f", "--file", "path", required=True, help="Config file; - reads stdin.")
-@click.option("--node", "node_name", required=True, help="Node name.")
+@click.option("--node", "node_name", help="Node name (default: the simulated node's).")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="A node label.")
 @click.option(
     "--gpu", "gpu_specs", multiple=True, metavar="ADDRESS=MODEL", help="A GPU, e.g. 08:00.0=A2."
 )
+@click.option(
+    "--sim",
+    "sim_spec",
+    type=click.Path(dir_okay=False),
+    help="Take the node name, labels and GPUs from a simulated node spec.",
+)
 @click.option("--label-key", default=DEFAULT_LABEL_KEY, show_default=True)
 def select_cmd(
-    path: str, node_name: str, labels: tuple[str, ...], gpu_specs: tuple[str, ...], label_key: str
+    path: str,
+    node_name: str | None,
+    labels: tuple[str, ...],
+    gpu_specs: tuple[str, ...],
+    sim_spec: str | None,
+    label_key: str,
 ) -> None:
     """Show which config a node gets and the layout of each GPU."""
     document = load_document(path)
-    gpus = gpus_from_flags(gpu_specs)
+    node_labels: dict[str, str] = {}
+    if sim_spec:
+        if gpu_specs:
+            _fail(["give either --sim or --gpu, not both"])
+        gpus, sim_node, node_labels = gpus_from_sim(sim_spec)
+        node_name = node_name or sim_node
+    else:
+        gpus = gpus_from_flags(gpu_specs)
+    if not node_name:
+        _fail(["missing --node NAME (or --sim SPEC)"])
+        return
+    node_labels.update(parse_labels(labels))
     try:
-        selection = select(document, node_name, parse_labels(labels), label_key)
+        selection = select(document, node_name, node_labels, label_key)
     except SelectionError as exc:
         _fail([str(exc)])
         return
