@@ -79,8 +79,36 @@ def parse_in_use(values: tuple[str, ...], file: str | None) -> dict[str, str]:
     return held
 
 
+@dataclass(frozen=True)
+class SessionArgs:
+    """The selection and host options shared by plan, apply and assert."""
+
+    config_file: str | None
+    config_name: str | None
+    node: str | None
+    labels: tuple[str, ...]
+    label_key: str
+    sysfs_root: str | None
+    sim_spec: str | None
+    in_use: tuple[str, ...]
+    in_use_file: str | None
+
+
+SESSION_FIELDS = tuple(SessionArgs.__dataclass_fields__)
+
+
 def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``-f/-c/--node/--label/--label-key`` and the host source options."""
+    """Add ``-f/-c/--node/--label/--label-key``, the host and in-use options.
+
+    The command receives them as one :class:`SessionArgs` keyword, ``session``.
+    """
+
+    @functools.wraps(fn)
+    def collect(*args: Any, **kwargs: Any) -> Any:
+        session = SessionArgs(**{name: kwargs.pop(name) for name in SESSION_FIELDS})
+        return fn(*args, session=session, **kwargs)
+
+    wrapped: Callable[..., Any] = collect
     for decorator in reversed(
         [
             click.option(
@@ -136,8 +164,8 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             ),
         ]
     ):
-        fn = decorator(fn)
-    return fn
+        wrapped = decorator(wrapped)
+    return wrapped
 
 
 @dataclass(frozen=True)

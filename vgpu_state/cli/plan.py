@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from vgpu_state.cli.common import (
+    SessionArgs,
     fail,
     handle_errors,
     parse_in_use,
@@ -30,29 +31,18 @@ from vgpu_state.planner import render_json, render_text
 SAVED_PLAN_KIND = "vgpu-state-saved-plan"
 
 
-def _session(
-    config_file: str | None,
-    config_name: str | None,
-    node: str | None,
-    labels: tuple[str, ...],
-    label_key: str,
-    sysfs_root: str | None,
-    sim_spec: str | None,
-    in_use: tuple[str, ...],
-    in_use_file: str | None,
-    sriov_manage: str | None = None,
-) -> Session:
-    if not config_file:
+def _session(args: SessionArgs, sriov_manage: str | None = None) -> Session:
+    if not args.config_file:
         raise SelectionError("missing the config file: pass -f FILE or set VGPU_STATE_CONFIG_FILE")
     return open_session(
-        config_file,
-        config_name,
-        node,
-        parse_labels(labels),
-        label_key,
-        sysfs_root,
-        sim_spec,
-        parse_in_use(in_use, in_use_file),
+        args.config_file,
+        args.config_name,
+        args.node,
+        parse_labels(args.labels),
+        args.label_key,
+        args.sysfs_root,
+        args.sim_spec,
+        parse_in_use(args.in_use, args.in_use_file),
         sriov_manage,
     )
 
@@ -74,24 +64,14 @@ def _warn_unfinished(journal: Journal) -> None:
 @click.option("--journal", "journal_file", help="Journal file (to report unfinished applies).")
 @handle_errors
 def plan_cmd(
-    config_file: str | None,
-    config_name: str | None,
-    node: str | None,
-    labels: tuple[str, ...],
-    label_key: str,
-    sysfs_root: str | None,
-    sim_spec: str | None,
-    in_use: tuple[str, ...],
-    in_use_file: str | None,
+    session: SessionArgs,
     output: str,
     out_file: str | None,
     detailed_exitcode: bool,
     journal_file: str | None,
 ) -> None:
     """Show what apply would change: the minimal, safe diff. Changes nothing."""
-    s = _session(
-        config_file, config_name, node, labels, label_key, sysfs_root, sim_spec, in_use, in_use_file
-    )
+    s = _session(session)
     try:
         _warn_unfinished(s.journal(journal_file))
         p = make_plan(s.desired, s.snapshot, s.in_use)
@@ -100,7 +80,7 @@ def plan_cmd(
         else:
             print_plan_text(render_text(p))
         if out_file:
-            _save_plan(out_file, p, s, sysfs_root, sim_spec)
+            _save_plan(out_file, p, s, session.sysfs_root, session.sim_spec)
             if output == "text":
                 click.echo(f"\nSaved the plan to {out_file}. Apply exactly it with:")
                 click.echo(f"  vgpu-state apply {out_file}")
@@ -198,15 +178,7 @@ def _run_apply(
 @handle_errors
 def apply_cmd(
     saved_plan: str | None,
-    config_file: str | None,
-    config_name: str | None,
-    node: str | None,
-    labels: tuple[str, ...],
-    label_key: str,
-    sysfs_root: str | None,
-    sim_spec: str | None,
-    in_use: tuple[str, ...],
-    in_use_file: str | None,
+    session: SessionArgs,
     auto_approve: bool,
     skip_blocked: bool,
     journal_file: str | None,
@@ -218,8 +190,8 @@ def apply_cmd(
     if saved_plan:
         _apply_saved(
             saved_plan,
-            sysfs_root,
-            sim_spec,
+            session.sysfs_root,
+            session.sim_spec,
             skip_blocked,
             journal_file,
             lock_file,
@@ -227,20 +199,9 @@ def apply_cmd(
             sriov_manage,
         )
         return
-    lock = default_state_path(lock_file, "VGPU_STATE_LOCK_FILE", sim_spec, "lock")
+    lock = default_state_path(lock_file, "VGPU_STATE_LOCK_FILE", session.sim_spec, "lock")
     with HostLock(lock, lock_timeout):
-        s = _session(
-            config_file,
-            config_name,
-            node,
-            labels,
-            label_key,
-            sysfs_root,
-            sim_spec,
-            in_use,
-            in_use_file,
-            sriov_manage,
-        )
+        s = _session(session, sriov_manage)
         try:
             journal = s.journal(journal_file)
             _warn_unfinished(journal)
@@ -364,20 +325,10 @@ def _apply_saved(
 @selection_options
 @handle_errors
 def assert_cmd(
-    config_file: str | None,
-    config_name: str | None,
-    node: str | None,
-    labels: tuple[str, ...],
-    label_key: str,
-    sysfs_root: str | None,
-    sim_spec: str | None,
-    in_use: tuple[str, ...],
-    in_use_file: str | None,
+    session: SessionArgs,
 ) -> None:
     """Exit 0 when the node matches the selected config, 1 otherwise (listing differences)."""
-    s = _session(
-        config_file, config_name, node, labels, label_key, sysfs_root, sim_spec, in_use, in_use_file
-    )
+    s = _session(session)
     try:
         differences = []
         for dg in s.desired.gpus:
