@@ -39,3 +39,8 @@ def test_not_yaml() -> None:
     with pytest.raises(SpecError) as err:
         parse_spec("node: [x\n", "n.yaml")
     assert str(err.value).startswith("n.yaml: not valid YAML")
+
+
+def test_an_empty_vgpus_key_means_no_vgpus() -> None:
+    spec = parse_spec('node: x\ngpus:\n  - {address: "3b:00.0", model: T4, vgpus: }\n', "n.yaml")
+    assert spec.gpus[0].vgpus == ()

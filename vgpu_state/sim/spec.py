@@ -52,6 +52,11 @@ class GpuSpec(_Spec):
     def _address(cls, v: str) -> str:
         return parse_pci_address(v)
 
+    @field_validator("vgpus", mode="before")
+    @classmethod
+    def _no_vgpus(cls, v: object) -> object:
+        return () if v is None else v
+
     @field_validator("model")
     @classmethod
     def _model(cls, v: str) -> str:
