@@ -285,11 +285,11 @@ class _Scanner:
             if m is None:
                 continue
             type_id = int(m.group(1))
-            type_path = os.path.join(types_dir, entry)
-            available = self.read.integer(os.path.join(type_path, "available_instances"))
+            type_path = f"{types_dir}/{entry}"
+            available = self.read.integer(f"{type_path}/available_instances")
             name: str | None = names.get(type_id) if names is not None else None
             if name is None:
-                raw_name = self.read.text(os.path.join(type_path, "name"))
+                raw_name = self.read.text(f"{type_path}/name")
                 name = short_type_name(raw_name) if raw_name else self._catalog_name(type_id)
                 if name and names is not None:
                     names[type_id] = name
