@@ -179,3 +179,18 @@ def test_select_takes_node_labels_and_gpus_from_the_simulator(node: Path) -> Non
         "node gpu-node-1: config mixed from node label nvidia.com/vgpu.config=mixed"
     )
     assert "  GPU 1 0000:3b:00.0 T4: 4x T4-4Q  [" in out
+
+
+def test_plan_and_assert_report_an_unfinished_apply(node: Path) -> None:
+    from vgpu_state.executor import Journal
+
+    journal = Journal(node.with_name(node.name + ".journal.jsonl"))
+    journal.append(
+        {"event": "plan-start", "plan_id": "dead", "node": "gpu-node-1", "config": "mixed",
+         "actions": 9}
+    )  # fmt: skip
+    journal.close()
+    for command in ("plan", "assert"):
+        result = CliRunner().invoke(cli, [command, "-f", str(CONFIG), "--sim", str(node)])
+        assert "warning: plan dead (config 'mixed'" in result.stderr
+        assert "did not finish: 0 of 9 steps done" in result.stderr

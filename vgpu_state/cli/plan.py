@@ -323,13 +323,13 @@ def _apply_saved(
 
 @click.command("assert")
 @selection_options
+@click.option("--journal", "journal_file", help="Journal file (to report unfinished applies).")
 @handle_errors
-def assert_cmd(
-    session: SessionArgs,
-) -> None:
+def assert_cmd(session: SessionArgs, journal_file: str | None) -> None:
     """Exit 0 when the node matches the selected config, 1 otherwise (listing differences)."""
     s = _session(session)
     try:
+        _warn_unfinished(s.journal(journal_file))
         differences = []
         for dg in s.desired.gpus:
             g = s.snapshot.gpu(dg.address)
