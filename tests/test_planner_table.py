@@ -404,3 +404,15 @@ def test_plan_carries_snapshot_fingerprint() -> None:
     snapshot = build_snapshot(build_gpu(**a2()))
     p = plan(desired({A2: {"A2-4Q": 1}}, snapshot), snapshot)
     assert p.snapshot_fingerprint == snapshot.fingerprint()
+
+
+def test_gpu_without_vgpu_manager_blocks_creates_with_the_reason() -> None:
+    from vgpu_state.model.snapshot import Layout
+
+    g = build_gpu(**t4()).model_copy(
+        update={"layout": Layout.UNAVAILABLE, "layout_reason": "bound to vfio-pci, not nvidia"}
+    )
+    snapshot = build_snapshot(g)
+    p = plan(desired({T4: {"T4-4Q": 2}}, snapshot), snapshot)
+    assert compact(p) == ["!create T4-4Q", "!create T4-4Q"]
+    assert p.blocked[0].reason == "no vGPU manager on this GPU: bound to vfio-pci, not nvidia"
