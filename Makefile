@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,16 @@ $(BIN)/.installed-test: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/python scripts/demo.py
 
-test: $(BIN)/.installed-test
+test: lint
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/.installed-test
 	$(BIN)/ruff check vgpu_state tests scripts bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+
+bench: $(BIN)/.installed-test
+	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
