@@ -26,6 +26,7 @@ test: lint
 lint: $(BIN)/.installed-test
 	$(BIN)/ruff check vgpu_state tests scripts bench
 	$(BIN)/mypy
+	$(BIN)/mypy --strict bench scripts
 	$(BIN)/lint-imports
 
 bench: $(BIN)/.installed-test

@@ -57,7 +57,20 @@ class TimedHost:
         return timed
 
 
-def run(host: HostPort, journal_dir: str, workdir: Path) -> tuple[int, float, float]:
+class TimedJournal(Journal):
+    """A journal that adds up the time spent writing and syncing its records."""
+
+    seconds = 0.0
+
+    def append(self, record: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        try:
+            super().append(record)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+def run(host: HostPort, journal_dir: str, workdir: Path) -> tuple[int, float, float, float]:
     config = workdir / "layout.yaml"
     config.write_text(LAYOUT)
     snapshot = host.scan()
@@ -65,18 +78,21 @@ def run(host: HostPort, journal_dir: str, workdir: Path) -> tuple[int, float, fl
     p = make_plan(desired, snapshot, {})
     timed = TimedHost(host)
     with tempfile.TemporaryDirectory(dir=journal_dir) as d:
+        journal = TimedJournal(Path(d) / "journal.jsonl")
         started = time.perf_counter()
-        apply(p, timed, journal=Journal(Path(d) / "journal.jsonl"), snapshot=snapshot)  # type: ignore[arg-type]
+        apply(p, timed, journal=journal, snapshot=snapshot)
         total = time.perf_counter() - started
-    return len(p.actions), total, timed.seconds
+    return len(p.actions), total, timed.seconds, journal.seconds
 
 
-def report(label: str, actions: int, total: float, host: float) -> bool:
+def report(label: str, actions: int, total: float, host: float, journal: float) -> bool:
+    """Print the figures; the target applies to the engine including its journal."""
     per = (total - host) / actions * 1000
+    sync = journal / actions * 1000
     mark = "OK" if per <= TARGET_MS else "SLOW"
     print(
         f"{label:34s} {actions} actions: total {total * 1000:7.1f} ms, host {host * 1000:7.1f} ms, "
-        f"engine {per:.3f} ms/action {mark}"
+        f"engine {per:.3f} ms/action {mark} (of which journal write+sync {sync:.3f} ms)"
     )
     return per <= TARGET_MS
 
@@ -97,8 +113,8 @@ def main() -> int:
             return 0 if ok else 1
         for jlabel, jdir in (("journal /dev/shm", "/dev/shm"), (f"journal {disk}", disk)):
             with mounted(spec, work / "mnt") as m:
-                host = SysfsHost(str(m.root), spec.node, m.sriov_manage_command())
-                report(f"FUSE, {jlabel}", *run(host, jdir, work))
+                fuse_host = SysfsHost(str(m.root), spec.node, m.sriov_manage_command())
+                report(f"FUSE, {jlabel}", *run(fuse_host, jdir, work))
     return 0 if ok else 1
 
 

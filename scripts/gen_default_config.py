@@ -41,7 +41,7 @@ def half_q_type(model: GpuModel) -> VgpuType | None:
 
 
 def device_filters(model: GpuModel, catalog: Catalog) -> list[str]:
-    filters = []
+    filters: list[str] = []
     for device in model.device_ids:
         base = f"0x{device:04X}10DE"
         if len(catalog.models_for_device(device)) > 1 and model.subsystem_device_ids:
