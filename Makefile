@@ -9,12 +9,14 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[sim]'
+	$(BIN)/python -m compileall -q vgpu_state
 	touch $@
 
 $(BIN)/.installed-test: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[sim,test]'
+	$(BIN)/python -m compileall -q vgpu_state
 	touch $@ $(BIN)/.installed
 
 demo: $(BIN)/.installed
