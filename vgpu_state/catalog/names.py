@@ -23,12 +23,6 @@ _MIG = re.compile(
     r"^(?P<product>[A-Za-z0-9]+)-(?P<slices>\d+)-(?P<gb>\d+)(?P<series>[ABCQ])"
     r"(?P<suffix>ME|NOME|MEALL|GFX)?$"
 )
-SERIES_MEANING = {
-    "Q": "virtual workstation",
-    "B": "virtual PC",
-    "A": "virtual applications",
-    "C": "compute",
-}
 
 
 @dataclass(frozen=True)

@@ -166,14 +166,3 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ):
         wrapped = decorator(wrapped)
     return wrapped
-
-
-@dataclass(frozen=True)
-class HostSource:
-    sysfs_root: str | None
-    sim_spec: str | None
-
-    def describe(self) -> str:
-        if self.sim_spec:
-            return f"simulated node {self.sim_spec}"
-        return f"sysfs at {self.sysfs_root or '/sys'}"

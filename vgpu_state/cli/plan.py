@@ -20,7 +20,14 @@ from vgpu_state.cli.common import (
     selection_options,
 )
 from vgpu_state.cli.output import console, print_plan_text
-from vgpu_state.cli.session import Session, default_state_path, open_host, open_session
+from vgpu_state.cli.session import (
+    Session,
+    close_host,
+    default_state_path,
+    open_host,
+    open_session,
+    save_simulated,
+)
 from vgpu_state.executor import ApplyError, HostLock, Journal, StepResult, apply
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.plan import Action, Plan
@@ -308,15 +315,9 @@ def _apply_saved(
                 default_state_path(journal_file, "VGPU_STATE_JOURNAL", sim_spec, "journal")
             )
             ok = _run_apply(p, host, snapshot, dict(doc.get("in_use", {})), journal, skip_blocked)
-            from vgpu_state.sim.host import SimHost
-
-            if isinstance(host, SimHost):
-                host.save()
+            save_simulated(host)
         finally:
-            from vgpu_state.sim.host import SimHost
-
-            if isinstance(host, SimHost):
-                host.close()
+            close_host(host)
     if not ok:
         sys.exit(1)
 
@@ -390,10 +391,7 @@ def export_cmd(
     try:
         snapshot = host.scan()
     finally:
-        from vgpu_state.sim.host import SimHost
-
-        if isinstance(host, SimHost):
-            host.close()
+        close_host(host)
     doc = export_document(snapshot, config_name)
     skipped = sum(1 for g in snapshot.gpus for v in g.vgpus if not v.type_name)
     if skipped:

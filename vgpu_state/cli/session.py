@@ -8,6 +8,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vgpu_state.config import load_file, load_text, resolve, select
 from vgpu_state.config.document import ConfigDocument
@@ -16,6 +17,9 @@ from vgpu_state.host import SysfsHost
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.snapshot import NodeSnapshot
+
+if TYPE_CHECKING:
+    from vgpu_state.sim.host import SimHost
 
 
 @dataclass
@@ -31,33 +35,46 @@ class Session:
     def journal(self, explicit: str | None) -> Journal:
         return Journal(default_state_path(explicit, "VGPU_STATE_JOURNAL", self.sim_spec, "journal"))
 
-    def lock_file(self, explicit: str | None) -> Path:
-        return default_state_path(explicit, "VGPU_STATE_LOCK_FILE", self.sim_spec, "lock")
-
     def save_sim(self) -> None:
-        from vgpu_state.sim.host import SimHost
-
-        if isinstance(self.host, SimHost):
-            self.host.save()
+        save_simulated(self.host)
 
     def close(self) -> None:
-        from vgpu_state.sim.host import SimHost
+        close_host(self.host)
 
-        if isinstance(self.host, SimHost):
-            self.host.close()
+
+def simulated(host: HostPort) -> SimHost | None:
+    """The simulated node behind ``host``, if it is one.
+
+    The simulator is imported only by ``--sim`` commands, so a host that is not
+    simulated never loads it here either.
+    """
+    if "vgpu_state.sim.host" not in sys.modules:
+        return None
+    from vgpu_state.sim.host import SimHost
+
+    return host if isinstance(host, SimHost) else None
+
+
+def save_simulated(host: HostPort) -> None:
+    """Write a simulated node's new state back to its spec (nothing for a real host)."""
+    sim = simulated(host)
+    if sim is not None:
+        sim.save()
+
+
+def close_host(host: HostPort) -> None:
+    sim = simulated(host)
+    if sim is not None:
+        sim.close()
 
 
 def default_state_path(explicit: str | None, env: str, sim_spec: str | None, kind: str) -> Path:
     """Journal and lock: flag, then env, then beside the sim spec, then the host default."""
-    if explicit:
-        return Path(explicit)
-    if os.environ.get(env):
-        return Path(os.environ[env])
-    if sim_spec:
+    if sim_spec and not explicit and not os.environ.get(env):
         spec = Path(sim_spec)
         suffix = ".journal.jsonl" if kind == "journal" else ".lock"
         return spec.with_name(spec.name + suffix)
-    return journal_path() if kind == "journal" else lock_path()
+    return journal_path(explicit) if kind == "journal" else lock_path(explicit)
 
 
 def open_host(
@@ -85,17 +102,15 @@ def open_host(
 
 
 def host_identity(host: HostPort, node: str | None) -> tuple[str, dict[str, str]]:
-    from vgpu_state.sim.host import SimHost
-
-    if isinstance(host, SimHost):
-        return node or host.node, host.labels
+    sim = simulated(host)
+    if sim is not None:
+        return node or sim.node, sim.labels
     return node or os.uname().nodename, {}
 
 
 def sim_in_use(host: HostPort) -> dict[str, str]:
-    from vgpu_state.sim.host import SimHost
-
-    return host.in_use() if isinstance(host, SimHost) else {}
+    sim = simulated(host)
+    return sim.in_use() if sim is not None else {}
 
 
 def open_session(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno as errno_mod
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class VgpuStateError(Exception):
@@ -51,15 +51,6 @@ class BlockedError(VgpuStateError):
 
 class TransientError(VgpuStateError):
     """A temporary condition; retrying later may succeed."""
-
-
-@dataclass(frozen=True)
-class DriverErrorInfo:
-    operation: str
-    path: str
-    value: str
-    errno: int
-    meaning: str = field(default="")
 
 
 _MEANINGS: dict[int, str] = {

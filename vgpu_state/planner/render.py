@@ -90,7 +90,7 @@ def render_text(plan: Plan) -> str:
         for g in plan.gpus:
             lines.append(_gpu_header(g))
         lines.append("")
-        lines.append(f'No changes. The node matches configuration "{sel.config}".')
+        lines.append(summary_line(plan))
         return "\n".join(lines) + "\n"
 
     kinds = {a.kind for a in plan.actions}
