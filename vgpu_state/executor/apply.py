@@ -113,7 +113,7 @@ class _Run:
         by_key = {v.key: v for v in live.vgpus}
         if a.kind is ActionKind.ENABLE_SRIOV:
             return live.sriov_numvfs > 0
-        key = a.uuid if a.layout.value != "vendor-vfio" or a.vf is None else a.vf
+        key = a.vf if a.vf is not None else a.uuid
         if a.kind is ActionKind.DESTROY:
             return key not in by_key
         existing = by_key.get(key or "")
