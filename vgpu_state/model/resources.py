@@ -1,0 +1,73 @@
+"""Kubernetes resource names for vGPU types: one rule shared by the KubeVirt CR and the plugin.
+
+A vGPU type is advertised to the kubelet, and permitted in the KubeVirt CR, as
+the extended resource ``nvidia.com/<type name with each run of whitespace as _>``
+(``NVIDIA A2-4Q`` -> ``nvidia.com/NVIDIA_A2-4Q``), the name NVIDIA's and
+KubeVirt's own plugins use, so VM specs written for them keep working. The name
+is checked against the kubelet's extended-resource-name rules and never
+silently rewritten: a type whose name cannot be a resource is reported.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+DEFAULT_DOMAIN = "nvidia.com"
+
+_WHITESPACE = re.compile(r"\s+")
+# The part after the slash: a qualified-name segment, at most 63 characters.
+_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# The prefix: a lower-case DNS subdomain.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class ResourceNameError(ValueError):
+    """A vGPU type name that cannot be a Kubernetes extended resource name."""
+
+
+def resource_name(type_name: str, domain: str = DEFAULT_DOMAIN) -> str:
+    """The extended resource name for a vGPU type name, or :class:`ResourceNameError`."""
+    name = f"{domain}/{_WHITESPACE.sub('_', type_name.strip())}"
+    problem = resource_name_problem(name)
+    if problem:
+        raise ResourceNameError(f"vGPU type {type_name!r} gives resource {name!r}: {problem}")
+    return name
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a legal extended resource name, or ``None`` when it is.
+
+    The kubelet's rules: ``<prefix>/<name>``; the prefix a lower-case DNS
+    subdomain outside ``kubernetes.io``; the name at most 63 characters of
+    ``[A-Za-z0-9._-]`` that starts and ends alphanumeric; no ``requests.`` prefix.
+    """
+    if name.count("/") != 1:
+        return "it must be <domain>/<name> with exactly one '/'"
+    prefix, local = name.split("/")
+    if name.startswith("requests."):
+        return "it must not start with 'requests.'"
+    if not prefix or len(prefix) > 253 or not all(_DNS_LABEL.match(p) for p in prefix.split(".")):
+        return f"the domain {prefix!r} is not a lower-case DNS subdomain"
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+        return "the kubernetes.io domain is reserved"
+    if not local:
+        return "the name after '/' is empty"
+    if len(local) > 63:
+        return f"the name after '/' has {len(local)} characters (at most 63)"
+    if not _NAME.match(local):
+        return (
+            "the name after '/' may hold only letters, digits, '-', '_' and '.', "
+            "and must start and end with a letter or digit"
+        )
+    return None
+
+
+def env_var(resource: str, kind: Literal["mdev", "vf"]) -> str:
+    """The variable KubeVirt's virt-launcher reads for a resource's allocated devices.
+
+    ``MDEV_PCI_RESOURCE_<R>`` (mdev UUIDs) or ``PCI_RESOURCE_<R>`` (VF addresses),
+    where ``<R>`` is the resource upper-cased with ``/`` and ``.`` as ``_``.
+    """
+    prefix = "MDEV_PCI_RESOURCE" if kind == "mdev" else "PCI_RESOURCE"
+    return f"{prefix}_{resource.upper().replace('/', '_').replace('.', '_')}"
