@@ -19,8 +19,9 @@ from typing import Any
 
 from vgpu_state.config import load_file, resolve
 from vgpu_state.executor import Journal, apply
-from vgpu_state.host import HostPort, SysfsHost
+from vgpu_state.host import SysfsHost
 from vgpu_state.planner import plan as make_plan
+from vgpu_state.ports import HostPort
 from vgpu_state.sim.fuse import fuse_unavailable_reason, mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec

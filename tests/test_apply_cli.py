@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 
 from vgpu_state.cli.main import cli
 from vgpu_state.sim.host import SimHost
+from vgpu_state.sim.node import held_vgpus
 
 SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
 A2_LAYOUT = """\
@@ -77,7 +78,7 @@ def test_blocked_items_refuse_without_skip_blocked(node: tuple[Path, Path]) -> N
     assert "Apply complete" in partial.output and "2 blocked" in partial.output
     assert partial.exit_code == 1  # the node did not fully converge
     with SimHost(spec) as host:
-        assert "f715f63c-0d00-4007-9c5a-b07b0c6c05de" in host.in_use()
+        assert "f715f63c-0d00-4007-9c5a-b07b0c6c05de" in held_vgpus(host)
 
 
 def test_stale_saved_plan_is_refused_and_names_what_moved(

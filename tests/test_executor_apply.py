@@ -16,12 +16,14 @@ import pytest
 
 from vgpu_state.config import load_file, resolve
 from vgpu_state.executor import ApplyError, Journal, apply
-from vgpu_state.host import HostPort, SysfsHost
+from vgpu_state.host import SysfsHost
 from vgpu_state.model.errors import DeviceBusyError, InterfaceMissingError, TypeNotCreatableError
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import plan as make_plan
+from vgpu_state.ports import HostPort
 from vgpu_state.sim.host import SimHost
+from vgpu_state.sim.node import held_vgpus
 from vgpu_state.sim.spec import load_spec
 
 SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
@@ -94,7 +96,7 @@ def test_apply_converges_verifies_and_is_idempotent(
     spec = SIM / spec_name
     journal = Journal(tmp_path / "journal.jsonl")
     with open_host(kind, spec, tmp_path) as host:
-        in_use = SimHost(spec).in_use()
+        in_use = held_vgpus(SimHost(spec)).as_dict()
         before = host.scan()
         p = plan_for(host, layout, tmp_path, in_use)
         assert p.actions and not p.blocked

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from vgpu_state.host import SysfsHost, driver
-from vgpu_state.host.port import HostPort
 from vgpu_state.model.errors import (
     AlreadyExistsError,
     DeviceBusyError,
@@ -18,6 +17,7 @@ from vgpu_state.model.errors import (
     InterfaceMissingError,
     TypeNotCreatableError,
 )
+from vgpu_state.ports import HostPort
 
 
 def _attr(path: Path, text: str = "") -> Path:

@@ -15,6 +15,7 @@ from vgpu_state.model.policy import InUsePolicy, Policy
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import expected_snapshot, plan, render_json
 from vgpu_state.sim.host import SimHost
+from vgpu_state.sim.node import held_vgpus
 from vgpu_state.sim.spec import GpuSpec, NodeSpec, VgpuSpec
 
 # Models the simulator offers, with the layouts valid for them (no SR-IOV: mdev on the PF).
@@ -94,7 +95,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 
 def _scan(s: Scenario) -> tuple[NodeSnapshot, dict[str, str]]:
     with SimHost(s.spec) as host:
-        return host.scan(), host.in_use()
+        return host.scan(), held_vgpus(host).as_dict()
 
 
 @SETTINGS
@@ -131,7 +132,7 @@ def test_plan_is_deterministic(s: Scenario) -> None:
 @given(scenarios())
 def test_applying_to_the_simulator_converges_except_blocked(s: Scenario) -> None:
     with SimHost(s.spec) as host:
-        snapshot, in_use = host.scan(), host.in_use()
+        snapshot, in_use = host.scan(), held_vgpus(host).as_dict()
         d = desired(s.layouts, snapshot, Policy(prune=True))
         first = plan(d, snapshot, in_use)
         result = apply(first, host, in_use=in_use, skip_blocked=True, snapshot=snapshot)

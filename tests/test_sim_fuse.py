@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from vgpu_state.host import SysfsHost, scan
-from vgpu_state.host.port import HostPort
 from vgpu_state.model.errors import DeviceBusyError, DriverError
+from vgpu_state.ports import HostPort
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import load_spec

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_state.host import HostPort
 from vgpu_state.model.errors import DeviceBusyError, TypeNotCreatableError
 from vgpu_state.model.snapshot import Layout
+from vgpu_state.ports import HostPort
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import load_spec, parse_spec
 

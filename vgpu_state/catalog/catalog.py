@@ -11,6 +11,7 @@ from functools import cached_property, lru_cache
 from importlib import resources
 
 from vgpu_state.catalog.names import parse_type_name, short_type_name
+from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 
 SYNTHETIC_TYPE_ID_BASE = 50000
 """Type ids for types whose real id is unknown are ``SYNTHETIC_TYPE_ID_BASE + n``."""
@@ -69,7 +70,7 @@ class GpuModel:
     @property
     def device_filters(self) -> tuple[str, ...]:
         """vgpu-device-manager device-filter strings (``0xDDDD10DE``) for this model."""
-        return tuple(f"0x{d:04X}10DE" for d in self.device_ids)
+        return tuple(f"0x{d:04X}{NVIDIA_VENDOR_ID:04X}" for d in self.device_ids)
 
 
 def suggest(word: str, candidates: Iterable[str]) -> str | None:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
@@ -18,7 +18,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` on stderr and exit 1."""
     click.echo(f"error: {message}", err=True)
     sys.exit(1)
 
@@ -38,7 +39,6 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
             fail(str(e))
         except OSError as e:
             fail(f"{e.filename or ''}: {e.strerror}" if e.filename else str(e))
-        raise AssertionError("unreachable")
 
     return wrapper
 

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def plan_cmd(
                 click.echo(f"  vgpu-state apply {out_file}")
     finally:
         s.close()
-    if detailed_exitcode and p.has_changes:
+    if detailed_exitcode and not p.is_converged:
         sys.exit(2)
 
 
@@ -133,7 +134,7 @@ def _run_apply(
     p: Plan,
     host: Any,
     snapshot: NodeSnapshot,
-    in_use: dict[str, str],
+    in_use: Mapping[str, str],
     journal: Journal,
     skip_blocked: bool,
 ) -> bool:
@@ -216,7 +217,7 @@ def apply_cmd(
             print_plan_text(render_text(p))
             if not p.actions and (skip_blocked or not p.blocked):
                 _settle_unfinished(p, s, journal)
-            if not p.has_changes:
+            if p.is_converged:
                 return
             if p.blocked and not skip_blocked:
                 fail(
@@ -293,9 +294,9 @@ def _apply_saved(
         sim_spec, sysfs_root = recorded.get("sim"), recorded.get("sysfs_root")
     lock = default_state_path(lock_file, "VGPU_STATE_LOCK_FILE", sim_spec, "lock")
     with HostLock(lock, lock_timeout):
-        host = open_host(sysfs_root, sim_spec, p.node, sriov_manage)
+        target = open_host(sysfs_root, sim_spec, p.node, sriov_manage)
         try:
-            snapshot = host.scan()
+            snapshot = target.host.scan()
             if snapshot.fingerprint() != p.snapshot_fingerprint:
                 click.echo(
                     "error: saved plan is stale: the host changed after the plan was made; "
@@ -307,17 +308,18 @@ def _apply_saved(
                 click.echo("Run `vgpu-state plan` again.", err=True)
                 sys.exit(1)
             print_plan_text(render_text(p))
-            if not p.has_changes:
+            if p.is_converged:
                 return
             if p.blocked and not skip_blocked:
                 fail(f"{len(p.blocked)} item(s) are blocked; pass --skip-blocked to apply the rest")
             journal = Journal(
                 default_state_path(journal_file, "VGPU_STATE_JOURNAL", sim_spec, "journal")
             )
-            ok = _run_apply(p, host, snapshot, dict(doc.get("in_use", {})), journal, skip_blocked)
-            save_simulated(host)
+            held = dict(doc.get("in_use", {}))
+            ok = _run_apply(p, target.host, snapshot, held, journal, skip_blocked)
+            save_simulated(target)
         finally:
-            close_host(host)
+            close_host(target)
     if not ok:
         sys.exit(1)
 
@@ -387,11 +389,11 @@ def export_cmd(
     sysfs_root: str | None, sim_spec: str | None, node: str | None, config_name: str, output: str
 ) -> None:
     """Print a config that reproduces the live vGPU layout (plan against it: No changes)."""
-    host = open_host(sysfs_root, sim_spec, node)
+    target = open_host(sysfs_root, sim_spec, node)
     try:
-        snapshot = host.scan()
+        snapshot = target.host.scan()
     finally:
-        close_host(host)
+        close_host(target)
     doc = export_document(snapshot, config_name)
     skipped = sum(1 for g in snapshot.gpus for v in g.vgpus if not v.type_name)
     if skipped:

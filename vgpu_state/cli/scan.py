@@ -64,12 +64,15 @@ def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
     """Show the node's NVIDIA GPUs, their vGPU layout, vGPUs and creatable types."""
     try:
         if sim_spec is not None:
-            from vgpu_state.sim.host import SimHost
+            from vgpu_state.sim.node import open_sim
 
-            with SimHost(sim_spec, in_memory=True) as host:
-                snapshot = host.scan().model_copy(update={"sysfs_root": f"sim:{sim_spec}"})
+            sim = open_sim(sim_spec)
+            try:
+                snapshot = sim.host.scan().model_copy(update={"sysfs_root": f"sim:{sim_spec}"})
                 if node:
                     snapshot = snapshot.model_copy(update={"node": node})
+            finally:
+                sim.close()
         else:
             snapshot = scan_sysfs(sysfs_root, node)
     except VgpuStateError as e:

@@ -5,67 +5,69 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from vgpu_state.config import load_file, load_text, resolve, select
 from vgpu_state.config.document import ConfigDocument
-from vgpu_state.executor import HostPort, Journal, journal_path, lock_path
+from vgpu_state.executor import Journal, journal_path, lock_path
 from vgpu_state.host import SysfsHost
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import SelectionError
+from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
-
-if TYPE_CHECKING:
-    from vgpu_state.sim.host import SimHost
+from vgpu_state.ports import HostPort, MemoryCluster
 
 
 @dataclass
 class Session:
     document: ConfigDocument
-    host: HostPort
+    target: Target
     snapshot: NodeSnapshot
     desired: DesiredState
-    in_use: dict[str, str]
+    in_use: InUse
     selection_detail: str
     sim_spec: str | None
+
+    @property
+    def host(self) -> HostPort:
+        return self.target.host
 
     def journal(self, explicit: str | None) -> Journal:
         return Journal(default_state_path(explicit, "VGPU_STATE_JOURNAL", self.sim_spec, "journal"))
 
     def save_sim(self) -> None:
-        save_simulated(self.host)
+        self.target.save()
 
     def close(self) -> None:
-        close_host(self.host)
+        self.target.close()
 
 
-def simulated(host: HostPort) -> SimHost | None:
-    """The simulated node behind ``host``, if it is one.
+@dataclass
+class Target:
+    """The node a command works on: its host and cluster ports, and how to keep and release it.
 
-    The simulator is imported only by ``--sim`` commands, so a host that is not
-    simulated never loads it here either.
+    ``save`` writes a simulated node's new state back to its spec (nothing for a
+    real host); ``close`` releases what the host holds.
     """
-    if "vgpu_state.sim.host" not in sys.modules:
-        return None
-    from vgpu_state.sim.host import SimHost
 
-    return host if isinstance(host, SimHost) else None
-
-
-def save_simulated(host: HostPort) -> None:
-    """Write a simulated node's new state back to its spec (nothing for a real host)."""
-    sim = simulated(host)
-    if sim is not None:
-        sim.save()
+    host: HostPort
+    cluster: MemoryCluster
+    save: Callable[[], None]
+    close: Callable[[], None]
 
 
-def close_host(host: HostPort) -> None:
-    sim = simulated(host)
-    if sim is not None:
-        sim.close()
+def _nothing() -> None:
+    return None
+
+
+def save_simulated(target: Target) -> None:
+    target.save()
+
+
+def close_host(target: Target) -> None:
+    target.close()
 
 
 def default_state_path(explicit: str | None, env: str, sim_spec: str | None, kind: str) -> Path:
@@ -82,35 +84,27 @@ def open_host(
     sim_spec: str | None,
     node: str | None,
     sriov_manage: str | None = None,
-) -> HostPort:
-    """The host: a simulated node, or sysfs at ``sysfs_root`` (default ``/sys``).
+) -> Target:
+    """The node: a simulated one, or sysfs at ``sysfs_root`` (default ``/sys``).
 
     ``sriov_manage``: the sriov-manage command line (split like a shell would);
     ``None`` uses ``/usr/lib/nvidia/sriov-manage`` when installed, ``""`` always
-    writes ``sriov_numvfs``.
+    writes ``sriov_numvfs``. ``node`` overrides the node's name.
     """
     if sim_spec and sysfs_root:
         raise SelectionError("give either --sim or --sysfs-root, not both")
     if sim_spec and sriov_manage is not None:
         raise SelectionError("--sriov-manage applies to a real sysfs, not to --sim")
     if sim_spec:
-        from vgpu_state.sim.host import SimHost
+        from vgpu_state.sim.node import open_sim
 
-        return SimHost(sim_spec, in_memory=True)
+        sim = open_sim(sim_spec)
+        cluster = sim.cluster.with_overrides(node=node)
+        return Target(sim.host, cluster, sim.save, sim.close)
     command = None if sriov_manage is None else shlex.split(sriov_manage)
-    return SysfsHost(sysfs_root or "/sys", node or os.uname().nodename, command)
-
-
-def host_identity(host: HostPort, node: str | None) -> tuple[str, dict[str, str]]:
-    sim = simulated(host)
-    if sim is not None:
-        return node or sim.node, sim.labels
-    return node or os.uname().nodename, {}
-
-
-def sim_in_use(host: HostPort) -> dict[str, str]:
-    sim = simulated(host)
-    return sim.in_use() if sim is not None else {}
+    name = node or os.uname().nodename
+    host = SysfsHost(sysfs_root or "/sys", name, command)
+    return Target(host, MemoryCluster(name), _nothing, _nothing)
 
 
 def open_session(
@@ -128,9 +122,9 @@ def open_session(
         document = load_text(sys.stdin.read(), "<stdin>")
     else:
         document = load_file(config_file)
-    host = open_host(sysfs_root, sim_spec, node, sriov_manage)
-    node_name, host_labels = host_identity(host, node)
-    all_labels = {**host_labels, **labels}
+    target = open_host(sysfs_root, sim_spec, node, sriov_manage)
+    cluster = target.cluster.with_overrides(labels=labels, in_use=in_use)
+    node_name, all_labels = cluster.node_name(), cluster.labels()
     if config_name:
         chosen, source, detail = config_name, "flag", f"-c {config_name}"
     else:
@@ -141,7 +135,6 @@ def open_session(
                 f"({label_key}=NAME), add a node-selector or a default, or pass -c NAME"
             )
         chosen, source, detail = sel.config, sel.source, sel.detail
-    snapshot = host.scan()
+    snapshot = target.host.scan()
     desired = resolve(document, chosen, snapshot.gpus, node_name, source)
-    held = {**sim_in_use(host), **in_use}
-    return Session(document, host, snapshot, desired, held, detail, sim_spec)
+    return Session(document, target, snapshot, desired, cluster.in_use(), detail, sim_spec)

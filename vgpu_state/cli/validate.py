@@ -83,11 +83,14 @@ def gpus_from_flags(specs: Sequence[str]) -> tuple[Gpu, ...]:
 
 def gpus_from_sim(spec: str) -> tuple[tuple[Gpu, ...], str, dict[str, str]]:
     """GPUs, node name and labels of a simulated node (its sysfs scanned in memory)."""
-    from vgpu_state.sim.host import SimHost
+    from vgpu_state.sim.node import open_sim
 
     try:
-        with SimHost(spec, in_memory=True) as host:
-            return host.scan().gpus, host.node, host.labels
+        node = open_sim(spec)
+        try:
+            return node.host.scan().gpus, node.cluster.node_name(), dict(node.cluster.labels())
+        finally:
+            node.close()
     except VgpuStateError as exc:
         _fail([str(exc)])
         raise

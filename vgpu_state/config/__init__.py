@@ -27,6 +27,7 @@ from vgpu_state.config.loader import load_file, load_text
 from vgpu_state.config.resolution import gpu_model, resolve
 from vgpu_state.config.schema import json_schema, json_schema_text
 from vgpu_state.config.selection import DEFAULT_LABEL_KEY, Selection, select
+from vgpu_state.config.source import FileConfigSource, StaticConfigSource
 from vgpu_state.config.typenames import canonical_type_name, type_name_problem
 
 __all__ = [
@@ -35,11 +36,13 @@ __all__ = [
     "ConfigFile",
     "DeviceFilter",
     "Entry",
+    "FileConfigSource",
     "LabelExpression",
     "NamedConfig",
     "NodeSelector",
     "PolicySpec",
     "Selection",
+    "StaticConfigSource",
     "canonical_type_name",
     "dump",
     "gpu_model",

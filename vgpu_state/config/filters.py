@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.model.snapshot import Gpu
 
-NVIDIA_VENDOR_ID = 0x10DE
 _FILTER = re.compile(
     r"^0[xX]([0-9a-fA-F]{4})([0-9a-fA-F]{4})(?::0[xX]([0-9a-fA-F]{4})([0-9a-fA-F]{4}))?$"
 )

@@ -9,7 +9,7 @@ from vgpu_state.executor.apply import (
 )
 from vgpu_state.executor.journal import Journal, UnfinishedPlan, journal_path
 from vgpu_state.executor.lock import HostLock, LockTimeoutError, lock_path
-from vgpu_state.host import HostPort
+from vgpu_state.ports.host import HostPort
 
 __all__ = [
     "ApplyError",

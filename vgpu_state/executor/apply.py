@@ -9,13 +9,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vgpu_state.executor.journal import Journal
-from vgpu_state.host import HostPort
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import BlockedError, DriverError, VgpuStateError
 from vgpu_state.model.plan import Action, ActionKind, GpuPlan, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner import expected_snapshot
 from vgpu_state.planner import plan as make_plan
+from vgpu_state.ports.host import HostPort
 
 Outcome = str  # "ok" | "skipped" | "failed"
 

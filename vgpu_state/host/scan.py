@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from vgpu_state.catalog import default_catalog, short_type_name
 from vgpu_state.host.reader import Filesystem, OsFilesystem, Reader
+from vgpu_state.model.ids import NVIDIA_VENDOR_ID, UUID_PATTERN
 from vgpu_state.model.snapshot import (
     CreatableType,
     Gpu,
@@ -22,9 +23,9 @@ from vgpu_state.model.snapshot import (
     VirtualFunction,
 )
 
-NVIDIA_VENDOR = 0x10DE
+NVIDIA_VENDOR = NVIDIA_VENDOR_ID
 GPU_CLASSES = (0x0300, 0x0302)
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_UUID = UUID_PATTERN
 _CREATABLE_LINE = re.compile(r"^\s*([0-9]+)\s*:?\s*(.+?)\s*$")
 _TYPE_DIR = re.compile(r"^nvidia-([0-9]+)$")
 

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
+from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.policy import Policy
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class DesiredGpu(Frozen):

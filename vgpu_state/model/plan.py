@@ -5,16 +5,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from vgpu_state.model.errors import BlockedReason
+from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.policy import Policy
 from vgpu_state.model.snapshot import Layout
 
-PLAN_FORMAT_VERSION = "1.0"
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+PLAN_FORMAT_VERSION = "1.1"
 
 
 class ActionKind(StrEnum):
@@ -50,6 +46,8 @@ class Blocked(Frozen):
     kind: ActionKind
     type_name: str | None = None
     holder: str | None = None
+    code: BlockedReason = BlockedReason.OTHER
+    """The reason as a stable code (a status condition's reason); ``reason`` is the prose."""
     reason: str
 
 
@@ -102,7 +100,12 @@ class Plan(Frozen):
 
     @property
     def has_changes(self) -> bool:
-        """True when there is anything to do or anything blocked."""
-        return self.summary.create + self.summary.destroy + self.summary.sriov > 0 or (
-            self.summary.blocked > 0
-        )
+        """True when there is a step to take. Blocked items are not changes: a node
+        whose only differences are held vGPUs has nothing left to do (see
+        :attr:`is_converged`)."""
+        return self.summary.create + self.summary.destroy + self.summary.sriov > 0
+
+    @property
+    def is_converged(self) -> bool:
+        """True when the node already matches the layout: nothing to do, nothing blocked."""
+        return not self.has_changes and not self.blocked

@@ -7,11 +7,7 @@ import json
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+from vgpu_state.model.frozen import Frozen
 
 
 class Layout(StrEnum):

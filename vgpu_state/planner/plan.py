@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from vgpu_state.catalog import Catalog, GpuModel, VgpuType, default_catalog
 from vgpu_state.model.desired import DesiredGpu, DesiredState
-from vgpu_state.model.errors import PlanningError
+from vgpu_state.model.errors import BlockedReason, PlanningError
 from vgpu_state.model.plan import (
     Action,
     ActionKind,
@@ -180,6 +180,7 @@ class _Planner:
                         kind=ActionKind.DESTROY,
                         type_name=v.type_name,
                         holder=holder,
+                        code=BlockedReason.IN_USE,
                         reason=f"in use by {holder} (policy in-use: protect)",
                     )
                 )
@@ -191,6 +192,7 @@ class _Planner:
                         gpu=g.address,
                         kind=ActionKind.DESTROY,
                         type_name=v.type_name,
+                        code=BlockedReason.PRUNE_DISABLED,
                         reason="not wanted by the layout, kept because policy prune is false",
                     )
                 )
@@ -215,7 +217,13 @@ class _Planner:
         return remaining
 
     def block_all(
-        self, g: Gpu, creates: list[str], work: _GpuWork, reason: str, holder: str | None = None
+        self,
+        g: Gpu,
+        creates: list[str],
+        work: _GpuWork,
+        reason: str,
+        holder: str | None = None,
+        code: BlockedReason = BlockedReason.NO_CAPACITY,
     ) -> None:
         for n, name in enumerate(creates):
             work.blocked.append(
@@ -225,6 +233,7 @@ class _Planner:
                     kind=ActionKind.CREATE,
                     type_name=name,
                     holder=holder,
+                    code=code,
                     reason=reason,
                 )
             )
@@ -240,7 +249,13 @@ class _Planner:
     ) -> bool:
         """Add create (and SR-IOV) steps; return True when parents wait for SR-IOV."""
         if g.layout is Layout.UNAVAILABLE:
-            self.block_all(g, creates, work, f"no vGPU manager on this GPU: {g.layout_reason}")
+            self.block_all(
+                g,
+                creates,
+                work,
+                f"no vGPU manager on this GPU: {g.layout_reason}",
+                code=BlockedReason.NO_VGPU_MANAGER,
+            )
             return False
         target_size = self.size_of(g, creates[0])
         stuck = [v for v in remaining if self.size_of(g, v.type_name) != target_size]
@@ -279,7 +294,11 @@ class _Planner:
         if vfs_off:
             if self.policy.sriov is SriovPolicy.OFF:
                 self.block_all(
-                    g, creates, work, "SR-IOV is off on this GPU and policy sriov is off"
+                    g,
+                    creates,
+                    work,
+                    "SR-IOV is off on this GPU and policy sriov is off",
+                    code=BlockedReason.SRIOV_OFF,
                 )
                 return False
             work.actions.append(

@@ -85,7 +85,7 @@ def render_text(plan: Plan) -> str:
         f'Node {plan.node or "(unnamed)"}: configuration "{sel.config}" '
         f"(selected {_source(sel.source)})"
     )
-    if not plan.has_changes:
+    if plan.is_converged:
         lines.append("")
         for g in plan.gpus:
             lines.append(_gpu_header(g))
@@ -119,7 +119,7 @@ def _gpu_header(g: GpuPlan) -> str:
 
 def summary_line(plan: Plan) -> str:
     s = plan.summary
-    if not plan.has_changes:
+    if plan.is_converged:
         return f'No changes. The node matches configuration "{plan.selection.config}".'
     sriov = f", {s.sriov} SR-IOV to enable" if s.sriov else ""
     return f"Plan: {s.create} to create, {s.destroy} to destroy{sriov}, {s.blocked} blocked."

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import re
 import uuid as uuid_mod
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from vgpu_state.catalog import GpuModel, VgpuType, default_catalog
+from vgpu_state.model.ids import UUID_PATTERN
 from vgpu_state.model.pci import vf_address
 from vgpu_state.sim.spec import (
     DriverSpec,
@@ -28,7 +28,7 @@ from vgpu_state.sim.spec import (
 
 SRIOV_OFFSET = 4
 SRIOV_STRIDE = 1
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_UUID = UUID_PATTERN
 _SERIES = {"graphics": frozenset("QBA"), "compute": frozenset("C"), "all": frozenset("QBAC")}
 # Subsystem device ids of PFs whose model the catalog tells apart by device id alone.
 _DEFAULT_SUBSYSTEM = {0x1EB8: 0x12A2, 0x26B9: 0x1851}

@@ -205,15 +205,7 @@ class Mount:
 
     def sriov_manage_command(self) -> tuple[str, ...]:
         """An argv prefix that behaves like ``/usr/lib/nvidia/sriov-manage`` on this mount."""
-        return (
-            sys.executable,
-            "-m",
-            "vgpu_state.cli.main",
-            "sim",
-            "sriov-manage",
-            "--root",
-            str(self.root),
-        )
+        return (sys.executable, "-m", "vgpu_state.sim", "sriov-manage", "--root", str(self.root))
 
 
 @contextmanager
@@ -238,7 +230,7 @@ def mounted(
         save_spec(spec, spec_path)
     else:
         spec_path = Path(spec)
-    argv = [sys.executable, "-m", "vgpu_state.cli.main", "sim", "mount", "--spec", str(spec_path)]
+    argv = [sys.executable, "-m", "vgpu_state.sim", "mount", "--spec", str(spec_path)]
     argv += [str(mnt), "--foreground"] + (["--save"] if save else [])
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

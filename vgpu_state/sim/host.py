@@ -1,4 +1,4 @@
-"""``SimHost``: a :class:`~vgpu_state.host.HostPort` backed by the simulator.
+"""``SimHost``: a :class:`~vgpu_state.ports.HostPort` backed by the simulator.
 
 Driver operations take the same paths and values as on a real host (the
 functions of :mod:`vgpu_state.host.driver`), but the write lands in the
@@ -76,10 +76,6 @@ class SimHost:
     def node(self) -> str:
         return self.sysfs.driver.node
 
-    @property
-    def labels(self) -> dict[str, str]:
-        return dict(self.sysfs.driver.labels)
-
     # HostPort ------------------------------------------------------------------
     def scan(self) -> NodeSnapshot:
         return scan(self.root, self.node, self._fs)
@@ -132,25 +128,6 @@ class SimHost:
         if tree is not self._rendered:
             materialize(tree, self.root, self._rendered)
             self._rendered = tree
-
-    def in_use(self) -> dict[str, str]:
-        """vGPUs the spec marks as held: key (mdev UUID or VF address) -> holder.
-
-        On a real node this comes from the kubelet; the simulated node carries it
-        in its spec so that plans against it protect the same vGPUs the simulated
-        driver refuses to remove.
-        """
-        held: dict[str, str] = {}
-        for g in self.sysfs.driver.gpus:
-            vfs = g.vf_addresses()
-            for v in g.vgpus:
-                if not v.in_use:
-                    continue
-                if v.uuid is not None:
-                    held[v.uuid] = v.in_use
-                elif v.vf is not None and v.vf < len(vfs):
-                    held[vfs[v.vf]] = v.in_use
-        return held
 
     # state ---------------------------------------------------------------------
     def to_spec(self) -> NodeSpec:

@@ -1,32 +1,12 @@
-"""The host port: what the executor needs from a node, and the real sysfs implementation."""
+"""``SysfsHost``: the :class:`~vgpu_state.ports.HostPort` of a real (or mounted) sysfs tree."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from vgpu_state.host import driver
 from vgpu_state.host.scan import scan
 from vgpu_state.model.snapshot import NodeSnapshot
-
-
-@runtime_checkable
-class HostPort(Protocol):
-    """Read and change one node's vGPU state. Every change raises ``DriverError`` on failure."""
-
-    def scan(self) -> NodeSnapshot: ...
-
-    def enable_sriov(self, pf: str) -> None: ...
-
-    def disable_sriov(self, pf: str) -> None: ...
-
-    def create_mdev(self, parent: str, type_id: int, uuid: str) -> None: ...
-
-    def remove_mdev(self, uuid: str) -> None: ...
-
-    def set_vf_type(self, vf: str, type_id: int) -> None: ...
-
-    def clear_vf_type(self, vf: str) -> None: ...
 
 
 class SysfsHost:

@@ -1,0 +1,76 @@
+"""The layer contracts of pyproject.toml hold, and they catch what DESIGN.md forbids."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def lint_imports(package_parent: Path) -> subprocess.CompletedProcess[str]:
+    """Run import-linter with the project's contracts on the package found in ``package_parent``."""
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"],
+        cwd=package_parent,
+        env={"PYTHONPATH": str(package_parent), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_the_package_keeps_every_contract() -> None:
+    r = lint_imports(REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 broken" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        (
+            "executor/apply.py",
+            "import vgpu_state.sim.host",
+            "The executor reaches hosts only through the host port",
+        ),
+        (
+            "host/scan.py",
+            "import vgpu_state.planner",
+            "The host layer reads and writes the driver only",
+        ),
+        ("sim/host.py", "import vgpu_state.executor", "Layers point down"),
+        ("planner/plan.py", "import vgpu_state.host", "Layers point down"),
+        ("planner/plan.py", "import pathlib", "No file or process I/O in model"),
+        ("config/loader.py", "import watchfiles", "Pure core never imports I/O libraries"),
+        ("executor/journal.py", "import kubernetes", "only in their adapter packages"),
+        ("config/selection.py", "import vgpu_state.testing", "never imports the test fakes"),
+    ],
+)
+def test_a_forbidden_import_breaks_a_contract(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    shutil.copytree(
+        REPO / "vgpu_state", tmp_path / "vgpu_state", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    target = tmp_path / "vgpu_state" / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa\n")
+    r = lint_imports(tmp_path)
+    assert r.returncode != 0, r.stdout
+    broken = [s for s in r.stdout.splitlines() if s.endswith("BROKEN")]
+    assert any(contract in s for s in broken), r.stdout
+
+
+def test_the_simulator_starts_without_the_cli() -> None:
+    """The FUSE server has its own entry point; nothing in the simulator names the CLI."""
+    for path in (REPO / "vgpu_state" / "sim").glob("*.py"):
+        assert "vgpu_state.cli" not in path.read_text(), path
+    r = subprocess.run(
+        [sys.executable, "-m", "vgpu_state.sim", "--help"], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and "mount" in r.stdout

@@ -1,0 +1,64 @@
+"""What a node reports about itself: status (conditions with reason codes) and Events."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from vgpu_state.model.frozen import Frozen
+
+
+class ConfigState(StrEnum):
+    """The vgpu-device-manager compatible state of a node's config (its state label)."""
+
+    PENDING = "pending"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+class ConditionType(StrEnum):
+    SYNCED = "Synced"
+    """The host matches the selected layout, apart from blocked items."""
+    READY = "Ready"
+    """The host was read and the last reconcile ended without an error."""
+    BLOCKED = "Blocked"
+    """Some wanted change is blocked (a held vGPU, a policy, capacity)."""
+
+
+class Condition(Frozen):
+    type: ConditionType
+    status: bool
+    reason: str
+    """A stable CamelCase code (:class:`~vgpu_state.model.errors.Reason` or
+    :class:`~vgpu_state.model.errors.BlockedReason`)."""
+    message: str = ""
+
+
+class NodeStatus(Frozen):
+    """One reconcile's outcome for one node, as the cluster sees it."""
+
+    node: str
+    config: str | None
+    """The selected config; ``None`` when nothing selects one."""
+    state: ConfigState
+    conditions: tuple[Condition, ...] = ()
+    vgpus: tuple[tuple[str, int], ...] = ()
+    """The live layout after the reconcile: (type name, count), sorted by name."""
+
+    def condition(self, kind: ConditionType) -> Condition | None:
+        for c in self.conditions:
+            if c.type is kind:
+                return c
+        return None
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class NodeEvent(Frozen):
+    """One thing that happened on a node, worth telling an operator (a Kubernetes Event)."""
+
+    type: EventType
+    reason: str
+    message: str

@@ -1,0 +1,25 @@
+"""The ports: the only ways a reconcile reaches the world.
+
+* :class:`HostPort` — read and change one node's vGPUs (sysfs, or the simulator).
+* :class:`ClusterPort` — the node's identity and labels, which vGPUs pods and VMs
+  hold, and where status and Events go (Kubernetes, or :class:`MemoryCluster`).
+* :class:`ConfigSource` — the config document, keeping the last good one.
+* :class:`DevicePluginSink` — what learns the node's vGPUs after each apply.
+
+Each is a ``Protocol``: an implementation needs no import from here.
+``vgpu_state.testing`` has recording fakes of each for tests.
+"""
+
+from vgpu_state.ports.cluster import ClusterPort, MemoryCluster
+from vgpu_state.ports.config import ConfigSource
+from vgpu_state.ports.deviceplugin import DevicePluginSink, NoDevicePlugin
+from vgpu_state.ports.host import HostPort
+
+__all__ = [
+    "ClusterPort",
+    "ConfigSource",
+    "DevicePluginSink",
+    "HostPort",
+    "MemoryCluster",
+    "NoDevicePlugin",
+]

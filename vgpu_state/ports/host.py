@@ -1,0 +1,29 @@
+"""``HostPort``: what a reconcile needs from a node's driver."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from vgpu_state.model.snapshot import NodeSnapshot
+
+
+@runtime_checkable
+class HostPort(Protocol):
+    """Read and change one node's vGPU state. Every change raises ``DriverError`` on failure.
+
+    Real: :class:`vgpu_state.host.SysfsHost`. Simulated: :class:`vgpu_state.sim.host.SimHost`.
+    """
+
+    def scan(self) -> NodeSnapshot: ...
+
+    def enable_sriov(self, pf: str) -> None: ...
+
+    def disable_sriov(self, pf: str) -> None: ...
+
+    def create_mdev(self, parent: str, type_id: int, uuid: str) -> None: ...
+
+    def remove_mdev(self, uuid: str) -> None: ...
+
+    def set_vf_type(self, vf: str, type_id: int) -> None: ...
+
+    def clear_vf_type(self, vf: str) -> None: ...

@@ -1,0 +1,87 @@
+"""The simulator's own entry point: ``python -m vgpu_state.sim mount|sriov-manage``.
+
+The FUSE server runs in a process of its own (a mount is served until it is
+unmounted), and tests start it without the ``vgpu-state`` command. The CLI's
+``vgpu-state sim`` commands call the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from collections.abc import Sequence
+
+from vgpu_state.model.errors import VgpuStateError
+
+
+def mount(spec_path: str, mountpoint: str, save: bool, foreground: bool) -> int:
+    """Serve the spec at ``mountpoint`` (forks to the background unless ``foreground``)."""
+    from vgpu_state.sim.fuse import fuse_unavailable_reason, serve
+    from vgpu_state.sim.spec import load_spec
+    from vgpu_state.sim.sysfs import SimSysfs
+
+    reason = fuse_unavailable_reason()
+    if reason:
+        print(f"error: cannot mount: {reason}", file=sys.stderr)
+        return 1
+    try:
+        spec = load_spec(spec_path)
+        SimSysfs(spec)
+    except VgpuStateError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    os.makedirs(mountpoint, exist_ok=True)
+    if not foreground and os.fork() != 0:
+        return 0
+    serve(spec, mountpoint, save_to=spec_path if save else None)
+    return 0
+
+
+def sriov_manage(root: str, flag: str, target: str) -> int:
+    """Do what ``/usr/lib/nvidia/sriov-manage FLAG TARGET`` does, on a mounted simulator."""
+    from vgpu_state.sim.tree import SRIOV_MANAGE_CONTROL, SRIOV_MANAGE_OUTPUT
+
+    control = os.path.join(root, SRIOV_MANAGE_CONTROL)
+    status = 0
+    try:
+        fd = os.open(control, os.O_WRONLY)
+        try:
+            os.write(fd, f"{flag} {target}".encode())
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            print(f"{root} is not a simulator mount with sriov-manage", file=sys.stderr)
+            return 1
+        status = 1
+    try:
+        with open(os.path.join(root, SRIOV_MANAGE_OUTPUT), encoding="utf-8") as f:
+            output = f.read().strip()
+    except OSError:
+        output = ""
+    if output:
+        print(output, file=sys.stderr if status else sys.stdout)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vgpu_state.sim")
+    commands = parser.add_subparsers(dest="command", required=True)
+    m = commands.add_parser("mount", help="Serve a simulated /sys through FUSE.")
+    m.add_argument("--spec", required=True)
+    m.add_argument("mountpoint")
+    m.add_argument("--save", action="store_true")
+    m.add_argument("--foreground", action="store_true")
+    s = commands.add_parser("sriov-manage", help="sriov-manage on a mounted simulator.")
+    s.add_argument("--root", required=True)
+    group = s.add_mutually_exclusive_group(required=True)
+    group.add_argument("-e", dest="enable", metavar="BDF|ALL")
+    group.add_argument("-d", dest="disable", metavar="BDF|ALL")
+    args = parser.parse_args(argv)
+    if args.command == "mount":
+        return mount(args.spec, args.mountpoint, args.save, args.foreground)
+    if args.enable is not None:
+        return sriov_manage(args.root, "-e", args.enable)
+    return sriov_manage(args.root, "-d", args.disable)

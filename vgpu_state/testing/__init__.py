@@ -1,0 +1,17 @@
+"""Recording fakes of the ports, for tests of code that calls vgpu-state.
+
+Like httpx's ``MockTransport``, these replace the world at a port, so a test
+runs the real reconcile path without a GPU or a Kubernetes API server:
+
+* :class:`RecordingHost` wraps any :class:`~vgpu_state.ports.HostPort` (the
+  simulator's :class:`~vgpu_state.sim.host.SimHost`, typically) and records
+  every driver call it forwards.
+* :class:`FakeCluster` is an in-memory :class:`~vgpu_state.ports.ClusterPort`
+  whose labels and holders a test changes, and which keeps every status and
+  Event reported to it.
+* :class:`RecordingDevicePlugin` keeps every snapshot it is refreshed with.
+"""
+
+from vgpu_state.testing.fakes import FakeCluster, HostCall, RecordingDevicePlugin, RecordingHost
+
+__all__ = ["FakeCluster", "HostCall", "RecordingDevicePlugin", "RecordingHost"]
