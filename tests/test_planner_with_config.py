@@ -91,9 +91,19 @@ def test_unmanaged_gpu_with_vgpus_is_left_alone() -> None:
     assert (t4.managed, t4.kept) == (False, 2)
 
 
-def test_config_policy_reaches_the_plan() -> None:
-    text = MULTI_MODEL.replace("policy: {prune: true}\n", "")
+@pytest.mark.parametrize(
+    ("policy_line", "expected"),
+    [
+        # The layout is the whole desired state: by default what it does not want goes.
+        ("", ["-A2-4Q@08:00.4", "+A2-16Q@08:00.4"]),
+        ("policy: {prune: true}\n", ["-A2-4Q@08:00.4", "+A2-16Q@08:00.4"]),
+        # prune: false is the opt-in for additive layouts.
+        ("policy: {prune: false}\n", ["!destroy A2-4Q", "!create A2-16Q"]),
+    ],
+)
+def test_config_policy_reaches_the_plan(policy_line: str, expected: list[str]) -> None:
+    text = MULTI_MODEL.replace("policy: {prune: true}\n", policy_line)
     doc = load_text(text, "multi.yaml")
     snapshot = node()
     d = resolve(doc, "a2-only", snapshot.gpus, NODE, "flag")
-    assert compact(plan(d, snapshot)) == ["!destroy A2-4Q", "!create A2-16Q"]
+    assert compact(plan(d, snapshot)) == expected

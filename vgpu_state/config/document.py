@@ -38,8 +38,9 @@ class PolicySpec(_Model):
     )
     prune: bool | None = Field(
         default=None,
-        description="false (default): leave unwanted vGPUs in place and report them; "
-        "true: destroy them (still subject to in-use).",
+        description="true (default): the layout is the whole desired state of a GPU it "
+        "covers; destroy the vGPUs it does not want (still subject to in-use). "
+        "false: additive layouts; leave unwanted vGPUs in place and report them.",
     )
     sriov: SriovPolicy | None = Field(
         default=None,

@@ -5,9 +5,10 @@ Semantics (documented in docs/config.md):
 * ``in-use: protect`` (default): a vGPU that a pod or VM holds is never destroyed;
   the step becomes a *blocked* item naming the holder. ``ignore`` plans as if
   nothing were in use (the driver may still refuse with EBUSY).
-* ``prune: false`` (default): vGPUs on a managed GPU that the layout does not
-  want are left in place and reported; steps that need their capacity are
-  blocked. ``true`` destroys them (still subject to ``in-use``).
+* ``prune: true`` (default): the layout is the whole desired state of a GPU it
+  covers; vGPUs it does not want are destroyed (still subject to ``in-use``).
+  ``false`` makes layouts additive: unwanted vGPUs are left in place and
+  reported, and steps that need their capacity are blocked.
 * ``sriov: auto`` (default): enable the VFs of a GPU whose VFs are off when the
   layout needs them. ``off``: never touch SR-IOV; such GPUs are blocked.
   VFs are never disabled while they hold vGPUs, under any policy.
@@ -34,5 +35,5 @@ class Policy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     in_use: InUsePolicy = InUsePolicy.PROTECT
-    prune: bool = False
+    prune: bool = True
     sriov: SriovPolicy = SriovPolicy.AUTO
