@@ -31,18 +31,25 @@ from vgpu_state.cli.session import (
 )
 from vgpu_state.executor import ApplyError, HostLock, Journal, StepResult, apply
 from vgpu_state.model.errors import SelectionError
+from vgpu_state.model.files import read_input
+from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import plan as make_plan
 from vgpu_state.planner import render_json, render_text
-
-SAVED_PLAN_KIND = "vgpu-state-saved-plan"
+from vgpu_state.planner.inuse import normalise_in_use
+from vgpu_state.planner.saved import (
+    MAX_SAVED_PLAN_BYTES,
+    check_saved_plan,
+    parse_saved_plan,
+    saved_plan_document,
+)
 
 
 def _session(args: SessionArgs, sriov_manage: str | None = None) -> Session:
     if not args.config_file:
         raise SelectionError("missing the config file: pass -f FILE or set VGPU_STATE_CONFIG_FILE")
-    return open_session(
+    s = open_session(
         args.config_file,
         args.config_name,
         args.node,
@@ -53,6 +60,9 @@ def _session(args: SessionArgs, sriov_manage: str | None = None) -> Session:
         parse_in_use(args.in_use, args.in_use_file),
         sriov_manage,
     )
+    for warning in s.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    return s
 
 
 def _warn_unfinished(journal: Journal) -> None:
@@ -101,13 +111,7 @@ def plan_cmd(
 def _save_plan(
     path: str, p: Plan, s: Session, sysfs_root: str | None, sim_spec: str | None
 ) -> None:
-    doc = {
-        "kind": SAVED_PLAN_KIND,
-        "plan": json.loads(render_json(p)),
-        "snapshot": s.snapshot.stable_view(),
-        "in_use": dict(sorted(s.in_use.items())),
-        "host": {"sim": sim_spec, "sysfs_root": sysfs_root},
-    }
+    doc = saved_plan_document(p, s.desired, s.snapshot, s.in_use, sim_spec, sysfs_root)
     Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
@@ -198,8 +202,7 @@ def apply_cmd(
     if saved_plan:
         _apply_saved(
             saved_plan,
-            session.sysfs_root,
-            session.sim_spec,
+            session,
             skip_blocked,
             journal_file,
             lock_file,
@@ -271,27 +274,19 @@ def _diff_views(saved: dict[str, Any], live: dict[str, Any]) -> list[str]:
 
 def _apply_saved(
     path: str,
-    sysfs_root: str | None,
-    sim_spec: str | None,
+    session: SessionArgs,
     skip_blocked: bool,
     journal_file: str | None,
     lock_file: str | None,
     lock_timeout: float,
     sriov_manage: str | None,
 ) -> None:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        fail(f"{path}:{e.lineno}:{e.colno}: not a saved plan: {e.msg}")
-    if not isinstance(doc, dict) or doc.get("kind") != SAVED_PLAN_KIND:
-        fail(f"{path}: not a saved plan (write one with `vgpu-state plan --out {path}`)")
-    p = Plan.model_validate(doc["plan"])
-    major = p.format_version.split(".")[0]
-    if major != "1":
-        fail(f"{path}: plan format {p.format_version} is not supported by this version")
-    recorded = doc.get("host", {})
+    saved = parse_saved_plan(read_input(path, MAX_SAVED_PLAN_BYTES, "saved plan"), path)
+    p = saved.plan
+    sim_spec, sysfs_root = session.sim_spec, session.sysfs_root
     if not sim_spec and not sysfs_root:
-        sim_spec, sysfs_root = recorded.get("sim"), recorded.get("sysfs_root")
+        sim_spec, sysfs_root = saved.sim, saved.sysfs_root
+    flagged = parse_in_use(session.in_use, session.in_use_file)
     lock = default_state_path(lock_file, "VGPU_STATE_LOCK_FILE", sim_spec, "lock")
     with HostLock(lock, lock_timeout):
         target = open_host(sysfs_root, sim_spec, p.node, sriov_manage)
@@ -303,10 +298,15 @@ def _apply_saved(
                     "nothing was changed. What moved:",
                     err=True,
                 )
-                for line in _diff_views(doc.get("snapshot", {}), snapshot.stable_view()):
+                for line in _diff_views(saved.snapshot_view, snapshot.stable_view()):
                     click.echo(f"  {line}", err=True)
                 click.echo("Run `vgpu-state plan` again.", err=True)
                 sys.exit(1)
+            live = target.cluster.with_overrides(in_use=flagged).in_use()
+            held, warnings = normalise_in_use(live, snapshot)
+            for warning in warnings:
+                click.echo(f"warning: {warning}", err=True)
+            p = check_saved_plan(saved, snapshot, held)
             print_plan_text(render_text(p))
             if p.is_converged:
                 return
@@ -315,8 +315,8 @@ def _apply_saved(
             journal = Journal(
                 default_state_path(journal_file, "VGPU_STATE_JOURNAL", sim_spec, "journal")
             )
-            held = dict(doc.get("in_use", {}))
-            ok = _run_apply(p, target.host, snapshot, held, journal, skip_blocked)
+            in_use = InUse({**saved.in_use, **held})
+            ok = _run_apply(p, target.host, snapshot, in_use, journal, skip_blocked)
             save_simulated(target)
         finally:
             close_host(target)

@@ -17,6 +17,7 @@ from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.planner.inuse import normalise_in_use
 from vgpu_state.ports import HostPort, MemoryCluster
 
 
@@ -29,6 +30,7 @@ class Session:
     in_use: InUse
     selection_detail: str
     sim_spec: str | None
+    warnings: tuple[str, ...] = ()
 
     @property
     def host(self) -> HostPort:
@@ -137,4 +139,7 @@ def open_session(
         chosen, source, detail = sel.config, sel.source, sel.detail
     snapshot = target.host.scan()
     desired = resolve(document, chosen, snapshot.gpus, node_name, source)
-    return Session(document, target, snapshot, desired, cluster.in_use(), detail, sim_spec)
+    held, warnings = normalise_in_use(cluster.in_use(), snapshot)
+    return Session(
+        document, target, snapshot, desired, InUse(held), detail, sim_spec, tuple(warnings)
+    )

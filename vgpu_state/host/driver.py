@@ -14,6 +14,7 @@ import os
 import subprocess
 from collections.abc import Callable, Sequence
 
+from vgpu_state.host.paths import SysfsPaths, UnsafePathError
 from vgpu_state.model.errors import (
     AlreadyExistsError,
     DeviceBusyError,
@@ -21,6 +22,7 @@ from vgpu_state.model.errors import (
     InterfaceMissingError,
     TypeNotCreatableError,
 )
+from vgpu_state.model.identifiers import is_uuid
 
 Writer = Callable[[str, str], None]
 """``writer(path, value)`` performs one write and raises ``OSError`` with the errno."""
@@ -63,31 +65,34 @@ def write_attribute(operation: str, path: str, value: str, writer: Writer = os_w
 
 
 def pci_device_path(root: str, address: str, *parts: str) -> str:
-    return os.path.join(root, "bus", "pci", "devices", address, *parts)
+    """``<root>/bus/pci/devices/<address>/<parts>``; refused unless ``address`` is one."""
+    return SysfsPaths(root).device("read", address, *parts)
 
 
 def create_mdev(root: str, parent: str, type_id: int, uuid: str, writer: Writer = os_write) -> None:
     """Create an mdev vGPU of ``type_id`` with ``uuid`` on ``parent`` (a VF or PF)."""
-    path = pci_device_path(root, parent, "mdev_supported_types", f"nvidia-{type_id}", "create")
+    path = SysfsPaths(root).mdev_create(parent, type_id)
+    if not is_uuid(uuid):
+        raise UnsafePathError("create", path, repr(uuid), f"{uuid!r} is not an mdev UUID")
     write_attribute("create", path, uuid, writer)
 
 
 def remove_mdev(root: str, uuid: str, writer: Writer = os_write) -> None:
     """Remove the mdev vGPU ``uuid``."""
-    path = os.path.join(root, "bus", "mdev", "devices", uuid, "remove")
-    write_attribute("remove", path, "1", writer)
+    write_attribute("remove", SysfsPaths(root).mdev_remove(uuid), "1", writer)
 
 
 def set_vf_type(root: str, vf: str, type_id: int, writer: Writer = os_write) -> None:
     """Assign vGPU type ``type_id`` to a free VF (vendor-specific VFIO layout)."""
-    path = pci_device_path(root, vf, "nvidia", "current_vgpu_type")
+    path = SysfsPaths(root).vf_type("set-type", vf)
+    if type(type_id) is not int or type_id <= 0:
+        raise UnsafePathError("set-type", path, repr(type_id), "a vGPU type id is a number > 0")
     write_attribute("set-type", path, str(type_id), writer)
 
 
 def clear_vf_type(root: str, vf: str, writer: Writer = os_write) -> None:
     """Destroy the vGPU of a VF (vendor-specific VFIO layout)."""
-    path = pci_device_path(root, vf, "nvidia", "current_vgpu_type")
-    write_attribute("clear-type", path, "0", writer)
+    write_attribute("clear-type", SysfsPaths(root).vf_type("clear-type", vf), "0", writer)
 
 
 def default_sriov_manage() -> SriovManage | None:
@@ -118,23 +123,30 @@ def enable_sriov(
     root: str, pf: str, sriov_manage: SriovManage | None = None, writer: Writer = os_write
 ) -> None:
     """Enable all VFs of ``pf``: ``sriov-manage -e`` if given, else ``sriov_numvfs``."""
+    SysfsPaths(root).device("sriov-enable", pf)
     if sriov_manage:
         run_sriov_manage(sriov_manage, "-e", pf)
         return
-    total_path = pci_device_path(root, pf, "sriov_totalvfs")
+    paths = SysfsPaths(root)
+    total_path = paths.device("sriov-enable", pf, "sriov_totalvfs")
     try:
-        with open(total_path, encoding="ascii") as f:
-            total = f.read().strip()
+        with open(total_path, "rb") as f:
+            total = f.read(64).decode("ascii", "replace").strip()
     except OSError as e:
         raise driver_error("sriov-enable", total_path, "", e.errno or errno.EIO) from e
-    write_attribute("sriov-enable", pci_device_path(root, pf, "sriov_numvfs"), total, writer)
+    if not total.isdigit():
+        raise driver_error("sriov-enable", total_path, total[:20], errno.EINVAL, "not a number")
+    numvfs = paths.device("sriov-enable", pf, "sriov_numvfs")
+    write_attribute("sriov-enable", numvfs, total, writer)
 
 
 def disable_sriov(
     root: str, pf: str, sriov_manage: SriovManage | None = None, writer: Writer = os_write
 ) -> None:
     """Disable all VFs of ``pf``: ``sriov-manage -d`` if given, else ``sriov_numvfs`` 0."""
+    SysfsPaths(root).device("sriov-disable", pf)
     if sriov_manage:
         run_sriov_manage(sriov_manage, "-d", pf)
         return
-    write_attribute("sriov-disable", pci_device_path(root, pf, "sriov_numvfs"), "0", writer)
+    path = SysfsPaths(root).device("sriov-disable", pf, "sriov_numvfs")
+    write_attribute("sriov-disable", path, "0", writer)

@@ -55,6 +55,8 @@ class Reason(StrEnum):
     LAYOUT_UNREACHABLE = "LayoutUnreachable"
     BLOCKED = "Blocked"
     PLAN_STALE = "PlanStale"
+    PLAN_INVALID = "PlanInvalid"
+    INPUT_INVALID = "InputInvalid"
     DRIVER_ERROR = "DriverError"
     DEVICE_BUSY = "DeviceBusy"
     TYPE_NOT_CREATABLE = "TypeNotCreatable"

@@ -172,7 +172,20 @@ class _Planner:
         for v in unwanted:
             address = vgpu_address(g.address, v)
             holder = self.holder(v)
-            if holder is not None:
+            if v.type_id is None and v.type_name is None:
+                problem = next((p for p in g.problems if v.key in p), "no type recorded")
+                work.blocked.append(
+                    Blocked(
+                        address=address,
+                        gpu=g.address,
+                        kind=ActionKind.DESTROY,
+                        holder=holder,
+                        reason=f"its type cannot be read ({problem}); a vGPU of unknown "
+                        "type is never destroyed",
+                    )
+                )
+                remaining.append(v)
+            elif holder is not None:
                 work.blocked.append(
                     Blocked(
                         address=address,

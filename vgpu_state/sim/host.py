@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 
 from vgpu_state.host import driver
+from vgpu_state.host.paths import SysfsPaths
 from vgpu_state.host.scan import scan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.dirtree import materialize
@@ -115,6 +116,7 @@ class SimHost:
         if self.sysfs.driver.sriov_manage_installed:
             control = os.path.join(self.root, SRIOV_MANAGE_CONTROL)
             op = "sriov-enable" if flag == "-e" else "sriov-disable"
+            SysfsPaths(self.root).device(op, pf)
             driver.write_attribute(op, control, f"{flag} {pf}", self._writer)
         elif flag == "-e":
             driver.enable_sriov(self.root, pf, None, self._writer)

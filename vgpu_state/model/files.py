@@ -1,0 +1,99 @@
+"""Reading input files that other people write: regular files only, with a size cap.
+
+Configs, saved plans, simulator specs and in-use lists are read through
+:func:`read_input`. A FIFO, a device (``/dev/zero``) or a directory is refused
+before anything is read, so no input can make vgpu-state hang or fill memory.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from vgpu_state.model.errors import Reason, UserError
+
+MiB = 1024 * 1024
+
+
+class InputFileError(UserError):
+    """An input file cannot be used: missing, not a regular file, too large, unreadable."""
+
+    default_reason = Reason.INPUT_INVALID
+
+
+def read_input(path: str, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them.
+
+    Raises :class:`InputFileError` naming the file and what is wrong with it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise InputFileError(f"{path}: cannot read the {what}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _kind(st.st_mode)
+            raise InputFileError(
+                f"{path}: the {what} must be a regular file, not {kind}"
+                + (" (use - to read standard input)" if kind == "a FIFO" else "")
+            )
+        if st.st_size > limit:
+            raise InputFileError(
+                f"{path}: the {what} is {st.st_size} bytes, more than the limit of "
+                f"{_size(limit)}"
+            )
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise InputFileError(
+                    f"{path}: the {what} is more than the limit of {_size(limit)}"
+                )
+        return b"".join(chunks)
+    except OSError as e:
+        raise InputFileError(f"{path}: cannot read the {what}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def read_stream(stream: object, limit: int, what: str, name: str = "<stdin>") -> bytes:
+    """At most ``limit`` bytes from a binary stream (standard input)."""
+    read = getattr(stream, "read")  # noqa: B009
+    data = read(limit + 1)
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if len(data) > limit:
+        raise InputFileError(f"{name}: the {what} is more than the limit of {_size(limit)}")
+    assert isinstance(data, bytes)
+    return data
+
+
+def decode_utf8(data: bytes, path: str, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(
+            f"{path}: the {what} is not UTF-8 text (invalid byte at offset {e.start})"
+        ) from None
+
+
+def _size(n: int) -> str:
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
