@@ -21,7 +21,10 @@ T4_VGPU = "9a3e5f10-4b6d-4e3c-9f20-3b4c5d6e7f80"
 def test_a_vgpu_whose_type_cannot_be_read_is_never_destroyed() -> None:
     g = build_gpu("0000:3b:00.0", "T4", vgpus=[V("T4-8C")])
     unknown = "11111111-2222-4333-8444-555555555555"
-    problem = f"/sys/bus/pci/devices/0000:3b:00.0/{unknown}/mdev_type missing: mdev {unknown} has no type"
+    problem = (
+        f"/sys/bus/pci/devices/0000:3b:00.0/{unknown}/mdev_type missing: "
+        f"mdev {unknown} has no type"
+    )
     g = g.model_copy(
         update={
             "vgpus": (*g.vgpus, Vgpu(kind="mdev", parent=g.address, uuid=unknown)),

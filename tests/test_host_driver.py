@@ -53,7 +53,8 @@ def test_operations_write_the_documented_files(tmp_path: Path) -> None:
 
 def test_missing_attribute_is_not_created(tmp_path: Path) -> None:
     with pytest.raises(InterfaceMissingError) as info:
-        driver.create_mdev(str(tmp_path), "0000:08:00.5", 746, "c728e022-f16f-434b-ad2c-9665ee634d3d")
+        uuid = "c728e022-f16f-434b-ad2c-9665ee634d3d"
+        driver.create_mdev(str(tmp_path), "0000:08:00.5", 746, uuid)
     assert info.value.errno == errno.ENOENT and "nvidia-746/create" in info.value.path
     assert not (tmp_path / "bus").exists()
 

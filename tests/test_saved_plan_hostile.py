@@ -13,7 +13,6 @@ from click.testing import CliRunner, Result
 
 from vgpu_state.cli.main import cli
 from vgpu_state.host import driver
-from vgpu_state.host.paths import UnsafePathError
 from vgpu_state.sim.host import SimHost
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,7 +62,9 @@ def refused(spec: Path, plan: Path, *fragments: str) -> Result:
     return r
 
 
-def set_action(kind: str, gpu: str | None = None, **fields: Any) -> Callable[[dict[str, Any]], None]:
+def set_action(
+    kind: str, gpu: str | None = None, **fields: Any
+) -> Callable[[dict[str, Any]], None]:
     def change(doc: dict[str, Any]) -> None:
         actions = doc["plan"]["actions"]
         for i, a in enumerate(actions):
@@ -155,14 +156,14 @@ def test_in_use_now_blocks_a_saved_destroy(saved: tuple[Path, Path]) -> None:
 
 
 def test_an_unedited_saved_plan_still_applies(saved: tuple[Path, Path]) -> None:
-    spec, plan = saved
+    _, plan = saved
     r = run("apply", str(plan))
     assert r.exit_code == 0, r.output
     assert "Apply complete: 9 done" in r.output
 
 
 def test_unknown_fields_of_a_newer_minor_version_are_ignored(saved: tuple[Path, Path]) -> None:
-    spec, plan = saved
+    _, plan = saved
 
     def newer(doc: dict[str, Any]) -> None:
         doc["plan"]["format_version"] = "1.7"
@@ -199,9 +200,8 @@ def test_malformed_saved_plans_get_one_line(tmp_path: Path, content: bytes, mess
     r = run("apply", str(plan))
     assert r.exit_code == 1
     assert message in r.stderr
-    assert "Traceback" not in r.output and r.exception is None or isinstance(
-        r.exception, SystemExit
-    )
+    assert "Traceback" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
 
 
 def test_wrong_types_in_a_saved_plan_are_named(saved: tuple[Path, Path]) -> None:
@@ -235,6 +235,8 @@ def test_a_uuid_that_walks_to_a_pci_device_remove_is_never_written(
 
 
 def test_the_driver_refuses_paths_outside_the_root(tmp_path: Path) -> None:
+    from vgpu_state.host.paths import UnsafePathError
+
     root = tmp_path / "sys"
     devices = root / "bus" / "mdev" / "devices"
     devices.mkdir(parents=True)
