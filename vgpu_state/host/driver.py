@@ -22,7 +22,7 @@ from vgpu_state.model.errors import (
     InterfaceMissingError,
     TypeNotCreatableError,
 )
-from vgpu_state.model.identifiers import is_uuid
+from vgpu_state.model.ids import is_canonical_uuid
 
 Writer = Callable[[str, str], None]
 """``writer(path, value)`` performs one write and raises ``OSError`` with the errno."""
@@ -72,7 +72,7 @@ def pci_device_path(root: str, address: str, *parts: str) -> str:
 def create_mdev(root: str, parent: str, type_id: int, uuid: str, writer: Writer = os_write) -> None:
     """Create an mdev vGPU of ``type_id`` with ``uuid`` on ``parent`` (a VF or PF)."""
     path = SysfsPaths(root).mdev_create(parent, type_id)
-    if not is_uuid(uuid):
+    if not is_canonical_uuid(uuid):
         raise UnsafePathError("create", path, repr(uuid), f"{uuid!r} is not an mdev UUID")
     write_attribute("create", path, uuid, writer)
 

@@ -13,7 +13,7 @@ import errno
 import os
 
 from vgpu_state.model.errors import DriverError
-from vgpu_state.model.identifiers import is_pci_address, is_type_id, is_uuid
+from vgpu_state.model.ids import is_canonical_uuid, is_pci_address, is_type_id
 
 
 class UnsafePathError(DriverError):
@@ -72,7 +72,7 @@ class SysfsPaths:
         )
 
     def mdev_remove(self, uuid: object) -> str:
-        if not is_uuid(uuid):
+        if not is_canonical_uuid(uuid):
             raise UnsafePathError("remove", "", repr(uuid), f"{uuid!r} is not an mdev UUID")
         assert isinstance(uuid, str)
         return self._confined("remove", "1", "bus", "mdev", "devices", uuid, "remove")

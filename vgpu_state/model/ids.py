@@ -16,3 +16,23 @@ UUID_PATTERN = re.compile(
 def is_uuid(text: str) -> bool:
     """True when ``text`` is an mdev UUID (either case)."""
     return UUID_PATTERN.match(text) is not None
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_CANONICAL_PCI = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]")
+MAX_TYPE_ID = 2**31 - 1
+
+
+def is_canonical_uuid(value: object) -> bool:
+    """An mdev UUID in the lower case the scan reports, and nothing else."""
+    return isinstance(value, str) and _CANONICAL_UUID.fullmatch(value) is not None
+
+
+def is_pci_address(value: object) -> bool:
+    """A canonical PCI address ``dddd:bb:dd.f`` (lower-case hex), and nothing else."""
+    return isinstance(value, str) and _CANONICAL_PCI.fullmatch(value) is not None
+
+
+def is_type_id(value: object) -> bool:
+    """A vGPU type id: an ``int`` (not a bool) from 0 to 2**31 - 1."""
+    return type(value) is int and 0 <= value <= MAX_TYPE_ID

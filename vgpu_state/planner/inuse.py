@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vgpu_state.model.identifiers import is_uuid
+from vgpu_state.model.ids import is_canonical_uuid
 from vgpu_state.model.pci import parse_pci_address
 from vgpu_state.model.snapshot import NodeSnapshot
 
@@ -12,7 +12,7 @@ from vgpu_state.model.snapshot import NodeSnapshot
 def normalise_key(key: str) -> str:
     """An mdev UUID in lower case, a PCI address in its canonical long form."""
     text = key.strip()
-    if is_uuid(text.lower()):
+    if is_canonical_uuid(text.lower()):
         return text.lower()
     try:
         return parse_pci_address(text)

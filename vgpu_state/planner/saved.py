@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from vgpu_state.catalog import default_catalog
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import Reason, UserError
-from vgpu_state.model.identifiers import is_pci_address, is_type_id, is_uuid
+from vgpu_state.model.ids import is_canonical_uuid, is_pci_address, is_type_id
 from vgpu_state.model.plan import PLAN_FORMAT_VERSION, Action, ActionKind, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner.plan import plan as make_plan
@@ -193,7 +193,7 @@ def action_form_problem(a: Action) -> str | None:
         value = getattr(a, name)
         if value is not None and not is_pci_address(value):
             return f"{name} {value!r} is not a PCI address"
-    if a.uuid is not None and not is_uuid(a.uuid):
+    if a.uuid is not None and not is_canonical_uuid(a.uuid):
         return f"uuid {a.uuid!r} is not an mdev UUID"
     if a.type_id is not None and not is_type_id(a.type_id):
         return f"type_id {a.type_id!r} is not a vGPU type id"
