@@ -1,0 +1,62 @@
+"""The config-directory watcher sees a ConfigMap update (an atomic ``..data`` symlink swap)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from vgpu_state.agent.configwatch import ConfigDirWatcher
+from vgpu_state.agent.queue import WorkQueue
+
+
+def write_configmap_volume(directory: Path, generation: str, text: str) -> None:
+    """Do what the kubelet does: a new timestamped dir, then rename ``..data`` over the old link."""
+    version_dir = directory / f"..2026_11_23_{generation}"
+    version_dir.mkdir()
+    (version_dir / "config.yaml").write_text(text, encoding="utf-8")
+    tmp_link = directory / "..data_tmp"
+    tmp_link.symlink_to(version_dir.name)
+    os.rename(tmp_link, directory / "..data")  # atomic replace of the symlink
+    user_link = directory / "config.yaml"
+    if not user_link.is_symlink():
+        user_link.symlink_to("..data/config.yaml")
+
+
+def test_a_symlink_swap_of_the_configmap_triggers_once(tmp_path: Path) -> None:
+    write_configmap_volume(tmp_path, "1", "version: v1\n")
+    queue = WorkQueue(settle=0.3)
+    watcher = ConfigDirWatcher(tmp_path, lambda: queue.trigger("config"), poll=0.1).start()
+    try:
+        assert watcher.wait_watching(5)
+        assert queue.get(timeout=0.3) is None, "nothing changed yet"
+        write_configmap_volume(tmp_path, "2", "version: v1\ndefault: x\n")
+        batch = queue.get(timeout=5)
+        assert batch is not None and batch.reasons == ("config",)
+        # The file read through the stable name is the new one.
+        assert (tmp_path / "config.yaml").read_text() == "version: v1\ndefault: x\n"
+        assert queue.get(timeout=0.5) is None, "one swap -> one reconcile"
+    finally:
+        watcher.stop(timeout=5)
+
+
+def test_a_directory_that_appears_later_is_watched(tmp_path: Path) -> None:
+    directory = tmp_path / "config"
+    queue = WorkQueue(settle=0.1)
+    watcher = ConfigDirWatcher(
+        directory, lambda: queue.trigger("config"), poll=0.1, retry=0.1
+    ).start()
+    try:
+        assert not watcher.wait_watching(0.3)
+        directory.mkdir()
+        assert watcher.wait_watching(5)
+        write_configmap_volume(directory, "1", "version: v1\n")
+        assert queue.get(timeout=5) is not None
+    finally:
+        watcher.stop(timeout=5)
+
+
+def test_stop_ends_the_watch_thread(tmp_path: Path) -> None:
+    watcher = ConfigDirWatcher(tmp_path, lambda: None, poll=0.1).start()
+    assert watcher.wait_watching(5)
+    watcher.stop(timeout=5)
+    assert not watcher._thread.is_alive()

@@ -1,0 +1,193 @@
+"""The kustomize base in deploy/: renders with kubectl, every manifest valid, least privilege."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+# Oldest and newest Kubernetes minor versions the manifests are checked against.
+KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")
+
+
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl is required to render deploy/ (kubectl kustomize) but is not on PATH")
+    return found
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        [kubectl(), "kustomize", str(DEPLOY)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, f"kubectl kustomize deploy/ failed:\n{proc.stderr}"
+    docs = [d for d in YAML(typ="safe").load_all(proc.stdout) if d]
+    assert docs, "kubectl kustomize deploy/ rendered nothing"
+    return docs
+
+
+def by_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def only(manifests: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(manifests, kind)
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_is_valid_against_the_kubernetes_schemas(
+    manifests: list[dict[str, Any]], version: str
+) -> None:
+    import kubernetes_validate
+
+    problems = []
+    for doc in manifests:
+        name = f"{doc['kind']}/{doc['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{name}: {str(exc).splitlines()[0]} at {list(exc.path)}")
+        except kubernetes_validate.SchemaNotFoundError:
+            problems.append(f"{name}: no schema for {doc['apiVersion']} {doc['kind']}")
+    assert not problems, "\n".join(problems)
+
+
+def test_base_holds_the_agent_and_everything_it_needs(manifests: list[dict[str, Any]]) -> None:
+    kinds = sorted(m["kind"] for m in manifests)
+    for kind in (
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "Namespace",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ):
+        assert kind in kinds
+    namespaced = [
+        m
+        for m in manifests
+        if m["kind"]
+        not in {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+    ]
+    assert {m["metadata"]["namespace"] for m in namespaced} == {"vgpu-state"}
+
+
+def rules_as_set(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_cluster_role_grants_exactly_what_the_agent_uses(manifests: list[dict[str, Any]]) -> None:
+    granted = rules_as_set(only(manifests, "ClusterRole"))
+    assert not any("*" in part for rule in granted for part in rule), "no wildcards"
+    expected = {
+        *(("", "nodes", v) for v in ("get", "list", "watch", "patch")),
+        *(("kubevirt.io", "kubevirts", v) for v in ("get", "list", "watch", "patch")),
+        *(
+            ("vgpu-state.io", "vgpunodestates", v)
+            for v in ("get", "list", "watch", "create", "update", "patch")
+        ),
+        *(("vgpu-state.io", "vgpunodestates/status", v) for v in ("get", "update", "patch")),
+        *((g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")),
+        ("", "pods", "get"),
+    }
+    assert granted == expected
+    # Leases only in the agent's namespace, through a Role.
+    role = only(manifests, "Role")
+    assert role["metadata"]["namespace"] == "vgpu-state"
+    assert {(g, r) for g, r, _ in rules_as_set(role)} == {("coordination.k8s.io", "leases")}
+    assert "delete" not in {v for _, _, v in rules_as_set(role)}
+
+
+def test_bindings_name_the_daemonsets_service_account(manifests: list[dict[str, Any]]) -> None:
+    pod = only(manifests, "DaemonSet")["spec"]["template"]["spec"]
+    account = pod["serviceAccountName"]
+    assert only(manifests, "ServiceAccount")["metadata"]["name"] == account
+    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = only(manifests, kind)
+        assert binding["roleRef"]["kind"] == role_kind
+        assert binding["roleRef"]["name"] == only(manifests, role_kind)["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": "vgpu-state"}
+        ]
+
+
+def test_daemonset_runs_the_agent_for_its_own_node(manifests: list[dict[str, Any]]) -> None:
+    pod = only(manifests, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"], "GPU nodes only"
+    (agent,) = pod["containers"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    args = agent["args"]
+    assert args[:1] == ["agent"]
+    assert args[args.index("--node") + 1] == "$(NODE_NAME)"
+    config_dir = args[args.index("--config-dir") + 1]
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    config_volume = volumes[mounts[config_dir]["name"]]
+    assert config_volume["configMap"]["name"] == only(manifests, "ConfigMap")["metadata"]["name"]
+    for host_path in (
+        "/sys",
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+        "/var/lib/vgpu-state",
+        "/run",
+    ):
+        assert host_path in mounts, f"{host_path} not mounted"
+        assert volumes[mounts[host_path]["name"]]["hostPath"]["path"] == host_path
+    assert not mounts["/var/lib/kubelet/device-plugins"].get("readOnly"), "plugin sockets"
+    assert not mounts["/sys"].get("readOnly"), "sysfs writes"
+    # Probes point at the port the agent is told to listen on.
+    listen = args[args.index("--listen") + 1]
+    port = {p["name"]: p["containerPort"] for p in agent["ports"]}
+    assert listen.endswith(f":{port['http-metrics']}")
+    assert agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_only_the_agent_container_is_privileged(manifests: list[dict[str, Any]]) -> None:
+    pod = only(manifests, "DaemonSet")["spec"]["template"]["spec"]
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    privileged = [
+        c["name"]
+        for c in pod["containers"] + pod.get("initContainers", [])
+        if c.get("securityContext", {}).get("privileged")
+    ]
+    assert privileged == ["agent"]
+
+
+def test_configmap_carries_the_default_config_and_it_validates(
+    manifests: list[dict[str, Any]],
+) -> None:
+    from vgpu_state.config.loader import load_text
+
+    data = only(manifests, "ConfigMap")["data"]
+    assert set(data) == {"config.yaml"}
+    shipped = (REPO / "configs" / "default.yaml").read_text(encoding="utf-8")
+    assert data["config.yaml"] == shipped
+    load_text(data["config.yaml"], "deploy/config.yaml")
+
+
+def test_dockerfile_installs_the_package_and_runs_the_command() -> None:
+    text = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    lines = [line.strip() for line in text.splitlines()]
+    assert any(line.startswith("FROM python:3.11") for line in lines)
+    assert any(line.startswith("RUN") and "pip install" in line for line in lines)
+    assert 'ENTRYPOINT ["vgpu-state"]' in lines

@@ -1,0 +1,81 @@
+"""Watch the config directory (a mounted ConfigMap) and report every change.
+
+Kubernetes updates a ConfigMap volume by writing a new timestamped directory
+and renaming a ``..data`` symlink over the old one; the files the agent reads
+(``config.yaml -> ..data/config.yaml``) never change in place. So the watcher
+watches the directory itself, not a file, and treats any event in it as a
+change: the reconcile re-reads the file and compares.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class ConfigDirWatcher:
+    """Call ``changed`` (from a daemon thread) after files under ``directory`` change.
+
+    ``poll``: how often the watcher checks for :meth:`stop` (seconds).
+    ``retry``: how long to wait before watching again when the directory is
+    missing or the watch fails.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        changed: Callable[[], None],
+        poll: float = 0.5,
+        retry: float = 2.0,
+    ) -> None:
+        self.directory = directory
+        self._changed = changed
+        self._poll = poll
+        self._retry = retry
+        self._stop = threading.Event()
+        self._watching = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="vgpu-state-configwatch", daemon=True
+        )
+
+    def start(self) -> ConfigDirWatcher:
+        self._thread.start()
+        return self
+
+    def wait_watching(self, timeout: float | None = None) -> bool:
+        """True once the watch is set up (changes from then on are seen)."""
+        return self._watching.wait(timeout)
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        from watchfiles import watch
+
+        while not self._stop.is_set():
+            try:
+                watcher = watch(
+                    self.directory,
+                    watch_filter=None,
+                    stop_event=self._stop,
+                    rust_timeout=int(self._poll * 1000),
+                    yield_on_timeout=True,
+                    debounce=50,
+                    step=20,
+                    raise_interrupt=False,
+                )
+                for changes in watcher:
+                    self._watching.set()
+                    if changes:
+                        log.debug("config directory %s changed: %s", self.directory, changes)
+                        self._changed()
+            except (OSError, RuntimeError) as exc:
+                log.warning("cannot watch config directory %s: %s", self.directory, exc)
+                self._watching.clear()
+                self._stop.wait(self._retry)

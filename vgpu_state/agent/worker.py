@@ -1,0 +1,141 @@
+"""The reconcile worker and the agent's shutdown.
+
+One thread takes batches from the :class:`WorkQueue` and runs one reconcile per
+batch; nothing else changes the host. On SIGTERM (or SIGINT) the worker lets
+the reconcile in progress finish its current step, runs no further ones, and
+the shutdown hooks run in order (the device plugin withdraws its devices last
+of all). The process then exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+from vgpu_state.agent.health import HealthState
+from vgpu_state.agent.queue import Batch, WorkQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one reconcile amounted to, for the probes and the log.
+
+    ``ok``: the agent did its job (converged, or reported why it could not, e.g.
+    blocked or a config error); ``False`` means the reconcile itself failed
+    and is retried.
+    """
+
+    ok: bool
+    summary: str
+
+
+# reconcile(batch, stopping): ``stopping`` is set once shutdown is requested;
+# a reconcile checks it between steps and returns early.
+Reconcile = Callable[[Batch, threading.Event], Outcome]
+
+
+class Worker:
+    """Run ``reconcile`` for every batch until :meth:`request_stop`.
+
+    ``retry_after``: a failed reconcile is tried again after this delay (doubling
+    up to ``max_retry``) unless another trigger comes first.
+    """
+
+    def __init__(
+        self,
+        queue: WorkQueue,
+        reconcile: Reconcile,
+        health: HealthState,
+        retry_after: float = 5.0,
+        max_retry: float = 300.0,
+    ) -> None:
+        self.queue = queue
+        self._reconcile = reconcile
+        self._health = health
+        self._retry_after = retry_after
+        self._max_retry = max_retry
+        self.stopping = threading.Event()
+        self._shutdown_hooks: list[tuple[str, Callable[[], None]]] = []
+        self._retry_timer: threading.Timer | None = None
+        self._failures = 0
+
+    def on_shutdown(self, name: str, hook: Callable[[], None]) -> None:
+        """Run ``hook`` after the last reconcile (hooks run in registration order)."""
+        self._shutdown_hooks.append((name, hook))
+
+    def request_stop(self, why: str = "stop requested") -> None:
+        if not self.stopping.is_set():
+            log.info("%s: finishing the current step, then stopping", why)
+        self.stopping.set()
+        self.queue.close()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the agent gracefully (main thread only)."""
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            self.request_stop(signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def run(self) -> None:
+        """Reconcile until stopped; then run the shutdown hooks. Returns normally."""
+        try:
+            while not self.stopping.is_set():
+                batch = self.queue.get()
+                if batch is None:
+                    break
+                self._run_one(batch)
+        finally:
+            self._cancel_retry()
+            self._health.worker_stopped("shutting down")
+            for name, hook in self._shutdown_hooks:
+                try:
+                    hook()
+                except Exception:  # a failing hook must not keep the others from running
+                    log.exception("shutdown step %r failed", name)
+
+    def _run_one(self, batch: Batch) -> None:
+        self._cancel_retry()
+        self._health.reconcile_started()
+        started = time.monotonic()
+        try:
+            outcome = self._reconcile(batch, self.stopping)
+        except Exception as exc:  # the agent must outlive any one reconcile
+            log.exception("reconcile failed")
+            outcome = Outcome(False, f"reconcile failed: {exc}")
+        took = time.monotonic() - started
+        self._health.reconcile_finished(outcome.ok, outcome.summary)
+        log.info(
+            "reconcile (%s; %d trigger(s)) took %.3f s: %s",
+            ", ".join(batch.reasons),
+            batch.count,
+            took,
+            outcome.summary,
+        )
+        if outcome.ok:
+            self._failures = 0
+        else:
+            self._failures += 1
+            self._schedule_retry()
+
+    def _schedule_retry(self) -> None:
+        if self.stopping.is_set():
+            return
+        delay = min(self._retry_after * 2 ** (self._failures - 1), self._max_retry)
+        timer = threading.Timer(delay, self.queue.trigger, args=("retry",))
+        timer.daemon = True
+        timer.start()
+        self._retry_timer = timer
+
+    def _cancel_retry(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
