@@ -50,6 +50,8 @@ def test_the_package_keeps_every_contract() -> None:
         ("config/loader.py", "import watchfiles", "Pure core never imports I/O libraries"),
         ("executor/journal.py", "import kubernetes", "only in their adapter packages"),
         ("config/selection.py", "import vgpu_state.testing", "never imports the test fakes"),
+        ("dra/slices.py", "import grpc", "DRA pool, claims and prepare code load neither"),
+        ("dra/claims.py", "import vgpu_state.kube", "Layers point down"),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

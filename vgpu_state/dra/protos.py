@@ -1,0 +1,55 @@
+"""Generate the checked-in Python stubs of the kubelet's DRA and registration APIs.
+
+``python -m vgpu_state.dra.protos`` rewrites them in place from the ``.proto``
+files next to them; the test suite regenerates them into a temporary directory
+and fails when they differ. Generation needs ``grpcio-tools`` (a test
+dependency), never the plugin itself.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_ROOT = PACKAGE_DIR.parent.parent
+PROTOS = (
+    Path("vgpu_state/dra/pluginregistration/api.proto"),
+    Path("vgpu_state/dra/v1/api.proto"),
+    Path("vgpu_state/dra/v1beta1/api.proto"),
+)
+GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+
+
+def generate(out_dir: Path) -> dict[Path, str]:
+    """Run protoc (grpcio-tools) on every ``.proto``; generated text by repository path."""
+    from grpc_tools import protoc  # type: ignore[import-untyped]
+
+    found: dict[Path, str] = {}
+    for proto in PROTOS:
+        args = [
+            "grpc_tools.protoc",
+            f"-I{SOURCE_ROOT}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            str(proto),
+        ]
+        status = protoc.main(args)
+        if status != 0:
+            raise RuntimeError(f"protoc failed with status {status} on {proto}")
+        for name in GENERATED:
+            found[proto.parent / name] = (out_dir / proto.parent / name).read_text(encoding="utf-8")
+    return found
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        files = generate(Path(tmp))
+    for path, text in files.items():
+        (SOURCE_ROOT / path).write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
