@@ -51,7 +51,7 @@ def test_the_package_keeps_every_contract() -> None:
         ("executor/journal.py", "import kubernetes", "only in their adapter packages"),
         ("config/selection.py", "import vgpu_state.testing", "never imports the test fakes"),
         ("dra/slices.py", "import grpc", "DRA pool, claims and prepare code load neither"),
-        ("dra/claims.py", "import vgpu_state.kube", "Layers point down"),
+        ("dra/claims.py", "import vgpu_state.executor", "Layers point down"),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(
