@@ -17,11 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vgpu_state.config import load_file, resolve
-from vgpu_state.executor import Journal, apply
+import vgpu_state.reconcile.once
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import FileConfigSource
+from vgpu_state.executor import ApplyResult, Journal
 from vgpu_state.host import SysfsHost
-from vgpu_state.planner import plan as make_plan
-from vgpu_state.ports import HostPort
+from vgpu_state.model.plan import Plan
+from vgpu_state.ports import HostPort, MemoryCluster
+from vgpu_state.reconcile import Mode, Ports, QuietReporter, Settings, reconcile_once
 from vgpu_state.sim.fuse import fuse_unavailable_reason, mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
@@ -68,22 +71,42 @@ class TimedJournal(Journal):
         try:
             super().append(record)
         finally:
-            self.seconds += time.perf_counter() - started
+            TimedJournal.seconds += time.perf_counter() - started
+
+
+class Stopwatch(QuietReporter):
+    """Times the apply step of the reconcile: from its first action to its end."""
+
+    def __init__(self, host: TimedHost) -> None:
+        self.host = host
+        self.host_seconds = 0.0
+        self.journal_seconds = 0.0
+
+    def applying(self, plan: Plan) -> None:
+        self.host.seconds = 0.0
+        TimedJournal.seconds = 0.0
+
+    def applied(self, plan: Plan, result: ApplyResult) -> None:
+        self.host_seconds = self.host.seconds
+        self.journal_seconds = TimedJournal.seconds
 
 
 def run(host: HostPort, journal_dir: str, workdir: Path) -> tuple[int, float, float, float]:
     config = workdir / "layout.yaml"
     config.write_text(LAYOUT)
-    snapshot = host.scan()
-    desired = resolve(load_file(config), "bench", snapshot.gpus, snapshot.node, "flag")
-    p = make_plan(desired, snapshot, {})
     timed = TimedHost(host)
+    watch = Stopwatch(timed)
+    # The reconcile opens its journal itself; time that journal's writes.
+    setattr(vgpu_state.reconcile.once, "Journal", TimedJournal)  # noqa: B010
     with tempfile.TemporaryDirectory(dir=journal_dir) as d:
-        journal = TimedJournal(Path(d) / "journal.jsonl")
-        started = time.perf_counter()
-        apply(p, timed, journal=journal, snapshot=snapshot)
-        total = time.perf_counter() - started
-    return len(p.actions), total, timed.seconds, journal.seconds
+        settings = Settings(catalog=default_catalog(), journal_path=Path(d) / "journal.jsonl")
+        ports = Ports(timed, MemoryCluster("bench"), FileConfigSource(config))
+        report = reconcile_once(
+            ports, settings, mode=Mode.APPLY, config_name="bench", reporter=watch
+        )
+    assert report.applied is not None and report.converged
+    total = report.applied.seconds
+    return len(report.plan.actions), total, watch.host_seconds, watch.journal_seconds
 
 
 def report(label: str, actions: int, total: float, host: float, journal: float) -> bool:

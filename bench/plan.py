@@ -23,10 +23,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vgpu_state.config import load_text, resolve
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import plan
+from vgpu_state.ports import MemoryCluster
+from vgpu_state.reconcile import Ports, Settings, gather
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
 
@@ -98,10 +101,12 @@ def config_text(case: Case) -> str:
 
 
 def inputs(case: Case) -> tuple[DesiredState, NodeSnapshot]:
-    with SimHost(parse_spec(spec_text(case))) as host:
-        snapshot = host.scan()
+    """The plan's inputs, gathered as a reconcile gathers them."""
     document = load_text(config_text(case), "bench.yaml")
-    return resolve(document, "change", snapshot.gpus, "bench", "flag"), snapshot
+    with SimHost(parse_spec(spec_text(case)), in_memory=True) as host:
+        ports = Ports(host, MemoryCluster("bench"), StaticConfigSource(document))
+        gathered = gather(ports, Settings(catalog=default_catalog()), "change")
+    return gathered.desired, gathered.snapshot
 
 
 def measure_plan(case: Case) -> tuple[float, int, int]:

@@ -14,17 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_state.config import load_file, resolve
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import FileConfigSource
 from vgpu_state.executor import ApplyError, Journal, apply
 from vgpu_state.host import SysfsHost
 from vgpu_state.model.errors import DeviceBusyError, InterfaceMissingError, TypeNotCreatableError
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner import plan as make_plan
 from vgpu_state.ports import HostPort
+from vgpu_state.reconcile import Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.node import held_vgpus
 from vgpu_state.sim.spec import load_spec
+from vgpu_state.testing import FakeCluster
 
 SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
 HOSTS = ["sim", pytest.param("fuse", marks=[pytest.mark.fuse])]
@@ -49,9 +51,8 @@ def open_host(kind: str, spec: Path, tmp_path: Path) -> Iterator[HostPort]:
 def plan_for(host: HostPort, layout: str, tmp_path: Path, in_use: dict[str, str]) -> Plan:
     config = tmp_path / "layout.yaml"
     config.write_text("version: v1\npolicy: {prune: true}\nvgpu-configs:\n  layout:\n" + layout)
-    snapshot = host.scan()
-    desired = resolve(load_file(config), "layout", snapshot.gpus, snapshot.node, "flag")
-    return make_plan(desired, snapshot, in_use)
+    ports = Ports(host, FakeCluster(host.scan().node, in_use=in_use), FileConfigSource(config))
+    return reconcile_once(ports, Settings(catalog=default_catalog()), config_name="layout").plan
 
 
 def layout_of(snapshot: NodeSnapshot) -> dict[str, Counter[str | None]]:

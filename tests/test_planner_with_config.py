@@ -6,9 +6,11 @@ import pytest
 
 from tests.builders import NODE, V, build_gpu, build_snapshot
 from tests.test_planner_table import compact
-from vgpu_state.config import load_text, resolve
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner import plan
+from vgpu_state.reconcile import Ports, Report, Settings, reconcile_once
+from vgpu_state.testing import FakeCluster, FixedHost
 
 # A2 and A16 share device id 0x25b6; the subsystem id tells them apart.
 MULTI_MODEL = """\
@@ -37,6 +39,12 @@ vgpu-configs:
     - devices: all
       vgpu-devices: {A2-16Q: 1}
 """
+
+
+def planned(text: str, snapshot: NodeSnapshot, config: str) -> Report:
+    """Plan ``config`` of ``text`` for a node that scans as ``snapshot``."""
+    ports = Ports(FixedHost(snapshot), FakeCluster(NODE), StaticConfigSource(load_text(text, "m")))
+    return reconcile_once(ports, Settings(catalog=default_catalog()), config_name=config)
 
 
 def node() -> NodeSnapshot:
@@ -71,21 +79,17 @@ def node() -> NodeSnapshot:
 def test_config_selection_drives_the_plan(
     config: str, expected: list[str], unmanaged: list[str]
 ) -> None:
-    doc = load_text(MULTI_MODEL, "multi.yaml")
-    snapshot = node()
-    d = resolve(doc, config, snapshot.gpus, NODE, "flag")
-    assert list(d.unmanaged) == unmanaged
-    assert compact(plan(d, snapshot)) == expected
+    report = planned(MULTI_MODEL, node(), config)
+    assert list(report.inputs.desired.unmanaged) == unmanaged
+    assert compact(report.plan) == expected
 
 
 def test_unmanaged_gpu_with_vgpus_is_left_alone() -> None:
-    doc = load_text(MULTI_MODEL, "multi.yaml")
     snapshot = build_snapshot(
         build_gpu("0000:08:00.0", "A2"),
         build_gpu("0000:3b:00.0", "T4", vgpus=[V("T4-1Q"), V("T4-1Q")]),
     )
-    d = resolve(doc, "a2-only", snapshot.gpus, NODE, "flag")
-    p = plan(d, snapshot)
+    p = planned(MULTI_MODEL, snapshot, "a2-only").plan
     assert compact(p) == ["+A2-16Q@08:00.4"]
     t4 = next(g for g in p.gpus if g.address == "0000:3b:00.0")
     assert (t4.managed, t4.kept) == (False, 2)
@@ -103,7 +107,4 @@ def test_unmanaged_gpu_with_vgpus_is_left_alone() -> None:
 )
 def test_config_policy_reaches_the_plan(policy_line: str, expected: list[str]) -> None:
     text = MULTI_MODEL.replace("policy: {prune: true}\n", policy_line)
-    doc = load_text(text, "multi.yaml")
-    snapshot = node()
-    d = resolve(doc, "a2-only", snapshot.gpus, NODE, "flag")
-    assert compact(plan(d, snapshot)) == expected
+    assert compact(planned(text, node(), "a2-only").plan) == expected

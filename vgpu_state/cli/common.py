@@ -12,7 +12,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
-from vgpu_state.model.errors import ConfigError, VgpuStateError
+from vgpu_state.model.errors import ConfigError, Reason, VgpuStateError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -22,6 +22,14 @@ def fail(message: str) -> NoReturn:
     """Print ``error: message`` on stderr and exit 1."""
     click.echo(f"error: {message}", err=True)
     sys.exit(1)
+
+
+# What a flag of this command can do about an error (lower layers never name flags).
+FLAG_HINTS: dict[Reason, str] = {
+    Reason.NO_CONFIG_SELECTED: "or pass -c NAME",
+    Reason.LOCKED: "or raise --lock-timeout",
+    Reason.BLOCKED: "or pass --skip-blocked to apply the rest",
+}
 
 
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -36,7 +44,8 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
                 click.echo(str(issue), err=True)
             sys.exit(1)
         except VgpuStateError as e:
-            fail(str(e))
+            hint = FLAG_HINTS.get(e.reason)
+            fail(f"{e} ({hint})" if hint else str(e))
         except OSError as e:
             fail(f"{e.filename or ''}: {e.strerror}" if e.filename else str(e))
 

@@ -6,9 +6,8 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
 
@@ -22,47 +21,60 @@ from vgpu_state.cli.common import (
 )
 from vgpu_state.cli.output import console, print_plan_text
 from vgpu_state.cli.session import (
-    Session,
-    close_host,
-    default_state_path,
+    Target,
+    journal_for,
     open_host,
-    open_session,
-    save_simulated,
+    ports,
+    settings,
 )
-from vgpu_state.executor import ApplyError, HostLock, Journal, StepResult, apply
-from vgpu_state.model.errors import SelectionError
+from vgpu_state.executor import ApplyError, ApplyResult, Journal, StepResult
+from vgpu_state.model.errors import SelectionError, StalePlanError
 from vgpu_state.model.files import read_input
-from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner import plan as make_plan
 from vgpu_state.planner import render_json, render_text
-from vgpu_state.planner.inuse import normalise_in_use
-from vgpu_state.planner.saved import (
-    MAX_SAVED_PLAN_BYTES,
-    check_saved_plan,
-    parse_saved_plan,
-    saved_plan_document,
+from vgpu_state.planner.saved import MAX_SAVED_PLAN_BYTES, parse_saved_plan, saved_plan_document
+from vgpu_state.reconcile import (
+    Mode,
+    QuietReporter,
+    Report,
+    apply_saved,
+    reconcile_once,
 )
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def _session(args: SessionArgs, sriov_manage: str | None = None) -> Session:
+
+def _open(args: SessionArgs, sriov_manage: str | None = None) -> Target:
     if not args.config_file:
         raise SelectionError("missing the config file: pass -f FILE or set VGPU_STATE_CONFIG_FILE")
-    s = open_session(
+    return open_host(args.sysfs_root, args.sim_spec, args.node, sriov_manage)
+
+
+def _reconcile(
+    args: SessionArgs,
+    target: Target,
+    journal_file: str | None,
+    mode: Mode = Mode.PLAN,
+    **kwargs: Any,
+) -> Report:
+    """One reconcile of the node named by the selection options."""
+    assert args.config_file is not None
+    node_ports = ports(
+        target,
         args.config_file,
-        args.config_name,
-        args.node,
         parse_labels(args.labels),
-        args.label_key,
-        args.sysfs_root,
-        args.sim_spec,
         parse_in_use(args.in_use, args.in_use_file),
-        sriov_manage,
     )
-    for warning in s.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    return s
+    kwargs.setdefault("reporter", _Warnings())
+    return reconcile_once(
+        node_ports,
+        settings(args.label_key, args.sim_spec, journal_file, **kwargs.pop("settings", {})),
+        mode=mode,
+        config_name=args.config_name,
+        **kwargs,
+    )
 
 
 def _warn_unfinished(journal: Journal) -> None:
@@ -89,86 +101,107 @@ def plan_cmd(
     journal_file: str | None,
 ) -> None:
     """Show what apply would change: the minimal, safe diff. Changes nothing."""
-    s = _session(session)
+    target = _open(session)
     try:
-        _warn_unfinished(s.journal(journal_file))
-        p = make_plan(s.desired, s.snapshot, s.in_use)
+        _warn_unfinished(journal_for(journal_file, session.sim_spec))
+        report = _reconcile(session, target, journal_file)
+        p = report.plan
         if output == "json":
             sys.stdout.write(render_json(p))
         else:
             print_plan_text(render_text(p))
         if out_file:
-            _save_plan(out_file, p, s, session.sysfs_root, session.sim_spec)
+            _save_plan(out_file, report, session.sysfs_root, session.sim_spec)
             if output == "text":
                 click.echo(f"\nSaved the plan to {out_file}. Apply exactly it with:")
                 click.echo(f"  vgpu-state apply {out_file}")
     finally:
-        s.close()
+        target.close()
     if detailed_exitcode and not p.is_converged:
         sys.exit(2)
 
 
-def _save_plan(
-    path: str, p: Plan, s: Session, sysfs_root: str | None, sim_spec: str | None
-) -> None:
-    doc = saved_plan_document(p, s.desired, s.snapshot, s.in_use, sim_spec, sysfs_root)
+def _save_plan(path: str, report: Report, sysfs_root: str | None, sim_spec: str | None) -> None:
+    i = report.inputs
+    doc = saved_plan_document(report.plan, i.desired, i.snapshot, i.in_use, sim_spec, sysfs_root)
     Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
-def _progress(out: Any) -> Any:
-    from rich.text import Text
+class _Warnings(QuietReporter):
+    """Prints the reconcile's warnings on stderr."""
 
-    marks = {"ok": ("✓", "green"), "skipped": ("=", "cyan"), "failed": ("✗", "bold red")}
+    def warning(self, message: str) -> None:
+        click.echo(f"warning: {message}", err=True)
 
-    def report(a: Action, r: StepResult) -> None:
-        mark, style = marks.get(r.outcome, ("?", ""))
-        extra = " (already done)" if r.outcome == "skipped" else ""
+
+class _ApplyOutput(_Warnings):
+    """Renders an apply with rich: the plan, one line per step, a summary."""
+
+    MARKS: ClassVar[dict[str, tuple[str, str]]] = {
+        "ok": ("✓", "green"),
+        "skipped": ("=", "cyan"),
+        "failed": ("✗", "bold red"),
+    }
+
+    def __init__(self, out: Console) -> None:
+        self.out = out
+
+    def planned(self, plan: Plan) -> None:
+        print_plan_text(render_text(plan))
+
+    def applying(self, plan: Plan) -> None:
+        self.out.print("\nApplying:")
+
+    def step(self, action: Action, result: StepResult) -> None:
+        from rich.text import Text
+
+        mark, style = self.MARKS.get(result.outcome, ("?", ""))
+        extra = " (already done)" if result.outcome == "skipped" else ""
         line = Text("  ")
         line.append(mark, style=style)
+        type_name = f" {action.type_name}" if action.type_name else ""
         line.append(
-            f" {a.kind.value} {a.address}{' ' + a.type_name if a.type_name else ''}{extra}"
-            f"  {r.seconds * 1000:.1f} ms"
+            f" {action.kind.value} {action.address}{type_name}{extra}"
+            f"  {result.seconds * 1000:.1f} ms"
         )
-        out.print(line)
+        self.out.print(line)
 
-    return report
-
-
-def _run_apply(
-    p: Plan,
-    host: Any,
-    snapshot: NodeSnapshot,
-    in_use: Mapping[str, str],
-    journal: Journal,
-    skip_blocked: bool,
-) -> bool:
-    """Run the plan, print progress and a summary; True when the node converged."""
-    out = console()
-    out.print("\nApplying:")
-    try:
-        result = apply(
-            p,
-            host,
-            journal=journal,
-            in_use=in_use,
-            skip_blocked=skip_blocked,
-            progress=_progress(out),
-            snapshot=snapshot,
+    def applied(self, plan: Plan, result: ApplyResult) -> None:
+        c = result.counts
+        self.out.print(
+            f"\n[bold]Apply complete[/]: {c['ok']} done, {c['skipped']} already done, "
+            f"{len(plan.blocked)} blocked, in {result.seconds:.2f} s."
         )
-    except ApplyError as e:
-        click.echo(f"\nerror: {e}", err=True)
-        if e.not_run:
-            click.echo("not run:", err=True)
-            for a in e.not_run:
-                click.echo(f"  {a.kind.value} {a.address}", err=True)
-        click.echo("Run `vgpu-state plan` to see the remaining work.", err=True)
-        return False
-    c = result.counts
-    out.print(
-        f"\n[bold]Apply complete[/]: {c['ok']} done, {c['skipped']} already done, "
-        f"{len(p.blocked)} blocked, in {result.seconds:.2f} s."
-    )
-    return not p.blocked
+
+
+def _report_apply_error(e: ApplyError) -> None:
+    click.echo(f"\nerror: {e}", err=True)
+    if e.not_run:
+        click.echo("not run:", err=True)
+        for a in e.not_run:
+            click.echo(f"  {a.kind.value} {a.address}", err=True)
+    click.echo("Run `vgpu-state plan` to see the remaining work.", err=True)
+
+
+def _confirm(auto_approve: bool, skip_blocked: bool) -> Any:
+    """The CLI's gate: refuse blocked plans without --skip-blocked, then ask."""
+
+    def gate(p: Plan) -> bool:
+        if p.blocked and not skip_blocked:
+            fail(
+                f"{len(p.blocked)} item(s) are blocked; nothing was changed. Resolve them "
+                "or pass --skip-blocked to apply the rest"
+            )
+        if not p.actions:
+            fail("nothing can be applied: every change is blocked")
+        if not auto_approve:
+            if not sys.stdin.isatty():
+                fail("refusing to apply without confirmation: no terminal; pass --auto-approve")
+            if not click.confirm("\nApply these changes?", default=False):
+                fail("apply cancelled; nothing was changed")
+        return True
+
+    return gate
 
 
 @click.command("apply")
@@ -210,71 +243,49 @@ def apply_cmd(
             sriov_manage,
         )
         return
-    lock = default_state_path(lock_file, "VGPU_STATE_LOCK_FILE", session.sim_spec, "lock")
-    with HostLock(lock, lock_timeout):
-        s = _session(session, sriov_manage)
+    target = _open(session, sriov_manage)
+    try:
+        _warn_unfinished(journal_for(journal_file, session.sim_spec))
         try:
-            journal = s.journal(journal_file)
-            _warn_unfinished(journal)
-            p = make_plan(s.desired, s.snapshot, s.in_use)
-            print_plan_text(render_text(p))
-            if not p.actions and (skip_blocked or not p.blocked):
-                _settle_unfinished(p, s, journal)
-            if p.is_converged:
-                return
-            if p.blocked and not skip_blocked:
-                fail(
-                    f"{len(p.blocked)} item(s) are blocked; nothing was changed. Resolve them "
-                    "or pass --skip-blocked to apply the rest"
-                )
-            if not p.actions:
-                fail("nothing can be applied: every change is blocked")
-            if not auto_approve:
-                if not sys.stdin.isatty():
-                    fail("refusing to apply without confirmation: no terminal; pass --auto-approve")
-                if not click.confirm("\nApply these changes?", default=False):
-                    fail("apply cancelled; nothing was changed")
-            ok = _run_apply(p, s.host, s.snapshot, s.in_use, journal, skip_blocked)
-            s.save_sim()
-        finally:
-            s.close()
-    if not ok:
-        sys.exit(1)
-
-
-def _settle_unfinished(p: Plan, s: Session, journal: Journal) -> None:
-    """Nothing left to run: journal an empty apply so interrupted plans count as finished."""
-    if journal.unfinished():
-        apply(p, s.host, journal=journal, in_use=s.in_use, skip_blocked=True, snapshot=s.snapshot)
-
-
-def _diff_views(saved: dict[str, Any], live: dict[str, Any]) -> list[str]:
-    def index(view: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        return {g["address"]: g for g in view.get("gpus", [])}
-
-    a, b = index(saved), index(live)
-    lines: list[str] = []
-    for address in sorted(set(a) | set(b)):
-        old, new = a.get(address), b.get(address)
-        if old is None or new is None:
-            lines.append(f"gpu[{address}] {'appeared' if old is None else 'disappeared'}")
-            continue
-        if old["sriov_numvfs"] != new["sriov_numvfs"]:
-            lines.append(
-                f"gpu[{address}] sriov_numvfs {old['sriov_numvfs']} -> {new['sriov_numvfs']}"
+            report = _reconcile(
+                session,
+                target,
+                journal_file,
+                Mode.APPLY,
+                settings={"lock_file": lock_file, "lock_timeout": lock_timeout},
+                skip_blocked=skip_blocked,
+                gate=_confirm(auto_approve, skip_blocked),
+                reporter=_ApplyOutput(console()),
             )
-        before = {tuple(v) for v in old["vgpus"]}
-        after = {tuple(v) for v in new["vgpus"]}
-        for v in sorted(after - before):
-            lines.append(f"gpu[{address}] + vGPU {v[2] or v[1]} ({v[4]}) appeared")
-        for v in sorted(before - after):
-            lines.append(f"gpu[{address}] - vGPU {v[2] or v[1]} ({v[4]}) disappeared")
-    return lines
+        except ApplyError as e:
+            _report_apply_error(e)
+            target.save()
+            sys.exit(1)
+        if report.applied is not None and report.applied.steps:
+            target.save()
+    finally:
+        target.close()
+    p = report.plan
+    if report.applied is None or not report.applied.steps:
+        if p.blocked:
+            fail("nothing can be applied: every change is blocked")
+        return
+    _exit_unless_converged(report)
+
+
+def _exit_unless_converged(report: Report) -> None:
+    if report.converged:
+        return
+    if not report.plan.blocked:
+        click.echo("error: the node does not match the plan after applying:", err=True)
+        for line in report.differences:
+            click.echo(f"  {line}", err=True)
+    sys.exit(1)
 
 
 def _apply_saved(
     path: str,
-    session: SessionArgs,
+    args: SessionArgs,
     skip_blocked: bool,
     journal_file: str | None,
     lock_file: str | None,
@@ -282,45 +293,37 @@ def _apply_saved(
     sriov_manage: str | None,
 ) -> None:
     saved = parse_saved_plan(read_input(path, MAX_SAVED_PLAN_BYTES, "saved plan"), path)
-    p = saved.plan
-    sim_spec, sysfs_root = session.sim_spec, session.sysfs_root
+    sim_spec, sysfs_root = args.sim_spec, args.sysfs_root
     if not sim_spec and not sysfs_root:
         sim_spec, sysfs_root = saved.sim, saved.sysfs_root
-    flagged = parse_in_use(session.in_use, session.in_use_file)
-    lock = default_state_path(lock_file, "VGPU_STATE_LOCK_FILE", sim_spec, "lock")
-    with HostLock(lock, lock_timeout):
-        target = open_host(sysfs_root, sim_spec, p.node, sriov_manage)
+    flagged = parse_in_use(args.in_use, args.in_use_file)
+    s = settings(args.label_key, sim_spec, journal_file, lock_file, lock_timeout)
+    target = open_host(sysfs_root, sim_spec, saved.plan.node, sriov_manage)
+    try:
         try:
-            snapshot = target.host.scan()
-            if snapshot.fingerprint() != p.snapshot_fingerprint:
-                click.echo(
-                    "error: saved plan is stale: the host changed after the plan was made; "
-                    "nothing was changed. What moved:",
-                    err=True,
-                )
-                for line in _diff_views(saved.snapshot_view, snapshot.stable_view()):
-                    click.echo(f"  {line}", err=True)
-                click.echo("Run `vgpu-state plan` again.", err=True)
-                sys.exit(1)
-            live = target.cluster.with_overrides(in_use=flagged).in_use()
-            held, warnings = normalise_in_use(live, snapshot)
-            for warning in warnings:
-                click.echo(f"warning: {warning}", err=True)
-            p = check_saved_plan(saved, snapshot, held)
-            print_plan_text(render_text(p))
-            if p.is_converged:
-                return
-            if p.blocked and not skip_blocked:
-                fail(f"{len(p.blocked)} item(s) are blocked; pass --skip-blocked to apply the rest")
-            journal = Journal(
-                default_state_path(journal_file, "VGPU_STATE_JOURNAL", sim_spec, "journal")
+            p, result = apply_saved(
+                target.host,
+                target.cluster.with_overrides(in_use=flagged),
+                s,
+                saved,
+                skip_blocked=skip_blocked,
+                reporter=_ApplyOutput(console()),
             )
-            in_use = InUse({**saved.in_use, **held})
-            ok = _run_apply(p, target.host, snapshot, in_use, journal, skip_blocked)
-            save_simulated(target)
-        finally:
-            close_host(target)
-    if not ok:
+        except StalePlanError as e:
+            click.echo(f"error: {e}. What moved:", err=True)
+            for line in e.changes:
+                click.echo(f"  {line}", err=True)
+            click.echo("Run `vgpu-state plan` again.", err=True)
+            sys.exit(1)
+        except ApplyError as e:
+            _report_apply_error(e)
+            target.save()
+            sys.exit(1)
+        if result is not None:
+            target.save()
+    finally:
+        target.close()
+    if result is not None and p.blocked:
         sys.exit(1)
 
 
@@ -330,35 +333,19 @@ def _apply_saved(
 @handle_errors
 def assert_cmd(session: SessionArgs, journal_file: str | None) -> None:
     """Exit 0 when the node matches the selected config, 1 otherwise (listing differences)."""
-    s = _session(session)
+    target = _open(session)
     try:
-        _warn_unfinished(s.journal(journal_file))
-        differences = []
-        for dg in s.desired.gpus:
-            g = s.snapshot.gpu(dg.address)
-            live = Counter(v.type_name or f"type id {v.type_id}" for v in (g.vgpus if g else ()))
-            want = Counter({n: c for n, c in dg.types if c})
-            for name in sorted(set(live) | set(want)):
-                if live[name] < want[name]:
-                    differences.append(
-                        f"gpu[{dg.address}]: {want[name] - live[name]} × {name} missing "
-                        f"(want {want[name]}, have {live[name]})"
-                    )
-                elif live[name] > want[name]:
-                    differences.append(
-                        f"gpu[{dg.address}]: {live[name] - want[name]} × {name} not wanted "
-                        f"(want {want[name]}, have {live[name]})"
-                    )
+        _warn_unfinished(journal_for(journal_file, session.sim_spec))
+        report = _reconcile(session, target, journal_file)
     finally:
-        s.close()
-    if differences:
-        click.echo(
-            f'Assertion failure: the node does not match configuration "{s.desired.config}":'
-        )
-        for line in differences:
+        target.close()
+    config = report.inputs.desired.config
+    if report.differences:
+        click.echo(f'Assertion failure: the node does not match configuration "{config}":')
+        for line in report.differences:
             click.echo(f"  {line}")
         sys.exit(1)
-    click.echo(f'The node matches configuration "{s.desired.config}" ({s.selection_detail}).')
+    click.echo(f'The node matches configuration "{config}" ({report.inputs.detail}).')
 
 
 def export_document(snapshot: NodeSnapshot, name: str) -> dict[str, Any]:
@@ -393,7 +380,7 @@ def export_cmd(
     try:
         snapshot = target.host.scan()
     finally:
-        close_host(target)
+        target.close()
     doc = export_document(snapshot, config_name)
     skipped = sum(1 for g in snapshot.gpus for v in g.vgpus if not v.type_name)
     if skipped:
@@ -417,7 +404,7 @@ def export_cmd(
 @handle_errors
 def history_cmd(journal_file: str | None, sim_spec: str | None, count: int, verbose: bool) -> None:
     """Print the journal of past applies, newest last."""
-    journal = Journal(default_state_path(journal_file, "VGPU_STATE_JOURNAL", sim_spec, "journal"))
+    journal = journal_for(journal_file, sim_spec)
     plans: dict[str, dict[str, Any]] = {}
     for r in journal.records():
         pid = str(r.get("plan_id"))

@@ -1,4 +1,4 @@
-"""One CLI invocation's view of the world: config, selection, host, in-use, desired state."""
+"""One CLI invocation's node: its ports and settings, built from flags and environment."""
 
 from __future__ import annotations
 
@@ -9,41 +9,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vgpu_state.config import load_file, load_text, resolve, select
-from vgpu_state.config.document import ConfigDocument
-from vgpu_state.executor import Journal, journal_path, lock_path
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import StaticConfigSource, load_text
+from vgpu_state.config.source import FileConfigSource
+from vgpu_state.executor import DEFAULT_JOURNAL, DEFAULT_LOCK, Journal
 from vgpu_state.host import SysfsHost
-from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import SelectionError
-from vgpu_state.model.inuse import InUse
-from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner.inuse import normalise_in_use
-from vgpu_state.ports import HostPort, MemoryCluster
+from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster
+from vgpu_state.reconcile import Ports, Settings
 
-
-@dataclass
-class Session:
-    document: ConfigDocument
-    target: Target
-    snapshot: NodeSnapshot
-    desired: DesiredState
-    in_use: InUse
-    selection_detail: str
-    sim_spec: str | None
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def host(self) -> HostPort:
-        return self.target.host
-
-    def journal(self, explicit: str | None) -> Journal:
-        return Journal(default_state_path(explicit, "VGPU_STATE_JOURNAL", self.sim_spec, "journal"))
-
-    def save_sim(self) -> None:
-        self.target.save()
-
-    def close(self) -> None:
-        self.target.close()
+ENV_JOURNAL = "VGPU_STATE_JOURNAL"
+ENV_LOCK = "VGPU_STATE_LOCK_FILE"
 
 
 @dataclass
@@ -64,21 +40,21 @@ def _nothing() -> None:
     return None
 
 
-def save_simulated(target: Target) -> None:
-    target.save()
-
-
-def close_host(target: Target) -> None:
-    target.close()
-
-
-def default_state_path(explicit: str | None, env: str, sim_spec: str | None, kind: str) -> Path:
+def default_state_path(explicit: str | None, sim_spec: str | None, kind: str) -> Path:
     """Journal and lock: flag, then env, then beside the sim spec, then the host default."""
-    if sim_spec and not explicit and not os.environ.get(env):
+    env = ENV_JOURNAL if kind == "journal" else ENV_LOCK
+    chosen = explicit or os.environ.get(env)
+    if chosen:
+        return Path(chosen)
+    if sim_spec:
         spec = Path(sim_spec)
         suffix = ".journal.jsonl" if kind == "journal" else ".lock"
         return spec.with_name(spec.name + suffix)
-    return journal_path(explicit) if kind == "journal" else lock_path(explicit)
+    return Path(DEFAULT_JOURNAL if kind == "journal" else DEFAULT_LOCK)
+
+
+def journal_for(explicit: str | None, sim_spec: str | None) -> Journal:
+    return Journal(default_state_path(explicit, sim_spec, "journal"))
 
 
 def open_host(
@@ -109,37 +85,36 @@ def open_host(
     return Target(host, MemoryCluster(name), _nothing, _nothing)
 
 
-def open_session(
-    config_file: str,
-    config_name: str | None,
-    node: str | None,
-    labels: Mapping[str, str],
-    label_key: str,
-    sysfs_root: str | None,
-    sim_spec: str | None,
-    in_use: Mapping[str, str],
-    sriov_manage: str | None = None,
-) -> Session:
+def config_source(config_file: str) -> ConfigSource:
+    """The config file (``-``: standard input, read once)."""
     if config_file == "-":
-        document = load_text(sys.stdin.read(), "<stdin>")
-    else:
-        document = load_file(config_file)
-    target = open_host(sysfs_root, sim_spec, node, sriov_manage)
-    cluster = target.cluster.with_overrides(labels=labels, in_use=in_use)
-    node_name, all_labels = cluster.node_name(), cluster.labels()
-    if config_name:
-        chosen, source, detail = config_name, "flag", f"-c {config_name}"
-    else:
-        sel = select(document, node_name, all_labels, label_key)
-        if sel.config is None:
-            raise SelectionError(
-                f"no config selected for node {node_name}: {sel.detail}. Label the node "
-                f"({label_key}=NAME), add a node-selector or a default, or pass -c NAME"
-            )
-        chosen, source, detail = sel.config, sel.source, sel.detail
-    snapshot = target.host.scan()
-    desired = resolve(document, chosen, snapshot.gpus, node_name, source)
-    held, warnings = normalise_in_use(cluster.in_use(), snapshot)
-    return Session(
-        document, target, snapshot, desired, InUse(held), detail, sim_spec, tuple(warnings)
+        return StaticConfigSource(load_text(sys.stdin.read(), "<stdin>"))
+    return FileConfigSource(config_file)
+
+
+def settings(
+    label_key: str,
+    sim_spec: str | None,
+    journal_file: str | None = None,
+    lock_file: str | None = None,
+    lock_timeout: float = 30.0,
+) -> Settings:
+    return Settings(
+        catalog=default_catalog(),
+        journal_path=default_state_path(journal_file, sim_spec, "journal"),
+        lock_path=default_state_path(lock_file, sim_spec, "lock"),
+        lock_timeout=lock_timeout,
+        label_key=label_key,
+        command=" ".join(sys.argv),
     )
+
+
+def ports(
+    target: Target,
+    config_file: str,
+    labels: Mapping[str, str],
+    in_use: Mapping[str, str],
+) -> Ports:
+    """The ports of one command: the node's, with the labels and holders given by flags."""
+    cluster = target.cluster.with_overrides(labels=labels, in_use=in_use)
+    return Ports(target.host, cluster, config_source(config_file))

@@ -7,11 +7,13 @@ from vgpu_state.executor.apply import (
     VerificationError,
     apply,
 )
-from vgpu_state.executor.journal import Journal, UnfinishedPlan, journal_path
-from vgpu_state.executor.lock import HostLock, LockTimeoutError, lock_path
+from vgpu_state.executor.journal import DEFAULT_JOURNAL, Journal, UnfinishedPlan
+from vgpu_state.executor.lock import DEFAULT_LOCK, HostLock, LockTimeoutError
 from vgpu_state.ports.host import HostPort
 
 __all__ = [
+    "DEFAULT_JOURNAL",
+    "DEFAULT_LOCK",
     "ApplyError",
     "ApplyResult",
     "HostLock",
@@ -22,6 +24,4 @@ __all__ = [
     "UnfinishedPlan",
     "VerificationError",
     "apply",
-    "journal_path",
-    "lock_path",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid as uuid_mod
 from collections import Counter
@@ -10,12 +11,14 @@ from dataclasses import dataclass, field
 
 from vgpu_state.executor.journal import Journal
 from vgpu_state.model.desired import DesiredGpu, DesiredState
-from vgpu_state.model.errors import BlockedError, DriverError, VgpuStateError
+from vgpu_state.model.errors import BlockedError, DriverError, HostError, Reason
 from vgpu_state.model.plan import Action, ActionKind, GpuPlan, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner import expected_snapshot
 from vgpu_state.planner import plan as make_plan
 from vgpu_state.ports.host import HostPort
+
+log = logging.getLogger(__name__)
 
 Outcome = str  # "ok" | "skipped" | "failed"
 
@@ -41,8 +44,11 @@ class ApplyResult:
         return Counter(s.outcome for s in self.steps)
 
 
-class ApplyError(VgpuStateError):
-    """A step failed; nothing after it ran. Names the step, the errno and what did not run."""
+class ApplyError(HostError):
+    """A step failed; nothing after it ran. Names the step, the errno and what did not run.
+
+    Its :attr:`reason` and :attr:`errno` are the failed driver call's.
+    """
 
     def __init__(
         self,
@@ -55,12 +61,16 @@ class ApplyError(VgpuStateError):
         self.cause = cause
         self.not_run = not_run
         self.steps = steps
+        self.errno = cause.errno
+        self._reason = cause.reason
         rest = f"{len(not_run)} step(s) not run" if not_run else "no steps left"
         super().__init__(f"{action.kind.value} {action.address} failed: {cause} ({rest})")
 
 
-class VerificationError(VgpuStateError):
+class VerificationError(HostError):
     """The re-scan after a GPU's steps does not show what the plan should produce."""
+
+    default_reason = Reason.VERIFICATION_FAILED
 
     def __init__(self, gpu: str, missing: list[str], unexpected: list[str]) -> None:
         self.gpu = gpu
@@ -91,6 +101,7 @@ class _Run:
     in_use: Mapping[str, str]
     progress: Progress | None
     plan_id: str
+    clock: Callable[[], float] = time.time
     steps: list[StepResult] = field(default_factory=list)
 
     def record(self, event: str, **fields: object) -> None:
@@ -139,7 +150,7 @@ class _Run:
 
     def step(self, a: Action, live: Gpu | None, remaining: tuple[Action, ...]) -> None:
         """Run one step and journal it: one record per step, written when it ends."""
-        wall = time.time()
+        wall = self.clock()
         started = time.perf_counter()
         error: DriverError | None = None
         if self.already_done(a, live):
@@ -153,6 +164,14 @@ class _Run:
                 seconds = time.perf_counter() - started
                 result = StepResult(a.address, a.kind.value, "failed", seconds, str(e))
         self.steps.append(result)
+        log.info(
+            "%s %s%s: %s%s",
+            a.kind.value,
+            a.address,
+            f" {a.type_name}" if a.type_name else "",
+            result.outcome,
+            f" ({error})" if error else "",
+        )
         self.record(
             "action",
             address=a.address,
@@ -205,6 +224,7 @@ def apply(
     skip_blocked: bool = False,
     progress: Progress | None = None,
     snapshot: NodeSnapshot | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> ApplyResult:
     """Run the plan's steps in order; stop at the first failure; verify every GPU.
 
@@ -214,10 +234,10 @@ def apply(
     """
     if plan.blocked and not skip_blocked:
         raise BlockedError(
-            f"the plan has {len(plan.blocked)} blocked item(s); resolve them or apply the "
-            "rest with --skip-blocked"
+            f"the plan has {len(plan.blocked)} blocked item(s); resolve them or allow "
+            "applying the rest"
         )
-    run = _Run(plan, host, journal, in_use or {}, progress, uuid_mod.uuid4().hex[:12])
+    run = _Run(plan, host, journal, in_use or {}, progress, uuid_mod.uuid4().hex[:12], clock)
     try:
         return _execute(run, snapshot)
     finally:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,21 +31,18 @@ from typing import Any
 DEFAULT_JOURNAL = "/var/lib/vgpu-state/journal.jsonl"
 
 
-def journal_path(explicit: str | None = None) -> Path:
-    return Path(explicit or os.environ.get("VGPU_STATE_JOURNAL") or DEFAULT_JOURNAL)
-
-
 class Journal:
     """The journal file. ``append`` keeps the file open between records; ``close``
     releases it (a later ``append`` opens it again)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
+        self.clock = clock
         self._fd: int | None = None
 
     def append(self, record: dict[str, Any]) -> None:
         """Write one record and ``fdatasync`` it before returning."""
-        line = json.dumps({"ts": time.time(), **record}, sort_keys=True) + "\n"
+        line = json.dumps({"ts": self.clock(), **record}, sort_keys=True) + "\n"
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -7,31 +7,38 @@ import fcntl
 import json
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 from types import TracebackType
 
-from vgpu_state.model.errors import TransientError
+from vgpu_state.model.errors import Reason, TransientError
 
 DEFAULT_LOCK = "/run/vgpu-state.lock"
-
-
-def lock_path(explicit: str | None = None) -> Path:
-    return Path(explicit or os.environ.get("VGPU_STATE_LOCK_FILE") or DEFAULT_LOCK)
 
 
 class LockTimeoutError(TransientError):
     """Another process holds the host lock."""
 
+    default_reason = Reason.LOCKED
+
 
 class HostLock:
-    """``with HostLock(path, timeout):`` — waits up to ``timeout`` seconds."""
+    """``with HostLock(path, timeout):`` — waits up to ``timeout`` seconds.
 
-    def __init__(self, path: Path | str, timeout: float = 30.0, operation: str = "apply") -> None:
+    ``command`` is recorded in the lock file for whoever waits on it.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        timeout: float = 30.0,
+        operation: str = "apply",
+        command: str = "",
+    ) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self.operation = operation
+        self.command = command
         self.fd: int | None = None
 
     def holder(self) -> str:
@@ -60,7 +67,8 @@ class HostLock:
                     os.close(fd)
                     raise LockTimeoutError(
                         f"host lock {self.path} is held by {self.holder()}; waited "
-                        f"{self.timeout:g} s (raise --lock-timeout or wait for it to finish)"
+                        f"{self.timeout:g} s; wait for it to finish or allow a longer wait",
+                        delay=1.0,
                     ) from None
                 time.sleep(0.05)
         info = {
@@ -68,7 +76,7 @@ class HostLock:
             "host": socket.gethostname(),
             "operation": self.operation,
             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": " ".join(sys.argv),
+            "command": self.command,
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)

@@ -10,8 +10,18 @@ runs the real reconcile path without a GPU or a Kubernetes API server:
   whose labels and holders a test changes, and which keeps every status and
   Event reported to it.
 * :class:`RecordingDevicePlugin` keeps every snapshot it is refreshed with.
+* :class:`FixedHost` always scans one snapshot and refuses changes (planning
+  tests on hand-built snapshots).
+* :func:`settings` gives :class:`~vgpu_state.reconcile.Settings` for a test.
 """
 
 from vgpu_state.testing.fakes import FakeCluster, HostCall, RecordingDevicePlugin, RecordingHost
+from vgpu_state.testing.fixed import FixedHost
 
-__all__ = ["FakeCluster", "HostCall", "RecordingDevicePlugin", "RecordingHost"]
+__all__ = [
+    "FakeCluster",
+    "FixedHost",
+    "HostCall",
+    "RecordingDevicePlugin",
+    "RecordingHost",
+]

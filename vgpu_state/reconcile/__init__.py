@@ -1,0 +1,40 @@
+"""One reconcile of one node, as plain functions over the ports.
+
+``reconcile_once(ports, settings)`` gathers the inputs (config, labels,
+selection, a fresh scan, held vGPUs), plans, applies when asked, verifies
+with a fresh scan and reports to the cluster and the device plugin. The CLI
+and the agent both call it; neither holds its own copy of this path.
+"""
+
+from vgpu_state.reconcile.once import (
+    Gate,
+    Mode,
+    NoConfigSelectedError,
+    Ports,
+    apply_saved,
+    gather,
+    plan_inputs,
+    reconcile_once,
+    stale_changes,
+)
+from vgpu_state.reconcile.report import Inputs, QuietReporter, Report, Reporter
+from vgpu_state.reconcile.settings import Settings
+from vgpu_state.reconcile.status import node_status
+
+__all__ = [
+    "Gate",
+    "Inputs",
+    "Mode",
+    "NoConfigSelectedError",
+    "Ports",
+    "QuietReporter",
+    "Report",
+    "Reporter",
+    "Settings",
+    "apply_saved",
+    "gather",
+    "node_status",
+    "plan_inputs",
+    "reconcile_once",
+    "stale_changes",
+]

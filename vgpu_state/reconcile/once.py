@@ -1,0 +1,321 @@
+"""``reconcile_once(ports, settings)``: the one path from inputs to a plan and an apply."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from vgpu_state.config import resolve, select
+from vgpu_state.executor import ApplyResult, HostLock, Journal, StepResult, apply
+from vgpu_state.model.errors import (
+    BlockedError,
+    Reason,
+    SelectionError,
+    StalePlanError,
+    VgpuStateError,
+)
+from vgpu_state.model.inuse import InUse
+from vgpu_state.model.plan import Action, Plan
+from vgpu_state.planner import differences
+from vgpu_state.planner import plan as make_plan
+from vgpu_state.planner.inuse import normalise_in_use
+from vgpu_state.planner.saved import SavedPlan, check_saved_plan
+from vgpu_state.ports import ClusterPort, ConfigSource, DevicePluginSink, HostPort, NoDevicePlugin
+from vgpu_state.reconcile.report import Inputs, QuietReporter, Report, Reporter
+from vgpu_state.reconcile.settings import Settings
+from vgpu_state.reconcile.status import applied_events, failed_event, failed_status, node_status
+
+log = logging.getLogger(__name__)
+
+
+class Mode(StrEnum):
+    PLAN = "plan"
+    """Read and plan; change nothing."""
+    APPLY = "apply"
+    """Read, plan, and apply what the gate lets through; verify with a fresh scan."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The world one reconcile talks to."""
+
+    host: HostPort
+    cluster: ClusterPort
+    config: ConfigSource
+    device_plugin: DevicePluginSink = field(default_factory=NoDevicePlugin)
+
+
+class NoConfigSelectedError(SelectionError):
+    """Nothing selects a config for the node: no label, no matching node-selector, no default."""
+
+    default_reason = Reason.NO_CONFIG_SELECTED
+
+
+Gate = Callable[[Plan], bool]
+"""Asked after planning, before any change: apply this plan? ``False`` changes nothing."""
+
+
+def gather(ports: Ports, settings: Settings, config_name: str | None = None) -> Inputs:
+    """Read the inputs of a plan: config, node labels, selection, a fresh scan, holders.
+
+    ``config_name`` forces a config instead of selecting one by the node's labels.
+    """
+    document = ports.config.document()
+    node = ports.cluster.node_name()
+    labels = dict(ports.cluster.labels())
+    if config_name:
+        chosen, source, detail = config_name, "flag", f"-c {config_name}"
+    else:
+        sel = select(document, node, labels, settings.label_key)
+        if sel.config is None:
+            raise NoConfigSelectedError(
+                f"no config selected for node {node}: {sel.detail}. Label the node "
+                f"({settings.label_key}=NAME) or add a node-selector or a default"
+            )
+        chosen, source, detail = sel.config, sel.source, sel.detail
+    snapshot = ports.host.scan()
+    desired = resolve(document, chosen, snapshot.gpus, node, source)
+    held, warnings = normalise_in_use(ports.cluster.in_use(), snapshot)
+    return Inputs(
+        document,
+        node,
+        labels,
+        chosen,
+        source,
+        detail,
+        snapshot,
+        InUse(held),
+        desired,
+        tuple(warnings),
+    )
+
+
+def plan_inputs(inputs: Inputs, settings: Settings) -> Plan:
+    """The plan of ``inputs`` (pure)."""
+    return make_plan(inputs.desired, inputs.snapshot, inputs.in_use, catalog=settings.catalog)
+
+
+@contextmanager
+def _host_lock(settings: Settings) -> Iterator[None]:
+    if settings.lock_path is None:
+        yield
+        return
+    with HostLock(settings.lock_path, settings.lock_timeout, "apply", settings.command):
+        yield
+
+
+def reconcile_once(
+    ports: Ports,
+    settings: Settings,
+    *,
+    mode: Mode = Mode.PLAN,
+    config_name: str | None = None,
+    skip_blocked: bool = False,
+    gate: Gate | None = None,
+    reporter: Reporter | None = None,
+) -> Report:
+    """Gather the inputs, select, plan, apply (in :attr:`Mode.APPLY`), verify, report.
+
+    In :attr:`Mode.APPLY` the host lock is held from the first read to the
+    last; ``gate`` sees the plan before any change (the CLI's confirmation);
+    blocked items stop the apply unless ``skip_blocked``. Every report ends
+    with a fresh scan compared with the desired layout; the cluster port gets
+    the status and Events, the device plugin the fresh snapshot.
+
+    Raises the errors of :mod:`vgpu_state.model.errors` (after reporting a
+    failed status to the cluster port when the node is known).
+    """
+    hear: Reporter = reporter or QuietReporter()
+    lock = _host_lock(settings) if mode is Mode.APPLY else nullcontext()
+    inputs: Inputs | None = None
+    try:
+        with lock:
+            inputs = gather(ports, settings, config_name)
+            for message in inputs.warnings:
+                hear.warning(message)
+            plan = plan_inputs(inputs, settings)
+            log.info(
+                "node %s: configuration %r (%s): %d action(s), %d blocked",
+                inputs.node,
+                inputs.config,
+                inputs.detail,
+                len(plan.actions),
+                len(plan.blocked),
+            )
+            hear.planned(plan)
+            warning = str(ports.config.error) if ports.config.error else None
+            if mode is Mode.PLAN:
+                report = Report(
+                    inputs,
+                    plan,
+                    inputs.snapshot,
+                    differences(inputs.desired, inputs.snapshot),
+                    config_warning=warning,
+                )
+                return report
+            report = _apply(ports, settings, inputs, plan, skip_blocked, gate, hear, warning)
+    except VgpuStateError as e:
+        node = inputs.node if inputs is not None else ports.cluster.node_name()
+        config = inputs.config if inputs is not None else None
+        if mode is Mode.APPLY:
+            ports.cluster.report_status(failed_status(node, config, e))
+            ports.cluster.emit_event(failed_event(e))
+        raise
+    if not report.declined:
+        ports.device_plugin.refresh(report.final)
+        ports.cluster.report_status(node_status(report))
+        for event in applied_events(report):
+            ports.cluster.emit_event(event)
+    return report
+
+
+def _apply(
+    ports: Ports,
+    settings: Settings,
+    inputs: Inputs,
+    plan: Plan,
+    skip_blocked: bool,
+    gate: Gate | None,
+    hear: Reporter,
+    warning: str | None,
+) -> Report:
+    journal = Journal(settings.journal_path, settings.clock) if settings.journal_path else None
+    nothing_to_run = not plan.actions and (skip_blocked or not plan.blocked)
+    if nothing_to_run:
+        result = None
+        if journal is not None and journal.unfinished():
+            # Nothing left to run: journal an empty apply so interrupted plans count as finished.
+            result = apply(
+                plan,
+                ports.host,
+                journal=journal,
+                in_use=inputs.in_use,
+                skip_blocked=True,
+                snapshot=inputs.snapshot,
+                clock=settings.clock,
+            )
+        return _verified(ports, inputs, plan, result, warning)
+    if gate is not None and not gate(plan):
+        return Report(inputs, plan, inputs.snapshot, (), declined=True, config_warning=warning)
+    if plan.blocked and not skip_blocked:
+        raise BlockedError(
+            f"{len(plan.blocked)} item(s) are blocked; nothing was changed. Resolve them "
+            "or allow applying the rest"
+        )
+    hear.applying(plan)
+
+    def progress(a: Action, r: StepResult) -> None:
+        hear.step(a, r)
+
+    result = apply(
+        plan,
+        ports.host,
+        journal=journal,
+        in_use=inputs.in_use,
+        skip_blocked=skip_blocked,
+        progress=progress,
+        snapshot=inputs.snapshot,
+        clock=settings.clock,
+    )
+    hear.applied(plan, result)
+    return _verified(ports, inputs, plan, result, warning)
+
+
+def _verified(
+    ports: Ports, inputs: Inputs, plan: Plan, result: ApplyResult | None, warning: str | None
+) -> Report:
+    """End with a fresh scan and the comparison ``assert`` makes."""
+    final = ports.host.scan() if result is not None else inputs.snapshot
+    return Report(
+        inputs, plan, final, differences(inputs.desired, final), result, config_warning=warning
+    )
+
+
+def stale_changes(saved: dict[str, Any], live: dict[str, Any]) -> tuple[str, ...]:
+    """What moved between two :meth:`~vgpu_state.model.snapshot.NodeSnapshot.stable_view` s."""
+
+    def index(view: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {g["address"]: g for g in view.get("gpus", [])}
+
+    a, b = index(saved), index(live)
+    lines: list[str] = []
+    for address in sorted(set(a) | set(b)):
+        old, new = a.get(address), b.get(address)
+        if old is None or new is None:
+            lines.append(f"gpu[{address}] {'appeared' if old is None else 'disappeared'}")
+            continue
+        if old["sriov_numvfs"] != new["sriov_numvfs"]:
+            lines.append(
+                f"gpu[{address}] sriov_numvfs {old['sriov_numvfs']} -> {new['sriov_numvfs']}"
+            )
+        before = {tuple(v) for v in old["vgpus"]}
+        after = {tuple(v) for v in new["vgpus"]}
+        for v in sorted(after - before):
+            lines.append(f"gpu[{address}] + vGPU {v[2] or v[1]} ({v[4]}) appeared")
+        for v in sorted(before - after):
+            lines.append(f"gpu[{address}] - vGPU {v[2] or v[1]} ({v[4]}) disappeared")
+    return tuple(lines)
+
+
+def apply_saved(
+    host: HostPort,
+    cluster: ClusterPort,
+    settings: Settings,
+    saved: SavedPlan,
+    *,
+    skip_blocked: bool = False,
+    reporter: Reporter | None = None,
+) -> tuple[Plan, ApplyResult | None]:
+    """Apply a saved plan, under the host lock, if the host has not moved since it was made.
+
+    Raises :class:`StalePlanError` (naming what moved since the scan the plan
+    was made from) before any change when the host's fingerprint differs. The
+    plan is then checked against the fresh scan and the live holders (a vGPU
+    held since blocks it) by re-planning from its saved desired layout; what
+    is applied is that checked plan. Raises :class:`BlockedError` when items
+    are blocked and ``skip_blocked`` is false. The result is ``None`` when
+    there is nothing to do.
+    """
+    hear: Reporter = reporter or QuietReporter()
+    with _host_lock(settings):
+        live = host.scan()
+        if live.fingerprint() != saved.plan.snapshot_fingerprint:
+            raise StalePlanError(
+                "saved plan is stale: the host changed after the plan was made; "
+                "nothing was changed",
+                stale_changes(saved.snapshot_view, live.stable_view()),
+            )
+        held, warnings = normalise_in_use(cluster.in_use(), live)
+        for message in warnings:
+            hear.warning(message)
+        plan = check_saved_plan(saved, live, held)
+        hear.planned(plan)
+        if plan.is_converged:
+            return plan, None
+        if plan.blocked and not skip_blocked:
+            raise BlockedError(
+                f"{len(plan.blocked)} item(s) are blocked; nothing was changed. Resolve them "
+                "or allow applying the rest"
+            )
+        journal = Journal(settings.journal_path, settings.clock) if settings.journal_path else None
+        hear.applying(plan)
+
+        def progress(a: Action, r: StepResult) -> None:
+            hear.step(a, r)
+
+        result = apply(
+            plan,
+            host,
+            journal=journal,
+            in_use=InUse({**saved.in_use, **held}),
+            skip_blocked=skip_blocked,
+            progress=progress,
+            snapshot=live,
+            clock=settings.clock,
+        )
+        hear.applied(plan, result)
+        return plan, result

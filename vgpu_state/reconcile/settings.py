@@ -1,0 +1,37 @@
+"""``Settings``: everything a reconcile is configured with, passed down explicitly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vgpu_state.catalog import Catalog
+from vgpu_state.config.selection import DEFAULT_LABEL_KEY
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to reconcile, decided once by the shell (CLI flags, agent configuration).
+
+    Nothing below the shell reads the environment or ``sys.argv``; what it
+    needs is here.
+    """
+
+    catalog: Catalog
+    """The GPU models and vGPU types that advise validation and planning."""
+    journal_path: Path | None = None
+    """The apply journal; ``None`` keeps no journal."""
+    lock_path: Path | None = None
+    """The host lock taken around an apply; ``None`` takes no lock."""
+    lock_timeout: float = 30.0
+    """Seconds to wait for the host lock."""
+    label_key: str = DEFAULT_LABEL_KEY
+    """The node label that names a config."""
+    sriov_manage: tuple[str, ...] | None = None
+    """The sriov-manage command a real host uses (``None``: write ``sriov_numvfs``)."""
+    clock: Callable[[], float] = time.time
+    """Wall-clock time (Unix seconds) for journal records."""
+    command: str = ""
+    """What is running, recorded in the host lock for whoever waits on it."""

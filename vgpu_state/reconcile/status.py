@@ -1,0 +1,103 @@
+"""Pure: a reconcile's outcome as the node's status conditions and Events."""
+
+from __future__ import annotations
+
+from vgpu_state.model.errors import Reason, VgpuStateError
+from vgpu_state.model.status import (
+    Condition,
+    ConditionType,
+    ConfigState,
+    EventType,
+    NodeEvent,
+    NodeStatus,
+)
+from vgpu_state.reconcile.report import Report
+
+
+def node_status(report: Report) -> NodeStatus:
+    """Synced / Ready / Blocked conditions with reason codes, and the state label's value."""
+    plan = report.plan
+    blocked = plan.blocked
+    if report.matches:
+        synced = Condition(
+            type=ConditionType.SYNCED,
+            status=True,
+            reason="Synced",
+            message=f'the node matches configuration "{plan.selection.config}"',
+        )
+    else:
+        synced = Condition(
+            type=ConditionType.SYNCED,
+            status=False,
+            reason="Blocked" if blocked and not plan.actions else "Pending",
+            message="; ".join(report.differences),
+        )
+    if blocked:
+        first = blocked[0]
+        block = Condition(
+            type=ConditionType.BLOCKED,
+            status=True,
+            reason=first.code.value,
+            message="; ".join(f"{b.address}: {b.reason}" for b in blocked),
+        )
+    else:
+        block = Condition(type=ConditionType.BLOCKED, status=False, reason="NotBlocked")
+    ready = Condition(
+        type=ConditionType.READY,
+        status=True,
+        reason="ConfigOutdated" if report.config_warning else "Ready",
+        message=report.config_warning or "",
+    )
+    state = ConfigState.SUCCESS if report.matches else ConfigState.PENDING
+    return NodeStatus(
+        node=report.inputs.node,
+        config=plan.selection.config,
+        state=state,
+        conditions=(synced, ready, block),
+        vgpus=report.live_layout(),
+    )
+
+
+def failed_status(node: str, config: str | None, error: VgpuStateError) -> NodeStatus:
+    """The status of a reconcile that ended with ``error``."""
+    return NodeStatus(
+        node=node,
+        config=config,
+        state=ConfigState.FAILED,
+        conditions=(
+            Condition(
+                type=ConditionType.READY,
+                status=False,
+                reason=error.reason.value,
+                message=str(error),
+            ),
+        ),
+    )
+
+
+def applied_events(report: Report) -> tuple[NodeEvent, ...]:
+    """Events worth telling an operator after an apply: what changed, what is blocked."""
+    events: list[NodeEvent] = []
+    result = report.applied
+    if result is not None and result.steps:
+        counts = result.counts
+        events.append(
+            NodeEvent(
+                type=EventType.NORMAL,
+                reason="Applied",
+                message=f'configuration "{report.plan.selection.config}": '
+                f"{counts['ok']} change(s) made, {counts['skipped']} already done",
+            )
+        )
+    for b in report.plan.blocked:
+        events.append(
+            NodeEvent(
+                type=EventType.WARNING, reason=b.code.value, message=f"{b.address}: {b.reason}"
+            )
+        )
+    return tuple(events)
+
+
+def failed_event(error: VgpuStateError) -> NodeEvent:
+    reason = error.reason if isinstance(error.reason, Reason) else Reason.TRANSIENT
+    return NodeEvent(type=EventType.WARNING, reason=reason.value, message=str(error))
