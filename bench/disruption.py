@@ -21,6 +21,7 @@ from vgpu_state.executor import apply
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.policy import Policy
 from vgpu_state.planner import plan
+from vgpu_state.reconcile import replan_deferred
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import GpuSpec, NodeSpec, VgpuSpec
 
@@ -106,7 +107,7 @@ def vgpu_state_counts(t: Transition) -> tuple[int, int]:
         )
         p = plan(desired, snapshot)
         assert not p.blocked, p.blocked
-        result = apply(p, host, snapshot=snapshot)
+        result = apply(p, host, snapshot=snapshot, replan=replan_deferred)
         live = Counter(v.type_name for v in result.snapshot.gpus[0].vgpus)
         assert live == Counter(t.after), (t, live)
         return p.summary.destroy, p.summary.create

@@ -18,7 +18,7 @@ def lint_imports(package_parent: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"],
         cwd=package_parent,
-        env={"PYTHONPATH": str(package_parent), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(package_parent), "PATH": "/usr/bin:/bin", "COLUMNS": "250"},
         capture_output=True,
         text=True,
         check=False,
@@ -45,6 +45,8 @@ def test_the_package_keeps_every_contract() -> None:
             "The host layer reads and writes the driver only",
         ),
         ("sim/host.py", "import vgpu_state.executor", "Layers point down"),
+        ("executor/apply.py", "import vgpu_state.planner", "never makes one"),
+        ("executor/journal.py", "import vgpu_state.reconcile", "Layers point down"),
         ("planner/plan.py", "import vgpu_state.host", "Layers point down"),
         ("planner/plan.py", "import pathlib", "No file or process I/O in model"),
         ("config/loader.py", "import watchfiles", "Pure core never imports I/O libraries"),

@@ -22,7 +22,7 @@ from vgpu_state.model.errors import DeviceBusyError, InterfaceMissingError, Type
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.ports import HostPort
-from vgpu_state.reconcile import Ports, Settings, reconcile_once
+from vgpu_state.reconcile import Ports, Settings, reconcile_once, replan_deferred
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.node import held_vgpus
 from vgpu_state.sim.spec import load_spec
@@ -102,7 +102,7 @@ def test_apply_converges_verifies_and_is_idempotent(
         p = plan_for(host, layout, tmp_path, in_use)
         assert p.actions and not p.blocked
 
-        first = apply(p, host, journal=journal, in_use=in_use)
+        first = apply(p, host, journal=journal, in_use=in_use, replan=replan_deferred)
         assert set(first.counts) == {"ok"}
         after = host.scan()
         for address, types in want.items():
@@ -113,7 +113,7 @@ def test_apply_converges_verifies_and_is_idempotent(
         for key in in_use:
             assert any(v.key == key for g in after.gpus for v in g.vgpus)
 
-        second = apply(p, host, journal=journal, in_use=in_use)
+        second = apply(p, host, journal=journal, in_use=in_use, replan=replan_deferred)
         assert second.steps and set(second.counts) == {"skipped"}
         assert host.scan() == after
         assert not plan_for(host, layout, tmp_path, in_use).has_changes
@@ -197,7 +197,7 @@ def test_a_driver_error_stops_the_apply_cleanly(name: str, tmp_path: Path) -> No
         before = host.scan()
         p = plan_for(host, FAULT_LAYOUT, tmp_path, {})
         with pytest.raises(ApplyError) as info:
-            apply(p, host, journal=journal)
+            apply(p, host, journal=journal, replan=replan_deferred)
         e = info.value
         after = host.scan()
 

@@ -14,6 +14,7 @@ from vgpu_state.model.plan import ActionKind
 from vgpu_state.model.policy import InUsePolicy, Policy
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import expected_snapshot, plan, render_json
+from vgpu_state.reconcile import replan_deferred
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.node import held_vgpus
 from vgpu_state.sim.spec import GpuSpec, NodeSpec, VgpuSpec
@@ -135,7 +136,9 @@ def test_applying_to_the_simulator_converges_except_blocked(s: Scenario) -> None
         snapshot, in_use = host.scan(), held_vgpus(host).as_dict()
         d = desired(s.layouts, snapshot, Policy(prune=True))
         first = plan(d, snapshot, in_use)
-        result = apply(first, host, in_use=in_use, skip_blocked=True, snapshot=snapshot)
+        result = apply(
+            first, host, in_use=in_use, skip_blocked=True, snapshot=snapshot, replan=replan_deferred
+        )
         again = plan(d, result.snapshot, in_use)
     assert again.summary.create == again.summary.destroy == again.summary.sriov == 0, (
         again.actions

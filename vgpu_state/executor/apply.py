@@ -10,12 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vgpu_state.executor.journal import Journal
-from vgpu_state.model.desired import DesiredGpu, DesiredState
-from vgpu_state.model.errors import BlockedError, DriverError, HostError, Reason
+from vgpu_state.model.errors import BlockedError, DriverError, HostError, PlanningError, Reason
 from vgpu_state.model.plan import Action, ActionKind, GpuPlan, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
-from vgpu_state.planner import expected_snapshot
-from vgpu_state.planner import plan as make_plan
+from vgpu_state.planner.expected import expected_snapshot
 from vgpu_state.ports.host import HostPort
 
 log = logging.getLogger(__name__)
@@ -86,6 +84,11 @@ class VerificationError(HostError):
 
 Progress = Callable[[Action, StepResult], None]
 
+Replan = Callable[[Plan, GpuPlan, tuple[Action, ...], NodeSnapshot, Mapping[str, str]], Plan]
+"""Plans the creates that waited for SR-IOV, once its virtual functions exist:
+``replan(plan, gpu header, waiting creates, live snapshot, in use) -> plan of that GPU``.
+The reconcile supplies it (:func:`vgpu_state.reconcile.replan_deferred`)."""
+
 
 def _vgpu_set(g: Gpu | None) -> set[str]:
     if g is None:
@@ -100,6 +103,7 @@ class _Run:
     journal: Journal | None
     in_use: Mapping[str, str]
     progress: Progress | None
+    replan: Replan | None
     plan_id: str
     clock: Callable[[], float] = time.time
     steps: list[StepResult] = field(default_factory=list)
@@ -189,31 +193,6 @@ class _Run:
             self.record("plan-end", outcome="failed", failed=a.address, errno=error.errno)
             raise ApplyError(a, error, remaining, tuple(self.steps)) from error
 
-    def replan_deferred(self, header: GpuPlan, deferred: list[Action], live: NodeSnapshot) -> Plan:
-        """After SR-IOV is on, choose the parents the plan could not know yet.
-
-        The GPU had its VFs off when the plan was made, so it held no vGPUs: the
-        deferred creates are its whole layout. vGPUs already there (an earlier,
-        interrupted run made them) count towards it, and nothing is destroyed.
-        """
-        counts = Counter(a.type_name for a in deferred if a.type_name)
-        desired = DesiredState(
-            node=self.plan.node,
-            config=self.plan.selection.config,
-            selection_source=self.plan.selection.source,
-            policy=self.plan.policy.model_copy(update={"prune": False}),
-            gpus=(
-                DesiredGpu(
-                    address=header.address,
-                    index=header.index,
-                    model=header.model,
-                    types=tuple(sorted(counts.items())),
-                    entry=header.entry,
-                ),
-            ),
-        )
-        return make_plan(desired, live, self.in_use, desired.policy)
-
 
 def apply(
     plan: Plan,
@@ -225,6 +204,7 @@ def apply(
     progress: Progress | None = None,
     snapshot: NodeSnapshot | None = None,
     clock: Callable[[], float] = time.time,
+    replan: Replan | None = None,
 ) -> ApplyResult:
     """Run the plan's steps in order; stop at the first failure; verify every GPU.
 
@@ -237,7 +217,15 @@ def apply(
             f"the plan has {len(plan.blocked)} blocked item(s); resolve them or allow "
             "applying the rest"
         )
-    run = _Run(plan, host, journal, in_use or {}, progress, uuid_mod.uuid4().hex[:12], clock)
+    if replan is None and any(
+        a.kind is ActionKind.CREATE and a.parent is None for a in plan.actions
+    ):
+        raise PlanningError(
+            "the plan has creates that wait for SR-IOV; applying it needs a replan function"
+        )
+    run = _Run(
+        plan, host, journal, in_use or {}, progress, replan, uuid_mod.uuid4().hex[:12], clock
+    )
     try:
         return _execute(run, snapshot)
     finally:
@@ -257,6 +245,7 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None) -> ApplyResult:
     live = snapshot if snapshot is not None else host.scan()
     all_actions = plan.actions
     position = 0
+    late_blocked = 0
     for header in plan.gpus:
         actions = plan.gpu_actions(header.address)
         if not actions:
@@ -270,7 +259,9 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None) -> ApplyResult:
         expected = expected_snapshot(plan, before)
         live = host.scan()
         if deferred:
-            sub = run.replan_deferred(header, deferred, live)
+            assert run.replan is not None
+            sub = run.replan(plan, header, tuple(deferred), live, run.in_use)
+            late_blocked += len(sub.blocked)
             sub_actions = sub.gpu_actions(header.address)
             before = live
             for a in sub_actions:
@@ -284,8 +275,7 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None) -> ApplyResult:
             run.record("plan-end", outcome="failed", failed=f"verify gpu[{header.address}]")
             raise VerificationError(header.address, sorted(want - got), sorted(got - want))
     seconds = time.perf_counter() - started
-    outcome = "partial" if plan.blocked else "converged"
-    run.record(
-        "plan-end", outcome=outcome, blocked=len(plan.blocked), seconds=round(seconds, 6)
-    )
+    blocked = len(plan.blocked) + late_blocked
+    outcome = "partial" if blocked else "converged"
+    run.record("plan-end", outcome=outcome, blocked=blocked, seconds=round(seconds, 6))
     return ApplyResult(run.plan_id, tuple(run.steps), live, seconds)

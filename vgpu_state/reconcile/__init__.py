@@ -6,6 +6,7 @@ with a fresh scan and reports to the cluster and the device plugin. The CLI
 and the agent both call it; neither holds its own copy of this path.
 """
 
+from vgpu_state.reconcile.deferred import replan_deferred
 from vgpu_state.reconcile.once import (
     Gate,
     Mode,
@@ -36,5 +37,6 @@ __all__ = [
     "node_status",
     "plan_inputs",
     "reconcile_once",
+    "replan_deferred",
     "stale_changes",
 ]

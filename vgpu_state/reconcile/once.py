@@ -25,6 +25,7 @@ from vgpu_state.planner import plan as make_plan
 from vgpu_state.planner.inuse import normalise_in_use
 from vgpu_state.planner.saved import SavedPlan, check_saved_plan
 from vgpu_state.ports import ClusterPort, ConfigSource, DevicePluginSink, HostPort, NoDevicePlugin
+from vgpu_state.reconcile.deferred import replan_deferred
 from vgpu_state.reconcile.report import Inputs, QuietReporter, Report, Reporter
 from vgpu_state.reconcile.settings import Settings
 from vgpu_state.reconcile.status import applied_events, failed_event, failed_status, node_status
@@ -220,6 +221,7 @@ def _apply(
         progress=progress,
         snapshot=inputs.snapshot,
         clock=settings.clock,
+        replan=replan_deferred,
     )
     hear.applied(plan, result)
     return _verified(ports, inputs, plan, result, warning)
@@ -316,6 +318,7 @@ def apply_saved(
             progress=progress,
             snapshot=live,
             clock=settings.clock,
+            replan=replan_deferred,
         )
         hear.applied(plan, result)
         return plan, result
