@@ -62,3 +62,18 @@ def fast_tmp_path(tmp_path: Path) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="vgpu-test-", dir=shm))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def apiserver() -> Iterator[object]:
+    """A Kubernetes API server (kmock's emulator, extended: see ``tests/apiserver.py``).
+
+    Real HTTP on 127.0.0.1 in a thread; the official ``kubernetes`` client talks
+    to it. It validates every KubeVirt CR written against KubeVirt's OpenAPI
+    schema, and the test fails if any write was refused as invalid.
+    """
+    from tests.apiserver import running_apiserver
+
+    for api in running_apiserver():
+        yield api
+        assert not api.rejected, f"the API server refused invalid writes: {api.rejected}"

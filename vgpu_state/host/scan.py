@@ -44,12 +44,17 @@ def parse_creatable_vgpu_types(text: str) -> tuple[tuple[int, str], ...]:
     Accepts the driver's ``ID    : vGPU Name`` header with ``<id>  : NVIDIA <name>``
     lines, and ``<id> <name>`` lines without the colon.
     """
+    return tuple((i, short_type_name(full)) for i, full in _creatable_lines(text))
+
+
+def _creatable_lines(text: str) -> tuple[tuple[int, str], ...]:
+    """``(type id, name as the driver wrote it)`` of a ``creatable_vgpu_types`` file."""
     found: list[tuple[int, str]] = []
     for line in text.splitlines():
         m = _CREATABLE_LINE.match(line)
         if m is None:
             continue
-        found.append((int(m.group(1)), short_type_name(m.group(2))))
+        found.append((int(m.group(1)), " ".join(m.group(2).split())))
     return tuple(found)
 
 
@@ -80,22 +85,28 @@ class _Scanner:
         self.catalog = default_catalog()
         # Free VFs of one GPU list identical types; share the frozen values.
         self._listings: dict[str, tuple[CreatableType, ...]] = {}
-        self._types: dict[tuple[int, str, int], CreatableType] = {}
+        # The driver's full type names (mdev ``name`` files) by type id.
+        self._full_names: dict[int, str] = {}
+        self._types: dict[tuple[int, str, int, str | None], CreatableType] = {}
 
-    def creatable(self, type_id: int, name: str, available: int) -> CreatableType:
-        key = (type_id, name, available)
+    def creatable(
+        self, type_id: int, name: str, available: int, sysfs_name: str | None = None
+    ) -> CreatableType:
+        key = (type_id, name, available, sysfs_name)
         found = self._types.get(key)
         if found is None:
             found = self._types[key] = CreatableType(
-                type_id=type_id, name=name, available=available
+                type_id=type_id, name=name, available=available, sysfs_name=sysfs_name
             )
         return found
 
     def listing(self, text: str) -> tuple[CreatableType, ...]:
         found = self._listings.get(text)
         if found is None:
-            pairs = parse_creatable_vgpu_types(text)
-            found = self._listings[text] = tuple(self.creatable(i, n, 1) for i, n in pairs)
+            pairs = _creatable_lines(text)
+            found = self._listings[text] = tuple(
+                self.creatable(i, short_type_name(full), 1, full) for i, full in pairs
+            )
         return found
 
     def run(self, node: str) -> NodeSnapshot:
@@ -150,12 +161,14 @@ class _Scanner:
         vf_has_vfio = False
         vfio_current: list[tuple[str, int]] = []
         known_names: dict[int, str] = {}
+        full_names: dict[int, str] = {}
         for t in pf_types or ():
             known_names[t.type_id] = t.name
         for vf_index, vf_address in vf_entries:
             vf_path = os.path.join(self.devices, vf_address)
             vf_driver = rd.link_name(os.path.join(vf_path, "driver"))
             vf_group = rd.link_int(os.path.join(vf_path, "iommu_group"))
+            vf_device = rd.integer(os.path.join(vf_path, "device"))
             creatable: tuple[CreatableType, ...] = ()
             current: int | None = None
             types = self._mdev_types(vf_path, known_names)
@@ -173,6 +186,8 @@ class _Scanner:
                     creatable = self.listing(listed or "")
                     for t in creatable:
                         known_names.setdefault(t.type_id, t.name)
+                        if t.sysfs_name:
+                            full_names.setdefault(t.type_id, t.sysfs_name)
                     if cur != 0:
                         current = cur
                         vfio_current.append((vf_address, cur))
@@ -182,17 +197,25 @@ class _Scanner:
                     address=vf_address,
                     driver=vf_driver,
                     iommu_group=vf_group,
+                    device_id=vf_device,
                     creatable=creatable,
                     current_type_id=current,
                 )
             )
         for vf_address, type_id in vfio_current:
+            short = known_names.get(type_id) or self._catalog_name(type_id)
+            full = full_names.get(type_id)
+            if full is None and short is not None and model is not None:
+                # Every VF holds a vGPU, so no listing names the type: the driver
+                # names it as it names the others, "<product prefix> <type>".
+                full = f"{model.mdev_name_prefix} {short}"
             vgpus.append(
                 Vgpu(
                     kind="vf",
                     parent=vf_address,
                     type_id=type_id,
-                    type_name=known_names.get(type_id) or self._catalog_name(type_id),
+                    type_name=short,
+                    type_sysfs_name=full,
                 )
             )
 
@@ -289,12 +312,15 @@ class _Scanner:
             type_path = f"{types_dir}/{entry}"
             available = self.read.integer(f"{type_path}/available_instances")
             name: str | None = names.get(type_id) if names is not None else None
+            full = self._full_names.get(type_id)
             if name is None:
                 raw_name = self.read.text(f"{type_path}/name")
                 name = short_type_name(raw_name) if raw_name else self._catalog_name(type_id)
+                if raw_name and raw_name.strip():
+                    full = self._full_names[type_id] = " ".join(raw_name.split())
                 if name and names is not None:
                     names[type_id] = name
-            found.append(self.creatable(type_id, name or entry, available or 0))
+            found.append(self.creatable(type_id, name or entry, available or 0, full))
         found.sort(key=lambda t: t.type_id)
         return tuple(found)
 
@@ -312,14 +338,22 @@ class _Scanner:
                 continue
             m = _TYPE_DIR.match(os.path.basename(target.rstrip("/")))
             type_id = int(m.group(1)) if m else None
-            raw_name = self.read.text(os.path.join(type_link, "name"), note=False)
-            if raw_name:
-                name: str | None = short_type_name(raw_name)
+            full = self._full_names.get(type_id) if type_id is not None else None
+            raw_name = None if full else self.read.text(os.path.join(type_link, "name"), note=False)
+            if raw_name and raw_name.strip():
+                full = " ".join(raw_name.split())
+            if full:
+                name: str | None = short_type_name(full)
             else:
                 name = self._catalog_name(type_id) if type_id is not None else None
             found.append(
                 Vgpu(
-                    kind="mdev", parent=parent, uuid=entry.lower(), type_id=type_id, type_name=name
+                    kind="mdev",
+                    parent=parent,
+                    uuid=entry.lower(),
+                    type_id=type_id,
+                    type_name=name,
+                    type_sysfs_name=full,
                 )
             )
         return found

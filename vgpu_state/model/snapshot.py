@@ -29,6 +29,8 @@ class CreatableType(Frozen):
     type_id: int
     name: str
     available: int
+    sysfs_name: str | None = None
+    """The type's name exactly as the driver shows it (``NVIDIA A2-4Q``), when read."""
 
 
 class Vgpu(Frozen):
@@ -39,6 +41,9 @@ class Vgpu(Frozen):
     uuid: str | None = None
     type_id: int | None = None
     type_name: str | None = None
+    type_sysfs_name: str | None = None
+    """The type's name exactly as the driver shows it (``NVIDIA A2-4Q``, ``GRID T4-1Q``);
+    Kubernetes resource names and the KubeVirt CR's ``mdevNameSelector`` are made from it."""
 
     @property
     def key(self) -> str:
@@ -51,6 +56,8 @@ class VirtualFunction(Frozen):
     address: str
     driver: str | None = None
     iommu_group: int | None = None
+    device_id: int | None = None
+    """The VF's PCI device id (KubeVirt's ``pciVendorSelector`` is ``10DE:<device id>``)."""
     creatable: tuple[CreatableType, ...] = ()
     current_type_id: int | None = None
 

@@ -1,0 +1,221 @@
+"""JSON requests to the Kubernetes API through the official ``kubernetes`` client.
+
+The ``kubernetes`` package is imported only inside :meth:`KubeApi.connect`, so
+importing this module (or any of ``vgpu_state.kube``) costs nothing until a
+command actually talks to a cluster. The client's ``ApiClient`` does the
+kubeconfig and in-cluster loading, authentication, TLS and connection pooling;
+this class sends and receives plain JSON documents, the shape every adapter in
+this package works with (no generated model classes, which cost more than a
+second to import and refuse partial bodies such as patches).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+from urllib.parse import quote, urlencode
+
+from vgpu_state.kube.errors import ClusterError, ClusterUnreachableError, NotFoundError
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+PatchKind = Literal["json", "merge"]
+
+_CONTENT_TYPES: dict[str, str] = {
+    "json": "application/json-patch+json",
+    "merge": "application/merge-patch+json",
+}
+
+
+class ConflictError(ClusterError):
+    """HTTP 409: the object changed since it was read, or it already exists."""
+
+
+class InvalidError(ClusterError):
+    """HTTP 422: the request was refused, e.g. a JSON Patch ``test`` op did not hold."""
+
+
+def path_of(
+    group: str, version: str, plural: str, name: str | None = None, namespace: str | None = None
+) -> str:
+    """The REST path of a collection or an object (``group`` ``""`` is the core API)."""
+    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    if namespace:
+        base += f"/namespaces/{quote(namespace, safe='')}"
+    base += f"/{plural}"
+    if name is not None:
+        base += f"/{quote(name, safe='')}"
+    return base
+
+
+class KubeApi:
+    """A Kubernetes API endpoint. Build it with :meth:`connect` (kubeconfig or in-cluster).
+
+    Every method raises :class:`NotFoundError` (404), :class:`ConflictError`
+    (409), :class:`InvalidError` (422), :class:`ClusterError` (other refusals)
+    or :class:`ClusterUnreachableError` (no answer at all).
+    """
+
+    def __init__(self, api_client: Any, server: str, timeout: tuple[float, float]) -> None:
+        self._client = api_client
+        self.server = server
+        self.timeout = timeout
+        self.requests = 0
+
+    @classmethod
+    def connect(
+        cls,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        *,
+        in_cluster: bool | None = None,
+        timeout: tuple[float, float] = (5.0, 30.0),
+        pool_size: int = 4,
+    ) -> KubeApi:
+        """Load credentials and return an endpoint; nothing is sent yet.
+
+        ``kubeconfig``: a kubeconfig file; ``None`` uses the in-cluster service
+        account when running in a pod (``in_cluster`` forces either way), else
+        the client's default kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``).
+        """
+        try:
+            from kubernetes import config as kube_config
+            from kubernetes.client.api_client import ApiClient
+            from kubernetes.client.configuration import Configuration
+        except ImportError as e:  # pragma: no cover - a declared dependency
+            raise ClusterUnreachableError(f"the kubernetes client is not installed: {e}") from e
+
+        configuration = Configuration()
+        use_in_cluster = in_cluster
+        if use_in_cluster is None:
+            import os
+
+            use_in_cluster = kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
+        try:
+            if use_in_cluster:
+                kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+                source = "in-cluster service account"
+            else:
+                kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=kubeconfig,
+                    context=context,
+                    client_configuration=configuration,
+                    persist_config=False,
+                )
+                source = kubeconfig or "the default kubeconfig"
+        except Exception as e:  # ConfigException, OSError, YAML errors: all unreadable config
+            where = kubeconfig or "the default kubeconfig"
+            raise ClusterUnreachableError(
+                f"cannot load Kubernetes credentials from {where}: {e}"
+            ) from e
+        configuration.retries = 1
+        configuration.connection_pool_maxsize = pool_size
+        log.debug("Kubernetes API %s (from %s)", configuration.host, source)
+        return cls(ApiClient(configuration), str(configuration.host), timeout)
+
+    # requests ------------------------------------------------------------------
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | Sequence[Any] | None = None,
+        *,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+    ) -> JsonObject:
+        if query:
+            path = f"{path}?{urlencode(dict(query))}"
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            serialized = self._client.param_serialize(
+                method=method,
+                resource_path=path,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self._client.call_api(*serialized, _request_timeout=self.timeout)
+            raw = response.read()
+        except Exception as e:  # urllib3 and the client raise many types; all mean "no answer"
+            if isinstance(e, ClusterError):
+                raise
+            raise ClusterUnreachableError(
+                f"Kubernetes API server {self.server} is unreachable ({method} {path}): {_short(e)}"
+            ) from e
+        self.requests += 1
+        status = int(response.status)
+        data = _decode(raw)
+        if 200 <= status < 300:
+            return data
+        raise _error(method, path, status, data)
+
+    def get(self, path: str) -> JsonObject:
+        return self.request("GET", path)
+
+    def list(self, path: str, label_selector: str | None = None) -> list[JsonObject]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        items = self.request("GET", path, query=query).get("items") or []
+        return [i for i in items if isinstance(i, dict)]
+
+    def create(self, path: str, body: Mapping[str, Any]) -> JsonObject:
+        return self.request("POST", path, body)
+
+    def replace(self, path: str, body: Mapping[str, Any]) -> JsonObject:
+        return self.request("PUT", path, body)
+
+    def patch(
+        self, path: str, body: Mapping[str, Any] | Sequence[Any], kind: PatchKind
+    ) -> JsonObject:
+        return self.request("PATCH", path, body, content_type=_CONTENT_TYPES[kind])
+
+    def delete(self, path: str) -> JsonObject:
+        return self.request("DELETE", path)
+
+    def close(self) -> None:
+        close = getattr(self._client, "close", None)
+        if callable(close):
+            close()
+
+
+def _decode(raw: bytes | None) -> JsonObject:
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {"message": raw[:200].decode("utf-8", "replace")}
+    return data if isinstance(data, dict) else {"items": data}
+
+
+def _error(method: str, path: str, status: int, data: JsonObject) -> Exception:
+    reason = str(data.get("reason") or "")
+    message = str(data.get("message") or reason or f"HTTP {status}")
+    text = f"{method} {path}: HTTP {status} {reason}: {message}".replace(": :", ":")
+    if status == 404:
+        return NotFoundError(text, status, reason)
+    if status == 409:
+        return ConflictError(text, status, reason)
+    if status == 422:
+        return InvalidError(text, status, reason)
+    if status in (401, 403):
+        return ClusterError(
+            f"{text} (the credentials lack permission: check the service account's RBAC)",
+            status,
+            reason,
+        )
+    if status >= 500 or status == 429:
+        # A server that is overloaded or restarting: the caller may retry.
+        return ClusterUnreachableError(text)
+    return ClusterError(text, status, reason)
+
+
+def _short(e: BaseException) -> str:
+    """The innermost reason of a urllib3 error chain, on one line."""
+    reason = getattr(e, "reason", None)
+    text = str(reason) if reason is not None else str(e)
+    return text.splitlines()[0][:300] if text else type(e).__name__

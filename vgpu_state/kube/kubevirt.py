@@ -1,0 +1,490 @@
+"""The KubeVirt CR's permitted host devices: which entries a node needs, and a safe write.
+
+A VM may only request a vGPU resource that
+``spec.configuration.permittedHostDevices`` lists. For every vGPU type live on
+a node vgpu-state wants one entry, with ``externalResourceProvider: true`` (our
+device plugin advertises the resource, not virt-handler):
+
+* mdev types in ``mediatedDevices``: ``mdevNameSelector`` is the type's sysfs
+  name (``NVIDIA A2-4Q``);
+* vendor-VFIO types (a VF carrying a vGPU type) in ``pciHostDevices``:
+  ``pciVendorSelector`` is ``10DE:<the VF's device id>``.
+
+The resource name is :func:`vgpu_state.model.resources.resource_name` of the
+sysfs type name, the one rule the device plugin uses too.
+
+Both lists are ``x-kubernetes-list-type: atomic``: a merge patch would replace a
+whole list and drop entries another writer added meanwhile. Every write is
+therefore a JSON Patch that first ``test``s each list it replaces (and the
+ownership annotation) against the value it was computed from; when a
+container had to be created, it also tests ``metadata.resourceVersion``. If
+anything changed in between, the API server refuses the patch (422), and
+:func:`sync` reads again and retries after a jittered backoff.
+
+Ownership: the annotation ``vgpu-state.io/managed-resources`` lists the resource
+names vgpu-state added. Entries not listed there are never changed, removed or
+reordered. An owned entry is removed only when the caller says no node still
+advertises it (:func:`sync`'s ``keep``), which the cluster adapter only does
+while holding the cluster-duties Lease.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Set
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vgpu_state.kube.api import ConflictError, InvalidError, JsonObject, KubeApi, path_of
+from vgpu_state.kube.errors import ClusterConflictError, ClusterError, NotFoundError
+from vgpu_state.model.resources import DEFAULT_DOMAIN, ResourceNameError, resource_name
+from vgpu_state.model.snapshot import Layout, NodeSnapshot
+
+log = logging.getLogger(__name__)
+
+OWNERSHIP_ANNOTATION = "vgpu-state.io/managed-resources"
+NVIDIA_VENDOR_HEX = "10DE"
+DISABLE_MDEV_GATE = "DisableMDEVConfiguration"
+
+ListName = Literal["mediatedDevices", "pciHostDevices"]
+LISTS: tuple[ListName, ...] = ("mediatedDevices", "pciHostDevices")
+_SELECTOR: dict[ListName, str] = {
+    "mediatedDevices": "mdevNameSelector",
+    "pciHostDevices": "pciVendorSelector",
+}
+_BASE = "/spec/configuration/permittedHostDevices"
+
+
+@dataclass(frozen=True, order=True)
+class KubeVirtRef:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> KubeVirtRef:
+        namespace, sep, name = text.partition("/")
+        if not sep or not namespace or not name or "/" in name:
+            raise ValueError(f"{text!r}: expected NAMESPACE/NAME of the KubeVirt CR")
+        return cls(namespace, name)
+
+    @property
+    def path(self) -> str:
+        return path_of("kubevirt.io", "v1", "kubevirts", self.name, self.namespace)
+
+
+@dataclass(frozen=True, order=True)
+class PermittedEntry:
+    """One entry vgpu-state wants in ``permittedHostDevices``."""
+
+    list: ListName
+    resource: str
+    selector: str
+
+    def to_json(self) -> JsonObject:
+        return {
+            _SELECTOR[self.list]: self.selector,
+            "resourceName": self.resource,
+            "externalResourceProvider": True,
+        }
+
+    @property
+    def label(self) -> str:
+        """How a plan names it: ``mediatedDevices[NVIDIA A2-4Q]``."""
+        return f"{self.list}[{self.selector if self.list == 'mediatedDevices' else self.resource}]"
+
+
+@dataclass(frozen=True)
+class EntryChange:
+    op: Literal["add", "update", "remove"]
+    entry: PermittedEntry
+
+    def describe(self, ref: KubeVirtRef) -> str:
+        sign = {"add": "+", "update": "~", "remove": "-"}[self.op]
+        return f"{sign} kubevirt[{ref}].{self.entry.label}"
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Something in the KubeVirt CR that makes it unsafe for vgpu-state to manage vGPUs."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Desired:
+    """The entries a node's live vGPU types need, and types that cannot have one."""
+
+    entries: tuple[PermittedEntry, ...]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def resources(self) -> frozenset[str]:
+        return frozenset(e.resource for e in self.entries)
+
+
+@dataclass(frozen=True)
+class KubeVirtPlan:
+    """What a write to the CR would change, computed from one read of it."""
+
+    changes: tuple[EntryChange, ...]
+    patch: tuple[JsonObject, ...]
+    foreign: tuple[str, ...] = ()
+    """Resources we need that an entry vgpu-state does not own already lists."""
+    managed: tuple[str, ...] = ()
+    """The ownership annotation after the write."""
+    resource_version: str = ""
+
+
+@dataclass
+class SyncResult:
+    ref: KubeVirtRef
+    changes: tuple[EntryChange, ...] = ()
+    foreign: tuple[str, ...] = ()
+    attempts: int = 0
+    conflicts: int = 0
+    waited: float = 0.0
+    problems: tuple[str, ...] = field(default=())
+
+
+# desired entries --------------------------------------------------------------------
+def desired_entries(snapshot: NodeSnapshot, domain: str = DEFAULT_DOMAIN) -> Desired:
+    """One entry per vGPU type live on the node (sorted, no duplicates)."""
+    found: dict[tuple[ListName, str], PermittedEntry] = {}
+    problems: list[str] = []
+    for gpu in snapshot.gpus:
+        for v in gpu.vgpus:
+            name = v.type_sysfs_name or v.type_name
+            if not name:
+                problems.append(f"vGPU {v.key} on {gpu.address} has no type name; not permitted")
+                continue
+            try:
+                resource = resource_name(name, domain)
+            except ResourceNameError as e:
+                problems.append(str(e))
+                continue
+            entry: PermittedEntry
+            if v.kind == "mdev":
+                entry = PermittedEntry("mediatedDevices", resource, name)
+            else:
+                vf = gpu.vf(v.parent)
+                device = vf.device_id if vf is not None and vf.device_id else gpu.device_id
+                entry = PermittedEntry(
+                    "pciHostDevices", resource, f"{NVIDIA_VENDOR_HEX}:{device:04X}"
+                )
+            found.setdefault((entry.list, entry.resource), entry)
+    return Desired(tuple(sorted(found.values())), tuple(problems))
+
+
+# reading the CR -------------------------------------------------------------------
+def managed_resources(cr: Mapping[str, Any]) -> frozenset[str]:
+    """The resource names the ownership annotation lists (a malformed one lists none)."""
+    raw = ((cr.get("metadata") or {}).get("annotations") or {}).get(OWNERSHIP_ANNOTATION)
+    if not raw:
+        return frozenset()
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return frozenset(p.strip() for p in str(raw).split(",") if p.strip())
+    if isinstance(value, list):
+        return frozenset(str(v) for v in value)
+    return frozenset()
+
+
+def permitted(cr: Mapping[str, Any]) -> dict[ListName, list[JsonObject]]:
+    devices = _get(cr, "spec", "configuration", "permittedHostDevices") or {}
+    return {name: list(devices.get(name) or []) for name in LISTS}
+
+
+def blockers(
+    cr: Mapping[str, Any], node_labels: Mapping[str, str], snapshot: NodeSnapshot | None = None
+) -> tuple[Blocker, ...]:
+    """Why vgpu-state must not create or remove mdevs on this node while the CR is as it is.
+
+    KubeVirt's own mediated-device handling creates mdevs of the types it is told
+    to (``mediatedDevicesConfiguration``) on every free parent and removes every
+    mdev of other types, unless ``mediatedDevicesConfiguration.enabled`` is
+    ``false`` (KubeVirt 1.8+) or the ``DisableMDEVConfiguration`` feature gate is
+    listed. Nodes without mdev-layout GPUs are not affected.
+    """
+    found: list[Blocker] = []
+    if snapshot is not None and not any(g.layout == Layout.MDEV for g in snapshot.gpus):
+        return ()
+    config = _get(cr, "spec", "configuration") or {}
+    mdev_config = config.get("mediatedDevicesConfiguration") or {}
+    gates = (config.get("developerConfiguration") or {}).get("featureGates") or []
+    enabled = mdev_config.get("enabled")
+    types = _node_mdev_types(mdev_config, node_labels)
+    handled = enabled is True or (enabled is None and DISABLE_MDEV_GATE not in gates)
+    if types and handled:
+        found.append(
+            Blocker(
+                "KubeVirtMdevManagementActive",
+                "KubeVirt manages mediated devices on this node (mediatedDevicesConfiguration "
+                f"asks for {', '.join(sorted(types))}); virt-handler would create its own vGPUs "
+                "and remove the ones vgpu-state creates. Set spec.configuration."
+                "mediatedDevicesConfiguration.enabled: false in the KubeVirt CR (KubeVirt 1.8 "
+                f"or later) or add the {DISABLE_MDEV_GATE} feature gate to spec.configuration."
+                "developerConfiguration.featureGates, and let vgpu-state own the layout.",
+            )
+        )
+    owners = (cr.get("metadata") or {}).get("ownerReferences") or []
+    if any(isinstance(o, dict) and o.get("kind") == "HyperConverged" for o in owners):
+        found.append(
+            Blocker(
+                "KubeVirtManagedByHCO",
+                "the KubeVirt CR is owned by a HyperConverged CR, whose operator reverts edits "
+                "to permittedHostDevices; list the vGPU resources in the HyperConverged CR's "
+                "spec.permittedHostDevices (with externalResourceProvider: true) instead.",
+            )
+        )
+    return tuple(found)
+
+
+def _node_mdev_types(mdev_config: Mapping[str, Any], labels: Mapping[str, str]) -> set[str]:
+    """The types KubeVirt would configure on a node with ``labels``."""
+    per_node: set[str] = set()
+    for item in mdev_config.get("nodeMediatedDeviceTypes") or []:
+        selector = item.get("nodeSelector") or {}
+        if all(labels.get(k) == v for k, v in selector.items()):
+            per_node.update(item.get("mediatedDeviceTypes") or [])
+            per_node.update(item.get("mediatedDevicesTypes") or [])
+    if per_node:
+        return per_node
+    return set(mdev_config.get("mediatedDeviceTypes") or []) | set(
+        mdev_config.get("mediatedDevicesTypes") or []
+    )
+
+
+# planning a write -----------------------------------------------------------------
+def plan(
+    cr: Mapping[str, Any],
+    desired: Iterable[PermittedEntry],
+    keep: Set[str] | None = None,
+) -> KubeVirtPlan:
+    """The changes and the guarded JSON Patch that bring ``cr`` to hold ``desired``.
+
+    ``keep``: when given, the resources some node still advertises; owned entries
+    whose resource is neither there nor in ``desired`` are removed. ``None``
+    removes nothing.
+    """
+    owned = managed_resources(cr)
+    lists = permitted(cr)
+    new_lists = {name: [copy.deepcopy(e) for e in items] for name, items in lists.items()}
+    changes: list[EntryChange] = []
+    foreign: list[str] = []
+    wanted = list(desired)
+    wanted_resources = {e.resource for e in wanted}
+    added: set[str] = set()
+    for entry in wanted:
+        items = new_lists[entry.list]
+        index = next(
+            (i for i, item in enumerate(items) if item.get("resourceName") == entry.resource), None
+        )
+        other = next(
+            (
+                name
+                for name in LISTS
+                if name != entry.list
+                and any(i.get("resourceName") == entry.resource for i in new_lists[name])
+            ),
+            None,
+        )
+        if index is None and other is not None and entry.resource not in owned:
+            foreign.append(entry.resource)
+            continue
+        if index is None:
+            items.append(entry.to_json())
+            changes.append(EntryChange("add", entry))
+            added.add(entry.resource)
+        elif entry.resource not in owned:
+            foreign.append(entry.resource)
+        elif items[index] != entry.to_json():
+            items[index] = entry.to_json()
+            changes.append(EntryChange("update", entry))
+    removed: set[str] = set()
+    if keep is not None:
+        for name in LISTS:
+            kept: list[JsonObject] = []
+            for item in new_lists[name]:
+                res = item.get("resourceName")
+                if res in owned and res not in wanted_resources and res not in keep:
+                    removed.add(str(res))
+                    changes.append(EntryChange("remove", _entry_of(name, item)))
+                else:
+                    kept.append(item)
+            new_lists[name] = kept
+    managed = sorted((owned | added) - removed)
+    ops = _patch(cr, lists, new_lists, owned, managed) if changes or set(managed) != owned else []
+    rv = str(_get(cr, "metadata", "resourceVersion") or "")
+    return KubeVirtPlan(tuple(changes), tuple(ops), tuple(sorted(set(foreign))), tuple(managed), rv)
+
+
+def _entry_of(name: ListName, item: Mapping[str, Any]) -> PermittedEntry:
+    return PermittedEntry(
+        name, str(item.get("resourceName", "")), str(item.get(_SELECTOR[name], ""))
+    )
+
+
+def _patch(
+    cr: Mapping[str, Any],
+    old: Mapping[ListName, list[JsonObject]],
+    new: Mapping[ListName, list[JsonObject]],
+    owned: frozenset[str],
+    managed: list[str],
+) -> list[JsonObject]:
+    ops: list[JsonObject] = []
+    guard_version = False
+    devices = _get(cr, "spec", "configuration", "permittedHostDevices")
+    changed = [name for name in LISTS if old[name] != new[name]]
+    if changed and not isinstance(devices, dict):
+        guard_version = True
+        body = {name: new[name] for name in changed}
+        if not isinstance(_get(cr, "spec", "configuration"), dict):
+            if not isinstance(cr.get("spec"), dict):
+                ops.append({"op": "add", "path": "/spec", "value": {}})
+            ops.append({"op": "add", "path": "/spec/configuration", "value": {}})
+        ops.append({"op": "add", "path": _BASE, "value": body})
+    else:
+        for name in changed:
+            path = f"{_BASE}/{name}"
+            if isinstance(devices, dict) and name in devices:
+                ops.append({"op": "test", "path": path, "value": devices[name]})
+                ops.append({"op": "replace", "path": path, "value": new[name]})
+            else:
+                guard_version = True
+                ops.append({"op": "add", "path": path, "value": new[name]})
+    annotations = _get(cr, "metadata", "annotations")
+    key = "/metadata/annotations/" + OWNERSHIP_ANNOTATION.replace("~", "~0").replace("/", "~1")
+    value = json.dumps(managed)
+    if not isinstance(annotations, dict):
+        guard_version = True
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        ops.append({"op": "add", "path": key, "value": value})
+    elif OWNERSHIP_ANNOTATION not in annotations:
+        guard_version = True
+        ops.append({"op": "add", "path": key, "value": value})
+    elif annotations[OWNERSHIP_ANNOTATION] != value or managed != sorted(owned):
+        ops.append({"op": "test", "path": key, "value": annotations[OWNERSHIP_ANNOTATION]})
+        ops.append({"op": "replace", "path": key, "value": value})
+    else:
+        # Unchanged ownership still guards the lists: a writer that changed it meanwhile
+        # (e.g. removed an entry we would re-add) makes this write fail and re-plan.
+        ops.append({"op": "test", "path": key, "value": annotations[OWNERSHIP_ANNOTATION]})
+    if guard_version:
+        rv = _get(cr, "metadata", "resourceVersion")
+        if rv is not None:
+            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+    return ops
+
+
+def _get(obj: Mapping[str, Any], *keys: str) -> Any:
+    cur: Any = obj
+    for key in keys:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(key)
+    return cur
+
+
+# the write ----------------------------------------------------------------------------
+def find(api: KubeApi, ref: KubeVirtRef | None) -> KubeVirtRef:
+    """``ref``, or the one KubeVirt CR in the cluster."""
+    if ref is not None:
+        return ref
+    try:
+        items = api.list(path_of("kubevirt.io", "v1", "kubevirts"))
+    except NotFoundError as e:
+        raise ClusterError(
+            "KubeVirt is not installed: the API server serves no kubevirt.io/v1 KubeVirt resource"
+        ) from e
+    refs = sorted(
+        KubeVirtRef(str(_get(i, "metadata", "namespace")), str(_get(i, "metadata", "name")))
+        for i in items
+    )
+    if not refs:
+        raise ClusterError("no KubeVirt CR found in the cluster (is KubeVirt deployed?)")
+    if len(refs) > 1:
+        raise ClusterError(
+            f"{len(refs)} KubeVirt CRs found ({', '.join(map(str, refs))}); name the one to "
+            "manage as NAMESPACE/NAME"
+        )
+    return refs[0]
+
+
+def read(api: KubeApi, ref: KubeVirtRef) -> JsonObject:
+    try:
+        return api.get(ref.path)
+    except NotFoundError as e:
+        raise ClusterError(f"KubeVirt CR {ref} not found") from e
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Full-jitter exponential backoff: attempt n sleeps uniform(0, min(cap, base * 2**n))."""
+
+    base: float = 0.05
+    cap: float = 2.0
+    attempts: int = 40
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0, min(self.cap, self.base * (2**attempt)))
+
+
+def sync(
+    api: KubeApi,
+    ref: KubeVirtRef,
+    desired: Iterable[PermittedEntry],
+    keep: Callable[[], Set[str]] | None = None,
+    *,
+    backoff: Backoff = Backoff(),
+    rng: random.Random | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> SyncResult:
+    """Bring the CR to hold ``desired`` (and drop unadvertised owned entries if ``keep``).
+
+    Read, plan, send the guarded patch; on 409 or 422 read again and retry after
+    a jittered backoff. A 422 on an object that did not change since it was read
+    is a real refusal (an invalid patch) and is raised at once.
+    """
+    wanted = tuple(desired)
+    rng = rng or random.Random()
+    result = SyncResult(ref)
+    failed_on: str | None = None
+    for attempt in range(backoff.attempts):
+        cr = read(api, ref)
+        rv = str(_get(cr, "metadata", "resourceVersion") or "")
+        if failed_on is not None and rv == failed_on:
+            raise ClusterError(
+                f"KubeVirt CR {ref}: the API server refused the update although the CR did not "
+                "change since it was read"
+            )
+        p = plan(cr, wanted, keep() if keep is not None else None)
+        result.attempts = attempt + 1
+        result.foreign = p.foreign
+        if not p.patch:
+            return result
+        try:
+            api.patch(ref.path, list(p.patch), "json")
+        except (ConflictError, InvalidError) as e:
+            result.conflicts += 1
+            failed_on = rv if isinstance(e, InvalidError) else None
+            delay = backoff.delay(attempt, rng)
+            result.waited += delay
+            log.debug("KubeVirt CR %s changed meanwhile (%s); retrying in %.3f s", ref, e, delay)
+            sleep(delay)
+            continue
+        result.changes = p.changes
+        for change in p.changes:
+            log.info("%s", change.describe(ref))
+        return result
+    raise ClusterConflictError(
+        f"KubeVirt CR {ref}: {result.conflicts} concurrent changes in a row; giving up for now"
+    )

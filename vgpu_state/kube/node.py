@@ -1,0 +1,100 @@
+"""The Node: its labels (which config it wants) and the keys vgpu-state writes back.
+
+vgpu-state writes exactly these keys, with a JSON merge patch that names no
+other key, so labels and annotations of other controllers are never touched:
+
+* the vgpu-device-manager state label ``nvidia.com/vgpu.config.state``
+  (``pending`` while an apply runs, then ``success`` or ``failed``);
+* annotations with the applied config name, the config document's hash and
+  the last plan's one-line summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from vgpu_state.kube.api import JsonObject, KubeApi, path_of
+
+STATE_LABEL = "nvidia.com/vgpu.config.state"
+APPLIED_CONFIG_ANNOTATION = "vgpu-state.io/applied-config"
+CONFIG_HASH_ANNOTATION = "vgpu-state.io/config-hash"
+LAST_PLAN_ANNOTATION = "vgpu-state.io/last-plan"
+
+WRITTEN_KEYS = (
+    STATE_LABEL,
+    APPLIED_CONFIG_ANNOTATION,
+    CONFIG_HASH_ANNOTATION,
+    LAST_PLAN_ANNOTATION,
+)
+"""Every label and annotation key vgpu-state ever writes on a Node."""
+
+
+class NodeConfigState(StrEnum):
+    """Values of the state label, as NVIDIA's vgpu-device-manager writes them."""
+
+    PENDING = "pending"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+def node_path(name: str) -> str:
+    return path_of("", "v1", "nodes", name)
+
+
+def read_node(api: KubeApi, name: str) -> JsonObject:
+    return api.get(node_path(name))
+
+
+def labels_of(node: Mapping[str, Any]) -> dict[str, str]:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def annotations_of(node: Mapping[str, Any]) -> dict[str, str]:
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return {str(k): str(v) for k, v in annotations.items()}
+
+
+def state_patch(
+    state: NodeConfigState | None = None,
+    *,
+    applied_config: str | None = None,
+    config_hash: str | None = None,
+    plan_summary: str | None = None,
+) -> JsonObject:
+    """The merge patch for the state label and annotations; keys left ``None`` are not sent."""
+    metadata: JsonObject = {}
+    if state is not None:
+        metadata["labels"] = {STATE_LABEL: state.value}
+    annotations = {
+        key: value
+        for key, value in (
+            (APPLIED_CONFIG_ANNOTATION, applied_config),
+            (CONFIG_HASH_ANNOTATION, config_hash),
+            (LAST_PLAN_ANNOTATION, plan_summary),
+        )
+        if value is not None
+    }
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata} if metadata else {}
+
+
+def write_state(
+    api: KubeApi,
+    name: str,
+    state: NodeConfigState | None = None,
+    *,
+    applied_config: str | None = None,
+    config_hash: str | None = None,
+    plan_summary: str | None = None,
+) -> JsonObject | None:
+    """Merge-patch the state label and annotations onto the Node; returns the Node."""
+    patch = state_patch(
+        state, applied_config=applied_config, config_hash=config_hash, plan_summary=plan_summary
+    )
+    if not patch:
+        return None
+    return api.patch(node_path(name), patch, "merge")
