@@ -15,8 +15,8 @@ from vgpu_state.kube.node import (
     CONFIG_HASH_ANNOTATION,
     LAST_PLAN_ANNOTATION,
     STATE_LABEL,
-    NodeConfigState,
 )
+from vgpu_state.model.status import ConfigState
 
 FOREIGN_LABELS = {
     "kubernetes.io/hostname": "gpu-node-1",
@@ -47,11 +47,11 @@ def test_labels_are_read_from_the_node(api: KubeApi) -> None:
 def test_state_label_goes_pending_then_success_or_failed(
     apiserver: RunningApiServer, api: KubeApi
 ) -> None:
-    node.write_state(api, "gpu-node-1", NodeConfigState.PENDING)
+    node.write_state(api, "gpu-node-1", ConfigState.PENDING)
     node.write_state(
         api,
         "gpu-node-1",
-        NodeConfigState.SUCCESS,
+        ConfigState.SUCCESS,
         applied_config="a2-mixed",
         config_hash="sha256:abc",
         plan_summary="Plan: 2 to add, 0 to change, 1 to destroy.",
@@ -71,7 +71,7 @@ def test_state_label_goes_pending_then_success_or_failed(
         CONFIG_HASH_ANNOTATION: "sha256:abc",
         LAST_PLAN_ANNOTATION: "Plan: 2 to add, 0 to change, 1 to destroy.",
     }
-    node.write_state(api, "gpu-node-1", NodeConfigState.FAILED)
+    node.write_state(api, "gpu-node-1", ConfigState.FAILED)
     after = apiserver.get(NODES, "gpu-node-1")
     assert after is not None
     assert after["metadata"]["labels"][STATE_LABEL] == "failed"
@@ -79,7 +79,7 @@ def test_state_label_goes_pending_then_success_or_failed(
 
 
 def test_the_patch_names_only_our_keys() -> None:
-    assert node.state_patch(NodeConfigState.PENDING) == {
+    assert node.state_patch(ConfigState.PENDING) == {
         "metadata": {"labels": {STATE_LABEL: "pending"}}
     }
     assert node.state_patch() == {}

@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
-from vgpu_state.model.errors import TransientError, VgpuStateError
+from vgpu_state.model.errors import Reason, TransientError, UserError, VgpuStateError
 
 
-class ClusterError(VgpuStateError):
-    """The Kubernetes API refused a request for a reason a retry will not fix."""
+class ClusterError(UserError):
+    """The Kubernetes API refused a request for a reason a retry will not fix.
 
-    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+    ``status`` is the HTTP status, ``api_reason`` the API server's reason
+    (``NotFound``, ``Forbidden``, ``Invalid``, ...).
+    """
+
+    default_reason = Reason.CLUSTER_REFUSED
+
+    def __init__(self, message: str, status: int = 0, api_reason: str = "") -> None:
         self.status = status
-        self.reason = reason
+        self.api_reason = api_reason
         super().__init__(message)
 
 
 class ClusterUnreachableError(TransientError):
     """The Kubernetes API server could not be reached (or its config could not be loaded)."""
 
+    default_reason = Reason.CLUSTER_UNREACHABLE
+
 
 class ClusterConflictError(TransientError):
     """A guarded write kept losing to concurrent writers; retry later."""
+
+    default_reason = Reason.CLUSTER_CONFLICT
 
 
 class NotFoundError(ClusterError):
@@ -32,6 +42,8 @@ class PodResourcesUnavailableError(VgpuStateError):
     Without it nothing is known about which vGPUs pods hold: ``apply`` must not
     destroy anything, and ``plan`` reports in-use as unknown.
     """
+
+    default_reason = Reason.IN_USE_UNKNOWN
 
     def __init__(self, socket: str, detail: str) -> None:
         self.socket = socket

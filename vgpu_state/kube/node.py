@@ -12,10 +12,10 @@ other key, so labels and annotations of other controllers are never touched:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Any
 
 from vgpu_state.kube.api import JsonObject, KubeApi, path_of
+from vgpu_state.model.status import ConfigState
 
 STATE_LABEL = "nvidia.com/vgpu.config.state"
 APPLIED_CONFIG_ANNOTATION = "vgpu-state.io/applied-config"
@@ -29,14 +29,6 @@ WRITTEN_KEYS = (
     LAST_PLAN_ANNOTATION,
 )
 """Every label and annotation key vgpu-state ever writes on a Node."""
-
-
-class NodeConfigState(StrEnum):
-    """Values of the state label, as NVIDIA's vgpu-device-manager writes them."""
-
-    PENDING = "pending"
-    SUCCESS = "success"
-    FAILED = "failed"
 
 
 def node_path(name: str) -> str:
@@ -58,7 +50,7 @@ def annotations_of(node: Mapping[str, Any]) -> dict[str, str]:
 
 
 def state_patch(
-    state: NodeConfigState | None = None,
+    state: ConfigState | None = None,
     *,
     applied_config: str | None = None,
     config_hash: str | None = None,
@@ -85,7 +77,7 @@ def state_patch(
 def write_state(
     api: KubeApi,
     name: str,
-    state: NodeConfigState | None = None,
+    state: ConfigState | None = None,
     *,
     applied_config: str | None = None,
     config_hash: str | None = None,

@@ -67,6 +67,10 @@ class Reason(StrEnum):
     HOST_UNREADABLE = "HostUnreadable"
     LOCKED = "Locked"
     TRANSIENT = "Transient"
+    CLUSTER_UNREACHABLE = "ClusterUnreachable"
+    CLUSTER_REFUSED = "ClusterRefused"
+    CLUSTER_CONFLICT = "ClusterConflict"
+    IN_USE_UNKNOWN = "InUseUnknown"
 
 
 class BlockedReason(StrEnum):
