@@ -78,3 +78,18 @@ def test_the_simulator_starts_without_the_cli() -> None:
         [sys.executable, "-m", "vgpu_state.sim", "--help"], capture_output=True, text=True
     )
     assert r.returncode == 0 and "mount" in r.stdout
+
+
+def test_nothing_below_the_shells_reads_the_environment_or_argv() -> None:
+    """Settings are passed down: only the CLI and the agent read flags and environment."""
+    shells = {"cli", "agent"}
+    offenders = []
+    for path in sorted((REPO / "vgpu_state").rglob("*.py")):
+        rel = path.relative_to(REPO / "vgpu_state")
+        if rel.parts[0] in shells:
+            continue
+        text = path.read_text()
+        for needle in ("os.environ", "os.getenv", "sys.argv"):
+            if needle in text:
+                offenders.append(f"{rel}: {needle}")
+    assert offenders == []

@@ -27,7 +27,7 @@ from vgpu_state.cli.session import (
     ports,
     settings,
 )
-from vgpu_state.executor import ApplyError, ApplyResult, Journal, StepResult
+from vgpu_state.executor import ApplyError, ApplyResult, Journal, Outcome, StepResult
 from vgpu_state.model.errors import SelectionError, StalePlanError
 from vgpu_state.model.files import read_input
 from vgpu_state.model.plan import Action, Plan
@@ -156,7 +156,7 @@ class _ApplyOutput(_Warnings):
         from rich.text import Text
 
         mark, style = self.MARKS.get(result.outcome, ("?", ""))
-        extra = " (already done)" if result.outcome == "skipped" else ""
+        extra = " (already done)" if result.outcome is Outcome.SKIPPED else ""
         line = Text("  ")
         line.append(mark, style=style)
         type_name = f" {action.type_name}" if action.type_name else ""

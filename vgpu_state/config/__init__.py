@@ -5,7 +5,7 @@ Public API::
     load_file(path) -> ConfigDocument
     load_text(text, filename) -> ConfigDocument
     dump(document) -> str
-    select(document, node_name, labels, label_key="nvidia.com/vgpu.config") -> Selection
+    select(document, node_name, labels, label_key="nvidia.com/vgpu.config") -> ConfigChoice
     resolve(document, config_name, gpus, node_name, source) -> DesiredState
     json_schema() -> dict
 
@@ -26,12 +26,13 @@ from vgpu_state.config.filters import DeviceFilter, parse_device_filter
 from vgpu_state.config.loader import load_file, load_text
 from vgpu_state.config.resolution import gpu_model, resolve
 from vgpu_state.config.schema import json_schema, json_schema_text
-from vgpu_state.config.selection import DEFAULT_LABEL_KEY, Selection, select
+from vgpu_state.config.selection import DEFAULT_LABEL_KEY, ConfigChoice, select
 from vgpu_state.config.source import FileConfigSource, StaticConfigSource
 from vgpu_state.config.typenames import canonical_type_name, type_name_problem
 
 __all__ = [
     "DEFAULT_LABEL_KEY",
+    "ConfigChoice",
     "ConfigDocument",
     "ConfigFile",
     "DeviceFilter",
@@ -41,7 +42,6 @@ __all__ = [
     "NamedConfig",
     "NodeSelector",
     "PolicySpec",
-    "Selection",
     "StaticConfigSource",
     "canonical_type_name",
     "dump",

@@ -13,7 +13,7 @@ DEFAULT_LABEL_KEY = "nvidia.com/vgpu.config"
 
 
 @dataclass(frozen=True)
-class Selection:
+class ConfigChoice:
     config: str | None
     """``None`` when nothing selects a config: the node is left alone."""
     source: str
@@ -27,7 +27,7 @@ def select(
     node_name: str,
     labels: Mapping[str, str],
     label_key: str = DEFAULT_LABEL_KEY,
-) -> Selection:
+) -> ConfigChoice:
     """Pick the config of node ``node_name``; raise ``SelectionError`` for an unknown label."""
     names = document.config_names
     if label_key in labels:
@@ -39,16 +39,16 @@ def select(
                 f"node {node_name}: label {label_key}={value} names no config in "
                 f"{document.file}{tail}"
             )
-        return Selection(value, "label", f"node label {label_key}={value}")
+        return ConfigChoice(value, "label", f"node label {label_key}={value}")
     for index, selector in enumerate(document.spec.node_selectors):
         if selector.matches(labels):
             source = f"node-selector[{index}]"
             where = document.location(f"node-selectors[{index}]")
-            return Selection(selector.config, source, f"first matching node-selector ({where})")
+            return ConfigChoice(selector.config, source, f"first matching node-selector ({where})")
     if document.spec.default is not None:
         where = document.location("default")
-        return Selection(document.spec.default, "default", f"default ({where})")
-    return Selection(
+        return ConfigChoice(document.spec.default, "default", f"default ({where})")
+    return ConfigChoice(
         None,
         "none",
         f"no label {label_key}, no node-selector matches and the file has no default",

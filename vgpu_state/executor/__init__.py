@@ -3,6 +3,7 @@
 from vgpu_state.executor.apply import (
     ApplyError,
     ApplyResult,
+    Outcome,
     StepResult,
     VerificationError,
     apply,
@@ -20,6 +21,7 @@ __all__ = [
     "HostPort",
     "Journal",
     "LockTimeoutError",
+    "Outcome",
     "StepResult",
     "UnfinishedPlan",
     "VerificationError",

@@ -8,6 +8,7 @@ import uuid as uuid_mod
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from vgpu_state.executor.journal import Journal
 from vgpu_state.model.errors import BlockedError, DriverError, HostError, PlanningError, Reason
@@ -18,7 +19,14 @@ from vgpu_state.ports.host import HostPort
 
 log = logging.getLogger(__name__)
 
-Outcome = str  # "ok" | "skipped" | "failed"
+
+class Outcome(StrEnum):
+    """How one step ended (the journal records the value)."""
+
+    OK = "ok"
+    SKIPPED = "skipped"
+    """The live state already was what the step makes it."""
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -158,15 +166,17 @@ class _Run:
         started = time.perf_counter()
         error: DriverError | None = None
         if self.already_done(a, live):
-            result = StepResult(a.address, a.kind.value, "skipped", 0.0, "already done")
+            result = StepResult(a.address, a.kind.value, Outcome.SKIPPED, 0.0, "already done")
         else:
             try:
                 self.perform(a)
-                result = StepResult(a.address, a.kind.value, "ok", time.perf_counter() - started)
+                result = StepResult(
+                    a.address, a.kind.value, Outcome.OK, time.perf_counter() - started
+                )
             except DriverError as e:
                 error = e
                 seconds = time.perf_counter() - started
-                result = StepResult(a.address, a.kind.value, "failed", seconds, str(e))
+                result = StepResult(a.address, a.kind.value, Outcome.FAILED, seconds, str(e))
         self.steps.append(result)
         log.info(
             "%s %s%s: %s%s",

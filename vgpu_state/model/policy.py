@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict
+from vgpu_state.model.frozen import Frozen
 
 
 class InUsePolicy(StrEnum):
@@ -31,9 +31,7 @@ class SriovPolicy(StrEnum):
     OFF = "off"
 
 
-class Policy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class Policy(Frozen):
     in_use: InUsePolicy = InUsePolicy.PROTECT
     prune: bool = True
     sriov: SriovPolicy = SriovPolicy.AUTO

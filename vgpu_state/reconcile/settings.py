@@ -15,7 +15,7 @@ from vgpu_state.config.selection import DEFAULT_LABEL_KEY
 class Settings:
     """How to reconcile, decided once by the shell (CLI flags, agent configuration).
 
-    Nothing below the shell reads the environment or ``sys.argv``; what it
+    Nothing below the shell reads the environment or the command line; what it
     needs is here.
     """
 
