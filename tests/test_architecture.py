@@ -81,8 +81,13 @@ def test_the_simulator_starts_without_the_cli() -> None:
 
 
 def test_nothing_below_the_shells_reads_the_environment_or_argv() -> None:
-    """Settings are passed down: only the CLI and the agent read flags and environment."""
+    """Settings are passed down: only the CLI and the agent read flags and environment.
+
+    The Kubernetes adapter may look for the in-cluster service environment when
+    it loads the official client's configuration, as that client itself does.
+    """
     shells = {"cli", "agent"}
+    allowed = {"kube/api.py: os.environ"}
     offenders = []
     for path in sorted((REPO / "vgpu_state").rglob("*.py")):
         rel = path.relative_to(REPO / "vgpu_state")
@@ -90,6 +95,6 @@ def test_nothing_below_the_shells_reads_the_environment_or_argv() -> None:
             continue
         text = path.read_text()
         for needle in ("os.environ", "os.getenv", "sys.argv"):
-            if needle in text:
+            if needle in text and f"{rel}: {needle}" not in allowed:
                 offenders.append(f"{rel}: {needle}")
     assert offenders == []
