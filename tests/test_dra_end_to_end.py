@@ -1,0 +1,158 @@
+"""Apply creates vGPUs, the node's slices list them, a claim on one is prepared and holds it.
+
+Real parts: the simulated node's sysfs tree, kmock's emulator behind the
+official client, the DRA plugin on unix sockets driven by a fake kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient, Configuration
+
+from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
+from vgpu_state.config import load_file, resolve
+from vgpu_state.dra.fakekubelet import FakeKubelet
+from vgpu_state.dra.plugin import DraPlugin
+from vgpu_state.dra.prepare import DraPaths, Preparer
+from vgpu_state.dra.slices import DRIVER, MDEV_UUID, PCI_BUS_ID, build_pool
+from vgpu_state.executor import apply
+from vgpu_state.kube.dra import KubeClaims, SlicePublisher, claims_in_use
+from vgpu_state.model.plan import Plan
+from vgpu_state.planner import plan as make_plan
+from vgpu_state.sim.host import SimHost
+
+SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
+NODE = "l40s-node"
+
+
+def _plan(host: SimHost, layout: str, tmp: Path, in_use: dict[str, str]) -> Plan:
+    config = tmp / "layout.yaml"
+    config.write_text("version: v1\nvgpu-configs:\n  layout:\n" + layout)
+    snapshot = host.scan()
+    desired = resolve(load_file(config), "layout", snapshot.gpus, snapshot.node, "flag")
+    return make_plan(desired, snapshot, in_use)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dra-e2e-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path) -> None:
+    api = RunningDraApiServer().start()
+    host = SimHost(SIM / "l40s-pair.yaml")
+    plugin: DraPlugin | None = None
+    kubelet: FakeKubelet | None = None
+    try:
+        api.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        cfg = Configuration()
+        cfg.host = api.url
+        client = ApiClient(cfg)
+
+        # 1. apply: four 12Q vGPUs on the second L40S (the first keeps its two 4Q).
+        layout = '    - devices: ["0000:a1:00.0"]\n      vgpu-devices: {L40S-12Q: 4}\n'
+        first = _plan(host, layout, base, {})
+        apply(first, host)
+        snapshot = host.scan()
+        live = {v.key for g in snapshot.gpus for v in g.vgpus}
+        assert len(live) == 6
+
+        # 2. the node's slices list exactly the live vGPUs, each with the key KubeVirt reads.
+        pool = build_pool(snapshot)
+        SlicePublisher(client, NODE).publish(pool)
+        objs = api.list(slices("v1"))
+        devices = {d["name"]: d for o in objs for d in o["spec"]["devices"]}
+        published = {
+            (d["attributes"].get(PCI_BUS_ID) or d["attributes"].get(MDEV_UUID))["string"]
+            for d in devices.values()
+        }
+        assert published == live
+        assert api.server is not None and api.server.rejected == []
+
+        # 3. the scheduler allocates one new 12Q to a claim of a VM's pod.
+        target = next(
+            d
+            for d in pool.devices.values()
+            if d.gpu == "0000:a1:00.0" and d.attributes["vgpuType"] == "L40S-12Q"
+        )
+        claim: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "render-vgpu", "namespace": "vms"},
+            "spec": {
+                "devices": {"requests": [{"name": "vgpu", "exactly": {"deviceClassName": DRIVER}}]}
+            },
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": "vgpu",
+                                "driver": DRIVER,
+                                "pool": NODE,
+                                "device": target.name,
+                            }
+                        ]
+                    }
+                },
+                "reservedFor": [
+                    {
+                        "resource": "pods",
+                        "name": "virt-launcher-render-x2x9z",
+                        "uid": "8d1e6c2a-0000-4000-8000-00000000aaaa",
+                    }
+                ],
+            },
+        }
+        uid = api.put(claims("v1"), claim)["metadata"]["uid"]
+
+        # 4. the kubelet prepares it: CDI spec with the VF's own IOMMU group.
+        paths = DraPaths(
+            plugin_dir=base / "plugins" / DRIVER,
+            registry_dir=base / "plugins_registry",
+            cdi_dir=base / "cdi",
+            sysfs_root=Path(host.root),
+            dev_root=base / "dev",
+        )
+        preparer = Preparer(
+            node=NODE, claims=KubeClaims(client), inventory=lambda: pool.devices, paths=paths
+        )
+        plugin = DraPlugin(preparer, paths)
+        plugin.start()
+        kubelet = FakeKubelet(paths.registry_dir)
+        assert kubelet.register_all() == [DRIVER]
+        reply = kubelet.prepare(DRIVER, [("vms", "render-vgpu", uid)]).claims[uid]
+        assert reply.error == ""
+        (device,) = reply.devices
+        assert device.device_name == target.name
+        spec = json.loads((paths.cdi_dir / f"{DRIVER}_{uid}.json").read_text())
+        group = Path(host.root, "bus/pci/devices", target.key, "iommu_group").resolve().name
+        assert {"path": f"/dev/vfio/{group}"} in spec["devices"][0]["containerEdits"]["deviceNodes"]
+        assert f"{DRIVER}/vgpu={spec['devices'][0]['name']}" in device.cdi_device_ids
+
+        # 5. a layout that would destroy the claimed vGPU is blocked, naming claim and pod.
+        in_use = claims_in_use(KubeClaims(client), NODE)
+        assert in_use == {
+            target.key: "ResourceClaim vms/render-vgpu (pod vms/virt-launcher-render-x2x9z)"
+        }
+        smaller = '    - devices: ["0000:a1:00.0"]\n      vgpu-devices: {L40S-24Q: 2}\n'
+        second = _plan(host, smaller, base, in_use)
+        (blocked,) = [b for b in second.blocked if b.address.endswith(f"vf[{target.key}]")]
+        assert blocked.holder is not None and "ResourceClaim vms/render-vgpu" in blocked.holder
+        assert "virt-launcher-render-x2x9z" in blocked.holder
+    finally:
+        if kubelet is not None:
+            kubelet.close()
+        if plugin is not None:
+            plugin.stop()
+        host.close()
+        api.stop()

@@ -1,0 +1,323 @@
+"""Dynamic Resource Allocation on the Kubernetes API: ResourceSlices, ResourceClaims.
+
+* :func:`resource_api_version`: ``v1`` when the API server serves it, else ``v1beta2``
+  (same object shape); neither is an error that names the Kubernetes versions.
+* :class:`SlicePublisher`: keeps the node's ResourceSlices equal to a
+  :class:`~vgpu_state.dra.slices.PoolSpec`. Any change (a vGPU created or
+  destroyed, a slice someone deleted) bumps the pool generation in every slice,
+  deletes obsolete slices, replaces changed ones and creates missing ones. The
+  kubelet deletes a node's slices when it starts and 30 s after a driver
+  disconnects: :meth:`SlicePublisher.sync` (run periodically by
+  :class:`SliceResync`, and at once when the kubelet registers the plugin)
+  recreates them. :meth:`SlicePublisher.remove_all` deletes them on shutdown.
+* :class:`KubeClaims`: the plugin's :class:`~vgpu_state.dra.claims.ClaimSource`.
+* :func:`claims_in_use`: vGPUs allocated to claims in this node's pool, as the
+  planner's in-use mapping (key -> "ResourceClaim ns/name (pod ns/p)").
+
+The official client is imported lazily, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from vgpu_state.dra.claims import Claim, claim_holders
+from vgpu_state.dra.slices import DRIVER, PoolSpec
+from vgpu_state.model.errors import TransientError, UserError
+
+log = logging.getLogger(__name__)
+
+GROUP = "resource.k8s.io"
+VERSIONS = ("v1", "v1beta2")
+SLICES = "resourceslices"
+CLAIMS = "resourceclaims"
+CONTENT_ANNOTATION = "vgpu-state.io/slice-content"
+"""sha256 of the slice's spec without the generation: what we last wrote, so a
+server that fills in defaults never makes an unchanged pool look changed."""
+
+
+class DraApiError(TransientError):
+    """The API server did not answer a DRA request as expected; retry later."""
+
+
+class DraUnsupportedError(UserError):
+    """The cluster serves no ResourceSlice version vgpu-state can write."""
+
+
+def _status(e: BaseException) -> int:
+    return int(getattr(e, "status", 0) or 0)
+
+
+def _custom(api_client: Any) -> Any:
+    from kubernetes.client import CustomObjectsApi
+
+    return CustomObjectsApi(api_client)
+
+
+def resource_api_version(api_client: Any) -> str:
+    """``v1`` or ``v1beta2``: the newest ``resource.k8s.io`` version the server serves."""
+    from kubernetes.client import ResourceApi
+
+    try:
+        group = ResourceApi(api_client).get_api_group()
+    except Exception as e:
+        if _status(e) != 404:
+            raise DraApiError(f"cannot read the API group {GROUP}: {_reason(e)}") from e
+        group = None
+    served = {v.version for v in (group.versions or [])} if group is not None else set()
+    for version in VERSIONS:
+        if version in served:
+            return version
+    raise DraUnsupportedError(
+        f"the API server serves no {GROUP} v1 or v1beta2 (it serves "
+        f"{', '.join(sorted(served)) or 'none'}): publishing vGPUs through Dynamic Resource "
+        "Allocation needs Kubernetes 1.33 or later (1.34 or later for v1)"
+    )
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    generation: int
+    created: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.replaced or self.deleted)
+
+
+class SlicePublisher:
+    """Publishes one node's pool of ResourceSlices and keeps it current."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        node: str,
+        *,
+        driver: str = DRIVER,
+        version: str | None = None,
+    ) -> None:
+        self.api = _custom(api_client)
+        self.api_client = api_client
+        self.node = node
+        self.driver = driver
+        self.version = version or resource_api_version(api_client)
+        self._lock = threading.Lock()
+        self._pool: PoolSpec | None = None
+        self._owner: dict[str, Any] | None = None
+        self._generation = 0
+
+    # reading ------------------------------------------------------------------
+    def current(self) -> list[dict[str, Any]]:
+        """This node's slices of our driver, as the API server has them now."""
+        selector = f"spec.nodeName={self.node},spec.driver={self.driver}"
+        try:
+            found = self.api.list_cluster_custom_object(
+                GROUP, self.version, SLICES, field_selector=selector
+            )
+        except Exception as e:
+            raise DraApiError(f"cannot list ResourceSlices of node {self.node}: {e}") from e
+        items = [i for i in found.get("items") or [] if isinstance(i, dict)]
+        # The field selector is the server's job; filter again so a lax server is harmless.
+        return [
+            i
+            for i in items
+            if (i.get("spec") or {}).get("nodeName") == self.node
+            and (i.get("spec") or {}).get("driver") == self.driver
+        ]
+
+    def _node_owner(self) -> dict[str, Any] | None:
+        """The Node as controller owner, so deleting the Node garbage-collects its slices."""
+        if self._owner is None:
+            from kubernetes.client import CoreV1Api
+
+            try:
+                meta = CoreV1Api(self.api_client).read_node(self.node).metadata
+            except Exception as e:
+                log.warning("node %s not readable (%s); slices get no owner", self.node, e)
+                return None
+            uid = meta.uid if meta is not None else None
+            if not uid:
+                return None
+            self._owner = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node,
+                "uid": uid,
+                "controller": True,
+            }
+        return self._owner
+
+    # writing ------------------------------------------------------------------
+    def publish(self, pool: PoolSpec) -> PublishResult:
+        """Make the node's slices equal ``pool``; bump the generation when anything differs."""
+        if pool.node != self.node or pool.driver != self.driver:
+            raise ValueError(f"pool {pool.driver}/{pool.node} is not this publisher's")
+        with self._lock:
+            self._pool = pool
+            return self._publish(pool)
+
+    def sync(self) -> PublishResult | None:
+        """Publish the last pool again: recreates slices that were deleted meanwhile."""
+        with self._lock:
+            return self._publish(self._pool) if self._pool is not None else None
+
+    def _publish(self, pool: PoolSpec) -> PublishResult:
+        existing = {i["metadata"]["name"]: i for i in self.current()}
+        generations = [
+            int(((i.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+            for i in existing.values()
+        ]
+        # Never go back: after a wipe the pool continues from the generation we last wrote.
+        top = max([*generations, self._generation])
+        want = {m["metadata"]["name"]: m for m in pool.manifests(top, self.version)}
+        for m in want.values():
+            m["metadata"]["annotations"] = {CONTENT_ANNOTATION: _content(m["spec"])}
+        same = set(want) == set(existing) and all(
+            _annotation(existing[n]) == want[n]["metadata"]["annotations"][CONTENT_ANNOTATION]
+            for n in want
+        )
+        if same:
+            self._generation = top
+            return PublishResult(generation=top)
+        generation = self._generation = top + 1
+        owner = self._node_owner()
+        deleted: list[str] = []
+        replaced: list[str] = []
+        created: list[str] = []
+        for name in sorted(set(existing) - set(want)):
+            self._write("delete", name)
+            deleted.append(name)
+        for name, manifest in sorted(want.items()):
+            manifest["spec"]["pool"]["generation"] = generation
+            if owner is not None:
+                manifest["metadata"]["ownerReferences"] = [owner]
+            if name in existing:
+                version = existing[name]["metadata"].get("resourceVersion")
+                manifest["metadata"]["resourceVersion"] = version
+                self._write("replace", name, manifest)
+                replaced.append(name)
+            else:
+                self._write("create", name, manifest)
+                created.append(name)
+        log.info(
+            "ResourceSlices of %s at generation %d: %d created, %d replaced, %d deleted",
+            self.node,
+            generation,
+            len(created),
+            len(replaced),
+            len(deleted),
+        )
+        return PublishResult(generation, tuple(created), tuple(replaced), tuple(deleted))
+
+    def _write(self, verb: str, name: str, body: dict[str, Any] | None = None) -> None:
+        try:
+            if verb == "delete":
+                self.api.delete_cluster_custom_object(GROUP, self.version, SLICES, name)
+            elif verb == "replace":
+                self.api.replace_cluster_custom_object(GROUP, self.version, SLICES, name, body)
+            else:
+                self.api.create_cluster_custom_object(GROUP, self.version, SLICES, body)
+        except Exception as e:
+            if verb == "delete" and _status(e) == 404:
+                return
+            raise DraApiError(f"cannot {verb} ResourceSlice {name}: {_reason(e)}") from e
+
+    def remove_all(self) -> tuple[str, ...]:
+        """Delete every slice of this node and driver (on shutdown); their names."""
+        with self._lock:
+            self._pool = None
+            names = sorted(i["metadata"]["name"] for i in self.current())
+            for name in names:
+                self._write("delete", name)
+            log.info("deleted %d ResourceSlices of %s", len(names), self.node)
+            return tuple(names)
+
+
+def _content(spec: dict[str, Any]) -> str:
+    """A digest of a slice spec apart from the pool generation (which is ours to bump)."""
+    plain = {**spec, "pool": {**spec["pool"], "generation": 0}}
+    blob = json.dumps(plain, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _annotation(obj: dict[str, Any]) -> str | None:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(CONTENT_ANNOTATION)
+
+
+def _reason(e: BaseException) -> str:
+    body = getattr(e, "body", None)
+    status = _status(e)
+    text = str(body or e).splitlines()[0][:300]
+    return f"HTTP {status}: {text}" if status else text
+
+
+class SliceResync:
+    """Runs :meth:`SlicePublisher.sync` every ``interval`` seconds and on :meth:`poke`."""
+
+    def __init__(self, publisher: SlicePublisher, interval: float = 10.0) -> None:
+        self.publisher = publisher
+        self.interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dra-slice-resync", daemon=True)
+
+    def start(self) -> SliceResync:
+        self._thread.start()
+        return self
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.publisher.sync()
+            except Exception as e:  # keep resyncing; the next round may reach the server
+                log.warning("ResourceSlice resync failed: %s", e)
+
+
+class KubeClaims:
+    """Reads ResourceClaims from the API server (a :class:`~vgpu_state.dra.claims.ClaimSource`)."""
+
+    def __init__(self, api_client: Any, version: str | None = None) -> None:
+        self.api = _custom(api_client)
+        self.version = version or resource_api_version(api_client)
+
+    def get_claim(self, namespace: str, name: str) -> Claim | None:
+        try:
+            obj = self.api.get_namespaced_custom_object(
+                GROUP, self.version, namespace, CLAIMS, name
+            )
+        except Exception as e:
+            if _status(e) == 404:
+                return None
+            raise DraApiError(f"cannot read ResourceClaim {namespace}/{name}: {_reason(e)}") from e
+        return Claim.from_api(obj)
+
+    def list_claims(self) -> list[Claim]:
+        try:
+            found = self.api.list_cluster_custom_object(GROUP, self.version, CLAIMS)
+        except Exception as e:
+            raise DraApiError(f"cannot list ResourceClaims: {_reason(e)}") from e
+        return [Claim.from_api(i) for i in found.get("items") or [] if isinstance(i, dict)]
+
+
+def claims_in_use(claims: KubeClaims, node: str, driver: str = DRIVER) -> dict[str, str]:
+    """vGPU key -> holder for every claim allocated a device of ``driver`` in ``node``'s pool."""
+    return claim_holders(claims.list_claims(), driver, node)
