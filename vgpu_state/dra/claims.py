@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vgpu_state.dra.slices import device_key
+from vgpu_state.dra.names import device_key
 
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 

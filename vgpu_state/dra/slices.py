@@ -22,49 +22,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpu_state.catalog import Catalog, VgpuType, default_catalog
+from vgpu_state.dra.names import (
+    DOMAIN,
+    DRIVER,
+    MDEV_UUID,
+    NUMA_NODE,
+    PCI_BUS_ID,
+    device_key,
+    device_name,
+    is_dns_label,
+)
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
 
-DOMAIN = "vgpu-state.io"
-DRIVER = f"vgpu.{DOMAIN}"
-"""The DRA driver name: a DNS subdomain under the project's own domain."""
+__all__ = [
+    "DOMAIN",
+    "DRIVER",
+    "MDEV_UUID",
+    "NUMA_NODE",
+    "PCI_BUS_ID",
+    "DraDevice",
+    "PoolSpec",
+    "SliceSpec",
+    "build_pool",
+    "device_key",
+    "device_name",
+    "is_dns_label",
+]
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING = 64
 MAX_SLICE_NAME = 253
 
-PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
-NUMA_NODE = "resource.kubernetes.io/numaNode"
-MDEV_UUID = "mdevUUID"
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN_PART = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_VF = re.compile(r"^vf-([0-9a-f]{4})-([0-9a-f]{2})-([0-9a-f]{2})-([0-7])$")
 
 AttributeValue = str | int | bool
-
-
-def device_name(v: Vgpu) -> str:
-    """The DNS-label device name of a vGPU: ``mdev-<uuid>`` or ``vf-0000-41-00-4``."""
-    if v.kind == "mdev" and v.uuid is not None:
-        return f"mdev-{v.uuid.lower()}"
-    return "vf-" + v.parent.lower().replace(":", "-").replace(".", "-")
-
-
-def device_key(name: str) -> str | None:
-    """The vGPU key (mdev UUID or VF address) a device name stands for, if it is one of ours."""
-    if name.startswith("mdev-") and _UUID.match(name[5:]):
-        return name[5:]
-    m = _VF.match(name)
-    if m:
-        return f"{m.group(1)}:{m.group(2)}:{m.group(3)}.{m.group(4)}"
-    return None
-
-
-def is_dns_label(name: str) -> bool:
-    return bool(_DNS_LABEL.match(name))
 
 
 def qualified_name_problem(name: str) -> str | None:

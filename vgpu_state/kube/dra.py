@@ -24,10 +24,10 @@ import json
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from vgpu_state.dra.claims import Claim, claim_holders
-from vgpu_state.dra.slices import DRIVER, PoolSpec
+from vgpu_state.dra.names import DRIVER
 from vgpu_state.model.errors import TransientError, UserError
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,18 @@ CLAIMS = "resourceclaims"
 CONTENT_ANNOTATION = "vgpu-state.io/slice-content"
 """sha256 of the slice's spec without the generation: what we last wrote, so a
 server that fills in defaults never makes an unchanged pool look changed."""
+
+
+class SlicePool(Protocol):
+    """A node's pool as :class:`vgpu_state.dra.slices.PoolSpec` builds it."""
+
+    @property
+    def driver(self) -> str: ...
+
+    @property
+    def node(self) -> str: ...
+
+    def manifests(self, generation: int, api_version: str) -> list[dict[str, Any]]: ...
 
 
 class DraApiError(TransientError):
@@ -109,7 +121,7 @@ class SlicePublisher:
         self.driver = driver
         self.version = version or resource_api_version(api_client)
         self._lock = threading.Lock()
-        self._pool: PoolSpec | None = None
+        self._pool: SlicePool | None = None
         self._owner: dict[str, Any] | None = None
         self._generation = 0
 
@@ -155,7 +167,7 @@ class SlicePublisher:
         return self._owner
 
     # writing ------------------------------------------------------------------
-    def publish(self, pool: PoolSpec) -> PublishResult:
+    def publish(self, pool: SlicePool) -> PublishResult:
         """Make the node's slices equal ``pool``; bump the generation when anything differs."""
         if pool.node != self.node or pool.driver != self.driver:
             raise ValueError(f"pool {pool.driver}/{pool.node} is not this publisher's")
@@ -168,7 +180,7 @@ class SlicePublisher:
         with self._lock:
             return self._publish(self._pool) if self._pool is not None else None
 
-    def _publish(self, pool: PoolSpec) -> PublishResult:
+    def _publish(self, pool: SlicePool) -> PublishResult:
         existing = {i["metadata"]["name"]: i for i in self.current()}
         generations = [
             int(((i.get("spec") or {}).get("pool") or {}).get("generation") or 0)
