@@ -77,3 +77,13 @@ def apiserver() -> Iterator[object]:
     for api in running_apiserver():
         yield api
         assert not api.rejected, f"the API server refused invalid writes: {api.rejected}"
+
+
+@pytest.fixture
+def kube() -> Iterator[object]:
+    """A Kubernetes API emulator (kmock, real HTTP) with resource versions, in a thread."""
+    from tests.kube_emulator import RunningEmulator
+
+    running = RunningEmulator().start()
+    yield running
+    running.stop()

@@ -1,0 +1,136 @@
+"""Rollout slots as Leases, against the Kubernetes API emulator (optimistic concurrency)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+
+from tests.kube_emulator import RunningEmulator
+from vgpu_state.kube.rollout import RolloutSlots
+
+LEASES = "coordination.k8s.io/v1/leases"
+NS = "vgpu-state"
+T0 = dt.datetime(2026, 11, 23, 10, 0, tzinfo=dt.UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+
+def slots(
+    kube: RunningEmulator, holder: str, n: int = 1, clock: Clock | None = None
+) -> RolloutSlots:
+    return RolloutSlots(
+        kube.api_client(), NS, holder, slots=n, lease_seconds=60, clock=clock or Clock()
+    )
+
+
+def lease(kube: RunningEmulator, name: str) -> dict[str, object]:
+    import kmock
+
+    return kube.call(lambda: dict(kube.objects[kmock.resource(LEASES), NS, name].raw))
+
+
+def test_one_slot_goes_to_one_node_until_it_reports_success(kube: RunningEmulator) -> None:
+    a, b = slots(kube, "node-a"), slots(kube, "node-b")
+    got = a.acquire()
+    assert got is not None and got.name == "vgpu-state-rollout-0"
+    spec = lease(kube, "vgpu-state-rollout-0")["spec"]
+    assert spec["holderIdentity"] == "node-a"  # type: ignore[index]
+    assert spec["leaseDurationSeconds"] == 60  # type: ignore[index]
+    assert b.acquire() is None
+    assert a.release(got)
+    assert b.holders() == {"vgpu-state-rollout-0": None}
+    other = b.acquire()
+    assert other is not None and other.name == "vgpu-state-rollout-0"
+    assert b.holders() == {"vgpu-state-rollout-0": "node-b"}
+    assert not a.release(got), "a slot another node holds is not released"
+
+
+def test_a_restarted_agent_gets_back_the_slot_it_held(kube: RunningEmulator) -> None:
+    first = slots(kube, "node-a", n=2).acquire()
+    again = slots(kube, "node-a", n=2).acquire()
+    assert first is not None and again is not None and again.name == first.name
+    assert slots(kube, "node-b", n=2).acquire() is not None
+    assert slots(kube, "node-c", n=2).acquire() is None, "two slots, two holders"
+
+
+def test_a_slot_whose_holder_died_is_taken_after_the_lease_expires(kube: RunningEmulator) -> None:
+    clock = Clock()
+    a, b = slots(kube, "node-a", clock=clock), slots(kube, "node-b", clock=clock)
+    held = a.acquire()
+    assert held is not None
+    clock.now = T0 + dt.timedelta(seconds=59)
+    assert b.acquire() is None, "not expired yet"
+    clock.now = T0 + dt.timedelta(seconds=61)
+    taken = b.acquire()
+    assert taken is not None and taken.name == held.name
+    spec = lease(kube, held.name)["spec"]
+    assert spec["holderIdentity"] == "node-b" and spec["leaseTransitions"] == 1  # type: ignore[index]
+    assert a.renew(held) is None, "the old holder learns it lost the slot"
+
+
+def test_renewing_while_applying_keeps_the_slot(kube: RunningEmulator) -> None:
+    clock = Clock()
+    a = slots(kube, "node-a", clock=clock)
+    held = a.acquire()
+    assert held is not None
+    before = lease(kube, held.name)["spec"]["renewTime"]  # type: ignore[index]
+    with a.held(held, every=0.05) as lost:
+        clock.now = T0 + dt.timedelta(seconds=30)
+        deadline = time.monotonic() + 5
+        while lease(kube, held.name)["spec"]["renewTime"] == before:  # type: ignore[index]
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert not lost.is_set()
+    clock.now = T0 + dt.timedelta(seconds=80)  # 50 s after the renewal: still valid
+    assert slots(kube, "node-b", clock=clock).acquire() is None
+
+
+@pytest.mark.parametrize("max_unavailable", [1, 2])
+def test_contending_nodes_never_exceed_max_unavailable(
+    kube: RunningEmulator, max_unavailable: int
+) -> None:
+    active: list[str] = []
+    peak = [0]
+    rounds = [0]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def node(name: str) -> None:
+        try:
+            mine = slots(kube, name, n=max_unavailable)
+            for _ in range(3):
+                while (slot := mine.acquire()) is None:
+                    time.sleep(0.01)
+                with lock:
+                    active.append(name)
+                    peak[0] = max(peak[0], len(active))
+                time.sleep(0.03)
+                with lock:
+                    active.remove(name)
+                    rounds[0] += 1
+                assert mine.release(slot)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node, args=(f"node-{i}",)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert rounds[0] == 15, "every node applied three times"
+    assert 1 <= peak[0] <= max_unavailable
+
+
+def test_zero_slots_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        RolloutSlots(None, NS, "node-a", slots=0)

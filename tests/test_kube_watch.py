@@ -1,0 +1,168 @@
+"""The Node watch against the Kubernetes API emulator (real HTTP, the official client)."""
+
+from __future__ import annotations
+
+import queue
+import random
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from tests.kube_emulator import RunningEmulator
+from vgpu_state.kube.watch import Backoff, NodeWatch
+
+NODES = "v1/nodes"
+
+
+def node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+@pytest.fixture
+def seen() -> queue.Queue[dict[str, str]]:
+    return queue.Queue()
+
+
+@pytest.fixture
+def watch(kube: RunningEmulator, seen: queue.Queue[dict[str, str]]) -> Iterator[NodeWatch]:
+    kube.put(NODES, None, "gpu-1", node("gpu-1", {"pool": "a"}))
+    kube.put(NODES, None, "gpu-2", node("gpu-2", {"pool": "b"}))
+
+    def record(labels: Mapping[str, str]) -> None:
+        seen.put(dict(labels))
+
+    w = NodeWatch(
+        kube.api_client(), "gpu-1", record, read_timeout=5, backoff=Backoff(0.05, 0.2)
+    ).start()
+    yield w
+    w.stop()
+
+
+def next_labels(seen: queue.Queue[dict[str, str]]) -> dict[str, str]:
+    return seen.get(timeout=5)
+
+
+def nothing_more(seen: queue.Queue[dict[str, str]], wait: float = 0.5) -> bool:
+    try:
+        extra = seen.get(timeout=wait)
+    except queue.Empty:
+        return True
+    raise AssertionError(f"unexpected callback with {extra}")
+
+
+def watch_requests(kube: RunningEmulator) -> list[dict[str, str]]:
+    return [dict(r.params) for r in kube.requests() if r.params.get("watch") == "true"]
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_current_labels_come_first_then_each_change(
+    kube: RunningEmulator, watch: NodeWatch, seen: queue.Queue[dict[str, str]]
+) -> None:
+    assert next_labels(seen) == {"pool": "a"}
+    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"nvidia.com/vgpu.config": "x"}}})
+    assert next_labels(seen) == {"pool": "a", "nvidia.com/vgpu.config": "x"}
+    assert nothing_more(seen)
+
+
+def test_status_updates_and_other_nodes_do_not_call_back(
+    kube: RunningEmulator, watch: NodeWatch, seen: queue.Queue[dict[str, str]]
+) -> None:
+    assert next_labels(seen) == {"pool": "a"}
+    for i in range(5):
+        kube.patch(NODES, None, "gpu-1", {"status": {"heartbeat": str(i)}})
+    kube.patch(NODES, None, "gpu-2", {"metadata": {"labels": {"pool": "c"}}})
+    assert nothing_more(seen)
+    # The watch kept up: its resourceVersion is the last of its node's changes.
+    wait_for(lambda: watch.resource_version == str(kube.emulator._latest - 1))  # type: ignore[union-attr]
+
+
+def test_a_watch_that_ends_resumes_from_the_last_version_without_a_relist(
+    kube: RunningEmulator, watch: NodeWatch, seen: queue.Queue[dict[str, str]]
+) -> None:
+    assert next_labels(seen) == {"pool": "a"}
+    kube.patch(NODES, None, "gpu-1", {"status": {"heartbeat": "1"}})
+    wait_for(lambda: watch.resource_version == str(kube.emulator._latest))  # type: ignore[union-attr]
+    last = watch.resource_version
+    kube.end_watches()
+    wait_for(lambda: len(watch_requests(kube)) >= 2)
+    assert watch_requests(kube)[-1]["resourceVersion"] == last
+    assert watch.lists == 1
+    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"pool": "z"}}})
+    assert next_labels(seen) == {"pool": "z"}
+    assert nothing_more(seen)
+
+
+def test_410_gone_relists_and_a_change_made_meanwhile_arrives_once(
+    kube: RunningEmulator, watch: NodeWatch, seen: queue.Queue[dict[str, str]]
+) -> None:
+    assert next_labels(seen) == {"pool": "a"}
+    wait_for(lambda: len(watch_requests(kube)) >= 1)
+    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"pool": "b"}}})
+    assert next_labels(seen) == {"pool": "b"}
+
+    # The server compacts its history past what the watch has seen and ends the stream.
+    def compact() -> None:
+        assert kube.emulator is not None
+        kube.emulator.compact()
+        kube.emulator.end_watches()
+
+    kube.call(compact)
+    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"pool": "c"}}})
+    wait_for(lambda: watch.lists == 2)
+    assert next_labels(seen) == {"pool": "c"}
+    assert nothing_more(seen)
+    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"pool": "d"}}})
+    assert next_labels(seen) == {"pool": "d"}
+
+
+def test_a_server_that_keeps_answering_410_is_not_hammered(
+    kube: RunningEmulator, watch: NodeWatch, seen: queue.Queue[dict[str, str]]
+) -> None:
+    assert next_labels(seen) == {"pool": "a"}
+    wait_for(lambda: len(watch_requests(kube)) >= 1)
+
+    def always_gone() -> None:
+        assert kube.emulator is not None
+        kube.emulator.compacted_below = 10**9
+        kube.emulator.end_watches()
+
+    kube.call(always_gone)
+    time.sleep(1.0)
+    # Backoff between attempts (0.05 s growing to 0.2 s): a handful, not thousands.
+    assert 2 <= watch.lists <= 20
+
+
+def test_an_unreachable_server_is_retried_with_backoff_until_stopped() -> None:
+    import kubernetes
+
+    errors: list[Exception] = []
+    client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
+    client.configuration.retries = 0
+    w = NodeWatch(
+        client, "gpu-1", lambda labels: None, backoff=Backoff(0.01, 0.05), on_error=errors.append
+    ).start()
+    try:
+        wait_for(lambda: len(errors) >= 3)
+    finally:
+        w.stop()
+    assert not w._thread.is_alive()
+    assert w.labels is None
+
+
+def test_backoff_grows_to_its_cap_with_jitter_and_resets() -> None:
+    backoff = Backoff(base=0.5, cap=8.0, rng=random.Random(7))
+    delays = [backoff.next_delay() for _ in range(10)]
+    assert all(0.5 <= d <= 8.0 for d in delays)
+    ceilings = [min(8.0, 0.5 * 2**n) for n in range(10)]
+    assert all(d <= c or c < 0.5 for d, c in zip(delays, ceilings, strict=True))
+    assert max(delays[5:]) > 2.0, "later delays reach well above the base"
+    backoff.reset()
+    assert backoff.next_delay() == 0.5

@@ -1,0 +1,246 @@
+"""Watch one Node: resume from ``resourceVersion``, back off on errors, relist on 410 Gone.
+
+The agent needs to know when its Node's labels change (the label picks the
+layout). A Kubernetes watch streams every change to the Node, including
+status heartbeats every few seconds, so :class:`NodeWatch` calls back only
+when the labels differ from the last ones it reported.
+
+The protocol is the API server's: list once to get the current object and a
+``resourceVersion``, then watch from that version; after the stream ends
+(server timeout, network error) watch again from the last version seen, so no
+change is missed or replayed; when the server answers 410 Gone (the version
+was compacted away), list again. Errors wait an exponential, jittered backoff
+that resets after a successful list or event.
+
+``kubernetes`` is imported lazily by the caller that builds the ``ApiClient``;
+this module talks JSON through it and never loads the generated models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import socket
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+HTTP_GONE = 410
+
+
+class WatchError(Exception):
+    """The API server answered a list or watch with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(f"HTTP {status}: {message}")
+
+
+class Backoff:
+    """Exponential backoff with full jitter: ``uniform(base, min(cap, base * 2**n))``."""
+
+    def __init__(
+        self, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None
+    ) -> None:
+        self.base = base
+        self.cap = cap
+        self._rng = rng or random.Random()
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.cap, self.base * 2**self.failures)
+        self.failures += 1
+        return self._rng.uniform(self.base, max(self.base, ceiling))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class NodeWatch:
+    """Call ``on_labels(labels)`` from a daemon thread: once at start, then on every change.
+
+    ``api_client``: a ``kubernetes.client.ApiClient``. ``server_timeout``: the
+    watch's ``timeoutSeconds`` (the server ends the stream after it; the watch
+    then resumes). ``read_timeout``: a silent connection is dropped after this
+    long and resumed. ``on_error``: told about every failure (for logs and
+    metrics); the watch itself keeps going until :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        node: str,
+        on_labels: Callable[[Mapping[str, str]], None],
+        *,
+        server_timeout: int = 300,
+        read_timeout: float = 330.0,
+        backoff: Backoff | None = None,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        self._client = api_client
+        self.node = node
+        self._on_labels = on_labels
+        self._server_timeout = server_timeout
+        self._read_timeout = read_timeout
+        self.backoff = backoff or Backoff()
+        self._on_error = on_error
+        self._stop = threading.Event()
+        self._response: Any = None
+        self._lock = threading.Lock()
+        self.resource_version: str | None = None
+        self.labels: dict[str, str] | None = None
+        self.lists = 0
+        self._gone_in_a_row = 0
+        self._thread = threading.Thread(target=self._run, name="vgpu-state-nodewatch", daemon=True)
+
+    def start(self) -> NodeWatch:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        self._stop.set()
+        with self._lock:
+            response = self._response
+        if response is not None:
+            _shutdown(response)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # the loop ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self._list()
+                self._watch()
+            except WatchError as exc:
+                if exc.status == HTTP_GONE:
+                    log.info("watch of node %s expired (%s); listing again", self.node, exc)
+                    self.resource_version = None
+                    self._gone_in_a_row += 1
+                    if self._gone_in_a_row > 1:  # expired again at once: do not spin
+                        self._stop.wait(self.backoff.next_delay())
+                    continue
+                self._failed(exc)
+            except Exception as exc:  # urllib3, socket and JSON errors: retry them all
+                if self._stop.is_set():
+                    break
+                self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        delay = self.backoff.next_delay()
+        log.warning("watch of node %s failed: %s; retrying in %.1f s", self.node, exc, delay)
+        if self._on_error is not None:
+            self._on_error(exc)
+        self._stop.wait(delay)
+
+    def _list(self) -> None:
+        body = json.loads(self._get(self._path(), {"fieldSelector": self._selector()}).read())
+        self.lists += 1
+        mine = [i for i in body.get("items") or [] if self._is_mine(i)]
+        self.resource_version = str(body.get("metadata", {}).get("resourceVersion") or "") or None
+        if not self._gone_in_a_row:
+            self.backoff.reset()
+        if mine:
+            self._seen(mine[0])
+        else:
+            log.warning("node %s not found; waiting for it to appear", self.node)
+
+    def _watch(self) -> None:
+        query = {
+            "fieldSelector": self._selector(),
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self._server_timeout),
+        }
+        if self.resource_version:
+            query["resourceVersion"] = self.resource_version
+        response = self._get(self._path(), query)
+        with self._lock:
+            self._response = response
+        try:
+            for event in _events(response.response):
+                if self._stop.is_set():
+                    return
+                self._event(event)
+        finally:
+            with self._lock:
+                self._response = None
+            response.response.release_conn()
+
+    def _event(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            raise WatchError(int(obj.get("code") or 0), str(obj.get("message") or obj))
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self.resource_version = str(version)
+        self.backoff.reset()
+        self._gone_in_a_row = 0
+        if not self._is_mine(obj):
+            return  # a server that ignores the field selector
+        if kind in ("ADDED", "MODIFIED"):
+            self._seen(obj)
+        elif kind == "DELETED":
+            log.warning("node %s was deleted", self.node)
+
+    def _is_mine(self, obj: Mapping[str, Any]) -> bool:
+        return bool((obj.get("metadata") or {}).get("name") == self.node)
+
+    def _seen(self, node: Mapping[str, Any]) -> None:
+        labels = dict((node.get("metadata") or {}).get("labels") or {})
+        if labels != self.labels:
+            self.labels = labels
+            self._on_labels(labels)
+
+    # HTTP ----------------------------------------------------------------------------
+    def _path(self) -> str:
+        return "/api/v1/nodes"
+
+    def _selector(self) -> str:
+        return f"metadata.name={self.node}"
+
+    def _get(self, path: str, query: Mapping[str, str]) -> Any:
+        serialized = self._client.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=list(query.items()),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self._client.call_api(*serialized, _request_timeout=(5.0, self._read_timeout))
+        if not 200 <= int(response.status) < 300:
+            raw = response.read()
+            try:
+                message = json.loads(raw).get("message", "")
+            except ValueError:
+                message = raw[:200].decode("utf-8", "replace")
+            raise WatchError(int(response.status), f"GET {path}: {message}")
+        return response
+
+
+def _events(response: Any) -> Iterator[dict[str, Any]]:
+    """The JSON events of a watch stream, one per line."""
+    buffer = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    yield event
+
+
+def _shutdown(response: Any) -> None:
+    """Unblock a thread reading the stream (close alone does not wake a blocked recv)."""
+    raw = getattr(response, "response", response)
+    sock = getattr(getattr(raw, "connection", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
