@@ -48,12 +48,25 @@ class PolicySpec(_Model):
         "needs them; off: never touch SR-IOV.",
     )
 
+    max_unavailable: int | None = Field(
+        default=None,
+        alias="max-unavailable",
+        ge=1,
+        description="1 (default): how many nodes the agents let apply a disruptive "
+        "change (one that destroys a vGPU) at the same time.",
+    )
+
     def apply_to(self, base: Policy) -> Policy:
         """``base`` with every key this spec sets replaced."""
         return Policy(
             in_use=self.in_use if self.in_use is not None else base.in_use,
             prune=self.prune if self.prune is not None else base.prune,
             sriov=self.sriov if self.sriov is not None else base.sriov,
+            max_unavailable=(
+                self.max_unavailable
+                if self.max_unavailable is not None
+                else base.max_unavailable
+            ),
         )
 
 

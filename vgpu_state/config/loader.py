@@ -47,7 +47,7 @@ from vgpu_state.model.policy import InUsePolicy, SriovPolicy
 TOP_KEYS = ("version", "vgpu-configs", "node-selectors", "default", "policy")
 ENTRY_KEYS = ("devices", "device-filter", "vgpu-devices")
 CONFIG_KEYS = ("entries", "policy")
-POLICY_KEYS = ("in-use", "prune", "sriov")
+POLICY_KEYS = ("in-use", "prune", "sriov", "max-unavailable")
 SELECTOR_KEYS = ("match-labels", "match-expressions", "config")
 EXPRESSION_KEYS = ("key", "operator", "values")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -409,7 +409,8 @@ class _Loader:
             self.add(
                 node,
                 path,
-                f"policy must be a mapping with in-use, prune or sriov, found {describe(node)}",
+                f"policy must be a mapping with in-use, prune, sriov or max-unavailable, "
+                f"found {describe(node)}",
             )
             return None
         fields: dict[str, Any] = {}
@@ -424,6 +425,17 @@ class _Loader:
                     fields["prune"] = scalar_value(value)
                 else:
                     self.add(value, kpath, f"prune must be true or false, found {describe(value)}")
+            elif key == "max-unavailable":
+                number = scalar_value(value) if isinstance(value, ScalarNode) else None
+                if tag(value) == INT and isinstance(number, int) and number >= 1:
+                    fields["max_unavailable"] = number
+                else:
+                    self.add(
+                        value,
+                        kpath,
+                        "max-unavailable must be a whole number of 1 or more, "
+                        f"found {describe(value)}",
+                    )
             else:
                 self.add(key_node, kpath, _unknown_key(key, POLICY_KEYS, "policy"))
         if any(v is None for v in fields.values()):

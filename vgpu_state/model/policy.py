@@ -12,6 +12,9 @@ Semantics (documented in docs/config.md):
 * ``sriov: auto`` (default): enable the VFs of a GPU whose VFs are off when the
   layout needs them. ``off``: never touch SR-IOV; such GPUs are blocked.
   VFs are never disabled while they hold vGPUs, under any policy.
+* ``max-unavailable: 1`` (default): how many nodes the agents let apply a
+  disruptive plan (one that destroys a vGPU) at the same time; each takes one
+  of this many rollout slots first. Plans that only create need no slot.
 """
 
 from __future__ import annotations
@@ -35,3 +38,4 @@ class Policy(Frozen):
     in_use: InUsePolicy = InUsePolicy.PROTECT
     prune: bool = True
     sriov: SriovPolicy = SriovPolicy.AUTO
+    max_unavailable: int = 1

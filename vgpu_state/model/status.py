@@ -22,6 +22,9 @@ class ConditionType(StrEnum):
     """The host was read and the last reconcile ended without an error."""
     BLOCKED = "Blocked"
     """Some wanted change is blocked (a held vGPU, a policy, capacity)."""
+    DEGRADED = "Degraded"
+    """The agent cannot do its job as configured (the config does not load); it
+    changes nothing on the host until that is fixed."""
 
 
 class Condition(Frozen):

@@ -1,0 +1,192 @@
+"""The agent's reconcile of one node: enforce, plan-only, config errors, rollout gate, stop."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vgpu_state.agent.metrics import AgentMetrics
+from vgpu_state.agent.queue import Batch
+from vgpu_state.agent.reconciler import AgentMode, NodeReconciler
+from vgpu_state.agent.rollout import disruptive
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import FileConfigSource, load_text
+from vgpu_state.model.errors import ConfigError
+from vgpu_state.model.plan import Plan
+from vgpu_state.model.status import ConditionType, ConfigState
+from vgpu_state.reconcile import Ports, Settings
+from vgpu_state.sim.node import open_sim
+from vgpu_state.testing import FakeCluster, RecordingDevicePlugin, RecordingHost
+
+REPO = Path(__file__).resolve().parent.parent
+A2_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
+HELD = "f715f63c-0d00-4007-9c5a-b07b0c6c05de"  # A2-4C, held by vm default/win-1
+
+CONFIG = """\
+version: v1
+vgpu-configs:
+  grow:            # keeps all three, adds one A2-4Q: creates only
+    - devices: all
+      vgpu-devices: {A2-4C: 1, A2-4Q: 2, A2-4A: 1}
+  swap:            # the A2-4A goes, two A2-4Q come: destroys
+    - devices: all
+      vgpu-devices: {A2-4C: 1, A2-4Q: 3}
+"""
+BATCH = Batch(("test",), 1)
+
+
+class Gate:
+    def __init__(self, admit: bool) -> None:
+        self.admit_answer = admit
+        self.asked: list[bool] = []
+        self.finished_with: list[bool] = []
+
+    def admit(self, plan: Plan) -> bool:
+        self.asked.append(disruptive(plan))
+        return self.admit_answer or not disruptive(plan)
+
+    def finished(self, converged: bool) -> None:
+        self.finished_with.append(converged)
+
+
+class Node:
+    def __init__(self, tmp: Path, label: str, config: str = CONFIG) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.config_path = tmp / "config.yaml"
+        self.config_path.write_text(config)
+        self.sim = open_sim(A2_SPEC)
+        self.host = RecordingHost(self.sim.host)
+        self.cluster = FakeCluster(
+            "a2-node", {"nvidia.com/vgpu.config": label}, {HELD: "vm default/win-1"}
+        )
+        self.plugin = RecordingDevicePlugin()
+        self.source = FileConfigSource(self.config_path)
+        self.ports = Ports(self.host, self.cluster, self.source, self.plugin)
+        self.metrics = AgentMetrics()
+
+    def reconciler(self, mode: str = AgentMode.ENFORCE, gate: Gate | None = None) -> NodeReconciler:
+        settings = Settings(catalog=default_catalog())
+        return NodeReconciler(self.ports, settings, self.metrics, mode, gate, clock=lambda: 1e9)
+
+    def layout(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for gpu in self.sim.host.scan().gpus:
+            for v in gpu.vgpus:
+                counts[str(v.type_name)] = counts.get(str(v.type_name), 0) + 1
+        return counts
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path, "grow")
+    yield n
+    n.sim.close()
+
+
+def metric(node: Node, text: str) -> bool:
+    return text in node.metrics.render().decode()
+
+
+def test_enforce_applies_reports_and_refreshes_the_device_plugin(node: Node) -> None:
+    outcome = node.reconciler()(BATCH, threading.Event())
+    assert outcome.ok and "converged" in outcome.summary
+    assert node.layout() == {"A2-4C": 1, "A2-4Q": 2, "A2-4A": 1}
+    status = node.cluster.last_status
+    assert status is not None and status.state is ConfigState.SUCCESS
+    assert node.plugin.snapshots, "the device plugin learned the new vGPUs"
+    assert sum(len(g.vgpus) for g in node.plugin.snapshots[-1].gpus) == 4
+    assert metric(node, 'vgpu_state_vgpus{state="in_use",type="NVIDIA A2-4C"} 1.0') or metric(
+        node, 'vgpu_state_vgpus{state="in_use",type="A2-4C"} 1.0'
+    )
+    assert metric(node, 'vgpu_state_actions_total{kind="create",result="ok"} 1.0')
+    assert metric(node, "vgpu_state_last_successful_reconcile_timestamp_seconds 1e+09")
+    assert metric(node, "vgpu_state_config_generation 1.0")
+    # Nothing left to do: a second reconcile changes nothing.
+    before = list(node.host.changes)
+    assert node.reconciler()(BATCH, threading.Event()).ok
+    assert node.host.changes == before
+
+
+def test_plan_only_changes_nothing_and_reports_the_plan(node: Node) -> None:
+    outcome = node.reconciler(AgentMode.PLAN_ONLY)(BATCH, threading.Event())
+    assert outcome.ok and "1 change(s) planned, not applied (plan-only)" in outcome.summary
+    assert node.host.changes == []
+    status = node.cluster.last_status
+    assert status is not None and status.state is ConfigState.PENDING
+    assert node.plugin.snapshots, "the device plugin still advertises what exists"
+
+
+def test_an_invalid_config_is_degraded_with_its_location_and_nothing_is_written(
+    node: Node,
+) -> None:
+    assert node.reconciler()(BATCH, threading.Event()).ok  # a good document first
+    node.cluster.set_label("nvidia.com/vgpu.config", "swap")  # would destroy and create
+    node.config_path.write_text(CONFIG.replace("A2-4Q: 3", "A2-4Q: three"))
+    writes = list(node.host.changes)
+    outcome = node.reconciler()(BATCH, threading.Event())
+    assert outcome.ok and outcome.summary.startswith("degraded: config invalid:")
+    assert node.host.changes == writes, "no host write with an invalid config"
+    status = node.cluster.last_status
+    assert status is not None and status.state is ConfigState.FAILED
+    degraded = status.condition(ConditionType.DEGRADED)
+    assert degraded is not None and degraded.status and degraded.reason == "ConfigInvalid"
+    assert f"{node.config_path}:8:39:" in degraded.message and "three" in degraded.message
+    assert node.cluster.events[-1].reason == "ConfigInvalid"
+
+
+def test_a_config_that_never_loaded_is_degraded_too(tmp_path: Path) -> None:
+    n = Node(tmp_path, "grow", config="version: v1\nvgpu-configs: {grow: [{devices: al}]}\n")
+    try:
+        outcome = n.reconciler()(BATCH, threading.Event())
+        assert outcome.ok and "degraded" in outcome.summary
+        assert n.host.changes == []
+    finally:
+        n.sim.close()
+
+
+def test_a_disruptive_plan_waits_for_a_rollout_slot(node: Node) -> None:
+    node.cluster.set_label("nvidia.com/vgpu.config", "swap")
+    refused = Gate(admit=False)
+    outcome = node.reconciler(gate=refused)(BATCH, threading.Event())
+    assert not outcome.ok and "waiting for a rollout slot" in outcome.summary
+    assert refused.asked == [True]
+    assert node.host.changes == []
+    granted = Gate(admit=True)
+    assert node.reconciler(gate=granted)(BATCH, threading.Event()).ok
+    assert node.layout() == {"A2-4C": 1, "A2-4Q": 3}
+    assert granted.finished_with == [True], "the slot goes back once the node matches"
+
+
+def test_a_plan_that_only_creates_needs_no_slot(node: Node) -> None:
+    refused = Gate(admit=False)
+    assert node.reconciler(gate=refused)(BATCH, threading.Event()).ok
+    assert refused.asked == [False]
+    assert node.layout() == {"A2-4C": 1, "A2-4Q": 2, "A2-4A": 1}
+
+
+def test_a_stop_request_ends_the_apply_after_the_current_step(node: Node) -> None:
+    node.cluster.set_label("nvidia.com/vgpu.config", "swap")  # three steps
+    stopping = threading.Event()
+    stopping.set()
+    outcome = node.reconciler()(BATCH, stopping)
+    assert outcome.ok and outcome.summary.startswith("stopped after")
+    assert len(node.host.changes) == 1
+    # The next start finishes the job.
+    assert node.reconciler()(BATCH, threading.Event()).ok
+    assert node.layout() == {"A2-4C": 1, "A2-4Q": 3}
+
+
+CONFIGS = "vgpu-configs: {a: [{devices: all, vgpu-devices: {A2-4Q: 1}}]}\n"
+
+
+def test_max_unavailable_is_a_policy_key() -> None:
+    doc = load_text("version: v1\npolicy: {max-unavailable: 3}\n" + CONFIGS)
+    assert doc.policy_for("a").max_unavailable == 3
+    assert load_text("version: v1\n" + CONFIGS).policy_for("a").max_unavailable == 1
+    for bad in ("0", "two", "1.5"):
+        with pytest.raises(ConfigError) as err:
+            load_text(f"version: v1\npolicy: {{max-unavailable: {bad}}}\n" + CONFIGS)
+        assert str(err.value).startswith("<config>:2:27: max-unavailable must be a whole number")

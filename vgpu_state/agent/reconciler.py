@@ -1,0 +1,250 @@
+"""One reconcile of the agent's node, as the worker runs it for each batch of triggers.
+
+It is :func:`vgpu_state.reconcile.reconcile_once` plus what only a long-running
+agent needs:
+
+* **A config error never causes a write.** When the newest config document
+  does not load, the agent changes nothing on the host (not even to repair
+  drift with the last good document) and reports the node ``Degraded`` with
+  every located error (``file:line:column: message``).
+* **Modes.** ``enforce`` applies, skipping blocked items (they are reported);
+  ``plan-only`` plans and reports what it would do.
+* **Rollout safety.** A plan that destroys anything applies only once the
+  rollout gate grants one of the cluster's slots; otherwise nothing changes
+  and the reconcile is retried. The slot goes back when the node matches.
+* **Shutdown.** When the agent is asked to stop during an apply, the step in
+  progress finishes and the apply stops there (the journal lets the next
+  start resume).
+* **Metrics.** Duration, actions by kind and result, vGPUs by type and state,
+  blocked items, last success, config generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
+
+from vgpu_state.agent.metrics import AgentMetrics
+from vgpu_state.agent.queue import Batch
+from vgpu_state.agent.worker import Outcome
+from vgpu_state.executor import ApplyResult, StepResult
+from vgpu_state.model.errors import ConfigError, TransientError, UserError, VgpuStateError
+from vgpu_state.model.plan import Action, Plan
+from vgpu_state.model.status import (
+    Condition,
+    ConditionType,
+    ConfigState,
+    EventType,
+    NodeEvent,
+    NodeStatus,
+)
+from vgpu_state.reconcile import Mode, Ports, QuietReporter, Report, Settings, reconcile_once
+from vgpu_state.reconcile import node_status as status_of
+
+log = logging.getLogger(__name__)
+
+
+class AgentMode:
+    ENFORCE = "enforce"
+    PLAN_ONLY = "plan-only"
+    ALL = (ENFORCE, PLAN_ONLY)
+
+
+class RolloutGate(Protocol):
+    """Grants the right to apply a disruptive plan (a slot), and takes it back."""
+
+    def admit(self, plan: Plan) -> bool:
+        """True when ``plan`` may apply now (it is not disruptive, or a slot was taken)."""
+        ...
+
+    def finished(self, converged: bool) -> None:
+        """The apply ended: release the slot if ``converged``, else keep it until it expires."""
+        ...
+
+
+class StopRequested(Exception):
+    """Raised between two steps of an apply when the agent is stopping."""
+
+
+class _Hearing(QuietReporter):
+    """Counts actions for the metrics; stops the apply between steps when asked."""
+
+    def __init__(self, metrics: AgentMetrics, stopping: threading.Event) -> None:
+        self._metrics = metrics
+        self._stopping = stopping
+
+    def step(self, action: Action, result: StepResult) -> None:
+        self._metrics.actions.labels(kind=str(action.kind), result=str(result.outcome)).inc()
+        if self._stopping.is_set():
+            raise StopRequested(f"stopped after {action.kind} {action.address}")
+
+    def applied(self, plan: Plan, result: ApplyResult) -> None:
+        return None
+
+
+class NodeReconciler:
+    """The worker's reconcile callable for one node."""
+
+    def __init__(
+        self,
+        ports: Ports,
+        settings: Settings,
+        metrics: AgentMetrics,
+        mode: str = AgentMode.ENFORCE,
+        rollout: RolloutGate | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if mode not in AgentMode.ALL:
+            raise ValueError(f"mode must be one of {', '.join(AgentMode.ALL)}, got {mode!r}")
+        self.ports = ports
+        self.settings = settings
+        self.metrics = metrics
+        self.mode = mode
+        self.rollout = rollout
+        self._clock = clock
+        self._config_hash: str | None = None
+        self._generation = 0
+        self.last_report: Report | None = None
+
+    def __call__(self, batch: Batch, stopping: threading.Event) -> Outcome:
+        started = time.monotonic()
+        outcome, result = self._reconcile(stopping)
+        self.metrics.reconcile_duration.labels(mode=self.mode, result=result).observe(
+            time.monotonic() - started
+        )
+        self.metrics.reconciles.labels(result=result).inc()
+        for reason in batch.reasons:
+            self.metrics.triggers.labels(source=reason).inc()
+        return outcome
+
+    # one reconcile -----------------------------------------------------------------
+    def _reconcile(self, stopping: threading.Event) -> tuple[Outcome, str]:
+        error = self._config_error()
+        if error is not None:
+            self._degraded(error)
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            return Outcome(True, f"degraded: config invalid: {first}"), "degraded"
+        mode = Mode.APPLY if self.mode == AgentMode.ENFORCE else Mode.PLAN
+        gate = self.rollout.admit if self.rollout is not None and mode is Mode.APPLY else None
+        try:
+            report = reconcile_once(
+                self.ports,
+                self.settings,
+                mode=mode,
+                skip_blocked=True,
+                gate=gate,
+                reporter=_Hearing(self.metrics, stopping),
+            )
+        except StopRequested as stop:
+            return Outcome(True, str(stop)), "stopped"
+        except TransientError as e:
+            return Outcome(False, f"will retry: {e}"), "failed"
+        except UserError as e:
+            # Reported as a failed status already; retrying will not help until an input changes.
+            self._finished(converged=False)
+            return Outcome(True, f"failed: {e}"), "failed"
+        except VgpuStateError as e:
+            self._finished(converged=False)
+            return Outcome(False, f"failed: {e}"), "failed"
+        self.last_report = report
+        if report.declined:
+            return Outcome(False, "waiting for a rollout slot; nothing changed"), "waiting"
+        if mode is Mode.PLAN:
+            self._report_plan_only(report)
+        self._observe(report)
+        converged = report.converged
+        if mode is Mode.APPLY:
+            self._finished(converged=report.matches)
+        if converged:
+            self.metrics.last_success.set(self._clock())
+            return Outcome(True, self._summary(report)), "success"
+        result = "blocked" if report.plan.blocked and report.matches else "pending"
+        return Outcome(True, self._summary(report)), result
+
+    def _finished(self, converged: bool) -> None:
+        if self.rollout is not None and self.mode == AgentMode.ENFORCE:
+            self.rollout.finished(converged)
+
+    # config ------------------------------------------------------------------------
+    def _config_error(self) -> ConfigError | None:
+        source = self.ports.config
+        try:
+            document = source.document()
+        except ConfigError as e:
+            return e
+        if source.error is not None:
+            return source.error
+        digest = hashlib.sha256(document.spec.model_dump_json().encode()).hexdigest()
+        if digest != self._config_hash:
+            self._config_hash = digest
+            self._generation += 1
+            self.metrics.config_generation.set(self._generation)
+            if self._generation > 1:
+                log.info("config changed (generation %d)", self._generation)
+        return None
+
+    def _degraded(self, error: ConfigError) -> None:
+        node = self.ports.cluster.node_name()
+        message = str(error)
+        log.error("config invalid; nothing is changed on the host:\n%s", message)
+        status = NodeStatus(
+            node=node,
+            config=None,
+            state=ConfigState.FAILED,
+            conditions=(
+                Condition(
+                    type=ConditionType.DEGRADED,
+                    status=True,
+                    reason=error.reason.value,
+                    message=message,
+                ),
+                Condition(
+                    type=ConditionType.READY,
+                    status=False,
+                    reason=error.reason.value,
+                    message="the config does not load; the host is left as it is",
+                ),
+            ),
+        )
+        self.ports.cluster.report_status(status)
+        self.ports.cluster.emit_event(
+            NodeEvent(type=EventType.WARNING, reason=error.reason.value, message=message)
+        )
+
+    # reporting ---------------------------------------------------------------------
+    def _report_plan_only(self, report: Report) -> None:
+        """Plan-only mode: the status says what enforce would do; the plugin gets the scan."""
+        self.ports.device_plugin.refresh(report.final)
+        self.ports.cluster.report_status(status_of(report))
+
+    def _observe(self, report: Report) -> None:
+        held = report.inputs.in_use
+        counts: Counter[tuple[str, str]] = Counter()
+        for gpu in report.final.gpus:
+            for v in gpu.vgpus:
+                name = v.type_name or f"type id {v.type_id}"
+                counts[(name, "in_use" if v.key in held else "free")] += 1
+        self.metrics.set_vgpus(counts)
+        self.metrics.blocked_items.set(len(report.plan.blocked))
+
+    def _summary(self, report: Report) -> str:
+        vgpus = sum(n for _, n in report.live_layout())
+        applied = report.applied
+        changed = applied.counts["ok"] if applied is not None else 0
+        parts = [f"config {report.inputs.config!r}", f"{vgpus} vGPU(s)"]
+        if changed:
+            parts.append(f"{changed} change(s) made")
+        if report.plan.blocked:
+            parts.append(f"{len(report.plan.blocked)} blocked")
+        if self.mode == AgentMode.PLAN_ONLY and report.plan.actions:
+            parts.append(f"{len(report.plan.actions)} change(s) planned, not applied (plan-only)")
+        elif not report.matches:
+            parts.append("not converged: " + "; ".join(report.differences[:3]))
+        else:
+            parts.append("converged")
+        return ", ".join(parts)
