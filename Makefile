@@ -19,7 +19,7 @@ $(BIN)/.installed-test: pyproject.toml
 	$(BIN)/python -m compileall -q vgpu_state
 	touch $@ $(BIN)/.installed
 
-demo: $(BIN)/.installed
+demo: $(BIN)/.installed-test
 	$(BIN)/python scripts/demo.py
 
 test: lint

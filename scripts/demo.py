@@ -3,7 +3,9 @@
 
 1. validate the config;  2. plan;  3. apply;  4. assert;
 5. edit the config (one vGPU fewer on the A2, one more on the L40S), plan the
-   minimal diff;  6. apply again;  7. assert;  8. history.
+   minimal diff;  6. apply again;  7. assert;  8. history;
+9. the agent (scripts/demo_agent.py): a simulated node in a Kubernetes API
+   emulator; a label change, and the agent converges the node.
 
 The node is a copy of configs/sim/mixed.yaml (A2 with mdevs on VFs, T4 with
 mdevs on the PF, L40S with vendor-specific VFIO; one vGPU held by a VM) in a
@@ -83,7 +85,13 @@ def main() -> int:
         run("6. Apply the edit", ["apply", "-f", str(config), *sim, "--auto-approve"], 0)
         run("7. Assert again", ["assert", "-f", str(config), *sim], 0)
         run("8. The journal of both applies", ["history", *sim], 0)
-        print("\nDemo complete: plan, apply and assert converged twice on the simulated node.")
+        import demo_agent
+
+        demo_agent.main()
+        print(
+            "\nDemo complete: plan, apply and assert converged twice on the simulated node, "
+            "and the agent converged it after a label change."
+        )
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

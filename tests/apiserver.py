@@ -292,7 +292,8 @@ def _strip_k8s_keys(schema: Any) -> Any:
 class RunningApiServer:
     """An :class:`ApiServer` serving HTTP on 127.0.0.1 from its own event-loop thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, server_cls: type[ApiServer] | None = None) -> None:
+        self._server_cls = server_cls or ApiServer
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -321,7 +322,7 @@ class RunningApiServer:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        self.server = ApiServer()
+        self.server = self._server_cls()
         for kind, info in {
             NODES: ResourceInfo(kind="Node", namespaced=False),
             EVENTS: ResourceInfo(kind="Event", namespaced=True),

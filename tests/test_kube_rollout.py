@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -32,10 +33,10 @@ def slots(
     )
 
 
-def lease(kube: RunningEmulator, name: str) -> dict[str, object]:
-    import kmock
-
-    return kube.call(lambda: dict(kube.objects[kmock.resource(LEASES), NS, name].raw))
+def lease(kube: RunningEmulator, name: str) -> dict[str, Any]:
+    found = kube.get(LEASES, name, NS)
+    assert found is not None, f"no Lease {name}"
+    return found
 
 
 def test_one_slot_goes_to_one_node_until_it_reports_success(kube: RunningEmulator) -> None:

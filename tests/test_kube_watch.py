@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.kube_emulator import RunningEmulator
+from tests.kube_emulator import RunningEmulator, WatchingApiServer
 from vgpu_state.kube.watch import Backoff, NodeWatch
 
 NODES = "v1/nodes"
@@ -27,8 +27,8 @@ def seen() -> queue.Queue[dict[str, str]]:
 
 @pytest.fixture
 def watch(kube: RunningEmulator, seen: queue.Queue[dict[str, str]]) -> Iterator[NodeWatch]:
-    kube.put(NODES, None, "gpu-1", node("gpu-1", {"pool": "a"}))
-    kube.put(NODES, None, "gpu-2", node("gpu-2", {"pool": "b"}))
+    kube.write(NODES, "gpu-1", node("gpu-1", {"pool": "a"}))
+    kube.write(NODES, "gpu-2", node("gpu-2", {"pool": "b"}))
 
     def record(labels: Mapping[str, str]) -> None:
         seen.put(dict(labels))
@@ -67,7 +67,7 @@ def test_the_current_labels_come_first_then_each_change(
     kube: RunningEmulator, watch: NodeWatch, seen: queue.Queue[dict[str, str]]
 ) -> None:
     assert next_labels(seen) == {"pool": "a"}
-    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"nvidia.com/vgpu.config": "x"}}})
+    kube.write(NODES, "gpu-1", {"metadata": {"labels": {"nvidia.com/vgpu.config": "x"}}})
     assert next_labels(seen) == {"pool": "a", "nvidia.com/vgpu.config": "x"}
     assert nothing_more(seen)
 
@@ -77,25 +77,25 @@ def test_status_updates_and_other_nodes_do_not_call_back(
 ) -> None:
     assert next_labels(seen) == {"pool": "a"}
     for i in range(5):
-        kube.patch(NODES, None, "gpu-1", {"status": {"heartbeat": str(i)}})
-    kube.patch(NODES, None, "gpu-2", {"metadata": {"labels": {"pool": "c"}}})
+        kube.write(NODES, "gpu-1", {"status": {"heartbeat": str(i)}})
+    kube.write(NODES, "gpu-2", {"metadata": {"labels": {"pool": "c"}}})
     assert nothing_more(seen)
     # The watch kept up: its resourceVersion is the last of its node's changes.
-    wait_for(lambda: watch.resource_version == str(kube.emulator._latest - 1))  # type: ignore[union-attr]
+    wait_for(lambda: watch.resource_version == str(kube.emulator.latest - 1))
 
 
 def test_a_watch_that_ends_resumes_from_the_last_version_without_a_relist(
     kube: RunningEmulator, watch: NodeWatch, seen: queue.Queue[dict[str, str]]
 ) -> None:
     assert next_labels(seen) == {"pool": "a"}
-    kube.patch(NODES, None, "gpu-1", {"status": {"heartbeat": "1"}})
-    wait_for(lambda: watch.resource_version == str(kube.emulator._latest))  # type: ignore[union-attr]
+    kube.write(NODES, "gpu-1", {"status": {"heartbeat": "1"}})
+    wait_for(lambda: watch.resource_version == str(kube.emulator.latest))
     last = watch.resource_version
     kube.end_watches()
     wait_for(lambda: len(watch_requests(kube)) >= 2)
     assert watch_requests(kube)[-1]["resourceVersion"] == last
     assert watch.lists == 1
-    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"pool": "z"}}})
+    kube.write(NODES, "gpu-1", {"metadata": {"labels": {"pool": "z"}}})
     assert next_labels(seen) == {"pool": "z"}
     assert nothing_more(seen)
 
@@ -105,21 +105,20 @@ def test_410_gone_relists_and_a_change_made_meanwhile_arrives_once(
 ) -> None:
     assert next_labels(seen) == {"pool": "a"}
     wait_for(lambda: len(watch_requests(kube)) >= 1)
-    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"pool": "b"}}})
+    kube.write(NODES, "gpu-1", {"metadata": {"labels": {"pool": "b"}}})
     assert next_labels(seen) == {"pool": "b"}
 
     # The server compacts its history past what the watch has seen and ends the stream.
-    def compact() -> None:
-        assert kube.emulator is not None
-        kube.emulator.compact()
-        kube.emulator.end_watches()
+    def compact(server: WatchingApiServer) -> None:
+        server.compact()
+        server.end_watches()
 
     kube.call(compact)
-    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"pool": "c"}}})
+    kube.write(NODES, "gpu-1", {"metadata": {"labels": {"pool": "c"}}})
     wait_for(lambda: watch.lists == 2)
     assert next_labels(seen) == {"pool": "c"}
     assert nothing_more(seen)
-    kube.patch(NODES, None, "gpu-1", {"metadata": {"labels": {"pool": "d"}}})
+    kube.write(NODES, "gpu-1", {"metadata": {"labels": {"pool": "d"}}})
     assert next_labels(seen) == {"pool": "d"}
 
 
@@ -129,10 +128,9 @@ def test_a_server_that_keeps_answering_410_is_not_hammered(
     assert next_labels(seen) == {"pool": "a"}
     wait_for(lambda: len(watch_requests(kube)) >= 1)
 
-    def always_gone() -> None:
-        assert kube.emulator is not None
-        kube.emulator.compacted_below = 10**9
-        kube.emulator.end_watches()
+    def always_gone(server: WatchingApiServer) -> None:
+        server.compacted_below = 10**9
+        server.end_watches()
 
     kube.call(always_gone)
     time.sleep(1.0)
@@ -166,3 +164,20 @@ def test_backoff_grows_to_its_cap_with_jitter_and_resets() -> None:
     assert max(delays[5:]) > 2.0, "later delays reach well above the base"
     backoff.reset()
     assert backoff.next_delay() == 0.5
+
+
+def test_keys_the_caller_writes_itself_do_not_call_back(kube: RunningEmulator) -> None:
+    kube.write(NODES, "gpu-1", node("gpu-1", {"pool": "a"}))
+    seen: queue.Queue[dict[str, str]] = queue.Queue()
+    w = NodeWatch(
+        kube.api_client(), "gpu-1", lambda labels: seen.put(dict(labels)),
+        ignore=frozenset({"nvidia.com/vgpu.config.state"}),
+    ).start()  # fmt: skip
+    try:
+        assert next_labels(seen) == {"pool": "a"}
+        kube.write(NODES, "gpu-1", {"metadata": {"labels": {"nvidia.com/vgpu.config.state": "ok"}}})
+        assert nothing_more(seen)
+        kube.write(NODES, "gpu-1", {"metadata": {"labels": {"pool": "b"}}})
+        assert next_labels(seen) == {"pool": "b"}
+    finally:
+        w.stop()

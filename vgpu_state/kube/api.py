@@ -65,6 +65,12 @@ class KubeApi:
         self.timeout = timeout
         self.requests = 0
 
+    @property
+    def client(self) -> Any:
+        """The ``kubernetes`` ``ApiClient`` (for the Node watch and Leases, which stream or
+        need their own error handling)."""
+        return self._client
+
     @classmethod
     def connect(
         cls,

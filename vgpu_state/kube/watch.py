@@ -67,7 +67,8 @@ class NodeWatch:
     watch's ``timeoutSeconds`` (the server ends the stream after it; the watch
     then resumes). ``read_timeout``: a silent connection is dropped after this
     long and resumed. ``on_error``: told about every failure (for logs and
-    metrics); the watch itself keeps going until :meth:`stop`.
+    metrics); the watch itself keeps going until :meth:`stop`. ``ignore``: label
+    keys whose changes do not count (the ones the caller writes itself).
     """
 
     def __init__(
@@ -80,8 +81,10 @@ class NodeWatch:
         read_timeout: float = 330.0,
         backoff: Backoff | None = None,
         on_error: Callable[[Exception], None] | None = None,
+        ignore: frozenset[str] = frozenset(),
     ) -> None:
         self._client = api_client
+        self._ignore = ignore
         self.node = node
         self._on_labels = on_labels
         self._server_timeout = server_timeout
@@ -193,7 +196,11 @@ class NodeWatch:
         return bool((obj.get("metadata") or {}).get("name") == self.node)
 
     def _seen(self, node: Mapping[str, Any]) -> None:
-        labels = dict((node.get("metadata") or {}).get("labels") or {})
+        labels = {
+            k: v
+            for k, v in ((node.get("metadata") or {}).get("labels") or {}).items()
+            if k not in self._ignore
+        }
         if labels != self.labels:
             self.labels = labels
             self._on_labels(labels)

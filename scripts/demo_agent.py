@@ -1,0 +1,137 @@
+"""The agent part of `make demo`: a simulated node in a cluster emulator, a label change.
+
+Starts a Kubernetes API server emulator (kmock, the suite's), creates the
+Node, runs `vgpu-state agent` as a real process against a simulated node, then
+changes the Node's label the way `kubectl label` does and shows the agent
+converging the node, the KubeVirt CR and the state label.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from vgpu_state.kube.api import KubeApi  # noqa: E402
+
+NODE_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
+NODE = "a2-node"
+STATE = "nvidia.com/vgpu.config.state"
+CONFIG = """\
+version: v1
+policy: {max-unavailable: 1}
+vgpu-configs:
+  a2-4g:            # what the node has now
+    - devices: all
+      vgpu-devices: {A2-4C: 1, A2-4Q: 1, A2-4A: 1}
+  a2-4q:            # the A2-4A goes, two more A2-4Q come (the held A2-4C stays)
+    - devices: all
+      vgpu-devices: {A2-4C: 1, A2-4Q: 3}
+"""
+
+
+def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while not check():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"demo failed: the agent did not reach {what}")
+        time.sleep(0.1)
+
+
+def main() -> int:
+    # The emulator's event loop may drop a finished watch stream at shutdown; say nothing.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    work = Path(tempfile.mkdtemp(prefix="vgpu-state-agent-demo-"))
+    spec = work / "node.yaml"
+    spec.write_text(NODE_SPEC.read_text())
+    config_dir = work / "configmap"
+    (config_dir / "..2026_11_23_1").mkdir(parents=True)
+    (config_dir / "..2026_11_23_1" / "config.yaml").write_text(CONFIG)
+    (config_dir / "..data").symlink_to("..2026_11_23_1")
+    (config_dir / "config.yaml").symlink_to("..data/config.yaml")
+    log = work / "agent.log"
+
+    # The test suite's API server emulator (kmock); loaded by name, it is test code.
+    kube: Any = importlib.import_module("tests.kube_emulator").RunningEmulator().start()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
+        kube.put(
+            "kubevirt.io/v1/kubevirts",
+            "kubevirt",
+            {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "spec": {"configuration": {}}},
+            namespace="kubevirt",
+        )
+        kubeconfig = kube.write_kubeconfig(work / "kubeconfig")
+        api = KubeApi(kube.api_client(), kube.url, (5.0, 10.0))
+
+        def state() -> str | None:
+            node = kube.get("v1/nodes", NODE) or {}
+            value = node.get("metadata", {}).get("labels", {}).get(STATE)
+            return str(value) if value is not None else None
+
+        args = [
+            "agent", "--node", NODE, "--config-dir", str(config_dir),
+            "--kubeconfig", str(kubeconfig), "--sim", str(spec),
+            "--state-dir", str(work / "state"), "--listen", "", "--resync", "300",
+        ]  # fmt: skip
+        print("\n=== 9. The agent: a simulated node in a cluster emulator")
+        print(f"$ vgpu-state {' '.join(args)}")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vgpu_state.cli.main", *args],
+            cwd=REPO,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        wait_for("its first reconcile", lambda: state() == "success", proc)
+        print(f"   node {NODE}: {STATE}={state()} (layout a2-4g: nothing to change)")
+
+        print(f"\n$ kubectl label node {NODE} nvidia.com/vgpu.config=a2-4q --overwrite")
+        api.patch(
+            f"/api/v1/nodes/{NODE}",
+            {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4q"}}},
+            "merge",
+        )
+        seen = len(log.read_text().splitlines())
+
+        def converged() -> bool:
+            return "config 'a2-4q'" in log.read_text() and state() == "success"
+
+        wait_for("the new layout", converged, proc)
+        print("   what the agent did:")
+        for line in log.read_text().splitlines()[seen:]:
+            print("   | " + line.split(" ", 2)[-1])
+        cr = kube.get("kubevirt.io/v1/kubevirts", "kubevirt", "kubevirt") or {}
+        permitted = cr.get("spec", {}).get("configuration", {}).get("permittedHostDevices", {})
+        names = sorted(e["resourceName"] for e in permitted.get("mediatedDevices", []))
+        print(f"   KubeVirt CR permits: {', '.join(names)}")
+        print(f"   node {NODE}: {STATE}={state()}")
+        proc.send_signal(signal.SIGTERM)
+        if proc.wait(30) != 0:
+            raise SystemExit("demo failed: the agent did not exit 0 on SIGTERM")
+        print("   SIGTERM: the agent stopped cleanly (exit 0)")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        kube.stop()
+    scan = subprocess.run(
+        [sys.executable, "-m", "vgpu_state.cli.main", "scan", "--sim", str(spec)],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "COLUMNS": "100"},
+    )  # fmt: skip
+    print(f"\n$ vgpu-state scan --sim node.yaml\n{scan.stdout}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

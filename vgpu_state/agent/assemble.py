@@ -1,0 +1,149 @@
+"""Build the agent from its command-line flags: the host, the cluster, the triggers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vgpu_state.agent.cluster import (
+    ClusterSink,
+    InUseSource,
+    NodeCluster,
+    in_use_from_file,
+    unknown_in_use,
+)
+from vgpu_state.agent.rollout import LeaseRolloutGate
+from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import FileConfigSource
+from vgpu_state.kube.api import KubeApi
+from vgpu_state.kube.kubevirt import KubeVirtRef
+from vgpu_state.kube.rollout import RolloutSlots
+from vgpu_state.model.inuse import InUse
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.ports import HostPort
+from vgpu_state.reconcile import Ports, Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentFlags:
+    node: str
+    config_dir: Path
+    mode: str = "enforce"
+    resync: float = 60.0
+    listen: str = ":9410"
+    kubeconfig: str | None = None
+    namespace: str = "vgpu-state"
+    sysfs_root: str = "/sys"
+    sim_spec: str | None = None
+    state_dir: Path = Path("/var/lib/vgpu-state")
+    in_use_file: str | None = None
+    kubevirt: str | None = None
+    manage_kubevirt: bool = True
+    lease_seconds: int = 120
+
+
+def build(flags: AgentFlags) -> Agent:
+    """Connect to the cluster and assemble an :class:`Agent` (nothing runs yet)."""
+    api = KubeApi.connect(flags.kubeconfig)
+    host, sim_in_use, after = _host(flags)
+    in_use: InUseSource
+    if flags.in_use_file:
+        in_use = in_use_from_file(flags.in_use_file)
+    elif sim_in_use is not None:
+        in_use = sim_in_use
+    else:
+        in_use = unknown_in_use("/var/lib/kubelet/pod-resources/kubelet.sock")
+    cluster = NodeCluster(api, flags.node, in_use)
+    plugin = None
+    shutdown: list[tuple[str, Callable[[], None]]] = []
+    sink = ClusterSink(
+        api,
+        plugin,
+        KubeVirtRef.parse(flags.kubevirt) if flags.kubevirt else None,
+        manage_kubevirt=flags.manage_kubevirt,
+    )
+    flags.state_dir.mkdir(parents=True, exist_ok=True)
+    settings = Settings(
+        catalog=default_catalog(),
+        journal_path=flags.state_dir / "journal.jsonl",
+        lock_path=flags.state_dir / "apply.lock",
+        command=f"vgpu-state agent --node {flags.node}",
+    )
+    ports = Ports(host, cluster, FileConfigSource(flags.config_dir / CONFIG_FILE), sink)
+    slots = RolloutSlots(api.client, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
+    if after is not None:
+        shutdown.insert(0, ("simulated node", after))
+    parts = AgentParts(
+        ports=ports,
+        settings=settings,
+        config_dir=flags.config_dir,
+        mode=flags.mode,
+        resync_seconds=flags.resync,
+        listen=flags.listen or None,
+        rollout=LeaseRolloutGate(slots),
+        watches=[node_watch_starter(api.client, flags.node)],
+        shutdown=shutdown,
+    )
+    return Agent(parts)
+
+
+def _host(flags: AgentFlags) -> tuple[HostPort, InUseSource | None, Callable[[], None] | None]:
+    if flags.sim_spec:
+        from vgpu_state.sim.node import held_vgpus, open_sim
+
+        sim = open_sim(flags.sim_spec)
+
+        def held() -> InUse:
+            return held_vgpus(sim.host)
+
+        def save_and_close() -> None:
+            sim.save()
+            sim.close()
+
+        return _SavingHost(sim.host, sim.save), held, save_and_close
+    from vgpu_state.host import SysfsHost
+
+    return SysfsHost(flags.sysfs_root, flags.node), None, None
+
+
+class _SavingHost:
+    """A simulated host whose spec file follows every change (other commands can read it)."""
+
+    def __init__(self, inner: HostPort, save: Callable[[], None]) -> None:
+        self.inner = inner
+        self._save = save
+
+    def scan(self) -> NodeSnapshot:
+        return self.inner.scan()
+
+    def _after(self) -> None:
+        self._save()
+
+    def enable_sriov(self, pf: str) -> None:
+        self.inner.enable_sriov(pf)
+        self._after()
+
+    def disable_sriov(self, pf: str) -> None:
+        self.inner.disable_sriov(pf)
+        self._after()
+
+    def create_mdev(self, parent: str, type_id: int, uuid: str) -> None:
+        self.inner.create_mdev(parent, type_id, uuid)
+        self._after()
+
+    def remove_mdev(self, uuid: str) -> None:
+        self.inner.remove_mdev(uuid)
+        self._after()
+
+    def set_vf_type(self, vf: str, type_id: int) -> None:
+        self.inner.set_vf_type(vf, type_id)
+        self._after()
+
+    def clear_vf_type(self, vf: str) -> None:
+        self.inner.clear_vf_type(vf)
+        self._after()

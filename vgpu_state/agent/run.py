@@ -1,0 +1,130 @@
+"""Assemble and run the agent: ports, triggers, worker, probes; exit 0 on SIGTERM.
+
+Threads (DESIGN.md, "Agent concurrency"): the config-directory watcher, the
+Node watch and the periodic resync feed one :class:`WorkQueue`; one worker
+reconciles; the probes and metrics have their own small HTTP server; the
+device plugin's gRPC servers run in their own pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vgpu_state.agent.configwatch import ConfigDirWatcher
+from vgpu_state.agent.health import HealthServer, HealthState, parse_listen
+from vgpu_state.agent.metrics import AgentMetrics
+from vgpu_state.agent.queue import WorkQueue
+from vgpu_state.agent.reconciler import AgentMode, NodeReconciler, RolloutGate
+from vgpu_state.agent.resync import DEFAULT_RESYNC_SECONDS, Resync
+from vgpu_state.agent.worker import Worker
+from vgpu_state.reconcile import Ports, Settings
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass
+class AgentParts:
+    """What the agent runs with; the CLI builds it from flags, tests from fakes."""
+
+    ports: Ports
+    settings: Settings
+    config_dir: Path
+    mode: str = AgentMode.ENFORCE
+    resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    listen: str | None = ":9410"
+    rollout: RolloutGate | None = None
+    # start(trigger) -> stop: extra trigger sources (the Node watch).
+    watches: list[Callable[[Callable[[str], None]], Callable[[], None]]] = field(
+        default_factory=list
+    )
+    # Run after the worker's last reconcile, in order (the device plugin last).
+    shutdown: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+
+
+class Agent:
+    """One node's agent. :meth:`run` blocks until SIGTERM/SIGINT or :meth:`stop`."""
+
+    def __init__(self, parts: AgentParts, settle: float = 0.2) -> None:
+        self.parts = parts
+        self.metrics = AgentMetrics()
+        self.health = HealthState()
+        self.queue = WorkQueue(settle=settle)
+        self.reconciler = NodeReconciler(
+            parts.ports, parts.settings, self.metrics, parts.mode, parts.rollout
+        )
+        self.worker = Worker(self.queue, self.reconciler, self.health)
+        self.http: HealthServer | None = None
+        self._stops: list[Callable[[], None]] = []
+
+    def trigger(self, source: str) -> None:
+        self.queue.trigger(source)
+
+    def stop(self) -> None:
+        self.worker.request_stop("stop requested")
+
+    def run(self, install_signals: bool = True) -> int:
+        parts = self.parts
+        if install_signals:
+            self.worker.install_signal_handlers()
+        if parts.listen:
+            host, port = parse_listen(parts.listen)
+            self.http = HealthServer(self.health, self.metrics, host, port).start()
+            log.info("serving /healthz, /readyz and /metrics on %s:%d", host, self.http.port)
+        watcher = ConfigDirWatcher(parts.config_dir, lambda: self.trigger("config")).start()
+        self._stops.append(lambda: watcher.stop(5))
+        resync = Resync(lambda: self.trigger("resync"), parts.resync_seconds).start()
+        self._stops.append(lambda: resync.stop(5))
+        for start in parts.watches:
+            self._stops.append(start(self.trigger))
+        self.worker.on_shutdown("watchers", self._stop_watchers)
+        for name, hook in parts.shutdown:
+            self.worker.on_shutdown(name, hook)
+        if self.http is not None:
+            http = self.http
+            self.worker.on_shutdown("probes", http.stop)
+        # The first reconcile restores the layout (after a reboot, a crash, an upgrade).
+        self.trigger("start")
+        log.info(
+            "agent for node %s started (%s; config %s; resync every %.0f s)",
+            parts.ports.cluster.node_name(),
+            parts.mode,
+            parts.config_dir / CONFIG_FILE,
+            parts.resync_seconds,
+        )
+        self.worker.run()
+        log.info("agent stopped")
+        return 0
+
+    def _stop_watchers(self) -> None:
+        for stop in reversed(self._stops):
+            stop()
+        self._stops.clear()
+
+
+def node_watch_starter(
+    api_client: Any, node: str
+) -> Callable[[Callable[[str], None]], Callable[[], None]]:
+    """A trigger source: the Node's labels changed."""
+
+    def start(trigger: Callable[[str], None]) -> Callable[[], None]:
+        from vgpu_state.kube.node import STATE_LABEL
+        from vgpu_state.kube.watch import NodeWatch
+
+        first = [True]
+
+        def on_labels(labels: Any) -> None:
+            if first[0]:  # the start reconcile already reads them
+                first[0] = False
+                return
+            trigger("node")
+
+        watch = NodeWatch(api_client, node, on_labels, ignore=frozenset({STATE_LABEL})).start()
+        return lambda: watch.stop(5)
+
+    return start

@@ -1,0 +1,123 @@
+"""``vgpu-state agent``: the per-node daemon (see docs/agent.md)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from vgpu_state.cli.common import handle_errors
+
+
+@click.command("agent")
+@click.option("--node", required=True, envvar="NODE_NAME", help="This node's name ($NODE_NAME).")
+@click.option(
+    "--config-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The mounted ConfigMap: the agent reads config.yaml in it and watches the directory.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["enforce", "plan-only"]),
+    default="enforce",
+    show_default=True,
+    help="enforce: apply (blocked items are skipped and reported); plan-only: report only.",
+)
+@click.option(
+    "--resync",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds between periodic reconciles (sysfs changes are not watched).",
+)
+@click.option(
+    "--listen",
+    default=":9410",
+    show_default=True,
+    help="HOST:PORT of /healthz, /readyz and /metrics ('' to serve none).",
+)
+@click.option(
+    "--kubeconfig", default=None, help="Kubeconfig (default: in-cluster, then ~/.kube/config)."
+)
+@click.option(
+    "--namespace",
+    envvar="POD_NAMESPACE",
+    default="vgpu-state",
+    show_default=True,
+    help="Namespace of the rollout-slot Leases ($POD_NAMESPACE).",
+)
+@click.option("--sysfs-root", default="/sys", show_default=True, help="Where sysfs is mounted.")
+@click.option(
+    "--sim",
+    "sim_spec",
+    default=None,
+    help="Drive a simulated node (spec file) instead of sysfs; the spec is saved after applies.",
+)
+@click.option(
+    "--state-dir",
+    default="/var/lib/vgpu-state",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Journal and host lock.",
+)
+@click.option(
+    "--in-use-file",
+    default=None,
+    help="Held vGPUs (JSON object KEY: HOLDER, or lines KEY HOLDER), re-read every reconcile.",
+)
+@click.option(
+    "--kubevirt", default=None, help="NAMESPACE/NAME of the KubeVirt CR (default: the only one)."
+)
+@click.option("--no-kubevirt", is_flag=True, help="Leave the KubeVirt CR alone.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning"]),
+    default="info",
+    show_default=True,
+)
+@handle_errors
+def agent(
+    node: str,
+    config_dir: Path,
+    mode: str,
+    resync: float,
+    listen: str,
+    kubeconfig: str | None,
+    namespace: str,
+    sysfs_root: str,
+    sim_spec: str | None,
+    state_dir: Path,
+    in_use_file: str | None,
+    kubevirt: str | None,
+    no_kubevirt: bool,
+    log_level: str,
+) -> None:
+    """Keep this node equal to its layout: watch, reconcile, report; SIGTERM stops it (exit 0)."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
+    from vgpu_state.agent.assemble import AgentFlags, build
+
+    flags = AgentFlags(
+        node=node,
+        config_dir=config_dir,
+        mode=mode,
+        resync=resync,
+        listen=listen,
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+        sysfs_root=sysfs_root,
+        sim_spec=sim_spec,
+        state_dir=state_dir,
+        in_use_file=in_use_file,
+        kubevirt=kubevirt,
+        manage_kubevirt=not no_kubevirt,
+    )
+    agent_ = build(flags)
+    sys.exit(agent_.run())
