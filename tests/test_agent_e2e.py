@@ -7,12 +7,14 @@ changes while the node says why; stop the agent and it exits cleanly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -206,3 +208,219 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     # SIGTERM: exit 0.
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+
+
+SLOW_SPEC = A2_SPEC.read_text() + "faults:\n  - {op: any, delay-ms: 400}\n"
+SWAP = (
+    CONFIG
+    + """\
+  swap:            # the A2-4A goes, two A2-4Q come: one destroy, two creates
+    - devices: all
+      vgpu-devices: {A2-4C: 1, A2-4Q: 3}
+"""
+)
+
+
+def journal_steps(state_dir: Path) -> int:
+    journal = state_dir / "journal.jsonl"
+    if not journal.exists():
+        return 0
+    return sum(1 for line in journal.read_text().splitlines() if '"event": "action"' in line)
+
+
+@pytest.mark.usefixtures("require_fuse")
+def test_sigkill_mid_apply_then_the_restarted_agent_converges_without_duplicates(
+    kube: RunningEmulator, tmp_path: Path
+) -> None:
+    spec = tmp_path / "slow.yaml"
+    spec.write_text(SLOW_SPEC)
+    kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "swap"}}})
+    with mounted(spec, tmp_path / "sys") as m:
+        running = Running(kube, tmp_path, str(m.root))
+        swap_configmap(running.config_dir, 2, SWAP)
+        proc = running.start()
+        try:
+            state_dir = tmp_path / "state"
+            wait_for("the first step", lambda: journal_steps(state_dir) >= 1, proc)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            assert layout(running.root) != {"A2-4C": 1, "A2-4Q": 3}, "killed mid-apply"
+            proc = running.start()
+            wait_for("the layout", lambda: layout(running.root) == {"A2-4C": 1, "A2-4Q": 3}, proc)
+            wait_for("success", lambda: running.state() == "success", proc)
+            uuids = [v.uuid for g in scan(running.root).gpus for v in g.vgpus]
+            assert len(uuids) == len(set(uuids)) == 4
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            print(running.log.read_text())
+
+
+def apply_window(log: Path) -> tuple[float, float]:
+    """First and last host change the agent logged (seconds since the epoch)."""
+    import datetime as dt
+
+    times = [
+        dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        for line in log.read_text().splitlines()
+        if "vgpu_state.executor.apply:" in line and line.endswith(": ok")
+    ]
+    assert times, f"{log} shows no host change"
+    return min(times), max(times)
+
+
+@pytest.mark.usefixtures("require_fuse")
+def test_two_agents_with_max_unavailable_1_never_apply_at_once(
+    kube: RunningEmulator, tmp_path: Path
+) -> None:
+    spec = tmp_path / "slow.yaml"
+    spec.write_text(SLOW_SPEC.replace("node: a2-node", "node: sim"))
+    config_dir = tmp_path / "config"  # one ConfigMap, mounted on both nodes
+    config_dir.mkdir()
+    swap_configmap(config_dir, 1, SWAP)
+    procs: list[subprocess.Popen[str]] = []
+    logs: list[Path] = []
+    with mounted(spec, tmp_path / "sys-1") as m1, mounted(spec, tmp_path / "sys-2") as m2:
+        try:
+            for i, m in ((1, m1), (2, m2)):
+                node = f"gpu-{i}"
+                kube.write(
+                    "v1/nodes", node, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}}
+                )
+                work = tmp_path / node
+                work.mkdir()
+                running = Running(kube, work, str(m.root))
+                running.args[running.args.index("--node") + 1] = node
+                running.args[running.args.index("--config-dir") + 1] = str(config_dir)
+                procs.append(running.start())
+                logs.append(running.log)
+
+            def state(node: str) -> str | None:
+                found = kube.get("v1/nodes", node) or {}
+                return found.get("metadata", {}).get("labels", {}).get(STATE_LABEL)
+
+            for p in procs:
+                wait_for(
+                    "both nodes ready",
+                    lambda: all(state(f"gpu-{i}") == "success" for i in (1, 2)),
+                    p,
+                )
+            # One disruptive change for both nodes: a new layout in the shared ConfigMap.
+            swap_configmap(
+                config_dir, 2, SWAP.replace("a2-4g:", "old-a2-4g:").replace("swap:", "a2-4g:")
+            )
+            for m in (m1, m2):
+                wait_for(
+                    "both converged",
+                    lambda m=m: layout(str(m.root)) == {"A2-4C": 1, "A2-4Q": 3},
+                    procs[0],
+                    60,
+                )
+            for i in (1, 2):
+                wait_for("success", lambda i=i: state(f"gpu-{i}") == "success", procs[0])
+            (a_start, a_end), (b_start, b_end) = (apply_window(log) for log in logs)
+            overlap = f"{a_start:.2f}-{a_end:.2f} and {b_start:.2f}-{b_end:.2f}"
+            assert a_end < b_start or b_end < a_start, f"both nodes applied at once: {overlap}"
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            assert [p.wait(30) for p in procs] == [0, 0]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for log in logs:
+                print(log.read_text())
+
+
+class Proxy:
+    """A TCP forwarder to the API server that can drop every connection and refuse new ones."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.removeprefix("http://").partition(":")
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.up = True
+        self.open: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def down(self) -> None:
+        self.up = False
+        with self.lock:
+            for s in self.open:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+            self.open.clear()
+
+    def close(self) -> None:
+        self.down()
+        self.listener.close()
+
+
+@pytest.mark.usefixtures("require_fuse")
+def test_an_unreachable_api_server_leaves_the_host_alone_and_the_agent_reports_once_back(
+    kube: RunningEmulator, tmp_path: Path
+) -> None:
+    kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
+    proxy = Proxy(kube.url)
+    with mounted(A2_SPEC, tmp_path / "sys") as m:
+        running = Running(kube, tmp_path, str(m.root))
+        kubeconfig = kube.write_kubeconfig(tmp_path / "via-proxy", server=proxy.url)
+        running.args[running.args.index("--kubeconfig") + 1] = str(kubeconfig)
+        proc = running.start()
+        try:
+            wait_for("the first reconcile", lambda: running.state() == "success", proc)
+            proxy.down()
+            before = scan(running.root).fingerprint()
+            # While the API server is away the config asks for a change: nothing happens.
+            running.edit_config(CONFIG.replace("a2-4g:", "old:").replace("grow:", "a2-4g:"))
+            time.sleep(3)
+            assert scan(running.root).fingerprint() == before, "no host change without the API"
+            assert proc.poll() is None, "the agent keeps running"
+            assert running.get("/readyz")[0] == 503
+            assert running.get("/healthz")[0] == 200
+            proxy.up = True
+            wait_for("the new layout", lambda: layout(running.root).get("A2-4Q") == 2, proc, 60)
+            wait_for("success", lambda: running.state() == "success", proc, 60)
+            wait_for("ready", lambda: running.get("/readyz")[0] == 200, proc)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            proxy.close()
+            if proc.poll() is None:
+                proc.kill()
+            print(running.log.read_text())
