@@ -17,12 +17,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from vgpu_state.catalog import default_catalog
-from vgpu_state.executor import apply
-from vgpu_state.model.desired import DesiredGpu, DesiredState
-from vgpu_state.model.policy import Policy
-from vgpu_state.planner import plan
-from vgpu_state.reconcile import replan_deferred
-from vgpu_state.sim.host import SimHost
+from vgpu_state.config import StaticConfigSource, load_text
+from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
+from vgpu_state.sim.node import open_sim
 from vgpu_state.sim.spec import GpuSpec, NodeSpec, VgpuSpec
 
 Layout = dict[str, int]
@@ -88,29 +85,24 @@ def spec(t: Transition) -> NodeSpec:
 
 def vgpu_state_counts(t: Transition) -> tuple[int, int]:
     """(destroyed, created) by vgpu-state's plan, applied to the simulator."""
-    with SimHost(spec(t)) as host:
-        snapshot = host.scan()
-        g = snapshot.gpus[0]
-        desired = DesiredState(
-            node=snapshot.node,
-            config="disruption",
-            selection_source="flag",
-            policy=Policy(prune=True),
-            gpus=(
-                DesiredGpu(
-                    address=g.address,
-                    index=g.index,
-                    model=g.model,
-                    types=tuple(sorted(t.after.items())),
-                ),
-            ),
-        )
-        p = plan(desired, snapshot)
-        assert not p.blocked, p.blocked
-        result = apply(p, host, snapshot=snapshot, replan=replan_deferred)
-        live = Counter(v.type_name for v in result.snapshot.gpus[0].vgpus)
-        assert live == Counter(t.after), (t, live)
-        return p.summary.destroy, p.summary.create
+    wanted = ", ".join(f"{name}: {count}" for name, count in sorted(t.after.items()))
+    config = load_text(
+        "version: v1\npolicy: {prune: true}\nvgpu-configs:\n  disruption:\n"
+        f'    - devices: ["{ADDRESS}"]\n      vgpu-devices: {{{wanted}}}\n',
+        "disruption.yaml",
+    )
+    node = open_sim(spec(t))
+    try:
+        ports = Ports(node.host, node.cluster, StaticConfigSource(config))
+        settings = Settings(catalog=default_catalog())
+        report = reconcile_once(ports, settings, mode=Mode.APPLY, config_name="disruption")
+    finally:
+        node.close()
+    p = report.plan
+    assert not p.blocked, p.blocked
+    live = Counter(v.type_name for v in report.final.gpus[0].vgpus)
+    assert live == Counter(t.after) and report.converged, (t, live)
+    return p.summary.destroy, p.summary.create
 
 
 def clear_and_recreate(t: Transition) -> tuple[int, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -97,4 +98,20 @@ def test_nothing_below_the_shells_reads_the_environment_or_argv() -> None:
         for needle in ("os.environ", "os.getenv", "sys.argv"):
             if needle in text and f"{rel}: {needle}" not in allowed:
                 offenders.append(f"{rel}: {needle}")
+    assert offenders == []
+
+
+def test_only_the_reconcile_goes_from_config_to_a_plan() -> None:
+    """Nothing but ``vgpu_state.reconcile`` rebuilds load → select → resolve → plan."""
+    resolve = re.compile(r"^from vgpu_state\.config(\.resolution)? import .*\bresolve\b", re.M)
+    planner = re.compile(r"^from vgpu_state\.planner(\.plan)? import .*\bplan\b", re.M)
+    offenders = []
+    for top in ("vgpu_state", "tests", "bench", "scripts"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            rel = path.relative_to(REPO)
+            if rel.parts[:2] == ("vgpu_state", "reconcile"):
+                continue
+            text = path.read_text()
+            if resolve.search(text) and planner.search(text):
+                offenders.append(str(rel))
     assert offenders == []

@@ -17,27 +17,30 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 
 from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
-from vgpu_state.config import load_file, resolve
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import FileConfigSource
 from vgpu_state.dra.fakekubelet import FakeKubelet
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, MDEV_UUID, PCI_BUS_ID, build_pool
-from vgpu_state.executor import apply
 from vgpu_state.kube.dra import KubeClaims, SlicePublisher, claims_in_use
 from vgpu_state.model.plan import Plan
-from vgpu_state.planner import plan as make_plan
+from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
+from vgpu_state.testing import FakeCluster
 
 SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
 NODE = "l40s-node"
 
 
-def _plan(host: SimHost, layout: str, tmp: Path, in_use: dict[str, str]) -> Plan:
+def _reconcile(
+    host: SimHost, layout: str, tmp: Path, in_use: dict[str, str], mode: Mode = Mode.PLAN
+) -> Plan:
     config = tmp / "layout.yaml"
     config.write_text("version: v1\nvgpu-configs:\n  layout:\n" + layout)
-    snapshot = host.scan()
-    desired = resolve(load_file(config), "layout", snapshot.gpus, snapshot.node, "flag")
-    return make_plan(desired, snapshot, in_use)
+    ports = Ports(host, FakeCluster(NODE, in_use=in_use), FileConfigSource(config))
+    settings = Settings(catalog=default_catalog())
+    return reconcile_once(ports, settings, mode=mode, config_name="layout").plan
 
 
 @pytest.fixture
@@ -60,8 +63,7 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
 
         # 1. apply: four 12Q vGPUs on the second L40S (the first keeps its two 4Q).
         layout = '    - devices: ["0000:a1:00.0"]\n      vgpu-devices: {L40S-12Q: 4}\n'
-        first = _plan(host, layout, base, {})
-        apply(first, host)
+        _reconcile(host, layout, base, {}, Mode.APPLY)
         snapshot = host.scan()
         live = {v.key for g in snapshot.gpus for v in g.vgpus}
         assert len(live) == 6
@@ -145,7 +147,7 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
             target.key: "ResourceClaim vms/render-vgpu (pod vms/virt-launcher-render-x2x9z)"
         }
         smaller = '    - devices: ["0000:a1:00.0"]\n      vgpu-devices: {L40S-24Q: 2}\n'
-        second = _plan(host, smaller, base, in_use)
+        second = _reconcile(host, smaller, base, in_use)
         (blocked,) = [b for b in second.blocked if b.address.endswith(f"vf[{target.key}]")]
         assert blocked.holder is not None and "ResourceClaim vms/render-vgpu" in blocked.holder
         assert "virt-launcher-render-x2x9z" in blocked.holder
