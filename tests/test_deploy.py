@@ -105,7 +105,7 @@ def test_cluster_role_grants_exactly_what_the_agent_uses(manifests: list[dict[st
             for v in ("get", "list", "watch", "create", "update", "patch")
         ),
         *(("vgpu-state.io", "vgpunodestates/status", v) for v in ("get", "update", "patch")),
-        *((g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")),
+        *((g, "events", v) for g in ("", "events.k8s.io") for v in ("get", "create", "patch")),
         ("", "pods", "get"),
     }
     assert granted == expected

@@ -16,6 +16,7 @@ from types import TracebackType
 
 from vgpu_state.host import driver
 from vgpu_state.host.paths import SysfsPaths
+from vgpu_state.host.reader import Filesystem, OsFilesystem
 from vgpu_state.host.scan import scan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.dirtree import materialize
@@ -72,6 +73,11 @@ class SimHost:
         if not self._own_root and os.path.exists(self.root) and os.listdir(self.root):
             raise ValueError(f"{self.root} is not empty; SimHost writes a whole sysfs tree there")
         materialize(self._rendered, self.root)
+
+    @property
+    def filesystem(self) -> Filesystem:
+        """How the tree at :attr:`root` is read: in memory, or the real file system."""
+        return self._fs if self._fs is not None else OsFilesystem()
 
     @property
     def node(self) -> str:

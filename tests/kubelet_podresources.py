@@ -1,0 +1,61 @@
+"""A fake kubelet pod-resources server: our own protos, real gRPC, a unix socket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from vgpu_state.kube.podresources import api_pb2, api_pb2_grpc
+
+
+@dataclass
+class PodDevices:
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: Sequence[str]
+
+
+@dataclass
+class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    """Answers ``List`` with :attr:`pods`; ``fail`` makes it answer with that status code."""
+
+    pods: list[PodDevices] = field(default_factory=list)
+    fail: grpc.StatusCode | None = None
+    calls: int = 0
+
+    def List(self, request: Any, context: Any) -> Any:
+        self.calls += 1
+        if self.fail is not None:
+            context.abort(self.fail, "kubelet is unhappy")
+        by_pod: dict[tuple[str, str], Any] = {}
+        for p in self.pods:
+            pod = by_pod.get((p.namespace, p.pod))
+            if pod is None:
+                pod = by_pod[(p.namespace, p.pod)] = api_pb2.PodResources(
+                    name=p.pod, namespace=p.namespace
+                )
+            container = next((c for c in pod.containers if c.name == p.container), None)
+            if container is None:
+                container = pod.containers.add(name=p.container)
+            container.devices.add(resource_name=p.resource, device_ids=list(p.device_ids))
+        return api_pb2.ListPodResourcesResponse(pod_resources=list(by_pod.values()))
+
+
+@contextmanager
+def serving(socket: Path, kubelet: FakeKubelet) -> Iterator[FakeKubelet]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    try:
+        yield kubelet
+    finally:
+        server.stop(None).wait(5)

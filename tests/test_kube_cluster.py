@@ -1,0 +1,219 @@
+"""KubeCluster, the cluster port on Kubernetes: the pieces together, against the test API
+server and a fake kubelet."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apiserver import EVENTS, KUBEVIRT, LEASES, NODES, NODESTATES, RunningApiServer
+from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
+from vgpu_state.kube import crd, lease
+from vgpu_state.kube.api import KubeApi
+from vgpu_state.kube.cluster import KubeCluster
+from vgpu_state.kube.errors import PodResourcesUnavailableError
+from vgpu_state.kube.kubevirt import OWNERSHIP_ANNOTATION, KubeVirtRef
+from vgpu_state.kube.node import STATE_LABEL
+from vgpu_state.kube.nodestate import SelectedConfig
+from vgpu_state.model.status import (
+    Condition,
+    ConditionType,
+    ConfigState,
+    EventType,
+    NodeEvent,
+    NodeStatus,
+)
+from vgpu_state.ports import ClusterPort
+from vgpu_state.sim.host import SimHost
+
+T0 = datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.UTC)
+REF = KubeVirtRef("kubevirt", "kubevirt")
+
+
+def _cr() -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "spec": {
+            "configuration": {
+                "permittedHostDevices": {
+                    "mediatedDevices": [
+                        {"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}
+                    ]
+                }
+            }
+        },
+    }
+
+
+@pytest.fixture
+def kubeconfig(apiserver: RunningApiServer, tmp_path: Path) -> str:
+    from tests.apiserver import crd_validator
+
+    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
+    for name in ("gpu-node-1", "gpu-node-2"):
+        apiserver.put(
+            NODES,
+            name,
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"labels": {"nvidia.com/vgpu.config": "mixed", "zone": "a"}},
+            },
+        )
+    apiserver.put(KUBEVIRT, "kubevirt", _cr(), namespace="kubevirt")
+    return str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))
+
+
+def _mixed(sim_spec_paths: list[Path]) -> SimHost:
+    return SimHost(next(p for p in sim_spec_paths if p.name == "mixed.yaml"), in_memory=True)
+
+
+def _cluster(kubeconfig: str, node: str, **options: Any) -> KubeCluster:
+    return KubeCluster(KubeApi.connect(kubeconfig), node, clock=lambda: T0, **options)
+
+
+def test_it_is_a_cluster_port(kubeconfig: str) -> None:
+    assert isinstance(_cluster(kubeconfig, "gpu-node-1"), ClusterPort)
+
+
+def test_labels_and_in_use_from_the_node_and_the_kubelet(kubeconfig: str) -> None:
+    sock = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp")) / "kubelet.sock"
+    kubelet = FakeKubelet(
+        [
+            PodDevices(
+                "vms",
+                "virt-launcher-win-1-abcde",
+                "compute",
+                "nvidia.com/NVIDIA_A2-4C",
+                ["f715f63c-0d00-4007-9c5a-b07b0c6c05de"],
+            ),
+        ]
+    )
+    cluster = _cluster(kubeconfig, "gpu-node-1", pod_resources=str(sock))
+    assert cluster.labels() == {"nvidia.com/vgpu.config": "mixed", "zone": "a"}
+    with serving(sock, kubelet):
+        held = cluster.in_use()
+    assert dict(held) == {
+        "f715f63c-0d00-4007-9c5a-b07b0c6c05de": "pod vms/virt-launcher-win-1-abcde (VM vms/win-1)"
+    }
+    with pytest.raises(PodResourcesUnavailableError):
+        cluster.in_use()  # the kubelet is gone
+
+
+def test_report_status_writes_the_label_the_status_and_keeps_transition_times(
+    apiserver: RunningApiServer, kubeconfig: str, sim_spec_paths: list[Path]
+) -> None:
+    cluster = _cluster(kubeconfig, "gpu-node-1")
+    snapshot = _mixed(sim_spec_paths).scan()
+    cluster.observe(
+        snapshot,
+        {"f715f63c-0d00-4007-9c5a-b07b0c6c05de": "vm default/win-1"},
+        selected=SelectedConfig(
+            name="mixed", source="label", reason="label nvidia.com/vgpu.config=mixed"
+        ),
+        blocked=1,
+    )
+    status = NodeStatus(
+        node="gpu-node-1",
+        config="mixed",
+        state=ConfigState.SUCCESS,
+        conditions=(
+            Condition(type=ConditionType.SYNCED, status=True, reason="Converged"),
+            Condition(type=ConditionType.READY, status=True, reason="Reconciled"),
+            Condition(type=ConditionType.BLOCKED, status=True, reason="InUse", message="1 held"),
+        ),
+    )
+    cluster.report_status(status)
+    node = apiserver.get(NODES, "gpu-node-1")
+    assert node is not None and node["metadata"]["labels"][STATE_LABEL] == "success"
+    stored = apiserver.get(NODESTATES, "gpu-node-1")
+    assert stored is not None
+    s = stored["status"]
+    assert (s["state"], s["selectedConfig"]["name"], s["vgpuCount"], s["blockedCount"]) == (
+        "success",
+        "mixed",
+        4,
+        1,
+    )
+    assert {c["type"]: c["status"] for c in s["conditions"]} == {
+        "Synced": "True",
+        "Ready": "True",
+        "Blocked": "True",
+        "Degraded": "False",
+    }
+    # The status lists what a scan shows, GPU by GPU.
+    assert [(g["address"], [v["id"] for v in g["vgpus"]]) for g in s["gpus"]] == [
+        (g.address, [v.key for v in g.vgpus]) for g in snapshot.gpus
+    ]
+    held = [v for g in s["gpus"] for v in g["vgpus"] if v.get("holder")]
+    assert held == [
+        {
+            "id": "f715f63c-0d00-4007-9c5a-b07b0c6c05de",
+            "type": "NVIDIA A2-4C",
+            "resourceName": "nvidia.com/NVIDIA_A2-4C",
+            "holder": "vm default/win-1",
+        }
+    ]
+    # A later report with the same condition values keeps their transition times.
+    later = _cluster(kubeconfig, "gpu-node-1")
+    later.clock = lambda: T0 + datetime.timedelta(hours=1)
+    later.observe(snapshot)
+    later.report_status(status)
+    again = apiserver.get(NODESTATES, "gpu-node-1")
+    assert again is not None
+    times = {c["lastTransitionTime"] for c in again["status"]["conditions"]}
+    assert times == {"2026-11-23T10:00:00Z"}
+
+
+def test_events_go_to_the_node(apiserver: RunningApiServer, kubeconfig: str) -> None:
+    cluster = _cluster(kubeconfig, "gpu-node-1")
+    for _ in range(3):
+        cluster.emit_event(NodeEvent(type=EventType.WARNING, reason="ApplyFailed", message="EIO"))
+    [event] = apiserver.all(EVENTS)
+    assert event["count"] == 3
+    node = apiserver.get(NODES, "gpu-node-1")
+    assert node is not None
+    assert event["involvedObject"]["uid"] == node["metadata"]["uid"]
+
+
+def test_kubevirt_entries_added_by_any_node_removed_only_by_the_lease_holder(
+    apiserver: RunningApiServer, kubeconfig: str, sim_spec_paths: list[Path]
+) -> None:
+    host = _mixed(sim_spec_paths)
+    snapshot = host.scan()
+    one = _cluster(kubeconfig, "gpu-node-1")
+    two = _cluster(kubeconfig, "gpu-node-2")
+    assert lease.try_acquire(one.api, "gpu-node-1", now=T0).held  # node 1 holds the duties
+
+    view = two.kubevirt_view(snapshot)
+    assert [c.describe(view.ref) for c in view.plan.changes][:1] == [
+        "+ kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-8C]"
+    ]
+    two.sync_kubevirt(snapshot)  # adds, though it does not hold the Lease
+    one.sync_kubevirt(snapshot)
+    two.observe(snapshot)
+    two.write_status(state=ConfigState.SUCCESS)  # node 2 advertises the mixed node's types
+
+    # Node 1's vGPUs are all gone; node 2 still advertises the types: nothing is removed.
+    empty = snapshot.model_copy(update={"gpus": ()})
+    assert one.sync_kubevirt(empty).changes == ()
+    # Node 2 loses its vGPUs too, but it does not hold the Lease: it removes nothing.
+    two.observe(empty)
+    two.write_status(state=ConfigState.SUCCESS)
+    assert two.sync_kubevirt(empty).changes == ()
+    # The Lease holder removes what nobody advertises; the foreign entry stays.
+    removed = one.sync_kubevirt(empty)
+    assert len(removed.changes) == 4 and {c.op for c in removed.changes} == {"remove"}
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
+        {"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}
+    ]
+    assert json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION]) == []
+    assert apiserver.get(LEASES, lease.LEASE_NAME, lease.DEFAULT_NAMESPACE) is not None

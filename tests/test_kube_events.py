@@ -1,0 +1,79 @@
+"""Events on the Node: reason codes, and a count bump instead of a new Event on repeats."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.apiserver import EVENTS, NODES, RunningApiServer
+from vgpu_state.kube import events
+from vgpu_state.kube.api import KubeApi
+from vgpu_state.kube.events import EventReason
+from vgpu_state.model.status import EventType
+
+T0 = datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.UTC)
+
+
+@pytest.fixture
+def api(apiserver: RunningApiServer, tmp_path: Path) -> KubeApi:
+    apiserver.put(NODES, "gpu-node-1", {"apiVersion": "v1", "kind": "Node", "metadata": {}})
+    return KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
+
+
+def test_an_event_names_the_node_and_the_reason(apiserver: RunningApiServer, api: KubeApi) -> None:
+    events.record(
+        api,
+        "gpu-node-1",
+        EventReason.APPLY_STARTED,
+        "applying plan sha256:ab (3 actions)",
+        node_uid="uid-1",
+        now=T0,
+    )
+    [event] = apiserver.all(EVENTS)
+    assert event["metadata"]["namespace"] == "default"
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": "gpu-node-1",
+        "uid": "uid-1",
+    }
+    assert (event["reason"], event["type"], event["count"]) == ("ApplyStarted", "Normal", 1)
+    assert event["source"] == {"component": "vgpu-state", "host": "gpu-node-1"}
+    assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-11-23T10:00:00Z"
+
+
+def test_a_flapping_node_bumps_counts_instead_of_flooding(
+    apiserver: RunningApiServer, api: KubeApi
+) -> None:
+    for i in range(25):
+        now = T0 + datetime.timedelta(minutes=i)
+        events.record(api, "gpu-node-1", EventReason.APPLY_STARTED, f"plan {i}", now=now)
+        if i % 2:
+            events.record(
+                api,
+                "gpu-node-1",
+                EventReason.APPLY_FAILED,
+                f"EIO on try {i}",
+                EventType.WARNING,
+                now=now,
+            )
+        else:
+            events.record(api, "gpu-node-1", EventReason.APPLY_SUCCEEDED, "done", now=now)
+    found = {e["reason"]: e for e in apiserver.all(EVENTS)}
+    assert set(found) == {"ApplyStarted", "ApplyFailed", "ApplySucceeded"}
+    assert found["ApplyStarted"]["count"] == 25
+    assert found["ApplyFailed"]["count"] == 12
+    assert found["ApplySucceeded"]["count"] == 13
+    failed = found["ApplyFailed"]
+    assert failed["type"] == "Warning"
+    assert failed["message"] == "EIO on try 23"  # the newest message
+    assert failed["firstTimestamp"] == "2026-11-23T10:01:00Z"
+    assert failed["lastTimestamp"] == "2026-11-23T10:23:00Z"
+
+
+def test_event_names_are_valid_object_names() -> None:
+    name = events.event_name("GPU_Node.1", "ApplyBlocked")
+    assert name == "gpu-node.1.vgpu-state.applyblocked"
+    assert len(events.event_name("n" * 300, "ApplyFailed")) <= 253

@@ -1,0 +1,296 @@
+"""``KubeCluster``: the :class:`~vgpu_state.ports.ClusterPort` on a Kubernetes cluster.
+
+One object per node. It reads the Node's labels, asks the kubelet which vGPUs
+pods hold, and writes what the node reports: the state label and annotations
+on the Node, the ``VGPUNodeState`` status, Events, and the KubeVirt CR's
+permitted devices. The cluster-wide part (removing KubeVirt CR entries that no
+node advertises any more) runs only while this node's agent holds the
+cluster-duties Lease.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from vgpu_state.kube import events, kubevirt, lease, nodestate
+from vgpu_state.kube import node as node_api
+from vgpu_state.kube.api import JsonObject, KubeApi
+from vgpu_state.kube.errors import PodResourcesUnavailableError
+from vgpu_state.kube.kubevirt import Blocker, KubeVirtPlan, KubeVirtRef, SyncResult
+from vgpu_state.kube.nodestate import (
+    ConditionKind,
+    LastApply,
+    SelectedConfig,
+    VGPUNodeStateStatus,
+)
+from vgpu_state.kube.podresources.client import DEFAULT_SOCKET, list_holders
+from vgpu_state.model.inuse import InUse
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.model.status import ConditionType, ConfigState, EventType, NodeEvent, NodeStatus
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime.datetime]
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(tz=datetime.UTC)
+
+
+@dataclass(frozen=True)
+class KubeVirtView:
+    """What a write to the KubeVirt CR would do for this node, and what blocks vGPU changes."""
+
+    ref: KubeVirtRef
+    plan: KubeVirtPlan
+    blockers: tuple[Blocker, ...]
+    problems: tuple[str, ...] = ()
+
+
+class KubeCluster:
+    """The cluster as one node sees it. Every method talks to the API server when called.
+
+    ``pod_resources``: the kubelet's pod-resources socket; ``None`` when the
+    kubelet is not reachable from here (then :meth:`in_use` raises).
+    ``kubevirt``: the KubeVirt CR to manage; ``None`` finds the single one.
+    ``identity``: who holds the cluster-duties Lease (default: the node name).
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        node: str,
+        *,
+        pod_resources: str | None = DEFAULT_SOCKET,
+        kubevirt_ref: KubeVirtRef | None = None,
+        lease_namespace: str = lease.DEFAULT_NAMESPACE,
+        lease_duration: int = lease.DEFAULT_DURATION,
+        identity: str | None = None,
+        event_namespace: str = events.EVENT_NAMESPACE,
+        clock: Clock = _utcnow,
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.pod_resources = pod_resources
+        self._kubevirt_ref = kubevirt_ref
+        self.lease_namespace = lease_namespace
+        self.lease_duration = lease_duration
+        self.identity = identity or node
+        self.event_namespace = event_namespace
+        self.clock = clock
+        self._node_obj: JsonObject | None = None
+        self._snapshot: NodeSnapshot | None = None
+        self._in_use: Mapping[str, str] = {}
+        self._in_use_known = True
+        self._selected: SelectedConfig | None = None
+        self._last_apply: LastApply | None = None
+        self._blocked = 0
+
+    @classmethod
+    def connect(
+        cls,
+        node: str,
+        kubeconfig: str | None = None,
+        *,
+        context: str | None = None,
+        **options: object,
+    ) -> KubeCluster:
+        """Load credentials (``kubeconfig``, else in-cluster or the default file)."""
+        api = KubeApi.connect(kubeconfig, context)
+        return cls(api, node, **options)  # type: ignore[arg-type]
+
+    # ClusterPort ------------------------------------------------------------------
+    def node_name(self) -> str:
+        return self.node
+
+    def labels(self) -> Mapping[str, str]:
+        """The Node's labels now (read from the API server)."""
+        self._node_obj = node_api.read_node(self.api, self.node)
+        return node_api.labels_of(self._node_obj)
+
+    def in_use(self) -> InUse:
+        """vGPUs held by pods, from the kubelet.
+
+        Raises :class:`PodResourcesUnavailableError` when the kubelet cannot say.
+        """
+        if self.pod_resources is None:
+            raise PodResourcesUnavailableError("(none)", "no pod-resources socket configured")
+        held = list_holders(self.pod_resources)
+        return InUse({key: str(holder) for key, holder in held.items()})
+
+    def report_status(self, status: NodeStatus) -> None:
+        """The state label, and the ``VGPUNodeState`` status built from ``status`` and the
+        last :meth:`observe`d scan."""
+        self.set_state(status.state)
+        conditions: list[tuple[ConditionKind, bool | None, str, str]] = []
+        for kind in (ConditionType.SYNCED, ConditionType.READY, ConditionType.BLOCKED):
+            c = status.condition(kind)
+            if c is not None:
+                conditions.append((kind.value, c.status, c.reason, c.message))  # type: ignore[arg-type]
+        selected = self._selected
+        if selected is None or selected.name != status.config:
+            selected = SelectedConfig(
+                name=status.config,
+                source="none" if status.config is None else "explicit",
+                reason="no config selected" if status.config is None else "selected",
+            )
+        self.write_status(
+            state=status.state, selected=selected, conditions=conditions, snapshot=self._snapshot
+        )
+
+    def emit_event(self, event: NodeEvent) -> None:
+        self.event(event.reason, event.message, event.type)
+
+    # what the reconcile tells us ------------------------------------------------
+    def observe(
+        self,
+        snapshot: NodeSnapshot,
+        in_use: Mapping[str, str] | None = None,
+        *,
+        in_use_known: bool = True,
+        selected: SelectedConfig | None = None,
+        last_apply: LastApply | None = None,
+        blocked: int | None = None,
+    ) -> None:
+        """Remember the newest scan (and selection, apply, blocked count) for the status."""
+        self._snapshot = snapshot
+        self._in_use = dict(in_use or {})
+        self._in_use_known = in_use_known
+        if selected is not None:
+            self._selected = selected
+        if last_apply is not None:
+            self._last_apply = last_apply
+        if blocked is not None:
+            self._blocked = blocked
+
+    # the Node ---------------------------------------------------------------------
+    def node_uid(self) -> str | None:
+        if self._node_obj is None:
+            self._node_obj = node_api.read_node(self.api, self.node)
+        uid = (self._node_obj.get("metadata") or {}).get("uid")
+        return str(uid) if uid else None
+
+    def set_state(
+        self,
+        state: ConfigState | None,
+        *,
+        applied_config: str | None = None,
+        config_hash: str | None = None,
+        plan_summary: str | None = None,
+    ) -> None:
+        node_api.write_state(
+            self.api,
+            self.node,
+            state,
+            applied_config=applied_config,
+            config_hash=config_hash,
+            plan_summary=plan_summary,
+        )
+
+    # Events -----------------------------------------------------------------------
+    def event(self, reason: str, message: str, type: EventType = EventType.NORMAL) -> None:
+        events.record(
+            self.api,
+            self.node,
+            reason,
+            message,
+            type,
+            node_uid=self.node_uid(),
+            instance=self.identity,
+            namespace=self.event_namespace,
+            now=self.clock(),
+        )
+
+    # VGPUNodeState -----------------------------------------------------------------
+    def write_status(
+        self,
+        *,
+        state: ConfigState | None,
+        selected: SelectedConfig | None = None,
+        conditions: list[tuple[ConditionKind, bool | None, str, str]] | None = None,
+        snapshot: NodeSnapshot | None = None,
+        last_apply: LastApply | None = None,
+        blocked: int | None = None,
+    ) -> VGPUNodeStateStatus:
+        """Write the node's ``VGPUNodeState`` status; conditions keep their transition times."""
+        snap = snapshot or self._snapshot
+        previous = nodestate.status_of(nodestate.read(self.api, self.node))
+        gpus, capacity = nodestate.layout_status(snap, self._in_use) if snap else ((), ())
+        wanted = list(conditions or [])
+        if snap is not None and not any(k == "Degraded" for k, *_ in wanted):
+            problems = [*snap.problems, *(p for g in snap.gpus for p in g.problems)]
+            wanted.append(
+                (
+                    "Degraded",
+                    bool(problems),
+                    "HostProblems" if problems else "HostHealthy",
+                    "; ".join(problems[:5]),
+                )
+            )
+        merged = nodestate.merge_conditions(
+            previous.conditions if previous else (), wanted, 0, self.clock()
+        )
+        status = VGPUNodeStateStatus(
+            state=state,
+            selected_config=selected or self._selected,
+            gpus=gpus,
+            capacity=capacity,
+            vgpu_count=sum(len(g.vgpus) for g in gpus),
+            blocked_count=self._blocked if blocked is None else blocked,
+            in_use_known=self._in_use_known,
+            conditions=merged,
+            last_apply=last_apply or self._last_apply,
+        )
+        nodestate.write_status(self.api, self.node, status, self.node_uid())
+        return status
+
+    # KubeVirt CR -------------------------------------------------------------------
+    def kubevirt_ref(self) -> KubeVirtRef:
+        if self._kubevirt_ref is None:
+            self._kubevirt_ref = kubevirt.find(self.api, None)
+        return self._kubevirt_ref
+
+    def kubevirt_view(
+        self, snapshot: NodeSnapshot, labels: Mapping[str, str] | None = None
+    ) -> KubeVirtView:
+        """What :meth:`sync_kubevirt` would change for ``snapshot`` (no write)."""
+        ref = self.kubevirt_ref()
+        cr = kubevirt.read(self.api, ref)
+        desired = kubevirt.desired_entries(snapshot)
+        return KubeVirtView(
+            ref,
+            kubevirt.plan(cr, desired.entries),
+            kubevirt.blockers(cr, labels if labels is not None else self.labels(), snapshot),
+            desired.problems,
+        )
+
+    def holds_cluster_duties(self) -> bool:
+        state = lease.try_acquire(
+            self.api,
+            self.identity,
+            namespace=self.lease_namespace,
+            duration=self.lease_duration,
+            now=self.clock(),
+        )
+        return state.held
+
+    def sync_kubevirt(self, snapshot: NodeSnapshot, *, cluster_duties: bool = True) -> SyncResult:
+        """Add this node's entries; with the Lease, remove owned entries nobody advertises.
+
+        ``snapshot`` must be a fresh scan (after the host actions ran): the
+        node's own entries come from it, not from its possibly stale status.
+        """
+        ref = self.kubevirt_ref()
+        desired = kubevirt.desired_entries(snapshot)
+        keep: Callable[[], frozenset[str]] | None = None
+        if cluster_duties and self.holds_cluster_duties():
+
+            def keep() -> frozenset[str]:
+                return nodestate.advertised(self.api, except_node=self.node) | desired.resources
+
+        result = kubevirt.sync(self.api, ref, desired.entries, keep)
+        result.problems = desired.problems
+        return result

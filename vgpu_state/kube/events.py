@@ -1,0 +1,111 @@
+"""Events on the Node, aggregated: one Event per node and reason, its count bumped on repeats.
+
+``kubectl describe node`` lists them. A node that flaps (apply fails, succeeds,
+fails) does not flood the namespace with Events: each (node, reason) pair has
+one Event with a deterministic name, and a repeat raises its ``count`` and
+``lastTimestamp`` and takes the newest message, as the kubelet's own event
+correlator does. The name survives restarts, so aggregation does too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import re
+from enum import StrEnum
+
+from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
+from vgpu_state.kube.errors import ClusterConflictError, NotFoundError
+from vgpu_state.model.status import EventType
+
+COMPONENT = "vgpu-state"
+EVENT_NAMESPACE = "default"
+"""Events about a Node (cluster-scoped) live in ``default``, as the kubelet's do."""
+
+
+class EventReason(StrEnum):
+    """Reason codes of the Events vgpu-state records on a Node."""
+
+    APPLY_STARTED = "ApplyStarted"
+    APPLY_SUCCEEDED = "ApplySucceeded"
+    APPLY_FAILED = "ApplyFailed"
+    APPLY_BLOCKED = "ApplyBlocked"
+
+
+_NAME_UNSAFE = re.compile(r"[^a-z0-9.-]+")
+
+
+def event_name(node: str, reason: str) -> str:
+    """``<node>.vgpu-state.<reason>``: a valid object name, the same for every repeat."""
+    name = _NAME_UNSAFE.sub("-", f"{node}.{COMPONENT}.{reason}".lower()).strip("-.")
+    if len(name) > 253:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+        name = f"{name[:242]}.{digest}"
+    return name
+
+
+def _seconds(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def record(
+    api: KubeApi,
+    node: str,
+    reason: str,
+    message: str,
+    type: EventType = EventType.NORMAL,
+    *,
+    node_uid: str | None = None,
+    instance: str | None = None,
+    namespace: str = EVENT_NAMESPACE,
+    now: datetime.datetime | None = None,
+) -> JsonObject:
+    """Create the node's Event for ``reason``, or bump the count of the existing one."""
+    moment = now or datetime.datetime.now(tz=datetime.UTC)
+    name = event_name(node, reason)
+    path = path_of("", "v1", "events", name, namespace)
+    for _ in range(8):
+        try:
+            existing = api.get(path)
+        except NotFoundError:
+            existing = None
+        if existing is None:
+            involved: JsonObject = {"apiVersion": "v1", "kind": "Node", "name": node}
+            if node_uid:
+                involved["uid"] = node_uid
+            body: JsonObject = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": name, "namespace": namespace},
+                "involvedObject": involved,
+                "reason": reason,
+                "message": message,
+                "type": type.value,
+                "count": 1,
+                "firstTimestamp": _seconds(moment),
+                "lastTimestamp": _seconds(moment),
+                "source": {"component": COMPONENT, "host": node},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": instance or node,
+            }
+            try:
+                return api.create(path_of("", "v1", "events", None, namespace), body)
+            except ConflictError:
+                continue
+        count = int(existing.get("count") or 1) + 1
+        patch: JsonObject = {
+            "metadata": {
+                "resourceVersion": (existing.get("metadata") or {}).get("resourceVersion")
+            },
+            "count": count,
+            "lastTimestamp": _seconds(moment),
+            "message": message,
+            "type": type.value,
+        }
+        try:
+            return api.patch(path, patch, "merge")
+        except ConflictError:
+            continue
+        except NotFoundError:  # expired (Events have a TTL) between the read and the write
+            continue
+    raise ClusterConflictError(f"Event {namespace}/{name} kept changing; not recorded")

@@ -1,0 +1,279 @@
+"""``VGPUNodeState``: one cluster-scoped object per node, named after it, whose status says
+what the node has and how its last reconcile went.
+
+The models here are the schema: ``scripts/gen_crd.py`` turns them into the
+CustomResourceDefinition (``schemas/vgpunodestate.crd.yaml``), and every status
+vgpu-state writes is ``VGPUNodeStateStatus(...).to_json()``. Status goes through
+the ``status`` subresource, so writing it never races a change of the spec.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
+from vgpu_state.kube.errors import ClusterConflictError, NotFoundError
+from vgpu_state.model.resources import ResourceNameError, resource_name
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.model.status import ConfigState
+
+GROUP = "vgpu-state.io"
+VERSION = "v1alpha1"
+KIND = "VGPUNodeState"
+PLURAL = "vgpunodestates"
+SINGULAR = "vgpunodestate"
+SHORT_NAMES = ("vgpuns",)
+API_VERSION = f"{GROUP}/{VERSION}"
+
+ConditionKind = Literal["Synced", "Ready", "Blocked", "Degraded"]
+CONDITION_KINDS: tuple[ConditionKind, ...] = ("Synced", "Ready", "Blocked", "Degraded")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
+
+    def to_json(self) -> JsonObject:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class SelectedConfig(_Model):
+    """Which config the node runs and why."""
+
+    name: str | None = Field(default=None, description="The selected config; absent when none.")
+    source: Literal["label", "node-selector", "default", "explicit", "none"] = Field(
+        description="What selected it: the node label, a node-selectors rule, the default, "
+        "an explicit choice, or nothing."
+    )
+    reason: str = Field(description="The selection in words, e.g. the label and its value.")
+    document_hash: str | None = Field(
+        default=None, description="sha256 of the config document the selection came from."
+    )
+
+
+class VgpuStatus(_Model):
+    id: str = Field(description="The mdev UUID, or the VF address for vendor-VFIO vGPUs.")
+    type: str = Field(description="The vGPU type as the driver names it.")
+    resource_name: str | None = Field(
+        default=None, description="The extended resource the device plugin advertises it as."
+    )
+    holder: str | None = Field(default=None, description="The pod or VM holding it, if any.")
+
+
+class GpuStatus(_Model):
+    address: str = Field(description="The GPU's PCI address.")
+    model: str | None = Field(default=None, description="The GPU model, when known.")
+    layout: str = Field(description="mdev, vendor-vfio, sriov-disabled or unavailable.")
+    vgpus: tuple[VgpuStatus, ...] = Field(default=(), description="The GPU's live vGPUs.")
+
+
+class ResourceCapacity(_Model):
+    resource_name: str
+    total: int = Field(ge=0, description="vGPUs of this resource on the node.")
+    free: int = Field(ge=0, description="Of those, the ones no pod or VM holds.")
+
+
+class Condition(_Model):
+    type: ConditionKind
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="A stable CamelCase code.")
+    message: str = ""
+    observed_generation: int = Field(default=0, ge=0)
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+
+
+class LastApply(_Model):
+    plan_id: str = Field(description="The plan's id (its fingerprint).")
+    start: str = Field(description="When the apply started (RFC 3339).")
+    end: str | None = Field(default=None, description="When it ended; absent while running.")
+    result: Literal["running", "success", "failed", "blocked", "no-changes"]
+    message: str = ""
+
+
+class VGPUNodeStateStatus(_Model):
+    """The status of one node's ``VGPUNodeState``."""
+
+    state: ConfigState | None = Field(
+        default=None, description="The config state: pending, success or failed."
+    )
+    selected_config: SelectedConfig | None = None
+    gpus: tuple[GpuStatus, ...] = ()
+    capacity: tuple[ResourceCapacity, ...] = ()
+    vgpu_count: int = Field(default=0, ge=0, description="vGPUs on the node.")
+    blocked_count: int = Field(default=0, ge=0, description="Blocked items of the last plan.")
+    in_use_known: bool = Field(
+        default=True, description="False when who holds which vGPU could not be read."
+    )
+    conditions: tuple[Condition, ...] = ()
+    last_apply: LastApply | None = None
+    observed_generation: int | None = Field(default=None, ge=0)
+
+    def condition(self, kind: ConditionKind) -> Condition | None:
+        return next((c for c in self.conditions if c.type == kind), None)
+
+    @property
+    def resources(self) -> frozenset[str]:
+        """The resources this node advertises (total above zero)."""
+        return frozenset(c.resource_name for c in self.capacity if c.total > 0)
+
+
+def rfc3339(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def layout_status(
+    snapshot: NodeSnapshot, in_use: Mapping[str, str] | None = None
+) -> tuple[tuple[GpuStatus, ...], tuple[ResourceCapacity, ...]]:
+    """Each GPU's live layout and the capacity per resource, from a scan."""
+    held = dict(in_use or {})
+    totals: dict[str, list[int]] = {}
+    gpus: list[GpuStatus] = []
+    for g in snapshot.gpus:
+        vgpus: list[VgpuStatus] = []
+        for v in g.vgpus:
+            name = v.type_sysfs_name or v.type_name or (f"nvidia-{v.type_id}" if v.type_id else "")
+            try:
+                resource: str | None = resource_name(name) if name else None
+            except ResourceNameError:
+                resource = None
+            holder = held.get(v.key)
+            vgpus.append(VgpuStatus(id=v.key, type=name, resource_name=resource, holder=holder))
+            if resource is not None:
+                count = totals.setdefault(resource, [0, 0])
+                count[0] += 1
+                count[1] += 0 if holder else 1
+        gpus.append(
+            GpuStatus(address=g.address, model=g.model, layout=g.layout.value, vgpus=tuple(vgpus))
+        )
+    capacity = tuple(
+        ResourceCapacity(resource_name=r, total=t, free=f) for r, (t, f) in sorted(totals.items())
+    )
+    return tuple(gpus), capacity
+
+
+def merge_conditions(
+    previous: Iterable[Condition],
+    current: Iterable[tuple[ConditionKind, bool | None, str, str]],
+    generation: int,
+    now: datetime.datetime,
+) -> tuple[Condition, ...]:
+    """New conditions; ``lastTransitionTime`` moves only when a condition's status changes."""
+    before = {c.type: c for c in previous}
+    out: list[Condition] = []
+    for kind, value, reason, message in current:
+        status: Literal["True", "False", "Unknown"] = (
+            "Unknown" if value is None else "True" if value else "False"
+        )
+        old = before.get(kind)
+        since = (
+            old.last_transition_time if old is not None and old.status == status else rfc3339(now)
+        )
+        out.append(
+            Condition(
+                type=kind,
+                status=status,
+                reason=reason,
+                message=message,
+                observed_generation=generation,
+                last_transition_time=since,
+            )
+        )
+    return tuple(sorted(out, key=lambda c: CONDITION_KINDS.index(c.type)))
+
+
+# I/O -----------------------------------------------------------------------------------
+def object_path(name: str | None = None, status: bool = False) -> str:
+    path = path_of(GROUP, VERSION, PLURAL, name)
+    return f"{path}/status" if status and name is not None else path
+
+
+def read(api: KubeApi, node: str) -> JsonObject | None:
+    try:
+        return api.get(object_path(node))
+    except NotFoundError:
+        return None
+
+
+def status_of(obj: Mapping[str, Any] | None) -> VGPUNodeStateStatus | None:
+    raw = (obj or {}).get("status")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return VGPUNodeStateStatus.model_validate(raw)
+    except ValueError:
+        return None
+
+
+def list_all(api: KubeApi) -> list[JsonObject]:
+    return api.list(object_path())
+
+
+def ensure(api: KubeApi, node: str, node_uid: str | None = None) -> JsonObject:
+    """The node's object, created (empty spec, owned by the Node) when missing."""
+    found = read(api, node)
+    if found is not None:
+        return found
+    metadata: JsonObject = {"name": node, "labels": {"vgpu-state.io/node": node}}
+    if node_uid:
+        # Deleting the Node deletes its VGPUNodeState.
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
+        ]
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": {"nodeName": node},
+    }
+    try:
+        return api.create(object_path(), body)
+    except ConflictError:
+        again = read(api, node)
+        if again is None:
+            raise
+        return again
+
+
+def write_status(
+    api: KubeApi, node: str, status: VGPUNodeStateStatus, node_uid: str | None = None
+) -> JsonObject:
+    """Replace the status, whole, through the status subresource (creating the object first).
+
+    A PUT of ``/status`` with the object's ``resourceVersion``: fields the new
+    status no longer has disappear (a merge patch would keep them), and a
+    concurrent writer makes it a 409, after which it reads and writes again.
+    """
+    for _ in range(5):
+        obj = ensure(api, node, node_uid)
+        meta = obj.get("metadata") or {}
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": node, "resourceVersion": meta.get("resourceVersion")},
+            "status": status.model_copy(
+                update={"observed_generation": int(meta.get("generation") or 0)}
+            ).to_json(),
+        }
+        try:
+            return api.replace(object_path(node, status=True), body)
+        except ConflictError:
+            continue
+    raise ClusterConflictError(f"VGPUNodeState {node}: the status kept changing; retry later")
+
+
+def advertised(api: KubeApi, except_node: str | None = None) -> frozenset[str]:
+    """Resources some node's ``VGPUNodeState`` still advertises (``except_node`` left out)."""
+    found: set[str] = set()
+    for obj in list_all(api):
+        if (obj.get("metadata") or {}).get("name") == except_node:
+            continue
+        status = status_of(obj)
+        if status is not None:
+            found |= status.resources
+    return frozenset(found)
