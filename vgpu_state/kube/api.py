@@ -84,8 +84,8 @@ class KubeApi:
         """Load credentials and return an endpoint; nothing is sent yet.
 
         ``kubeconfig``: a kubeconfig file; ``None`` uses the in-cluster service
-        account when running in a pod (``in_cluster`` forces either way), else
-        the client's default kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``).
+        account when running in a pod, else the client's default kubeconfig
+        (``$KUBECONFIG`` or ``~/.kube/config``); ``in_cluster`` forces either way.
         """
         try:
             from kubernetes import config as kube_config
@@ -95,27 +95,29 @@ class KubeApi:
             raise ClusterUnreachableError(f"the kubernetes client is not installed: {e}") from e
 
         configuration = Configuration()
-        use_in_cluster = in_cluster
-        if use_in_cluster is None:
-            import os
-
-            use_in_cluster = kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
+        where = kubeconfig or "the default kubeconfig"
+        source = ""
         try:
-            if use_in_cluster:
-                kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-                source = "in-cluster service account"
-            else:
+            if in_cluster or (in_cluster is None and kubeconfig is None):
+                try:
+                    kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                        client_configuration=configuration
+                    )
+                    source = "in-cluster service account"
+                except kube_config.ConfigException:
+                    if in_cluster:
+                        where = "the in-cluster service account"
+                        raise
+                    # Not in a pod: the default kubeconfig below.
+            if not source:
                 kube_config.load_kube_config(  # type: ignore[no-untyped-call]
                     config_file=kubeconfig,
                     context=context,
                     client_configuration=configuration,
                     persist_config=False,
                 )
-                source = kubeconfig or "the default kubeconfig"
+                source = where
         except Exception as e:  # ConfigException, OSError, YAML errors: all unreadable config
-            where = kubeconfig or "the default kubeconfig"
             raise ClusterUnreachableError(
                 f"cannot load Kubernetes credentials from {where}: {e}"
             ) from e
