@@ -189,7 +189,7 @@ class DraApiServer(KubernetesEmulator):
         if key not in self._objects or self._objects[key].deleted:
             raise KubernetesError(status=404, reason="NotFound", message="not found", details={})
         stored = self._objects[key].raw
-        body = copy.deepcopy(request.data)
+        body: dict[str, Any] = copy.deepcopy(request.data)
         meta = body.setdefault("metadata", {})
         sent = meta.get("resourceVersion")
         if sent and sent != stored["metadata"]["resourceVersion"]:

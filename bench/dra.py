@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Benchmark: Dynamic Resource Allocation on a simulated node and the test API server.
+
+1. From apply to the node's ResourceSlices being current, for 16 vGPUs (one
+   L40S, 16 x L40S-3Q) and for 512 vGPUs (16 L40S x 32 L40S-1Q, vendor-specific
+   VFIO): plan + apply on the in-process simulator, a fresh scan, the pool
+   built, and the slices written to kmock's emulator over HTTP through the
+   official client. A second publish of the unchanged pool is timed too.
+2. Prepare latency: ``NodePrepareResources`` for one claim with one vGPU, from
+   a fake kubelet over the plugin's unix socket (claim read from memory, and
+   from the API server), CDI specs and metadata written to /dev/shm; and the
+   matching unprepare.
+
+Numbers only; the targets are in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kubernetes.client import ApiClient, Configuration
+
+from tests.dra_apiserver import NODES, RunningDraApiServer, claims
+from vgpu_state.config import load_text, resolve
+from vgpu_state.dra.claims import AllocatedDevice, Claim, MemoryClaims
+from vgpu_state.dra.fakekubelet import FakeKubelet
+from vgpu_state.dra.plugin import DraPlugin
+from vgpu_state.dra.prepare import DraPaths, Preparer
+from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
+from vgpu_state.executor import apply
+from vgpu_state.kube.dra import KubeClaims, SlicePublisher
+from vgpu_state.planner import plan
+from vgpu_state.sim.host import SimHost
+from vgpu_state.sim.spec import parse_spec
+
+NODE = "bench"
+TARGET_PUBLISH_S = {16: 0.5, 512: 2.0}
+TARGET_PREPARE_MS = 20.0
+
+
+def spec(gpus: int) -> str:
+    return (
+        f"node: {NODE}\ndriver: {{flavour: graphics}}\ngpus:\n"
+        + "\n".join(
+            f'  - {{address: "0000:{0x21 + i * 0x8:02x}:00.0", model: L40S, layout: vendor-vfio}}'
+            for i in range(gpus)
+        )
+        + "\n"
+    )
+
+
+def layout(type_name: str, count: int) -> str:
+    return (
+        "version: v1\nvgpu-configs:\n  bench:\n    - devices: all\n"
+        f"      vgpu-devices: {{{type_name}: {count}}}\n"
+    )
+
+
+def client(url: str) -> ApiClient:
+    cfg = Configuration()
+    cfg.host = url
+    return ApiClient(cfg)
+
+
+def apply_to_slices(vgpus: int) -> tuple[float, float, float, PoolSpec, SimHost]:
+    gpus, type_name, per_gpu = (1, "L40S-3Q", 16) if vgpus == 16 else (16, "L40S-1Q", 32)
+    host = SimHost(parse_spec(spec(gpus)), in_memory=True)
+    api = RunningDraApiServer().start()
+    try:
+        api.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        publisher = SlicePublisher(client(api.url), NODE)
+        publisher.current()  # warm up: the client's first request and the Node lookup,
+        publisher._node_owner()  # which a running agent does once at start
+        doc = load_text(layout(type_name, per_gpu), "bench.yaml")
+        started = time.perf_counter()
+        snapshot = host.scan()
+        p = plan(resolve(doc, "bench", snapshot.gpus, NODE, "flag"), snapshot, {})
+        apply(p, host)
+        applied = time.perf_counter()
+        pool = build_pool(host.scan())
+        publisher.publish(pool)
+        current = time.perf_counter()
+        assert len(pool.devices) == vgpus, len(pool.devices)
+        again = time.perf_counter()
+        publisher.publish(pool)
+        unchanged = time.perf_counter() - again
+        return current - started, current - applied, unchanged, pool, host
+    finally:
+        api.stop()
+
+
+def prepare_latency(rounds: int = 20) -> tuple[list[float], list[float], list[float]]:
+    base = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/dev/shm"))
+    host = SimHost(parse_spec(spec(1)))  # a sysfs tree: prepare reads IOMMU groups from it
+    api = RunningDraApiServer().start()
+    kubelet: FakeKubelet | None = None
+    plugin: DraPlugin | None = None
+    try:
+        doc = load_text(layout("L40S-1Q", 32), "bench.yaml")
+        snapshot = host.scan()
+        apply(plan(resolve(doc, "bench", snapshot.gpus, NODE, "flag"), snapshot, {}), host)
+        pool = build_pool(host.scan())
+        names = sorted(pool.devices)[:rounds]
+        paths = DraPaths(
+            plugin_dir=base / "plugins" / DRIVER,
+            registry_dir=base / "registry",
+            cdi_dir=base / "cdi",
+            sysfs_root=Path(host.root),
+            dev_root=base / "dev",
+        )
+        memory = MemoryClaims()
+        kube = KubeClaims(client(api.url))
+        results: dict[str, list[float]] = {"memory": [], "api": [], "unprepare": []}
+        for source_name, source in (("memory", memory), ("api", kube)):
+            preparer = Preparer(
+                node=NODE, claims=source, inventory=lambda: pool.devices, paths=paths
+            )
+            plugin = DraPlugin(preparer, paths)
+            plugin.start()
+            kubelet = FakeKubelet(paths.registry_dir)
+            kubelet.register_all()
+            for i, name in enumerate(names):
+                claim_name = f"c{i}"
+                result = AllocatedDevice(request="vgpu", driver=DRIVER, pool=NODE, device=name)
+                if source_name == "memory":
+                    uid = f"00000000-0000-4000-8000-{i:012d}"
+                    memory.put(
+                        Claim(
+                            namespace="vms",
+                            name=claim_name,
+                            uid=uid,
+                            allocated=True,
+                            results=(result,),
+                        )
+                    )
+                else:
+                    uid = api.put(
+                        claims("v1"),
+                        {
+                            "apiVersion": "resource.k8s.io/v1",
+                            "kind": "ResourceClaim",
+                            "metadata": {"name": claim_name, "namespace": "vms"},
+                            "status": {
+                                "allocation": {
+                                    "devices": {
+                                        "results": [
+                                            {
+                                                "request": "vgpu",
+                                                "driver": DRIVER,
+                                                "pool": NODE,
+                                                "device": name,
+                                            }
+                                        ]
+                                    }
+                                }
+                            },
+                        },
+                    )["metadata"]["uid"]
+                started = time.perf_counter()
+                reply = kubelet.prepare(DRIVER, [("vms", claim_name, uid)])
+                results[source_name].append(time.perf_counter() - started)
+                assert reply.claims[uid].error == "", reply.claims[uid].error
+                started = time.perf_counter()
+                kubelet.unprepare(DRIVER, [("vms", claim_name, uid)])
+                results["unprepare"].append(time.perf_counter() - started)
+            kubelet.close()
+            plugin.stop()
+        return results["memory"], results["api"], results["unprepare"]
+    finally:
+        if kubelet is not None:
+            kubelet.close()
+        if plugin is not None:
+            plugin.stop()
+        api.stop()
+        host.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def main() -> None:
+    for vgpus in (16, 512):
+        total, publish, unchanged, pool, host = apply_to_slices(vgpus)
+        host.close()
+        target = TARGET_PUBLISH_S[vgpus]
+        print(
+            f"{vgpus:4d} vGPUs: apply -> slices current {total:.3f} s "
+            f"(scan + build + publish {publish:.3f} s, ratio to target {publish / target:.2f}; "
+            f"{len(pool.slices)} slices); unchanged pool re-published in {unchanged * 1000:.1f} ms"
+        )
+    memory, api, unprepare = prepare_latency()
+    for label, values in (
+        ("prepare, claim from memory", memory),
+        ("prepare, claim from the API server", api),
+        ("unprepare", unprepare),
+    ):
+        ms = [v * 1000 for v in values]
+        print(
+            f"{label}: median {statistics.median(ms):.2f} ms, max {max(ms):.2f} ms "
+            f"over {len(ms)} claims (ratio to {TARGET_PREPARE_MS:.0f} ms target "
+            f"{statistics.median(ms) / TARGET_PREPARE_MS:.2f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
