@@ -3,8 +3,8 @@
 
 1. From apply to the node's ResourceSlices being current, for 16 vGPUs (one
    L40S, 16 x L40S-3Q) and for 512 vGPUs (16 L40S x 32 L40S-1Q, vendor-specific
-   VFIO): plan + apply on the in-process simulator, a fresh scan, the pool
-   built, and the slices written to kmock's emulator over HTTP through the
+   VFIO): the reconcile's plan, apply and verification on the in-process
+   simulator, a fresh scan, the pool built, and the slices written to kmock's emulator over HTTP through the
    official client. A second publish of the unchanged pool is timed too.
 2. Prepare latency: ``NodePrepareResources`` for one claim with one vGPU, from
    a fake kubelet over the plugin's unix socket (claim read from memory, and
@@ -28,17 +28,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kubernetes.client import ApiClient, Configuration
 
 from tests.dra_apiserver import NODES, RunningDraApiServer, claims
-from vgpu_state.config import load_text, resolve
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.dra.claims import AllocatedDevice, Claim, MemoryClaims
 from vgpu_state.dra.fakekubelet import FakeKubelet
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
-from vgpu_state.executor import apply
 from vgpu_state.kube.dra import KubeClaims, SlicePublisher
-from vgpu_state.planner import plan
+from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
+from vgpu_state.testing import FakeCluster
 
 NODE = "bench"
 TARGET_PUBLISH_S = {16: 0.5, 512: 2.0}
@@ -63,6 +64,19 @@ def layout(type_name: str, count: int) -> str:
     )
 
 
+def apply_layout(host: SimHost, type_name: str, count: int) -> None:
+    """Apply the layout through the one path the CLI and the agent take."""
+    ports = Ports(
+        host,
+        FakeCluster(NODE),
+        StaticConfigSource(load_text(layout(type_name, count), "bench.yaml")),
+    )
+    report = reconcile_once(
+        ports, Settings(catalog=default_catalog()), mode=Mode.APPLY, config_name="bench"
+    )
+    assert report.converged, report.differences
+
+
 def client(url: str) -> ApiClient:
     cfg = Configuration()
     cfg.host = url
@@ -78,11 +92,8 @@ def apply_to_slices(vgpus: int) -> tuple[float, float, float, PoolSpec, SimHost]
         publisher = SlicePublisher(client(api.url), NODE)
         publisher.current()  # warm up: the client's first request and the Node lookup,
         publisher._node_owner()  # which a running agent does once at start
-        doc = load_text(layout(type_name, per_gpu), "bench.yaml")
         started = time.perf_counter()
-        snapshot = host.scan()
-        p = plan(resolve(doc, "bench", snapshot.gpus, NODE, "flag"), snapshot, {})
-        apply(p, host)
+        apply_layout(host, type_name, per_gpu)  # ends with a fresh scan compared with the layout
         applied = time.perf_counter()
         pool = build_pool(host.scan())
         publisher.publish(pool)
@@ -103,9 +114,7 @@ def prepare_latency(rounds: int = 20) -> tuple[list[float], list[float], list[fl
     kubelet: FakeKubelet | None = None
     plugin: DraPlugin | None = None
     try:
-        doc = load_text(layout("L40S-1Q", 32), "bench.yaml")
-        snapshot = host.scan()
-        apply(plan(resolve(doc, "bench", snapshot.gpus, NODE, "flag"), snapshot, {}), host)
+        apply_layout(host, "L40S-1Q", 32)
         pool = build_pool(host.scan())
         names = sorted(pool.devices)[:rounds]
         paths = DraPaths(

@@ -24,8 +24,8 @@ from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, MDEV_UUID, PCI_BUS_ID, build_pool
 from vgpu_state.kube.dra import KubeClaims, SlicePublisher, claims_in_use
-from vgpu_state.model.plan import Plan
-from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
+from vgpu_state.model.publish import split
+from vgpu_state.reconcile import Mode, Ports, Report, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster
 
@@ -35,12 +35,12 @@ NODE = "l40s-node"
 
 def _reconcile(
     host: SimHost, layout: str, tmp: Path, in_use: dict[str, str], mode: Mode = Mode.PLAN
-) -> Plan:
+) -> Report:
     config = tmp / "layout.yaml"
     config.write_text("version: v1\nvgpu-configs:\n  layout:\n" + layout)
     ports = Ports(host, FakeCluster(NODE, in_use=in_use), FileConfigSource(config))
     settings = Settings(catalog=default_catalog())
-    return reconcile_once(ports, settings, mode=mode, config_name="layout").plan
+    return reconcile_once(ports, settings, mode=mode, config_name="layout")
 
 
 @pytest.fixture
@@ -61,15 +61,21 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
         cfg.host = api.url
         client = ApiClient(cfg)
 
-        # 1. apply: four 12Q vGPUs on the second L40S (the first keeps its two 4Q).
-        layout = '    - devices: ["0000:a1:00.0"]\n      vgpu-devices: {L40S-12Q: 4}\n'
-        _reconcile(host, layout, base, {}, Mode.APPLY)
-        snapshot = host.scan()
-        live = {v.key for g in snapshot.gpus for v in g.vgpus}
-        assert len(live) == 6
+        # 1. apply: four 12Q vGPUs on the second L40S, published through DRA; the first
+        #    L40S is not in the layout and keeps its two 4Q on the device plugin.
+        layout = (
+            '    - devices: ["0000:a1:00.0"]\n      vgpu-devices: {L40S-12Q: 4}\n'
+            "      publish: dra\n"
+        )
+        report = _reconcile(host, layout, base, {}, Mode.APPLY)
+        channels = split(host.scan(), report.inputs.desired.publish_for)
+        live = {v.key for g in channels.dra.gpus for v in g.vgpus}
+        assert len(live) == 4
+        plugin = {v.key for g in channels.device_plugin.gpus for v in g.vgpus}
+        assert len(plugin) == 2 and plugin.isdisjoint(live)
 
-        # 2. the node's slices list exactly the live vGPUs, each with the key KubeVirt reads.
-        pool = build_pool(snapshot)
+        # 2. the node's slices list exactly the live DRA vGPUs, with the key KubeVirt reads.
+        pool = build_pool(channels.dra)
         SlicePublisher(client, NODE).publish(pool)
         objs = api.list(slices("v1"))
         devices = {d["name"]: d for o in objs for d in o["spec"]["devices"]}
@@ -77,7 +83,7 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
             (d["attributes"].get(PCI_BUS_ID) or d["attributes"].get(MDEV_UUID))["string"]
             for d in devices.values()
         }
-        assert published == live
+        assert published == live  # and none of the device plugin's
         assert api.server is not None and api.server.rejected == []
 
         # 3. the scheduler allocates one new 12Q to a claim of a VM's pod.
@@ -146,8 +152,11 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
         assert in_use == {
             target.key: "ResourceClaim vms/render-vgpu (pod vms/virt-launcher-render-x2x9z)"
         }
-        smaller = '    - devices: ["0000:a1:00.0"]\n      vgpu-devices: {L40S-24Q: 2}\n'
-        second = _reconcile(host, smaller, base, in_use)
+        smaller = (
+            '    - devices: ["0000:a1:00.0"]\n      vgpu-devices: {L40S-24Q: 2}\n'
+            "      publish: dra\n"
+        )
+        second = _reconcile(host, smaller, base, in_use).plan
         (blocked,) = [b for b in second.blocked if b.address.endswith(f"vf[{target.key}]")]
         assert blocked.holder is not None and "ResourceClaim vms/render-vgpu" in blocked.holder
         assert "virt-launcher-render-x2x9z" in blocked.holder

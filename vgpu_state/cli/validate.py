@@ -21,6 +21,7 @@ from vgpu_state.config import (
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import ConfigError, SelectionError, VgpuStateError
 from vgpu_state.model.pci import parse_pci_address
+from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import Gpu
 
 NVIDIA = 0x10DE
@@ -110,7 +111,8 @@ def render_layout(state: DesiredState, gpus: Sequence[Gpu]) -> list[str]:
             lines.append(f"{head} unmanaged (no entry covers it; left untouched)")
             continue
         layout = ", ".join(f"{count}x {name}" for name, count in desired.types) or "no vGPUs"
-        lines.append(f"{head} {layout}  [{desired.entry}]")
+        channel = "  (published through DRA)" if desired.publish is Publish.DRA else ""
+        lines.append(f"{head} {layout}{channel}  [{desired.entry}]")
     return lines
 
 
@@ -126,6 +128,26 @@ def validate(path: str, config_name: str | None) -> None:
         _fail([f"{document.file}: config {config_name!r} is not defined{tail}"])
     count = len(document.configs)
     click.echo(f"{document.file}: valid: {count} config{'s' if count != 1 else ''}")
+    for line in publish_lines(document):
+        click.echo(line)
+
+
+def publish_lines(document: ConfigDocument) -> list[str]:
+    """For each config that publishes any vGPUs through DRA: which entries do."""
+    lines = []
+    for name, config in document.configs.items():
+        default = document.policy_for(name).publish
+        dra = [i for i, e in enumerate(config.entries) if (e.publish or default) is Publish.DRA]
+        if not dra:
+            continue
+        if len(dra) == len(config.entries):
+            which = "every entry"
+        else:
+            which = "entries " + ", ".join(f"[{i}]" for i in dra)
+        lines.append(
+            f"  {name}: {which} published through DRA (ResourceSlices), not the device plugin"
+        )
+    return lines
 
 
 @click.command("schema")
@@ -187,6 +209,9 @@ def select_cmd(
         _fail([str(issue) for issue in exc.issues])
         return
     p = state.policy
-    click.echo(f"  policy: in-use={p.in_use} prune={str(p.prune).lower()} sriov={p.sriov}")
+    click.echo(
+        f"  policy: in-use={p.in_use} prune={str(p.prune).lower()} sriov={p.sriov} "
+        f"publish={p.publish}"
+    )
     for line in render_layout(state, gpus):
         click.echo(line)

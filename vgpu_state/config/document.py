@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, WithJso
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
+from vgpu_state.model.policy import InUsePolicy, Policy, Publish, SriovPolicy
 
 DEVICE_FILTER_PATTERN = r"^0[xX][0-9a-fA-F]{8}(:0[xX][0-9a-fA-F]{8})?$"
 PCI_ADDRESS_PATTERN = r"^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$"
@@ -25,6 +25,13 @@ LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+PUBLISH_DESCRIPTION = (
+    "device-plugin (default): the kubelet device plugin advertises the vGPUs; "
+    "dra: they are published as ResourceSlice devices for Dynamic Resource Allocation "
+    "instead. A vGPU is offered through exactly one of the two."
+)
 
 
 class PolicySpec(_Model):
@@ -47,6 +54,10 @@ class PolicySpec(_Model):
         description="auto (default): enable a GPU's virtual functions when the layout "
         "needs them; off: never touch SR-IOV.",
     )
+    publish: Publish | None = Field(
+        default=None,
+        description=PUBLISH_DESCRIPTION,
+    )
 
     max_unavailable: int | None = Field(
         default=None,
@@ -67,6 +78,7 @@ class PolicySpec(_Model):
                 if self.max_unavailable is not None
                 else base.max_unavailable
             ),
+            publish=self.publish if self.publish is not None else base.publish,
         )
 
 
@@ -108,6 +120,11 @@ class Entry(_Model):
         alias="vgpu-devices",
         description="vGPU type name → number of vGPUs of that type on each matching GPU. "
         "{} means no vGPUs.",
+    )
+    publish: Publish | None = Field(
+        default=None,
+        description="The channel of this entry's vGPUs; left out: the policy's. "
+        + PUBLISH_DESCRIPTION,
     )
 
 

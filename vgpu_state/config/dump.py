@@ -23,6 +23,8 @@ def _entry(entry: Entry) -> dict[str, Any]:
     elif entry.device_filter:
         out["device-filter"] = list(entry.device_filter)
     out["vgpu-devices"] = dict(entry.vgpu_devices)
+    if entry.publish is not None:
+        out["publish"] = entry.publish.value
     return out
 
 

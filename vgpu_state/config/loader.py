@@ -42,12 +42,12 @@ from vgpu_state.config.yamlnodes import (
 )
 from vgpu_state.model.errors import ConfigError
 from vgpu_state.model.pci import parse_pci_address
-from vgpu_state.model.policy import InUsePolicy, SriovPolicy
+from vgpu_state.model.policy import InUsePolicy, Publish, SriovPolicy
 
 TOP_KEYS = ("version", "vgpu-configs", "node-selectors", "default", "policy")
-ENTRY_KEYS = ("devices", "device-filter", "vgpu-devices")
+ENTRY_KEYS = ("devices", "device-filter", "vgpu-devices", "publish")
 CONFIG_KEYS = ("entries", "policy")
-POLICY_KEYS = ("in-use", "prune", "sriov", "max-unavailable")
+POLICY_KEYS = ("in-use", "prune", "sriov", "max-unavailable", "publish")
 SELECTOR_KEYS = ("match-labels", "match-expressions", "config")
 EXPRESSION_KEYS = ("key", "operator", "values")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -257,6 +257,11 @@ class _Loader:
             if ("vgpu-devices" in values)
             else None
         )
+        publish = (
+            self._choice(values["publish"], join(path, "publish"), Publish)
+            if ("publish" in values)
+            else None
+        )
         if len(self.issues.items) != before or devices is None or counts is None:
             return None
         facts = EntryFacts(
@@ -272,6 +277,7 @@ class _Loader:
             devices=devices,
             device_filter=tuple(str(f) for f, _ in filters),
             vgpu_devices={name: count for name, (count, _, _) in counts.items()},
+            publish=publish,
         )
 
     def _devices(self, node: Node, path: str) -> str | tuple[int | str, ...] | None:
@@ -409,7 +415,7 @@ class _Loader:
             self.add(
                 node,
                 path,
-                f"policy must be a mapping with in-use, prune, sriov or max-unavailable, "
+                "policy must be a mapping with in-use, prune, sriov, max-unavailable or publish, "
                 f"found {describe(node)}",
             )
             return None
@@ -420,6 +426,8 @@ class _Loader:
                 fields["in_use"] = self._choice(value, kpath, InUsePolicy)
             elif key == "sriov":
                 fields["sriov"] = self._choice(value, kpath, SriovPolicy)
+            elif key == "publish":
+                fields["publish"] = self._choice(value, kpath, Publish)
             elif key == "prune":
                 if isinstance(value, ScalarNode) and tag(value) == BOOL:
                     fields["prune"] = scalar_value(value)
@@ -442,7 +450,9 @@ class _Loader:
             return None
         return PolicySpec(**fields)
 
-    def _choice(self, node: Node, path: str, kind: type[InUsePolicy] | type[SriovPolicy]) -> Any:
+    def _choice(
+        self, node: Node, path: str, kind: type[InUsePolicy] | type[SriovPolicy] | type[Publish]
+    ) -> Any:
         allowed = tuple(m.value for m in kind)
         key = path.rsplit(".", 1)[-1]
         if is_str(node) and node.value in allowed:

@@ -72,6 +72,7 @@ def resolve(
         raise SelectionError(f"config {config_name!r} is not defined in {document.file}{tail}")
     catalog = default_catalog()
     entries = document.configs[config_name].entries
+    policy = document.policy_for(config_name)
     desired: list[DesiredGpu] = []
     unmanaged: list[str] = []
     issues: list[ConfigIssue] = []
@@ -92,6 +93,7 @@ def resolve(
                 model=model.name if model is not None else gpu.model,
                 types=entry_types(entries[index], catalog),
                 entry=document.entry_ref(config_name, index),
+                publish=entries[index].publish or policy.publish,
             )
         )
     if issues:
@@ -100,7 +102,7 @@ def resolve(
         node=node_name,
         config=config_name,
         selection_source=source,
-        policy=document.policy_for(config_name),
+        policy=policy,
         gpus=tuple(desired),
         unmanaged=tuple(unmanaged),
     )

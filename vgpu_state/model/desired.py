@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vgpu_state.model.frozen import Frozen
-from vgpu_state.model.policy import Policy
+from vgpu_state.model.policy import Policy, Publish
 
 
 class DesiredGpu(Frozen):
@@ -16,6 +16,8 @@ class DesiredGpu(Frozen):
     """(type name, count) pairs sorted by name; an empty tuple means 'no vGPUs'."""
     entry: str = ""
     """Where the layout came from, e.g. ``configs/x.yaml:12:5 (vgpu-configs.a[1])``."""
+    publish: Publish = Publish.DEVICE_PLUGIN
+    """The channel its vGPUs are offered through (the entry's ``publish``, else the policy's)."""
 
     def counts(self) -> dict[str, int]:
         return dict(self.types)
@@ -30,3 +32,10 @@ class DesiredState(Frozen):
     gpus: tuple[DesiredGpu, ...] = ()
     unmanaged: tuple[str, ...] = ()
     """Addresses of GPUs that no entry covers; they are never touched."""
+
+    def publish_for(self, address: str) -> Publish:
+        """The channel of the vGPUs on GPU ``address`` (an unmanaged GPU: the policy's)."""
+        for g in self.gpus:
+            if g.address == address:
+                return g.publish
+        return self.policy.publish

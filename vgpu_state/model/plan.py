@@ -7,10 +7,10 @@ from typing import Any
 
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.frozen import Frozen
-from vgpu_state.model.policy import Policy
+from vgpu_state.model.policy import Policy, Publish
 from vgpu_state.model.snapshot import Layout
 
-PLAN_FORMAT_VERSION = "1.1"
+PLAN_FORMAT_VERSION = "1.2"
 
 
 class ActionKind(StrEnum):
@@ -64,6 +64,8 @@ class GpuPlan(Frozen):
     """vGPUs that stay unchanged (on an unmanaged GPU: the vGPUs left untouched)."""
     deferred: bool = False
     """True when creates wait for SR-IOV: their parents are chosen after a re-scan."""
+    publish: Publish = Publish.DEVICE_PLUGIN
+    """Through which channel the GPU's vGPUs are offered: device plugin or DRA."""
 
 
 class Summary(Frozen):

@@ -9,6 +9,10 @@ Semantics (documented in docs/config.md):
   covers; vGPUs it does not want are destroyed (still subject to ``in-use``).
   ``false`` makes layouts additive: unwanted vGPUs are left in place and
   reported, and steps that need their capacity are blocked.
+* ``publish: device-plugin`` (default): the GPU's vGPUs are advertised by the
+  kubelet device plugin; ``dra``: they are published as ResourceSlice devices
+  for Dynamic Resource Allocation instead. A vGPU is offered through exactly
+  one of the two. Settable at top level, per config and per entry.
 * ``sriov: auto`` (default): enable the VFs of a GPU whose VFs are off when the
   layout needs them. ``off``: never touch SR-IOV; such GPUs are blocked.
   VFs are never disabled while they hold vGPUs, under any policy.
@@ -34,8 +38,16 @@ class SriovPolicy(StrEnum):
     OFF = "off"
 
 
+class Publish(StrEnum):
+    """Through which channel the kubelet is offered a GPU's vGPUs."""
+
+    DEVICE_PLUGIN = "device-plugin"
+    DRA = "dra"
+
+
 class Policy(Frozen):
     in_use: InUsePolicy = InUsePolicy.PROTECT
     prune: bool = True
     sriov: SriovPolicy = SriovPolicy.AUTO
     max_unavailable: int = 1
+    publish: Publish = Publish.DEVICE_PLUGIN

@@ -147,6 +147,7 @@ class _Planner:
             entry=dg.entry,
             kept=len(kept),
             deferred=deferred,
+            publish=dg.publish,
         )
         return header, work
 
@@ -403,6 +404,7 @@ class _Planner:
                         layout=g.layout,
                         managed=False,
                         kept=len(g.vgpus),
+                        publish=self.policy.publish,
                     )
                 )
                 continue

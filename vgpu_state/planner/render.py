@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from vgpu_state.model.plan import Action, ActionKind, Blocked, GpuPlan, Plan
+from vgpu_state.model.policy import Publish
 
 SYMBOLS = {
     ActionKind.CREATE: ("+", "create"),
@@ -112,6 +113,8 @@ def render_text(plan: Plan) -> str:
 
 def _gpu_header(g: GpuPlan) -> str:
     head = f"  # gpu[{g.address}] {_model(g)} (index {g.index}, {g.layout.value})"
+    if g.publish is Publish.DRA:
+        head += " [published through DRA]"
     if not g.managed:
         return f"{head}: not managed by this configuration, {g.kept} vGPU(s) left untouched"
     return f"{head}: {g.kept} vGPU(s) unchanged"
