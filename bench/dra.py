@@ -4,8 +4,9 @@
 1. From apply to the node's ResourceSlices being current, for 16 vGPUs (one
    L40S, 16 x L40S-3Q) and for 512 vGPUs (16 L40S x 32 L40S-1Q, vendor-specific
    VFIO): the reconcile's plan, apply and verification on the in-process
-   simulator, a fresh scan, the pool built, and the slices written to kmock's emulator over HTTP through the
-   official client. A second publish of the unchanged pool is timed too.
+   simulator, a fresh scan, the pool built, and the slices written to kmock's
+   emulator over HTTP through the official client. A second publish of the
+   unchanged pool is timed too.
 2. Prepare latency: ``NodePrepareResources`` for one claim with one vGPU, from
    a fake kubelet over the plugin's unix socket (claim read from memory, and
    from the API server), CDI specs and metadata written to /dev/shm; and the
