@@ -162,3 +162,36 @@ def test_the_reconcile_never_hands_dra_vgpus_to_the_device_plugin(tmp_path: Path
     assert {d.key for d in build_pool(dra).devices.values()} == {
         v.key for v in report.final.gpus[1].vgpus
     }
+
+
+def test_the_agent_in_plan_only_mode_advertises_no_dra_vgpu(tmp_path: Path) -> None:
+    import threading
+
+    from vgpu_state.agent.metrics import AgentMetrics
+    from vgpu_state.agent.queue import Batch
+    from vgpu_state.agent.reconciler import AgentMode, NodeReconciler
+    from vgpu_state.catalog import default_catalog
+    from vgpu_state.config import StaticConfigSource
+    from vgpu_state.reconcile import Ports, Settings
+    from vgpu_state.sim.node import open_sim
+    from vgpu_state.testing import FakeCluster, RecordingDevicePlugin, RecordingHost
+
+    sim = open_sim(MIXED)
+    try:
+        plugin = RecordingDevicePlugin()
+        ports = Ports(
+            RecordingHost(sim.host),
+            FakeCluster("gpu-node-1", {"nvidia.com/vgpu.config": "mixed"}),
+            StaticConfigSource(load_text(CONFIG, "c.yaml")),
+            plugin,
+        )
+        reconciler = NodeReconciler(
+            ports, Settings(catalog=default_catalog()), AgentMetrics(), AgentMode.PLAN_ONLY
+        )
+        assert reconciler(Batch(("test",), 1), threading.Event()).ok
+        (advertised,) = plugin.snapshots
+        by_gpu = {g.address: len(g.vgpus) for g in advertised.gpus}
+        assert by_gpu["0000:3b:00.0"] == 0  # published through DRA in config "mixed"
+        assert by_gpu["0000:08:00.0"] == 2 and by_gpu["0000:81:00.0"] == 1
+    finally:
+        sim.close()

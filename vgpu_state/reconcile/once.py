@@ -20,7 +20,6 @@ from vgpu_state.model.errors import (
 )
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, Plan
-from vgpu_state.model.publish import split
 from vgpu_state.planner import differences
 from vgpu_state.planner import plan as make_plan
 from vgpu_state.planner.inuse import normalise_in_use
@@ -168,11 +167,7 @@ def reconcile_once(
             ports.cluster.emit_event(failed_event(e))
         raise
     if not report.declined:
-        # Only the vGPUs of GPUs published through the device plugin: a vGPU of a
-        # GPU published through DRA must never be advertised twice.
-        ports.device_plugin.refresh(
-            split(report.final, report.inputs.desired.publish_for).device_plugin
-        )
+        ports.device_plugin.refresh(report.advertised)
         ports.cluster.report_status(node_status(report))
         for event in applied_events(report):
             ports.cluster.emit_event(event)

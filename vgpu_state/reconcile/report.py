@@ -11,6 +11,7 @@ from vgpu_state.executor import ApplyResult, StepResult
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, Plan
+from vgpu_state.model.publish import Channels, split
 from vgpu_state.model.snapshot import NodeSnapshot
 
 
@@ -48,6 +49,16 @@ class Report:
     """The apply's result; ``None`` when nothing was applied."""
     declined: bool = False
     """True when the gate declined the plan: nothing was changed."""
+
+    @property
+    def channels(self) -> Channels:
+        """``final`` split by each GPU's ``publish``: every vGPU in exactly one channel."""
+        return split(self.final, self.inputs.desired.publish_for)
+
+    @property
+    def advertised(self) -> NodeSnapshot:
+        """What the device plugin may advertise: never a vGPU published through DRA."""
+        return self.channels.device_plugin
     config_warning: str | None = None
     """Why the newest config was not used (the last good one was), if so."""
 
