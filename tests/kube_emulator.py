@@ -90,6 +90,7 @@ class WatchingApiServer(ApiServer):
         bus = self._buses[request.resource]
         # Mark the bus before reading the stored objects: a write in between is streamed.
         mark = await bus.mark()
+        pending: asyncio.Future[Any] | None = None
         try:
             async with self._lock:
                 current = [
@@ -114,16 +115,18 @@ class WatchingApiServer(ApiServer):
                     stopper.cancel()
                     await asyncio.gather(stopper, return_exceptions=True)
                 if pending not in done:
-                    pending.cancel()
-                    await asyncio.gather(pending, return_exceptions=True)
                     return
                 event = pending.result()
+                pending = None
                 meta = event.get("object", {}).get("metadata", {})
                 if _selected(request, meta.get("namespace"), meta.get("name", "")) and _newer(
                     event.get("object", {}), since
                 ):
                     yield event
         finally:
+            if pending is not None:  # the client went away, or the watch was ended
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
             await bus.unmark(mark)
 
 

@@ -117,6 +117,11 @@ class Running:
     def state(self) -> str | None:
         return self.node()["metadata"].get("labels", {}).get(STATE_LABEL)
 
+    def nodestate(self) -> dict[str, Any]:
+        found = self.kube.get("vgpu-state.io/v1alpha1/vgpunodestates", NODE)
+        assert found is not None, "no VGPUNodeState"
+        return dict(found["status"])
+
     def annotation(self, key: str) -> str:
         return str(self.node()["metadata"].get("annotations", {}).get(key, ""))
 
@@ -187,6 +192,10 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     assert cr is not None
     mdevs = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
     assert {e["mdevNameSelector"] for e in mdevs} >= {"NVIDIA A2-4Q", "NVIDIA A2-4C"}
+    wait_for("the status", lambda: agent.nodestate().get("vgpuCount") == 4, proc)
+    status = agent.nodestate()
+    assert status["state"] == "success"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Synced"] == "True"
 
     # A ConfigMap edit (symlink swap), no label change: re-applied.
     agent.edit_config(CONFIG.replace("{A2-4C: 1, A2-4Q: 2, A2-4A: 1}", "{A2-4C: 1, A2-4Q: 3}"))
@@ -200,6 +209,10 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     message = agent.annotation("vgpu-state.io/last-plan")
     assert "config.yaml:8:39:" in message and "lots" in message, message
     assert scan(agent.root).fingerprint() == before
+    status = agent.nodestate()
+    degraded = {c["type"]: c for c in status["conditions"]}["Degraded"]
+    assert degraded["status"] == "True" and degraded["reason"] == "ConfigInvalid"
+    assert "config.yaml:8:39:" in degraded["message"]
 
     metrics = agent.get("/metrics")[1]
     assert 'vgpu_state_reconciles_total{result="degraded"}' in metrics

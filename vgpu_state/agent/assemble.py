@@ -7,13 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vgpu_state.agent.cluster import (
-    ClusterSink,
-    InUseSource,
-    NodeCluster,
-    in_use_from_file,
-    unknown_in_use,
-)
+from vgpu_state.agent.cluster import AgentCluster, ClusterSink, InUseSource, in_use_from_file
 from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
 from vgpu_state.catalog import default_catalog
@@ -42,6 +36,7 @@ class AgentFlags:
     sim_spec: str | None = None
     state_dir: Path = Path("/var/lib/vgpu-state")
     in_use_file: str | None = None
+    pod_resources: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubevirt: str | None = None
     manage_kubevirt: bool = True
     lease_seconds: int = 120
@@ -51,22 +46,20 @@ def build(flags: AgentFlags) -> Agent:
     """Connect to the cluster and assemble an :class:`Agent` (nothing runs yet)."""
     api = KubeApi.connect(flags.kubeconfig)
     host, sim_in_use, after = _host(flags)
-    in_use: InUseSource
+    in_use: InUseSource | None = sim_in_use
     if flags.in_use_file:
         in_use = in_use_from_file(flags.in_use_file)
-    elif sim_in_use is not None:
-        in_use = sim_in_use
-    else:
-        in_use = unknown_in_use("/var/lib/kubelet/pod-resources/kubelet.sock")
-    cluster = NodeCluster(api, flags.node, in_use)
+    cluster = AgentCluster(
+        api,
+        flags.node,
+        pod_resources=flags.pod_resources,
+        kubevirt_ref=KubeVirtRef.parse(flags.kubevirt) if flags.kubevirt else None,
+        lease_namespace=flags.namespace,
+        in_use_source=in_use,
+    )
     plugin = None
     shutdown: list[tuple[str, Callable[[], None]]] = []
-    sink = ClusterSink(
-        api,
-        plugin,
-        KubeVirtRef.parse(flags.kubevirt) if flags.kubevirt else None,
-        manage_kubevirt=flags.manage_kubevirt,
-    )
+    sink = ClusterSink(cluster, plugin, manage_kubevirt=flags.manage_kubevirt)
     flags.state_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(
         catalog=default_catalog(),

@@ -1,28 +1,29 @@
-"""The agent's side of the cluster: its Node, its Events, the KubeVirt CR, held vGPUs.
+"""The agent's side of the cluster: :class:`~vgpu_state.kube.cluster.KubeCluster`, and what
+follows every scan.
 
-:class:`NodeCluster` is the :class:`~vgpu_state.ports.ClusterPort` the agent
-reconciles with, assembled from the Kubernetes adapters of
-:mod:`vgpu_state.kube`: labels are read fresh from the Node for every
-reconcile, the outcome goes to the Node's state label and annotations, and
-Events are created on the Node. :class:`ClusterSink` follows every
-reconcile's fresh scan: the device plugin advertises it and the KubeVirt CR
-permits its vGPU types.
+:class:`AgentCluster` is the cluster port the agent reconciles with: the
+Kubernetes adapter (labels read fresh, the state label, the ``VGPUNodeState``
+status, aggregated Events, held vGPUs from the kubelet's pod-resources API),
+plus what only the agent reports: the ``Degraded`` condition of a config that
+does not load (with every located error in the status and the Node's
+``vgpu-state.io/last-plan`` annotation), and, where the kubelet cannot be
+asked (a simulated node, a test), held vGPUs from another source.
+:class:`ClusterSink` follows every reconcile's fresh scan: the device plugin
+advertises it, the status describes it, the KubeVirt CR permits its types.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
-from vgpu_state.kube.api import KubeApi, path_of
+from vgpu_state.kube.cluster import KubeCluster
 from vgpu_state.kube.errors import ClusterError, PodResourcesUnavailableError
-from vgpu_state.kube.kubevirt import KubeVirtRef, desired_entries, find, sync
-from vgpu_state.kube.node import labels_of, read_node, write_state
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.model.status import ConditionType, NodeEvent, NodeStatus
+from vgpu_state.model.status import ConditionType, NodeStatus
 
 log = logging.getLogger(__name__)
 
@@ -30,75 +31,40 @@ InUseSource = Callable[[], InUse]
 """Reads which vGPUs a pod or VM holds now; raises when that is unknown."""
 
 
-class NodeCluster:
-    """:class:`~vgpu_state.ports.ClusterPort` of one node over the Kubernetes API."""
+class AgentCluster(KubeCluster):
+    """:class:`KubeCluster` with the agent's status details and an optional in-use source."""
 
-    def __init__(
-        self,
-        api: KubeApi,
-        node: str,
-        in_use: InUseSource,
-        component: str = "vgpu-state-agent",
-        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
-    ) -> None:
-        self.api = api
-        self.node = node
-        self._in_use = in_use
-        self._component = component
-        self._clock = clock
-        self.last_status: NodeStatus | None = None
-
-    def node_name(self) -> str:
-        return self.node
-
-    def labels(self) -> Mapping[str, str]:
-        return labels_of(read_node(self.api, self.node))
+    def __init__(self, *args: Any, in_use_source: InUseSource | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_use_source = in_use_source
+        self.last_in_use: InUse | None = None
 
     def in_use(self) -> InUse:
-        return self._in_use()
+        try:
+            held = self._in_use_source() if self._in_use_source else super().in_use()
+        except PodResourcesUnavailableError:
+            self.last_in_use = None
+            raise
+        self.last_in_use = held
+        return held
 
     def report_status(self, status: NodeStatus) -> None:
-        self.last_status = status
         shown = status.condition(ConditionType.DEGRADED) or status.condition(ConditionType.SYNCED)
-        summary = shown.message if shown is not None else None
-        write_state(
-            self.api,
-            self.node,
-            status.state,
-            applied_config=status.config,
-            plan_summary=(summary or "")[:1000] or None,
-        )
-
-    def emit_event(self, event: NodeEvent) -> None:
-        now = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{self.node}.", "namespace": "default"},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.node,
-                "uid": self.node,
-            },
-            "reason": event.reason,
-            "message": event.message[:1024],
-            "type": event.type.value,
-            "source": {"component": self._component, "host": self.node},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self.api.create(path_of("", "v1", "events", namespace="default"), body)
-        except ClusterError as e:  # an Event that cannot be written must not fail a reconcile
-            log.warning("cannot record Event %s on node %s: %s", event.reason, self.node, e)
+        summary = (shown.message if shown is not None else "")[:1000] or None
+        self.set_state(status.state, applied_config=status.config, plan_summary=summary)
+        degraded = status.condition(ConditionType.DEGRADED)
+        if degraded is None:
+            super().report_status(status)
+            return
+        conditions: list[tuple[Any, bool | None, str, str]] = [
+            (c.type.value, c.status, c.reason, c.message) for c in status.conditions
+        ]
+        self.write_status(state=status.state, conditions=conditions)
 
 
 def in_use_from_file(path: str) -> InUseSource:
     """Held vGPUs from a file re-read every reconcile (JSON object, or ``KEY HOLDER`` lines)."""
     import json
-    from pathlib import Path
 
     def read() -> InUse:
         try:
@@ -123,55 +89,38 @@ def in_use_from_file(path: str) -> InUseSource:
     return read
 
 
-def unknown_in_use(where: str) -> InUseSource:
-    """No source of held vGPUs: every reconcile fails before it could destroy a held one."""
-
-    def read() -> InUse:
-        raise PodResourcesUnavailableError(
-            where, "no source of held vGPUs is configured (--in-use-file or --sim)"
-        )
-
-    return read
-
-
 class PluginSink(Protocol):
     def refresh(self, snapshot: NodeSnapshot) -> None: ...
 
 
 class ClusterSink:
-    """:class:`~vgpu_state.ports.DevicePluginSink`: the device plugin, then the KubeVirt CR."""
+    """The :class:`~vgpu_state.ports.DevicePluginSink`: device plugin, status, KubeVirt CR."""
 
     def __init__(
         self,
-        api: KubeApi | None,
+        cluster: AgentCluster,
         plugin: PluginSink | None = None,
-        kubevirt: KubeVirtRef | None = None,
         manage_kubevirt: bool = True,
     ) -> None:
-        self.api = api
+        self.cluster = cluster
         self.plugin = plugin
-        self._ref = kubevirt
-        self._manage = manage_kubevirt and api is not None
-        self._warned = False
-        self.last: Any = None
+        self._manage = manage_kubevirt
+        self._warned: str | None = None
 
     def refresh(self, snapshot: NodeSnapshot) -> None:
         if self.plugin is not None:
             self.plugin.refresh(snapshot)
-        if not self._manage or self.api is None:
+        held: Mapping[str, str] | None = self.cluster.last_in_use
+        self.cluster.observe(snapshot, held, in_use_known=held is not None)
+        if not self._manage:
             return
-        desired = desired_entries(snapshot)
-        for problem in desired.problems:
-            log.warning("%s", problem)
         try:
-            ref = find(self.api, self._ref)
-            self._ref = ref
-            self.last = sync(self.api, ref, desired.entries)
+            result = self.cluster.sync_kubevirt(snapshot)
         except ClusterError as e:
-            if not self._warned:
+            if self._warned != str(e):
                 log.warning("KubeVirt CR not updated: %s", e)
-                self._warned = True
+                self._warned = str(e)
             return
-        self._warned = False
-        for change in getattr(self.last, "changes", ()):
-            log.info("KubeVirt CR %s: %s", ref, change)
+        self._warned = None
+        for problem in result.problems:
+            log.warning("%s", problem)

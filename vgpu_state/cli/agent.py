@@ -64,9 +64,16 @@ from vgpu_state.cli.common import handle_errors
     help="Journal and host lock.",
 )
 @click.option(
+    "--pod-resources",
+    default="/var/lib/kubelet/pod-resources/kubelet.sock",
+    show_default=True,
+    help="The kubelet's pod-resources socket: which pods hold which vGPUs.",
+)
+@click.option(
     "--in-use-file",
     default=None,
-    help="Held vGPUs (JSON object KEY: HOLDER, or lines KEY HOLDER), re-read every reconcile.",
+    help="Held vGPUs instead of the kubelet's (JSON object KEY: HOLDER, or lines KEY HOLDER), "
+    "re-read every reconcile.",
 )
 @click.option(
     "--kubevirt", default=None, help="NAMESPACE/NAME of the KubeVirt CR (default: the only one)."
@@ -90,6 +97,7 @@ def agent(
     sysfs_root: str,
     sim_spec: str | None,
     state_dir: Path,
+    pod_resources: str,
     in_use_file: str | None,
     kubevirt: str | None,
     no_kubevirt: bool,
@@ -116,6 +124,7 @@ def agent(
         sim_spec=sim_spec,
         state_dir=state_dir,
         in_use_file=in_use_file,
+        pod_resources=pod_resources,
         kubevirt=kubevirt,
         manage_kubevirt=not no_kubevirt,
     )
