@@ -76,6 +76,12 @@ def test_the_dra_component_adds_the_device_class_rbac_and_plugin_directories(
     assert subject["name"] == ds["spec"]["template"]["spec"]["serviceAccountName"]
     assert subject["namespace"] == ds["metadata"]["namespace"]
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    assert agent["args"][0] == "agent" and agent["args"][-1] == "--dra"
+    from click.testing import CliRunner
+
+    from vgpu_state.cli.main import cli
+
+    assert "--dra " in CliRunner().invoke(cli, ["agent", "--help"]).output
     mounts = {m["mountPath"] for m in agent["volumeMounts"]}
     assert mounts >= DRA_MOUNTS
     host_paths = {

@@ -17,7 +17,7 @@ from vgpu_state.kube.kubevirt import KubeVirtRef
 from vgpu_state.kube.rollout import RolloutSlots
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.ports import HostPort
+from vgpu_state.ports import ClusterPort, DevicePluginSink, HostPort, NoDevicePlugin
 from vgpu_state.reconcile import Ports, Settings
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ class AgentFlags:
     kubevirt: str | None = None
     manage_kubevirt: bool = True
     lease_seconds: int = 120
+    dra: bool = False
+    dra_plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    dra_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    cdi_dir: Path = Path("/var/run/cdi")
 
 
 def build(flags: AgentFlags) -> Agent:
@@ -57,6 +61,24 @@ def build(flags: AgentFlags) -> Agent:
         lease_namespace=flags.namespace,
         in_use_source=in_use,
     )
+    port_cluster: ClusterPort = cluster
+    dra: DevicePluginSink = NoDevicePlugin()
+    watches = [node_watch_starter(api.client, flags.node)]
+    if flags.dra:
+        from vgpu_state.agent.dra import ClaimsHoldVgpus, DraNode
+        from vgpu_state.dra.prepare import DraPaths
+        from vgpu_state.dra.slices import DRIVER
+
+        paths = DraPaths(
+            plugin_dir=flags.dra_plugins_dir / DRIVER,
+            registry_dir=flags.dra_registry_dir,
+            cdi_dir=flags.cdi_dir,
+            sysfs_root=Path(flags.sysfs_root),
+        )
+        dra_node = DraNode(api.client, flags.node, paths)
+        port_cluster = ClaimsHoldVgpus(cluster, dra_node)
+        dra = dra_node
+        watches.append(dra_node.starter())
     plugin = None
     shutdown: list[tuple[str, Callable[[], None]]] = []
     sink = ClusterSink(cluster, plugin, manage_kubevirt=flags.manage_kubevirt)
@@ -67,7 +89,9 @@ def build(flags: AgentFlags) -> Agent:
         lock_path=flags.state_dir / "apply.lock",
         command=f"vgpu-state agent --node {flags.node}",
     )
-    ports = Ports(host, cluster, FileConfigSource(flags.config_dir / CONFIG_FILE), sink)
+    ports = Ports(
+        host, port_cluster, FileConfigSource(flags.config_dir / CONFIG_FILE), sink, dra
+    )
     slots = RolloutSlots(api.client, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
     if after is not None:
         shutdown.insert(0, ("simulated node", after))
@@ -79,7 +103,7 @@ def build(flags: AgentFlags) -> Agent:
         resync_seconds=flags.resync,
         listen=flags.listen or None,
         rollout=LeaseRolloutGate(slots),
-        watches=[node_watch_starter(api.client, flags.node)],
+        watches=watches,
         shutdown=shutdown,
     )
     return Agent(parts)

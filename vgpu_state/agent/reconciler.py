@@ -220,6 +220,7 @@ class NodeReconciler:
     def _report_plan_only(self, report: Report) -> None:
         """Plan-only mode: the status says what enforce would do; the plugin gets the scan."""
         self.ports.device_plugin.refresh(report.advertised)
+        self.ports.dra.refresh(report.channels.dra)
         self.ports.cluster.report_status(status_of(report))
 
     def _observe(self, report: Report) -> None:

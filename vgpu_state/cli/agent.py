@@ -80,6 +80,33 @@ from vgpu_state.cli.common import handle_errors
 )
 @click.option("--no-kubevirt", is_flag=True, help="Leave the KubeVirt CR alone.")
 @click.option(
+    "--dra",
+    is_flag=True,
+    help="Serve the kubelet DRA plugin and publish ResourceSlices for the vGPUs of GPUs whose "
+    "policy says publish: dra (docs/dra.md).",
+)
+@click.option(
+    "--dra-plugins-dir",
+    default="/var/lib/kubelet/plugins",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The kubelet's plugins directory (the DRA socket goes in <dir>/vgpu.vgpu-state.io).",
+)
+@click.option(
+    "--dra-registry-dir",
+    default="/var/lib/kubelet/plugins_registry",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The kubelet's plugin registration directory.",
+)
+@click.option(
+    "--cdi-dir",
+    default="/var/run/cdi",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where prepared claims' CDI specs are written.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning"]),
     default="info",
@@ -101,6 +128,10 @@ def agent(
     in_use_file: str | None,
     kubevirt: str | None,
     no_kubevirt: bool,
+    dra: bool,
+    dra_plugins_dir: Path,
+    dra_registry_dir: Path,
+    cdi_dir: Path,
     log_level: str,
 ) -> None:
     """Keep this node equal to its layout: watch, reconcile, report; SIGTERM stops it (exit 0)."""
@@ -127,6 +158,10 @@ def agent(
         pod_resources=pod_resources,
         kubevirt=kubevirt,
         manage_kubevirt=not no_kubevirt,
+        dra=dra,
+        dra_plugins_dir=dra_plugins_dir,
+        dra_registry_dir=dra_registry_dir,
+        cdi_dir=cdi_dir,
     )
     agent_ = build(flags)
     sys.exit(agent_.run())

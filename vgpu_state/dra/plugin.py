@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,8 @@ class DraPlugin:
         self.driver = driver
         self.registered = threading.Event()
         self.registration_error = ""
+        self.on_registered: Callable[[], None] | None = None
+        """Called each time the kubelet registers the plugin (e.g. to republish slices)."""
         self._servers: list[Any] = []
 
     @property
@@ -122,6 +125,8 @@ class DraPlugin:
         if registered:
             log.info("kubelet registered DRA driver %s", self.driver)
             self.registered.set()
+            if self.on_registered is not None:
+                self.on_registered()
         else:
             log.error("kubelet refused DRA driver %s: %s", self.driver, error)
             self.registered.clear()

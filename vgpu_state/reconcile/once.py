@@ -48,6 +48,8 @@ class Ports:
     cluster: ClusterPort
     config: ConfigSource
     device_plugin: DevicePluginSink = field(default_factory=NoDevicePlugin)
+    dra: DevicePluginSink = field(default_factory=NoDevicePlugin)
+    """Gets the vGPUs published through Dynamic Resource Allocation (never the plugin's)."""
 
 
 class NoConfigSelectedError(SelectionError):
@@ -168,6 +170,7 @@ def reconcile_once(
         raise
     if not report.declined:
         ports.device_plugin.refresh(report.advertised)
+        ports.dra.refresh(report.channels.dra)
         ports.cluster.report_status(node_status(report))
         for event in applied_events(report):
             ports.cluster.emit_event(event)

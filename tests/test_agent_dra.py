@@ -1,0 +1,208 @@
+"""The agent's DRA side end to end: reconcile -> slices -> kubelet registration and prepare
+-> claims block a destroy -> shutdown removes the slices.
+
+Real parts: the simulated node's sysfs tree, kmock's emulator behind the
+official client, the plugin's unix sockets and a fake kubelet.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes.client import ApiClient, Configuration
+
+from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
+from vgpu_state.agent.dra import ClaimsHoldVgpus, DraNode
+from vgpu_state.catalog import default_catalog
+from vgpu_state.config import StaticConfigSource, load_text
+from vgpu_state.dra.fakekubelet import FakeKubelet
+from vgpu_state.dra.prepare import DraPaths
+from vgpu_state.dra.slices import DRIVER, PCI_BUS_ID, device_key
+from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
+from vgpu_state.sim.host import SimHost
+from vgpu_state.testing import FakeCluster, RecordingDevicePlugin
+
+SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
+NODE = "l40s-node"
+GROW = """version: v1
+vgpu-configs:
+  layout:
+    - devices: ["0000:a1:00.0"]
+      vgpu-devices: {L40S-12Q: 4}
+      publish: dra
+"""
+SHRINK = GROW.replace("{L40S-12Q: 4}", "{L40S-24Q: 2}")
+
+
+def _wait(what: str, check: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dra-agent-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) -> None:
+    api = RunningDraApiServer().start()
+    host = SimHost(SIM / "l40s-pair.yaml")
+    kubelet: FakeKubelet | None = None
+    dra: DraNode | None = None
+    try:
+        api.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        cfg = Configuration()
+        cfg.host = api.url
+        paths = DraPaths(
+            plugin_dir=base / "plugins" / DRIVER,
+            registry_dir=base / "plugins_registry",
+            cdi_dir=base / "cdi",
+            sysfs_root=Path(host.root),
+            dev_root=base / "dev",
+        )
+        dra = DraNode(ApiClient(cfg), NODE, paths, resync_seconds=3600).start()
+        plugin = RecordingDevicePlugin()
+
+        def ports(config: str) -> Ports:
+            cluster = ClaimsHoldVgpus(FakeCluster(NODE), dra)
+            return Ports(
+                host, cluster, StaticConfigSource(load_text(config, "c.yaml")), plugin, dra
+            )
+
+        settings = Settings(catalog=default_catalog())
+        report = reconcile_once(ports(GROW), settings, mode=Mode.APPLY, config_name="layout")
+        assert report.converged
+
+        # Slices list exactly the four DRA vGPUs; the device plugin got the other two only.
+        dra_keys = {v.key for v in report.final.gpu("0000:a1:00.0").vgpus}  # type: ignore[union-attr]
+        objs = api.list(slices("v1"))
+        published = {
+            d["attributes"][PCI_BUS_ID]["string"] for o in objs for d in o["spec"]["devices"]
+        }
+        assert published == dra_keys and len(dra_keys) == 4
+        advertised = {v.key for g in plugin.snapshots[-1].gpus for v in g.vgpus}
+        assert len(advertised) == 2 and advertised.isdisjoint(dra_keys)
+
+        # The kubelet starts: it wipes the node's slices, then registers the plugin,
+        # which republishes them at once.
+        for o in objs:
+            api.delete(slices("v1"), o["metadata"]["name"])
+        kubelet = FakeKubelet(paths.registry_dir)
+        assert kubelet.register_all() == [DRIVER]
+        _wait("slices back after registration", lambda: len(api.list(slices("v1"))) == 1)
+
+        # A claim on one of them is prepared, and then holds it.
+        device = sorted(d["name"] for o in api.list(slices("v1")) for d in o["spec"]["devices"])[0]
+        uid = api.put(
+            claims("v1"),
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "render", "namespace": "vms"},
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [
+                                {
+                                    "request": "vgpu",
+                                    "driver": DRIVER,
+                                    "pool": NODE,
+                                    "device": device,
+                                }
+                            ]
+                        }
+                    },
+                    "reservedFor": [
+                        {"resource": "pods", "name": "virt-launcher-render-1", "uid": "p"}
+                    ],
+                },
+            },
+        )["metadata"]["uid"]
+        reply = kubelet.prepare(DRIVER, [("vms", "render", uid)]).claims[uid]
+        assert reply.error == "" and reply.devices[0].device_name == device
+        plan = reconcile_once(ports(SHRINK), settings, config_name="layout").plan
+        destroys = [b for b in plan.blocked if b.kind.value == "destroy"]
+        assert len(destroys) == 1
+        assert destroys[0].address == f"gpu[0000:a1:00.0].vf[{device_key(device)}]"
+        holder = str(destroys[0].holder)
+        assert "ResourceClaim vms/render" in holder and "virt-launcher-render-1" in holder
+
+        # Shutdown: sockets gone, slices deleted.
+        dra.stop()
+        dra = None
+        assert api.list(slices("v1")) == []
+        assert not paths.socket.exists()
+    finally:
+        if kubelet is not None:
+            kubelet.close()
+        if dra is not None:
+            dra.stop()
+        host.close()
+        api.stop()
+
+
+def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(base: Path) -> None:
+    import json
+
+    from vgpu_state.agent.assemble import AgentFlags, build
+    from vgpu_state.ports import NoDevicePlugin
+
+    api = RunningDraApiServer().start()
+    try:
+        kubeconfig = base / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "t", "cluster": {"server": api.url}}],
+                    "users": [{"name": "t", "user": {"token": "t"}}],
+                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+                    "current-context": "t",
+                }
+            )
+        )
+        config_dir = base / "config"
+        config_dir.mkdir()
+        common = dict(
+            node=NODE,
+            config_dir=config_dir,
+            kubeconfig=str(kubeconfig),
+            listen="",
+            state_dir=base / "state",
+            in_use_file=str(base / "held"),
+        )
+        plain = build(AgentFlags(**common))  # type: ignore[arg-type]
+        assert isinstance(plain.parts.ports.dra, NoDevicePlugin)
+        assert not isinstance(plain.parts.ports.cluster, ClaimsHoldVgpus)
+
+        flags = AgentFlags(
+            **common,
+            dra=True,
+            dra_plugins_dir=base / "plugins",  # type: ignore[arg-type]
+            dra_registry_dir=base / "registry",
+            cdi_dir=base / "cdi",
+        )
+        agent = build(flags)
+        dra = agent.parts.ports.dra
+        assert isinstance(dra, DraNode) and dra.publisher.version == "v1"
+        assert isinstance(agent.parts.ports.cluster, ClaimsHoldVgpus)
+        stop = agent.parts.watches[-1](lambda reason: None)  # what Agent.run does
+        try:
+            assert (base / "registry" / f"{DRIVER}-reg.sock").exists()
+            assert (base / "plugins" / DRIVER / "dra.sock").exists()
+        finally:
+            stop()
+        assert not (base / "registry" / f"{DRIVER}-reg.sock").exists()
+    finally:
+        api.stop()

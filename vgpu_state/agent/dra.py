@@ -1,0 +1,128 @@
+"""The agent's Dynamic Resource Allocation side: one object that owns every DRA part.
+
+:class:`DraNode` is fed the DRA channel of each reconcile (``Ports.dra``, a
+``DevicePluginSink``): it rebuilds the node's pool, publishes the
+ResourceSlices and hands the same devices to the kubelet plugin, which
+prepares only what is published. A kubelet (re-)registration triggers an
+immediate resync, so slices the kubelet wiped at its start come back at once;
+a periodic resync catches the rest. :class:`ClaimsHoldVgpus` wraps the cluster
+port so that vGPUs allocated to ResourceClaims count as held.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vgpu_state.dra.plugin import DraPlugin
+from vgpu_state.dra.prepare import DraPaths, Preparer
+from vgpu_state.dra.slices import DRIVER, DraDevice, PoolSpec, build_pool
+from vgpu_state.kube.dra import (
+    DraApiError,
+    KubeClaims,
+    SlicePublisher,
+    SliceResync,
+    claims_in_use,
+)
+from vgpu_state.model.inuse import InUse
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.model.status import NodeEvent, NodeStatus
+from vgpu_state.ports import ClusterPort
+
+log = logging.getLogger(__name__)
+
+
+class DraNode:
+    """Publishes the node's DRA vGPUs and serves the kubelet plugin until :meth:`stop`."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        node: str,
+        paths: DraPaths,
+        *,
+        driver: str = DRIVER,
+        resync_seconds: float = 10.0,
+        version: str | None = None,
+    ) -> None:
+        self.node = node
+        self.driver = driver
+        self.publisher = SlicePublisher(api_client, node, driver=driver, version=version)
+        self.claims = KubeClaims(api_client, version=self.publisher.version)
+        self._pool: PoolSpec | None = None
+        self._lock = threading.Lock()
+        self.preparer = Preparer(
+            node=node, claims=self.claims, inventory=self.devices, paths=paths, driver=driver
+        )
+        self.plugin = DraPlugin(self.preparer, paths, driver)
+        self.resync = SliceResync(self.publisher, interval=resync_seconds)
+        self.plugin.on_registered = self.resync.poke
+
+    def devices(self) -> Mapping[str, DraDevice]:
+        with self._lock:
+            return self._pool.devices if self._pool is not None else {}
+
+    def refresh(self, snapshot: NodeSnapshot) -> None:
+        """The DRA side of a fresh scan: rebuild the pool and publish it."""
+        pool = build_pool(snapshot, node=self.node, driver=self.driver)
+        for problem in pool.problems:
+            log.warning("%s", problem)
+        with self._lock:
+            self._pool = pool
+        try:
+            self.publisher.publish(pool)
+        except DraApiError as e:  # the host is done; the resync publishes this pool later
+            log.warning("ResourceSlices not published yet: %s", e)
+
+    def holders(self) -> dict[str, str]:
+        """vGPUs allocated to claims in this node's pool: key -> claim and pods."""
+        return claims_in_use(self.claims, self.node, self.driver)
+
+    def start(self) -> DraNode:
+        self.plugin.start()
+        self.resync.start()
+        return self
+
+    def starter(self) -> Callable[[Callable[[str], None]], Callable[[], None]]:
+        """The agent's trigger-source hook: start serving, and stop (removing slices) at exit."""
+
+        def start(trigger: Callable[[str], None]) -> Callable[[], None]:
+            self.start()
+            return self.stop
+
+        return start
+
+    def stop(self, remove_slices: bool = True) -> None:
+        """Stop serving; on shutdown (``remove_slices``) delete the node's slices."""
+        self.resync.stop()
+        self.plugin.stop()
+        if remove_slices:
+            self.publisher.remove_all()
+
+
+class ClaimsHoldVgpus:
+    """A :class:`ClusterPort` whose ``in_use()`` adds the vGPUs held by ResourceClaims."""
+
+    def __init__(self, cluster: ClusterPort, dra: DraNode) -> None:
+        self._cluster = cluster
+        self._dra = dra
+
+    def node_name(self) -> str:
+        return self._cluster.node_name()
+
+    def labels(self) -> Mapping[str, str]:
+        return self._cluster.labels()
+
+    def in_use(self) -> InUse:
+        held = dict(self._cluster.in_use())
+        for key, holder in self._dra.holders().items():
+            held.setdefault(key, holder)
+        return InUse(held)
+
+    def report_status(self, status: NodeStatus) -> None:
+        self._cluster.report_status(status)
+
+    def emit_event(self, event: NodeEvent) -> None:
+        self._cluster.emit_event(event)
