@@ -226,3 +226,20 @@ def test_policy_flows_into_desired_state() -> None:
 def test_resolve_unknown_config(doc) -> None:
     with pytest.raises(SelectionError, match="did you mean compute"):
         resolve(doc, "comptue", GPUS, "n1", "flag")
+
+
+@pytest.mark.parametrize("empty", ['""', "[]", "null", "''", "~"])
+def test_empty_device_filter_means_every_gpu(empty: str) -> None:
+    """As in vgpu-device-manager: an empty or null device-filter matches every GPU."""
+    from tests.builders import NODE, build_gpu, build_snapshot
+
+    text = (
+        "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n"
+        f"      device-filter: {empty}\n      vgpu-devices: {{A2-4Q: 4}}\n"
+    )
+    doc = load_text(text, "f.yaml")
+    assert doc.configs["c"].entries[0].device_filter == ()
+    snapshot = build_snapshot(build_gpu("0000:08:00.0", "A2"), build_gpu("0000:09:00.0", "A2"))
+    state = resolve(doc, "c", snapshot.gpus, NODE, "flag")
+    assert [g.address for g in state.gpus] == ["0000:08:00.0", "0000:09:00.0"]
+    assert state.unmanaged == ()

@@ -8,7 +8,12 @@ from vgpu_state.catalog.catalog import (
     default_catalog,
     suggest,
 )
-from vgpu_state.catalog.names import ParsedTypeName, parse_type_name, short_type_name
+from vgpu_state.catalog.names import (
+    ParsedTypeName,
+    parse_type_name,
+    short_type_name,
+    type_sort_key,
+)
 
 __all__ = [
     "SYNTHETIC_TYPE_ID_BASE",
@@ -20,4 +25,5 @@ __all__ = [
     "parse_type_name",
     "short_type_name",
     "suggest",
+    "type_sort_key",
 ]

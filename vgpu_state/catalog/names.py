@@ -46,6 +46,18 @@ class ParsedTypeName:
         return self.name[: -len("GFX")] if self.suffix == "GFX" else self.name
 
 
+def type_sort_key(name: str, framebuffer_mib: int | None = None) -> tuple[int, str]:
+    """Order of types in lists: framebuffer size, then name (``L40S-1A`` before ``L40S-12A``).
+
+    ``framebuffer_mib`` when known, else the size the name states; unparsable names last.
+    """
+    if framebuffer_mib is None:
+        parsed = parse_type_name(name)
+        if parsed is not None:
+            framebuffer_mib = parsed.framebuffer_gb * 1024 or 512
+    return (framebuffer_mib if framebuffer_mib is not None else 1 << 30, name)
+
+
 def short_type_name(text: str) -> str:
     """Drop a product prefix (``NVIDIA``, ``GRID``, multi-word) and surrounding space."""
     tokens = text.strip().split()

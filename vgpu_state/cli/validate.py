@@ -33,15 +33,29 @@ def _fail(lines: Sequence[str]) -> None:
     sys.exit(1)
 
 
-def load_document(path: str) -> ConfigDocument:
-    """Load ``path`` (``-`` = stdin); print every error and exit 1 when it is invalid."""
+def load_document(path: str, strict: bool = False) -> ConfigDocument:
+    """Load ``path`` (``-`` = stdin); print every error and exit 1 when it is invalid.
+
+    Warnings are printed to stderr; ``strict`` makes them errors.
+    """
     try:
         if path == "-":
-            return load_text(sys.stdin.read(), "<stdin>")
-        return load_file(path)
+            document = load_text(sys.stdin.read(), "<stdin>", strict=strict)
+        else:
+            document = load_file(path, strict=strict)
     except ConfigError as exc:
         _fail([str(issue) for issue in exc.issues])
         raise  # unreachable: _fail exits
+    print_warnings(document)
+    return document
+
+
+def print_warnings(document: ConfigDocument) -> None:
+    for issue in document.warnings:
+        where = f" ({issue.path})" if issue.path else ""
+        click.echo(
+            f"{issue.file}:{issue.line}:{issue.column}: warning: {issue.message}{where}", err=True
+        )
 
 
 def gpus_from_flags(specs: Sequence[str]) -> tuple[Gpu, ...]:
@@ -119,15 +133,26 @@ def render_layout(state: DesiredState, gpus: Sequence[Gpu]) -> list[str]:
 @click.command("validate")
 @click.option("-f", "--file", "path", required=True, help="Config file; - reads stdin.")
 @click.option("-c", "--config", "config_name", help="Also check that this config exists.")
-def validate(path: str, config_name: str | None) -> None:
-    """Check a config file; print every error as file:line:column: message."""
-    document = load_document(path)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Treat warnings (vGPU types the catalog does not know) as errors.",
+)
+def validate(path: str, config_name: str | None, strict: bool) -> None:
+    """Check a config file; print every error as file:line:column: message.
+
+    A type name the catalog does not know is a warning (exit 0): the node's driver
+    decides whether it offers it. --strict makes warnings errors (exit 1).
+    """
+    document = load_document(path, strict)
     if config_name is not None and config_name not in document.configs:
         hint = suggest(config_name, document.config_names)
         tail = f"; did you mean {hint}?" if hint else ""
         _fail([f"{document.file}: config {config_name!r} is not defined{tail}"])
     count = len(document.configs)
-    click.echo(f"{document.file}: valid: {count} config{'s' if count != 1 else ''}")
+    warned = len(document.warnings)
+    tail = f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""
+    click.echo(f"{document.file}: valid: {count} config{'s' if count != 1 else ''}{tail}")
     for line in publish_lines(document):
         click.echo(line)
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, WithJso
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
+from vgpu_state.model.errors import ConfigIssue
 from vgpu_state.model.policy import InUsePolicy, Policy, Publish, SriovPolicy
 
 DEVICE_FILTER_PATTERN = r"^0[xX][0-9a-fA-F]{8}(:0[xX][0-9a-fA-F]{8})?$"
@@ -102,8 +103,14 @@ _DEVICES_SCHEMA: dict[str, Any] = {
 _FILTER_ITEM: dict[str, Any] = {"type": "string", "pattern": DEVICE_FILTER_PATTERN}
 _FILTER_SCHEMA: dict[str, Any] = {
     "description": "PCI device and vendor id 0xDDDDVVVV, optionally with the subsystem "
-    "device and vendor id 0xDDDDVVVV:0xSSSSVVVV; one string or a list (any one matches).",
-    "anyOf": [_FILTER_ITEM, {"type": "array", "minItems": 1, "items": _FILTER_ITEM}],
+    "device and vendor id 0xDDDDVVVV:0xSSSSVVVV; one string or a list (any one matches). "
+    '"", [] and null match every GPU, as leaving the key out does.',
+    "anyOf": [
+        _FILTER_ITEM,
+        {"type": "array", "items": _FILTER_ITEM},
+        {"type": "string", "maxLength": 0},
+        {"type": "null"},
+    ],
 }
 
 
@@ -209,6 +216,8 @@ class ConfigDocument:
     spec: ConfigFile
     file: str = field(default="<config>", compare=False)
     positions: Mapping[str, tuple[int, int]] = field(default_factory=dict, compare=False)
+    warnings: tuple[ConfigIssue, ...] = field(default=(), compare=False)
+    """What the catalog cannot vouch for (type names it does not know); not errors."""
     """Key path (``vgpu-configs.a10[0]``, ``node-selectors[1]``, ``default``) → (line, column)."""
 
     @property

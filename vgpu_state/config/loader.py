@@ -8,6 +8,7 @@ failure into an issue too).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,12 @@ from vgpu_state.config.document import (
 )
 from vgpu_state.config.filters import parse_device_filter
 from vgpu_state.config.semantics import EntryFacts, check_entry
-from vgpu_state.config.typenames import canonical_type_name, type_name_problem
+from vgpu_state.config.typenames import canonical_type_name, type_name_note
 from vgpu_state.config.yamlnodes import (
     BOOL,
     INT,
+    NULL,
+    STR,
     Issues,
     compose,
     describe,
@@ -53,8 +56,11 @@ EXPRESSION_KEYS = ("key", "operator", "values")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
-def load_file(path: str | Path) -> ConfigDocument:
-    """Load and check the config file at ``path`` (``-`` is not special here)."""
+def load_file(path: str | Path, *, strict: bool = False) -> ConfigDocument:
+    """Load and check the config file at ``path`` (``-`` is not special here).
+
+    ``strict``: warnings (type names the catalog does not know) are errors too.
+    """
     name = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -62,11 +68,15 @@ def load_file(path: str | Path) -> ConfigDocument:
         raise ConfigError(_single(name, f"not a UTF-8 text file: {exc.reason}")) from None
     except OSError as exc:
         raise ConfigError(_single(name, f"cannot read the file: {exc.strerror}")) from None
-    return load_text(text, name)
+    return load_text(text, name, strict=strict)
 
 
-def load_text(text: str, filename: str = "<config>") -> ConfigDocument:
-    """Load and check config ``text``; ``filename`` is used in messages."""
+def load_text(text: str, filename: str = "<config>", *, strict: bool = False) -> ConfigDocument:
+    """Load and check config ``text``; ``filename`` is used in messages.
+
+    The document's ``warnings`` list what the catalog cannot vouch for (the node's
+    driver decides); with ``strict`` they are errors.
+    """
     issues = Issues(filename)
     root = compose(text, issues)
     document: ConfigDocument | None = None
@@ -75,9 +85,12 @@ def load_text(text: str, filename: str = "<config>") -> ConfigDocument:
             document = _Loader(issues, default_catalog()).document(root)
         except (RecursionError, ValueError, TypeError) as exc:
             issues.at_position(1, 1, "", f"cannot read the config: {exc}")
+    if strict:
+        issues.items.extend(issues.warnings)
     if issues.items or document is None:
         raise ConfigError(sorted(issues.items, key=lambda i: (i.line, i.column)))
-    return document
+    warnings = sorted(issues.warnings, key=lambda i: (i.line, i.column))
+    return replace(document, warnings=tuple(warnings))
 
 
 def _single(filename: str, message: str) -> list[Any]:
@@ -328,16 +341,17 @@ class _Loader:
         return None
 
     def _filters(self, node: Node, path: str) -> tuple[Any, ...]:
+        """The filters of an entry; ``""``, ``[]`` and ``null`` mean every GPU (as in
+        vgpu-device-manager), like leaving the key out."""
         items: list[tuple[Node, str]] = []
+        if isinstance(node, ScalarNode) and (
+            tag(node) == NULL or (tag(node) == STR and not str(node.value).strip())
+        ):
+            return ()
         if isinstance(node, ScalarNode) and tag(node) != BOOL and scalar_value(node) is not None:
             items.append((node, path))
-        elif isinstance(node, SequenceNode) and node.value:
-            items.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
         elif isinstance(node, SequenceNode):
-            self.add(
-                node, path, "device-filter is an empty list; leave the key out to match every GPU"
-            )
-            return ()
+            items.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
         else:
             self.add(
                 node,
@@ -375,9 +389,11 @@ class _Loader:
         ok = True
         for name, key_node, value in mapping_items(node, path, self.issues):
             tpath = join(path, name)
-            problem = type_name_problem(name, self.catalog)
-            if problem is not None:
-                self.add(key_node, tpath, problem)
+            note = type_name_note(name, self.catalog)
+            if note is not None and note.warning:
+                self.issues.warn(key_node, tpath, note.message)
+            elif note is not None:
+                self.add(key_node, tpath, note.message)
                 ok = False
             count = scalar_value(value) if isinstance(value, ScalarNode) else None
             if not (

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from vgpu_state.catalog import Catalog, GpuModel, default_catalog, suggest
 from vgpu_state.config.document import ConfigDocument, Entry
 from vgpu_state.config.filters import parse_device_filter
+from vgpu_state.config.semantics import family_model
 from vgpu_state.config.typenames import canonical_type_name
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import ConfigError, ConfigIssue, SelectionError
@@ -34,19 +35,40 @@ def gpu_model(gpu: Gpu, catalog: Catalog | None = None) -> GpuModel | None:
     return cat.model_for_pci(gpu.device_id, gpu.subsystem_device_id)
 
 
-def entry_applies(entry: Entry, gpu: Gpu, model: GpuModel | None) -> bool:
+def entry_selects(entry: Entry, gpu: Gpu) -> bool:
+    """``devices`` and ``device-filter`` match the GPU (types not considered)."""
     if (
         entry.devices != "all"
         and gpu.index not in entry.devices
         and (gpu.address not in entry.devices)
     ):
         return False
-    if entry.device_filter and not any(
+    return not entry.device_filter or any(
         parse_device_filter(f).matches(gpu) for f in entry.device_filter
-    ):
+    )
+
+
+def type_fits(name: str, gpu: Gpu, model: GpuModel | None, catalog: Catalog) -> bool:
+    """Can this GPU carry the type? The GPU's driver lists it, or its catalog model
+    offers it, or the catalog lacks the name and it is of the model's family
+    (a newer driver's type). A GPU of unknown model accepts every name."""
+    if model is None:
+        return True
+    canon = canonical_type_name(name, catalog)
+    if model.offers(canon) or gpu.offered_type(canon) is not None:
+        return True
+    if catalog.type(canon) is not None:
         return False
-    return model is None or all(
-        model.offers(canonical_type_name(name)) for name in entry.vgpu_devices
+    family = family_model(canon, catalog)
+    return family is not None and family.name == model.name
+
+
+def entry_applies(
+    entry: Entry, gpu: Gpu, model: GpuModel | None, catalog: Catalog | None = None
+) -> bool:
+    cat = catalog or default_catalog()
+    return entry_selects(entry, gpu) and all(
+        type_fits(name, gpu, model, cat) for name in entry.vgpu_devices
     )
 
 
@@ -76,9 +98,11 @@ def resolve(
     desired: list[DesiredGpu] = []
     unmanaged: list[str] = []
     issues: list[ConfigIssue] = []
+    used: set[int] = set()
     for gpu in sorted(gpus, key=lambda g: (g.index, g.address)):
         model = gpu_model(gpu, catalog)
-        applying = [i for i, e in enumerate(entries) if entry_applies(e, gpu, model)]
+        applying = [i for i, e in enumerate(entries) if entry_applies(e, gpu, model, catalog)]
+        used.update(applying)
         if not applying:
             unmanaged.append(gpu.address)
             continue
@@ -96,6 +120,13 @@ def resolve(
                 publish=entries[index].publish or policy.publish,
             )
         )
+    for index, entry in enumerate(entries):
+        if index not in used:
+            issue = _applies_to_nothing(
+                document, config_name, index, entry, gpus, unmanaged, node_name, catalog
+            )
+            if issue is not None:
+                issues.append(issue)
     if issues:
         raise ConfigError(issues)
     return DesiredState(
@@ -106,6 +137,66 @@ def resolve(
         gpus=tuple(desired),
         unmanaged=tuple(unmanaged),
     )
+
+
+def _gpu_list(gpus: Sequence[Gpu], catalog: Catalog) -> str:
+    if not gpus:
+        return "the node has no NVIDIA GPUs"
+    parts = []
+    for g in sorted(gpus, key=lambda g: (g.index, g.address)):
+        model = gpu_model(g, catalog)
+        label = model.short_name if model is not None else (g.model or "unknown model")
+        parts.append(f"GPU {g.index} {g.address} {label}")
+    return "the node has " + ", ".join(parts)
+
+
+def _applies_to_nothing(
+    document: ConfigDocument,
+    name: str,
+    index: int,
+    entry: Entry,
+    gpus: Sequence[Gpu],
+    unmanaged: Sequence[str],
+    node_name: str,
+    catalog: Catalog,
+) -> ConfigIssue | None:
+    """An entry of the selected config that lays out no GPU is a silent no-op: an error.
+
+    Not an error: an entry whose ``device-filter`` matches no GPU here (the file lays
+    out other kinds of GPU too, as vgpu-device-manager's files do), or whose GPUs all
+    take another entry (A2 and A16 entries under one shared filter).
+    """
+    selected = [g for g in gpus if entry_selects(entry, g)]
+    types = ", ".join(f"{t}: {c}" for t, c in entry.vgpu_devices.items()) or "{}"
+    if selected:
+        left = [g for g in selected if g.address in unmanaged]
+        if not left:
+            return None
+        why = "; ".join(_why_not(entry, g, catalog) for g in left)
+    elif entry.device_filter or not entry.vgpu_devices:
+        return None
+    elif entry.devices == "all":
+        why = "no GPU to lay out"
+    else:
+        wanted = ", ".join(str(d) for d in entry.devices)
+        why = f"devices [{wanted}] name no GPU of this node"
+    path = f"vgpu-configs.{name}[{index}]"
+    line, column = document.positions.get(path, (0, 0))
+    return ConfigIssue(
+        document.file,
+        line,
+        column,
+        path,
+        f"entry [{index}] of config {name!r} ({types}) applies to no GPU on node "
+        f"{node_name or '(unnamed)'}: {why}; {_gpu_list(gpus, catalog)}",
+    )
+
+
+def _why_not(entry: Entry, gpu: Gpu, catalog: Catalog) -> str:
+    model = gpu_model(gpu, catalog)
+    label = model.short_name if model is not None else (gpu.model or "unknown model")
+    missing = [n for n in entry.vgpu_devices if not type_fits(n, gpu, model, catalog)]
+    return f"GPU {gpu.index} {gpu.address} ({label}) does not offer {', '.join(missing)}"
 
 
 def _overlap(document: ConfigDocument, name: str, gpu: Gpu, first: int, second: int) -> ConfigIssue:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from ruamel.yaml.nodes import Node
 
-from vgpu_state.catalog import Catalog, GpuModel, VgpuType
+from vgpu_state.catalog import Catalog, GpuModel, VgpuType, parse_type_name
 from vgpu_state.config.filters import DeviceFilter
+from vgpu_state.config.typenames import name_product
 from vgpu_state.config.yamlnodes import Issues, join
 
 
@@ -46,17 +47,39 @@ def _label(model: GpuModel) -> str:
     return model.short_name
 
 
+def family_model(name: str, catalog: Catalog) -> GpuModel | None:
+    """The model a type name belongs to: the catalog's, else the model whose types
+    share the name's product part (``A2`` of a newer driver's ``A2-3Q``)."""
+    t = catalog.type(name)
+    if t is not None:
+        return catalog.model(t.model)
+    product = name_product(name)
+    if product is None:
+        return None
+    for m in catalog.models:
+        if m.short_name == product:
+            return m
+    return None
+
+
 def check_entry(facts: EntryFacts, catalog: Catalog, issues: Issues) -> None:
     known: list[tuple[str, VgpuType, int, Node, Node]] = []
+    family: list[tuple[str, GpuModel, Node]] = []
     for name, (count, key_node, count_node) in facts.types.items():
         t = catalog.type(name)
         if t is not None:
             known.append((name, t, count, key_node, count_node))
+            continue
+        m = family_model(name, catalog)
+        if m is not None:
+            family.append((name, m, key_node))
     vpath = join(facts.path, "vgpu-devices")
 
     type_models: dict[str, str] = {}
     for name, t, *_ in known:
         type_models.setdefault(t.model, name)
+    for name, m, _ in family:
+        type_models.setdefault(m.name, name)
     if len(type_models) > 1:
         listed = ", ".join(
             f"{name} ({_label(_model(catalog, m))})" for m, name in type_models.items()
@@ -86,9 +109,38 @@ def check_entry(facts: EntryFacts, catalog: Catalog, issues: Issues) -> None:
             return
         if model is None and len(selectable) == 1 and all(per_filter):
             model = _model(catalog, next(iter(selectable)))
-    if model is None or not known:
+    if model is None:
         return
-    _check_fit(model, known, vpath, issues)
+    if known:
+        _check_fit(model, known, vpath, issues)
+    _check_family_sizes(known, family, vpath, issues)
+
+
+def _check_family_sizes(
+    known: list[tuple[str, VgpuType, int, Node, Node]],
+    family: list[tuple[str, GpuModel, Node]],
+    vpath: str,
+    issues: Issues,
+) -> None:
+    """A type the catalog lacks still states its size: one framebuffer size per GPU."""
+    if not family or any(t.is_mig for _, t, *_ in known):
+        return
+    sizes: dict[int, str] = {t.framebuffer_mib: n for n, t, *_ in known}
+    for name, _, key_node in family:
+        parsed = parse_type_name(name)
+        if parsed is None or parsed.is_mig:
+            continue
+        size = parsed.framebuffer_gb * 1024 or 512
+        other = next(((s, n) for s, n in sizes.items() if s != size), None)
+        if other is not None:
+            issues.at(
+                key_node,
+                join(vpath, name),
+                f"{other[1]} ({other[0]} MiB) and {name} ({size} MiB) in one entry: vGPUs on "
+                "one GPU share one framebuffer size (series of the same size may mix)",
+            )
+            return
+        sizes.setdefault(size, name)
 
 
 def _model(catalog: Catalog, name: str) -> GpuModel:

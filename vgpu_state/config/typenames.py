@@ -1,23 +1,25 @@
 """Which vGPU type names a config may use, and their canonical form.
 
-The rule for a name the catalog does not know (documented in docs/config.md):
+The driver decides which types exist; the catalog advises. The rule for a name
+(documented in docs/config.md):
 
 * a name the catalog knows is accepted (``NVIDIA``/``GRID`` prefixes dropped);
+* stray spaces around a name, or spaces that split it where no product prefix
+  ends (``" A100-5C"``, ``"A100- 1-5C"``), are errors with the name written
+  without them suggested;
 * a name that differs from a known one only in letter case or in look-alike
   characters (``O``/``0``, ``I``/``1``) is a misspelling: error, "did you mean";
-* a grammatical name of a known product, of a kind (time-sliced or MIG-backed)
-  and series the catalog lists for that product, is not a type of that product:
-  error, "did you mean" the nearest type of that product;
-* any other grammatical name (an unknown product such as ``M60-0Q``, or a
-  series the catalog does not list for a product, such as ``T4-1B``) is
-  accepted: the driver's sysfs may offer it, and the node decides;
-* names in the older ``…-2B4`` form are accepted for the same reason;
+* any other grammatical name (``A10-5Q``, ``T4-1B``, a newer driver's type, a
+  product the catalog does not know such as ``M60-0Q``) and names in the older
+  ``…-2B4`` form are accepted with a **warning**: the node's driver decides
+  whether it offers the type; ``validate --strict`` makes the warning an error;
 * anything else is an error, with the nearest known name when one is close.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 from vgpu_state.catalog import Catalog, default_catalog, parse_type_name, short_type_name, suggest
@@ -57,27 +59,93 @@ def _index(
     return folded, {k: tuple(v) for k, v in names.items()}, series
 
 
-def type_name_problem(name: str, catalog: Catalog | None = None) -> str | None:
-    """Why ``name`` cannot be used in ``vgpu-devices``, or ``None`` when it can."""
+@dataclass(frozen=True)
+class TypeNameNote:
+    """What the config checks say about one type name."""
+
+    message: str
+    warning: bool
+    """True: the name may be right (the driver decides); False: it is an error."""
+
+
+def legacy_product(name: str) -> str | None:
+    """The product of an older ``…-2B4`` name (``T4`` of ``T4-2B4``), else ``None``."""
+    short = short_type_name(name)
+    if not _LEGACY_B4.match(short):
+        return None
+    return short.rsplit("-", 1)[0]
+
+
+def name_product(name: str) -> str | None:
+    """The product part of a type name (``A10`` of ``A10-4Q``), grammatical or legacy."""
+    parsed = parse_type_name(name)
+    return parsed.product if parsed is not None else legacy_product(name)
+
+
+def _spacing_problem(name: str, cat: Catalog) -> str | None:
+    """Stray spaces, or spaces that split a name where no product prefix ends."""
+    tokens = name.split()
+    joined = "".join(tokens)
+    grammatical = cat.type(joined) is not None or parse_type_name(joined) is not None
+    hint_name = joined if grammatical and joined != name else None
+    hint = f"; did you mean {hint_name}?" if hint_name else ""
+    if name != name.strip():
+        return f"vGPU type {name!r} has stray spaces{hint}"
+    if len(tokens) > 1 and (
+        any(t.endswith("-") for t in tokens[:-1]) or tokens[-1].startswith("-")
+    ):
+        return f"vGPU type {name!r} has a malformed product part (a space inside the name){hint}"
+    parsed = parse_type_name(tokens[-1]) if tokens else None
+    if parsed is not None and not any(ch.isalpha() for ch in parsed.product):
+        return f"vGPU type {name!r} has a malformed product part {parsed.product!r}{hint}"
+    return None
+
+
+def type_name_note(name: str, catalog: Catalog | None = None) -> TypeNameNote | None:
+    """Why ``name`` cannot be used, or should be looked at; ``None`` when it is known."""
     cat = catalog or default_catalog()
+    spacing = _spacing_problem(name, cat)
+    if spacing is not None:
+        return TypeNameNote(spacing, warning=False)
     if cat.type(name) is not None:
         return None
     short = short_type_name(name)
-    folded, by_product, series = _index(cat)
+    folded, by_product, _ = _index(cat)
     near = folded.get(short.upper().translate(_LOOKALIKE))
     if near is not None:
-        return f"unknown vGPU type {name!r}; did you mean {near}?"
+        return TypeNameNote(f"unknown vGPU type {name!r}; did you mean {near}?", warning=False)
     parsed = parse_type_name(short)
     if parsed is None:
         if _LEGACY_B4.match(short):
-            return None
+            return TypeNameNote(
+                f"vGPU type {name!r} is not in the catalog; the node's driver decides "
+                "whether it offers it",
+                warning=True,
+            )
         hint = cat.suggest_type(short)
         if hint is not None:
-            return f"unknown vGPU type {name!r}; did you mean {hint}?"
-        return f"{name!r} is not a vGPU type name; expected a name such as A10-4Q or A100-1-5C"
+            return TypeNameNote(f"unknown vGPU type {name!r}; did you mean {hint}?", False)
+        return TypeNameNote(
+            f"{name!r} is not a vGPU type name; expected a name such as A10-4Q or A100-1-5C",
+            warning=False,
+        )
     key = (parsed.product, parsed.is_mig)
-    if key in by_product and parsed.series in series[key]:
+    if key in by_product:
         hint = suggest(short, by_product[key])
-        where = f"; did you mean {hint}?" if hint else ""
-        return f"unknown vGPU type {name!r}: {parsed.product} offers no such type{where}"
-    return None
+        where = f" (nearest catalog type: {hint})" if hint else ""
+        return TypeNameNote(
+            f"vGPU type {name!r} is not in the catalog's {parsed.product} types{where}; "
+            "the node's driver decides whether it offers it",
+            warning=True,
+        )
+    return TypeNameNote(
+        f"vGPU type {name!r} is not in the catalog; the node's driver decides whether it "
+        "offers it",
+        warning=True,
+    )
+
+
+def type_name_problem(name: str, catalog: Catalog | None = None) -> str | None:
+    """Why ``name`` cannot be used in ``vgpu-devices`` (an error), or ``None`` when it can."""
+    note = type_name_note(name, catalog)
+    return None if note is None or note.warning else note.message

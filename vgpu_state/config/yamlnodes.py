@@ -30,10 +30,16 @@ class Issues:
 
     file: str
     items: list[ConfigIssue] = field(default_factory=list)
+    warnings: list[ConfigIssue] = field(default_factory=list)
+    """Things to look at that do not make the file invalid (errors under ``strict``)."""
 
     def at(self, node: Node | None, path: str, message: str) -> None:
         line, column = position(node)
         self.items.append(ConfigIssue(self.file, line, column, path, message))
+
+    def warn(self, node: Node | None, path: str, message: str) -> None:
+        line, column = position(node)
+        self.warnings.append(ConfigIssue(self.file, line, column, path, message))
 
     def at_position(self, line: int, column: int, path: str, message: str) -> None:
         self.items.append(ConfigIssue(self.file, line, column, path, message))

@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from vgpu_state.executor.journal import Journal
-from vgpu_state.model.errors import BlockedError, DriverError, HostError, PlanningError, Reason
+from vgpu_state.model.errors import (
+    BlockedError,
+    DriverError,
+    HostError,
+    PlanningError,
+    Reason,
+    TypeNotListedError,
+)
 from vgpu_state.model.plan import Action, ActionKind, GpuPlan, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner.expected import expected_snapshot
@@ -153,12 +160,29 @@ class _Run:
                 assert a.uuid is not None
                 h.remove_mdev(a.uuid)
         else:
-            assert a.type_id is not None and a.parent is not None
+            assert a.parent is not None
+            type_id = a.type_id if a.type_id is not None else self.listed_type_id(a)
             if a.vf is not None:
-                h.set_vf_type(a.vf, a.type_id)
+                h.set_vf_type(a.vf, type_id)
             else:
                 assert a.uuid is not None
-                h.create_mdev(a.parent, a.type_id, a.uuid)
+                h.create_mdev(a.parent, type_id, a.uuid)
+
+    def listed_type_id(self, a: Action) -> int:
+        """The id of a create's type from the driver's lists, read now (the plan could not
+        know it while the GPU held vGPUs of another size)."""
+        live = self.host.scan().gpu(a.gpu)
+        parent = a.vf or a.parent
+        lists = []
+        if live is not None:
+            lists = [vf.creatable for vf in live.vfs if vf.address == parent]
+            lists += [live.pf_creatable] + [vf.creatable for vf in live.vfs]
+        for creatable in lists:
+            for c in creatable:
+                if c.name == a.type_name:
+                    return c.type_id
+        listed = sorted({c.name for creatable in lists for c in creatable})
+        raise TypeNotListedError(parent or a.gpu, a.type_name or "?", tuple(listed))
 
     def step(self, a: Action, live: Gpu | None, remaining: tuple[Action, ...]) -> None:
         """Run one step and journal it: one record per step, written when it ends."""

@@ -19,6 +19,7 @@ from vgpu_state.model.snapshot import (
     Gpu,
     Layout,
     NodeSnapshot,
+    OfferedType,
     Vgpu,
     VirtualFunction,
 )
@@ -28,6 +29,15 @@ GPU_CLASSES = (0x0300, 0x0302)
 _UUID = UUID_PATTERN
 _CREATABLE_LINE = re.compile(r"^\s*([0-9]+)\s*:?\s*(.+?)\s*$")
 _TYPE_DIR = re.compile(r"^nvidia-([0-9]+)$")
+_FRAMEBUFFER = re.compile(r"\bframebuffer=([0-9]+)M\b")
+_MAX_INSTANCE = re.compile(r"\bmax_instance=([0-9]+)\b")
+
+
+def parse_type_description(text: str) -> tuple[int | None, int | None]:
+    """``(framebuffer MiB, max_instance)`` of an mdev type's ``description`` line."""
+    fb = _FRAMEBUFFER.search(text)
+    most = _MAX_INSTANCE.search(text)
+    return (int(fb.group(1)) if fb else None, int(most.group(1)) if most else None)
 
 
 @dataclass(frozen=True)
@@ -144,7 +154,8 @@ class _Scanner:
         totalvfs = rd.integer(os.path.join(path, "sriov_totalvfs"))
         numvfs = rd.integer(os.path.join(path, "sriov_numvfs")) if totalvfs is not None else None
 
-        pf_types = self._mdev_types(path)
+        offered: dict[int, OfferedType] = {}
+        pf_types = self._mdev_types(path, None, offered)
         pf_mdevs = self._mdevs(path, address) if pf_types is not None else []
 
         vf_entries: list[tuple[int, str]] = []
@@ -171,7 +182,7 @@ class _Scanner:
             vf_device = rd.integer(os.path.join(vf_path, "device"))
             creatable: tuple[CreatableType, ...] = ()
             current: int | None = None
-            types = self._mdev_types(vf_path, known_names)
+            types = self._mdev_types(vf_path, known_names, offered)
             if types is not None:
                 vf_has_mdev = True
                 creatable = tuple(t for t in types if t.available > 0)
@@ -188,6 +199,8 @@ class _Scanner:
                         known_names.setdefault(t.type_id, t.name)
                         if t.sysfs_name:
                             full_names.setdefault(t.type_id, t.sysfs_name)
+                        if t.type_id not in offered:
+                            offered[t.type_id] = OfferedType(type_id=t.type_id, name=t.name)
                     if cur != 0:
                         current = cur
                         vfio_current.append((vf_address, cur))
@@ -250,6 +263,9 @@ class _Scanner:
             layout=layout,
             layout_reason=reason,
             pf_creatable=tuple(t for t in pf_types or () if t.available > 0),
+            offered=tuple(offered[i] for i in sorted(offered)),
+            offered_complete=bool(offered)
+            and (layout is Layout.MDEV or (layout is Layout.VENDOR_VFIO and not vgpus)),
             vgpus=tuple(sorted(vgpus, key=lambda v: (v.parent, v.uuid or ""))),
             problems=tuple(problems),
         )
@@ -292,12 +308,16 @@ class _Scanner:
 
     # mdev ----------------------------------------------------------------------
     def _mdev_types(
-        self, device_path: str, names: dict[int, str] | None = None
+        self,
+        device_path: str,
+        names: dict[int, str] | None = None,
+        offered: dict[int, OfferedType] | None = None,
     ) -> tuple[CreatableType, ...] | None:
         """Every type of a parent with its ``available_instances``; ``None`` if not a parent.
 
         ``names`` caches type names already read on the same GPU (a type id names
-        one type), so each ``name`` file is read once per GPU.
+        one type), so each ``name`` file is read once per GPU. ``offered`` collects
+        the GPU's supported types with their ``description`` (read once per type).
         """
         types_dir = os.path.join(device_path, "mdev_supported_types")
         entries = self.read.listdir(types_dir)
@@ -321,6 +341,12 @@ class _Scanner:
                 if name and names is not None:
                     names[type_id] = name
             found.append(self.creatable(type_id, name or entry, available or 0, full))
+            if offered is not None and type_id not in offered:
+                text = self.read.text(f"{type_path}/description", note=False) or ""
+                fb, most = parse_type_description(text)
+                offered[type_id] = OfferedType(
+                    type_id=type_id, name=name or entry, framebuffer_mib=fb, max_instances=most
+                )
         found.sort(key=lambda t: t.type_id)
         return tuple(found)
 

@@ -241,6 +241,25 @@ class TypeNotCreatableError(DriverError):
     default_reason = Reason.TYPE_NOT_CREATABLE
 
 
+class TypeNotListedError(DriverError):
+    """A create whose type id is read from the driver's lists found the type not listed."""
+
+    default_reason = Reason.TYPE_NOT_CREATABLE
+
+    def __init__(self, parent: str, name: str, listed: tuple[str, ...]) -> None:
+        HostError.__init__(
+            self,
+            f"create failed: the driver does not list {name} on {parent} "
+            f"(it lists: {', '.join(listed) or 'nothing'}); nothing was written",
+        )
+        self.operation = "create"
+        self.path = parent
+        self.value = name
+        self.errno = errno_mod.ENOENT
+        self.meaning = "the driver does not offer the type there now"
+        self.detail = ""
+
+
 class InterfaceMissingError(DriverError):
     """ENOENT: the driver or the sysfs interface is missing."""
 

@@ -33,6 +33,20 @@ class CreatableType(Frozen):
     """The type's name exactly as the driver shows it (``NVIDIA A2-4Q``), when read."""
 
 
+class OfferedType(Frozen):
+    """A vGPU type the GPU's driver lists, with what the driver says about it.
+
+    mdev: every directory of ``mdev_supported_types`` (``description`` gives
+    ``framebuffer`` and ``max_instance``). vendor-VFIO: the union of the VFs'
+    ``creatable_vgpu_types`` (names and ids only).
+    """
+
+    type_id: int
+    name: str
+    framebuffer_mib: int | None = None
+    max_instances: int | None = None
+
+
 class Vgpu(Frozen):
     """One existing vGPU: an mdev (by UUID) or a VF with a vGPU type assigned."""
 
@@ -79,12 +93,25 @@ class Gpu(Frozen):
     layout: Layout = Layout.UNAVAILABLE
     layout_reason: str = ""
     pf_creatable: tuple[CreatableType, ...] = ()
+    offered: tuple[OfferedType, ...] = ()
+    """The vGPU types the driver lists for this GPU (see :class:`OfferedType`)."""
+    offered_complete: bool = False
+    """True when ``offered`` is everything the driver supports on this GPU: always for
+    mdev (``mdev_supported_types`` lists supported types, available or not); for
+    vendor-VFIO only while the GPU holds no vGPU (its lists shrink to what is
+    creatable now)."""
     vgpus: tuple[Vgpu, ...] = ()
     problems: tuple[str, ...] = ()
 
     @property
     def sriov_capable(self) -> bool:
         return bool(self.sriov_totalvfs)
+
+    def offered_type(self, name: str) -> OfferedType | None:
+        for t in self.offered:
+            if t.name == name:
+                return t
+        return None
 
     def vf(self, address: str) -> VirtualFunction | None:
         for vf in self.vfs:

@@ -6,7 +6,14 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vgpu_state.catalog import Catalog, GpuModel, VgpuType, default_catalog
+from vgpu_state.catalog import (
+    Catalog,
+    GpuModel,
+    VgpuType,
+    default_catalog,
+    parse_type_name,
+    type_sort_key,
+)
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import BlockedReason, PlanningError
 from vgpu_state.model.plan import (
@@ -19,7 +26,7 @@ from vgpu_state.model.plan import (
     Summary,
 )
 from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
-from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, Vgpu
+from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, OfferedType, Vgpu
 from vgpu_state.planner.identity import free_uuids
 
 
@@ -63,11 +70,18 @@ class _Planner:
         return self.catalog.model(g.model) if g.model else None
 
     def info(self, g: Gpu, name: str | None) -> VgpuType | None:
+        """What is known of a type on this GPU: the catalog's entry for the GPU's model,
+        else what the GPU's driver lists, else (GPU of unknown model) the catalog's."""
         if name is None:
             return None
         model = self.model_of(g)
         found = model.type(name) if model else None
-        return found or self.catalog.type(name)
+        if found is not None:
+            return found
+        listed = g.offered_type(name)
+        if listed is not None:
+            return driver_type(g, model, listed)
+        return self.catalog.type(name) if model is None else None
 
     def size_of(self, g: Gpu, name: str | None) -> tuple[int, bool] | None:
         t = self.info(g, name)
@@ -344,10 +358,14 @@ class _Planner:
             if g.sriov_capable:
                 occupied.add(parent)
             type_id = self.type_id(g, name, parent)
-            if type_id is None:
+            # A type the lists do not show while the GPU holds vGPUs of another size:
+            # after the destroys before it, the driver lists it; the step reads its id then.
+            if type_id is None and not (has_destroys and self.info(g, name) is not None):
                 self.errors.append(
                     f"gpu[{g.address}] ({g.model or 'unknown model'}): the type id of {name} "
-                    "is unknown: the GPU does not list it and the catalog does not know it"
+                    "is unknown: the GPU's driver does not list it now (its lists show only "
+                    "what is creatable while the GPU holds vGPUs) and the catalog does not "
+                    f"know it [{dg.entry}]"
                 )
                 continue
             if g.layout is Layout.VENDOR_VFIO:
@@ -371,15 +389,38 @@ class _Planner:
         return None
 
     def type_id(self, g: Gpu, name: str, parent: str | None) -> int | None:
-        """From the parent's list, else any list on the GPU, else the catalog."""
+        """From the parent's list, else any list of the GPU's driver, else the catalog
+        when it knows the real id. Never an id that neither gave."""
         parents = [vf.creatable for vf in g.vfs if vf.address == parent]
         parents += [g.pf_creatable] + [vf.creatable for vf in g.vfs]
         for creatable in parents:
             for c in creatable:
                 if c.name == name:
                     return c.type_id
+        listed = g.offered_type(name)
+        if listed is not None:
+            return listed.type_id
         t = self.info(g, name)
-        return t.type_id if t else None
+        return t.type_id if t is not None and t.type_id_known else None
+
+    def check_offered(self, g: Gpu, dg: DesiredGpu) -> bool:
+        """The driver decides which types exist: a wanted type it does not list is an error."""
+        if not g.offered_complete:
+            return True
+        present = {v.type_name for v in g.vgpus}
+        missing = [
+            n for n, c in dg.types if c > 0 and g.offered_type(n) is None and n not in present
+        ]
+        if not missing:
+            return True
+        offered = ", ".join(
+            t.name for t in sorted(g.offered, key=lambda t: offered_sort_key(g, t))
+        )
+        self.errors.append(
+            f"gpu[{g.address}] ({g.model or 'unknown model'}): the driver does not offer "
+            f"{', '.join(missing)} [{dg.entry}]; it offers: {offered or 'no vGPU types'}"
+        )
+        return False
 
     # whole node -----------------------------------------------------------
     def run(self) -> Plan:
@@ -408,7 +449,7 @@ class _Planner:
                     )
                 )
                 continue
-            if not self.check_fits(g, dg):
+            if not self.check_offered(g, dg) or not self.check_fits(g, dg):
                 continue
             header, work = self.plan_gpu(g, dg)
             headers.append(header)
@@ -437,6 +478,43 @@ class _Planner:
             blocked=tuple(blocked),
             summary=summary,
         )
+
+
+def driver_type(g: Gpu, model: GpuModel | None, listed: OfferedType) -> VgpuType:
+    """A type the catalog lacks, described by what the GPU's driver lists.
+
+    The framebuffer is the driver's (mdev ``description``), else the size in the name;
+    the most instances the driver's, else how many fit the GPU's framebuffer (capped at
+    its virtual functions), else no limit the planner can check (the driver decides).
+    """
+    parsed = parse_type_name(listed.name)
+    fb = listed.framebuffer_mib
+    if fb is None and parsed is not None:
+        fb = parsed.framebuffer_gb * 1024 or 512
+    most = listed.max_instances
+    if most is None and fb and model is not None:
+        most = max(model.framebuffer_mib // fb, 1)
+        if g.sriov_totalvfs:
+            most = min(most, g.sriov_totalvfs)
+    return VgpuType(
+        name=listed.name,
+        model=model.name if model is not None else (g.model or ""),
+        series=parsed.series if parsed is not None else "",
+        framebuffer_mib=fb or 0,
+        max_instances=most if most is not None else UNCHECKED_INSTANCES,
+        type_id=listed.type_id,
+        type_id_known=True,
+        mig_slices=parsed.mig_slices if parsed is not None else None,
+    )
+
+
+UNCHECKED_INSTANCES = 1 << 16
+"""``max_instances`` of a driver type whose limit nobody states: the driver decides."""
+
+
+def offered_sort_key(g: Gpu, t: OfferedType) -> tuple[int, str]:
+    """Types in lists: by framebuffer size, then by name (``L40S-1A`` before ``L40S-12A``)."""
+    return type_sort_key(t.name, t.framebuffer_mib)
 
 
 def _create(

@@ -46,9 +46,10 @@ def _action_lines(a: Action) -> list[str]:
         ]
     parent = a.parent or "(chosen after SR-IOV is enabled)"
     where = f"vf: {a.vf}" if a.vf else f"parent: {parent}"
+    type_id = f" (id {a.type_id})" if a.type_id is not None else ""
     return [
         f"  + {a.address} will be created",
-        f"      type: {a.type_name} (id {a.type_id})   {where}",
+        f"      type: {a.type_name}{type_id}   {where}",
     ]
 
 

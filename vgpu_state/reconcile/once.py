@@ -83,6 +83,8 @@ def gather(ports: Ports, settings: Settings, config_name: str | None = None) -> 
     snapshot = ports.host.scan()
     desired = resolve(document, chosen, snapshot.gpus, node, source)
     held, warnings = normalise_in_use(ports.cluster.in_use(), snapshot)
+    prefixes = (f"vgpu-configs.{chosen}[", f"vgpu-configs.{chosen}.")
+    warnings = [str(i) for i in document.warnings if i.path.startswith(prefixes)] + list(warnings)
     return Inputs(
         document,
         node,

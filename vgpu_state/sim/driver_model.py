@@ -13,7 +13,7 @@ import uuid as uuid_mod
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from vgpu_state.catalog import GpuModel, VgpuType, default_catalog
+from vgpu_state.catalog import GpuModel, VgpuType, default_catalog, parse_type_name
 from vgpu_state.model.ids import UUID_PATTERN
 from vgpu_state.model.pci import vf_address
 from vgpu_state.sim.spec import (
@@ -68,6 +68,8 @@ class SimGpu:
     flavour: str
     spec_iommu_group: int | None = None
     spec_vf_iommu_group_base: int | None = None
+    extra_types: tuple[VgpuType, ...] = ()
+    """Types this driver offers beyond the catalog (``driver.extra-types`` of the spec)."""
     vgpus: list[SimVgpu] = field(default_factory=list)
 
     @property
@@ -99,7 +101,21 @@ class SimGpu:
     def offered_types(self) -> tuple[VgpuType, ...]:
         """The types the driver flavour exposes (time-sliced; MIG mode is not simulated)."""
         series = _SERIES[self.flavour]
-        return tuple(t for t in self.model.types if not t.is_mig and t.series in series)
+        return tuple(
+            t
+            for t in (*self.model.types, *self.extra_types)
+            if not t.is_mig and t.series in series
+        )
+
+    def type_named(self, name: str) -> VgpuType | None:
+        """A type of this GPU's driver by name: the catalog's or a spec's extra type."""
+        found = self.model.type(name)
+        if found is not None:
+            return found
+        for t in self.extra_types:
+            if t.name == name.strip().split()[-1]:
+                return t
+        return None
 
     def vgpu_on_vf(self, index: int) -> SimVgpu | None:
         for v in self.vgpus:
@@ -175,6 +191,7 @@ class SimDriver:
         self.gpus: list[SimGpu] = []
         self.sriov_manage_output = ""
         catalog = default_catalog()
+        extras = _extra_types(spec.driver)
         seen: set[str] = set()
         for i, g in enumerate(sorted(spec.gpus, key=lambda g: g.address)):
             model = catalog.find_model(g.model)
@@ -206,6 +223,7 @@ class SimDriver:
                     flavour=spec.driver.flavour,
                     spec_iommu_group=g.iommu_group,
                     spec_vf_iommu_group_base=g.vf_iommu_group_base,
+                    extra_types=extras.get(model.name, ()),
                 )
             )
         self.next_iommu_group = 1 + max(
@@ -220,7 +238,7 @@ class SimDriver:
 
     # loading -------------------------------------------------------------------
     def _load_vgpu(self, gpu: SimGpu, v: VgpuSpec, where: str) -> None:
-        t = gpu.model.type(v.type)
+        t = gpu.type_named(v.type)
         if t is None:
             raise SpecError(f"{where}.type: {gpu.model.name} has no vGPU type {v.type!r}")
         if gpu.type_by_id(t.type_id) is None:
@@ -472,6 +490,40 @@ class SimDriver:
                 g.numvfs = 0
                 out.append(f"Disabling VFs on {g.address}")
         return status, "\n".join(out)
+
+
+def _extra_types(driver: DriverSpec) -> dict[str, tuple[VgpuType, ...]]:
+    """The spec's ``driver.extra-types`` as catalog-shaped types, by GPU model name."""
+    catalog = default_catalog()
+    found: dict[str, list[VgpuType]] = {}
+    for i, x in enumerate(driver.extra_types):
+        where = f"driver.extra-types[{i}]"
+        parsed = parse_type_name(x.name)
+        assert parsed is not None  # checked by the spec
+        model = catalog.find_model(x.model or parsed.product)
+        if model is None:
+            raise SpecError(
+                f"{where}.model: no GPU model has types named {parsed.product}-…; "
+                "name the model (model: L40S)"
+            )
+        taken = {t.name: t for t in (*model.types, *found.get(model.name, ()))}
+        if x.name in taken:
+            raise SpecError(f"{where}.name: {model.name} already has a type {x.name}")
+        ids = {t.type_id for t in (*model.types, *found.get(model.name, ())) if t.type_id_known}
+        if x.id in ids:
+            raise SpecError(f"{where}.id: {model.name} already has a type with id {x.id}")
+        found.setdefault(model.name, []).append(
+            VgpuType(
+                name=x.name,
+                model=model.name,
+                series=parsed.series,
+                framebuffer_mib=x.framebuffer_mib,
+                max_instances=x.max_instances,
+                type_id=x.id,
+                type_id_known=True,
+            )
+        )
+    return {name: tuple(ts) for name, ts in found.items()}
 
 
 def _suggest_model(text: str) -> str:

@@ -12,7 +12,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 
-from vgpu_state.catalog import default_catalog, suggest
+from vgpu_state.catalog import default_catalog, parse_type_name, suggest
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.pci import parse_pci_address
 
@@ -60,17 +60,51 @@ class GpuSpec(_Spec):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str) -> str:
-        catalog = default_catalog()
-        if catalog.find_model(v) is None:
-            names = [m.short_name for m in catalog.models] + [m.name for m in catalog.models]
-            found = suggest(v, names)
-            hint = f"; did you mean {found!r}?" if found else ""
-            raise ValueError(f"unknown GPU model {v!r}{hint}")
+        return _check_model(v)
+
+
+def _check_model(v: str) -> str:
+    catalog = default_catalog()
+    if catalog.find_model(v) is None:
+        names = [m.short_name for m in catalog.models] + [m.name for m in catalog.models]
+        found = suggest(v, names)
+        hint = f"; did you mean {found!r}?" if found else ""
+        raise ValueError(f"unknown GPU model {v!r}{hint}")
+    return v
+
+
+class DriverTypeSpec(_Spec):
+    """A vGPU type this simulated driver offers beyond the catalog (a newer driver's type)."""
+
+    name: str
+    id: int = Field(ge=1)
+    """The type id (``mdev_supported_types/nvidia-<id>``, ``creatable_vgpu_types``)."""
+    framebuffer_mib: int = Field(alias="framebuffer-mib", ge=512)
+    max_instances: int = Field(alias="max-instances", ge=1)
+    model: str | None = None
+    """The GPU model that offers it; by default the model whose type names share the
+    name's product part (``L40S`` for ``L40S-5Q``)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        parsed = parse_type_name(v)
+        if parsed is None or v != v.strip() or " " in v:
+            raise ValueError(f"{v!r} is not a vGPU type name such as L40S-5Q")
+        if parsed.is_mig:
+            raise ValueError(f"{v!r}: MIG-backed types are not simulated")
         return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str | None) -> str | None:
+        return None if v is None else _check_model(v)
 
 
 class DriverSpec(_Spec):
     flavour: Literal["graphics", "compute", "all"] = "all"
+    extra_types: tuple[DriverTypeSpec, ...] = Field(default=(), alias="extra-types")
+    """Types the driver offers that the catalog does not know (a newer driver)."""
     create_unavailable_errno: str = Field(default="EINVAL", alias="create-unavailable-errno")
     """errno of an mdev ``create`` whose type is not available (EINVAL or EUSERS)."""
 
