@@ -23,6 +23,7 @@ demo: $(BIN)/.installed-test
 	$(BIN)/python scripts/demo.py
 
 test: lint
+	@sh scripts/ensure-fuse
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed-test

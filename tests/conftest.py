@@ -87,3 +87,25 @@ def kube() -> Iterator[object]:
     running = RunningEmulator().start()
     yield running
     running.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """At the very end of a run: how many tests were skipped, and why (grouped)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    terminalreporter.section("skipped tests")
+    terminalreporter.write_line(f"{len(skipped)} test(s) skipped:")
+    for reason, count in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
+        terminalreporter.write_line(f"  {count} × {reason}")
+    if any("FUSE" in reason for reason in reasons):
+        terminalreporter.write_line(
+            "  The FUSE tests need /dev/fuse and Debian's fuse3 (fusermount3); `make test` "
+            "installs fuse3 when run as root. VGPU_STATE_REQUIRE_FUSE=1 makes them fail instead."
+        )

@@ -75,7 +75,11 @@ def test_blocked_items_refuse_without_skip_blocked(node: tuple[Path, Path]) -> N
     assert "2 item(s) are blocked; nothing was changed" in r.stderr
     assert spec.read_text() == before
     partial = run(*args, "--skip-blocked")
-    assert "Apply complete" in partial.output and "2 blocked" in partial.output
+    # The held vGPU stays, so the node does not match: never "Apply complete".
+    assert "Apply incomplete" in partial.output and "2 blocked" in partial.output
+    assert "Apply complete" not in partial.output
+    assert 'the node does not match configuration "a2-only-4q"' in partial.stderr
+    assert "1 × A2-4Q missing (want 4, have 3)" in partial.stderr
     assert partial.exit_code == 1  # the node did not fully converge
     with SimHost(spec) as host:
         assert "f715f63c-0d00-4007-9c5a-b07b0c6c05de" in held_vgpus(host)
@@ -108,17 +112,51 @@ def test_fresh_saved_plan_applies_exactly(node: tuple[Path, Path], tmp_path: Pat
     assert run("assert", "-f", str(layout), "--sim", str(spec)).exit_code == 0
 
 
-def test_export_then_plan_current_has_no_changes_for_every_example(
+def test_export_then_plan_has_no_changes_for_every_example(
     sim_spec_paths: list[Path], tmp_path: Path
 ) -> None:
+    """export > f.yaml; plan -f f.yaml says "No changes" with no -c; validate accepts f."""
     for path in sim_spec_paths:
         exported = run("export", "--sim", str(path))
         assert exported.exit_code == 0, path.name
         config = tmp_path / f"{path.stem}-current.yaml"
         config.write_text(exported.stdout)
-        p = run("plan", "-f", str(config), "-c", "current", "--sim", str(path))
+        assert run("validate", "-f", str(config)).exit_code == 0, exported.stdout
+        p = run("plan", "-f", str(config), "--sim", str(path))
         assert p.exit_code == 0, p.output
         assert "No changes" in p.output, f"{path.name}:\n{exported.stdout}\n{p.output}"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        pytest.param("node: empty\ngpus: []\n", "the node has no NVIDIA GPUs", id="no-gpus"),
+        pytest.param(
+            'node: n\ngpus:\n  - {address: "0000:08:00.0", model: A2, driver: vfio-pci}\n',
+            "the node has no GPU with a vGPU manager",
+            id="no-vgpu-manager",
+        ),
+    ],
+)
+def test_export_with_nothing_to_export_says_so(tmp_path: Path, spec: str, message: str) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(spec)
+    r = run("export", "--sim", str(path))
+    assert r.exit_code == 1
+    assert r.stdout == ""
+    assert f"nothing to export: {message}" in r.stderr
+
+
+def test_export_names_the_config_current_on_an_unlabelled_node(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text('node: n\ngpus:\n  - {address: "0000:08:00.0", model: A2}\n')
+    r = run("export", "--sim", str(path))
+    assert r.exit_code == 0
+    assert "default: current\n" in r.stdout
+    config = tmp_path / "f.yaml"
+    config.write_text(r.stdout)
+    p = run("plan", "-f", str(config), "--sim", str(path))
+    assert 'No changes. The node matches configuration "current".' in p.output
 
 
 def test_second_apply_waits_for_the_lock_then_names_the_holder(

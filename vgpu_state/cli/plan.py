@@ -27,8 +27,9 @@ from vgpu_state.cli.session import (
     ports,
     settings,
 )
+from vgpu_state.config import DEFAULT_LABEL_KEY
 from vgpu_state.executor import ApplyError, ApplyResult, Journal, Outcome, StepResult
-from vgpu_state.model.errors import SelectionError, StalePlanError
+from vgpu_state.model.errors import SelectionError, StalePlanError, UserError
 from vgpu_state.model.files import read_input
 from vgpu_state.model.plan import Action, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -167,11 +168,31 @@ class _ApplyOutput(_Warnings):
         self.out.print(line)
 
     def applied(self, plan: Plan, result: ApplyResult) -> None:
+        """Nothing yet: the summary waits for the fresh scan and its comparison."""
+        return None
+
+    def summary(
+        self, plan: Plan, result: ApplyResult, config: str, differences: tuple[str, ...]
+    ) -> bool:
+        """Print the outcome after the fresh scan; True when the node matches its layout.
+
+        "Apply complete" only when every planned step happened, nothing was blocked
+        and the fresh scan shows the layout; otherwise what is missing and why.
+        """
         c = result.counts
-        self.out.print(
-            f"\n[bold]Apply complete[/]: {c['ok']} done, {c['skipped']} already done, "
+        counts = (
+            f"{c['ok']} done, {c['skipped']} already done, "
             f"{len(plan.blocked)} blocked, in {result.seconds:.2f} s."
         )
+        problems = (*result.notes, *differences)
+        if not problems and not plan.blocked:
+            self.out.print(f"\n[bold]Apply complete[/]: {counts}")
+            return True
+        self.out.print(f"\n[bold]Apply incomplete[/]: {counts}")
+        click.echo(f'error: the node does not match configuration "{config}":', err=True)
+        for line in problems:
+            click.echo(f"  {line}", err=True)
+        return False
 
 
 def _report_apply_error(e: ApplyError) -> None:
@@ -244,6 +265,7 @@ def apply_cmd(
         )
         return
     target = _open(session, sriov_manage)
+    output = _ApplyOutput(console())
     try:
         _warn_unfinished(journal_for(journal_file, session.sim_spec))
         try:
@@ -255,7 +277,7 @@ def apply_cmd(
                 settings={"lock_file": lock_file, "lock_timeout": lock_timeout},
                 skip_blocked=skip_blocked,
                 gate=_confirm(auto_approve, skip_blocked),
-                reporter=_ApplyOutput(console()),
+                reporter=output,
             )
         except ApplyError as e:
             _report_apply_error(e)
@@ -269,18 +291,14 @@ def apply_cmd(
     if report.applied is None or not report.applied.steps:
         if p.blocked:
             fail("nothing can be applied: every change is blocked")
+        if report.differences:
+            fail(
+                f'the node does not match configuration "{report.inputs.config}": '
+                + "; ".join(report.differences)
+            )
         return
-    _exit_unless_converged(report)
-
-
-def _exit_unless_converged(report: Report) -> None:
-    if report.converged:
-        return
-    if not report.plan.blocked:
-        click.echo("error: the node does not match the plan after applying:", err=True)
-        for line in report.differences:
-            click.echo(f"  {line}", err=True)
-    sys.exit(1)
+    if not output.summary(p, report.applied, report.inputs.config, report.differences):
+        sys.exit(1)
 
 
 def _apply_saved(
@@ -298,6 +316,7 @@ def _apply_saved(
         sim_spec, sysfs_root = saved.sim, saved.sysfs_root
     flagged = parse_in_use(args.in_use, args.in_use_file)
     s = settings(args.label_key, sim_spec, journal_file, lock_file, lock_timeout)
+    output = _ApplyOutput(console())
     target = open_host(sysfs_root, sim_spec, saved.plan.node, sriov_manage)
     try:
         try:
@@ -307,7 +326,7 @@ def _apply_saved(
                 s,
                 saved,
                 skip_blocked=skip_blocked,
-                reporter=_ApplyOutput(console()),
+                reporter=output,
             )
         except StalePlanError as e:
             click.echo(f"error: {e}. What moved:", err=True)
@@ -323,7 +342,9 @@ def _apply_saved(
             target.save()
     finally:
         target.close()
-    if result is not None and p.blocked:
+    if result is not None and not output.summary(
+        p, result, saved.desired.config, result.differences
+    ):
         sys.exit(1)
 
 
@@ -349,39 +370,66 @@ def assert_cmd(session: SessionArgs, journal_file: str | None) -> None:
 
 
 def export_document(snapshot: NodeSnapshot, name: str) -> dict[str, Any]:
-    """A config document (vgpu-device-manager shape) that reproduces the live layout."""
+    """A config document (vgpu-device-manager shape) that reproduces the live layout.
+
+    ``default: name`` makes the config the node's when nothing else selects one, so
+    ``plan -f`` on the document says "No changes" without ``-c``. Raises
+    :class:`NothingToExportError` when no GPU of the node has a vGPU manager.
+    """
     layouts: list[tuple[str, dict[str, int]]] = []
     for g in snapshot.gpus:
         if g.layout.value == "unavailable":
             continue
         counts: Counter[str] = Counter(v.type_name for v in g.vgpus if v.type_name)
         layouts.append((g.address, dict(sorted(counts.items()))))
+    if not layouts:
+        what = "no NVIDIA GPUs" if not snapshot.gpus else "no GPU with a vGPU manager"
+        raise NothingToExportError(f"nothing to export: the node has {what}")
     distinct = {json.dumps(c, sort_keys=True) for _, c in layouts}
     entries: list[dict[str, Any]]
     if len(distinct) == 1 and len(layouts) == len(snapshot.gpus):
         entries = [{"devices": "all", "vgpu-devices": layouts[0][1]}]
     else:
         entries = [{"devices": [a], "vgpu-devices": c} for a, c in layouts]
-    return {"version": "v1", "vgpu-configs": {name: entries}}
+    return {"version": "v1", "default": name, "vgpu-configs": {name: entries}}
+
+
+class NothingToExportError(UserError):
+    """The node has no layout to export (no GPU with a vGPU manager)."""
 
 
 @click.command("export")
 @click.option("--sysfs-root", type=click.Path(file_okay=False), help="sysfs root (default /sys).")
 @click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="A simulated node spec.")
 @click.option("--node", help="Node name.")
-@click.option("--config-name", default="current", show_default=True, help="Name of the config.")
+@click.option(
+    "--config-name",
+    help="Name of the config (default: the node's config label when it has one, else current).",
+)
+@click.option("--label-key", default=DEFAULT_LABEL_KEY, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml")
 @handle_errors
 def export_cmd(
-    sysfs_root: str | None, sim_spec: str | None, node: str | None, config_name: str, output: str
+    sysfs_root: str | None,
+    sim_spec: str | None,
+    node: str | None,
+    config_name: str | None,
+    label_key: str,
+    output: str,
 ) -> None:
-    """Print a config that reproduces the live vGPU layout (plan against it: No changes)."""
+    """Print a config that reproduces the live vGPU layout.
+
+    The config is also the document's default, and takes the name the node's config
+    label gives, so planning against the document says "No changes".
+    """
     target = open_host(sysfs_root, sim_spec, node)
     try:
         snapshot = target.host.scan()
+        labels = target.cluster.labels()
     finally:
         target.close()
-    doc = export_document(snapshot, config_name)
+    name = config_name or labels.get(label_key) or "current"
+    doc = export_document(snapshot, name)
     skipped = sum(1 for g in snapshot.gpus for v in g.vgpus if not v.type_name)
     if skipped:
         click.echo(f"warning: {skipped} vGPU(s) of unknown type are not exported", err=True)

@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from vgpu_state.catalog import type_sort_key
 from vgpu_state.host import scan as scan_sysfs
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
@@ -20,9 +21,22 @@ def _creatable_summary(gpu: Gpu) -> list[str]:
     for vf in gpu.vfs:
         for t in vf.creatable:
             on_vfs[t.name] = on_vfs.get(t.name, 0) + 1
-    rows = [f"{name} ×{count}" for name, count in sorted(on_pf.items())]
-    rows += [f"{name} (on {n} VF{'s' if n != 1 else ''})" for name, n in sorted(on_vfs.items())]
+    by_size = {t.name: t.framebuffer_mib for t in gpu.offered}
+
+    def order(item: tuple[str, int]) -> tuple[int, str]:
+        return type_sort_key(item[0], by_size.get(item[0]))
+
+    rows = [f"{name} ×{count}" for name, count in sorted(on_pf.items(), key=order)]
+    rows += [
+        f"{name} (on {n} VF{'s' if n != 1 else ''})"
+        for name, n in sorted(on_vfs.items(), key=order)
+    ]
     return rows
+
+
+def _dash(value: object) -> str:
+    """A value for a table cell; ``-`` when sysfs did not show it."""
+    return "-" if value is None else str(value)
 
 
 def render_text(snapshot: NodeSnapshot, console: Console) -> None:
@@ -40,7 +54,7 @@ def render_text(snapshot: NodeSnapshot, console: Console) -> None:
         table.add_row("layout", f"{gpu.layout.value} ({gpu.layout_reason})")
         if gpu.sriov_totalvfs:
             table.add_row("VFs", f"{gpu.sriov_numvfs}/{gpu.sriov_totalvfs} enabled")
-        table.add_row("NUMA / IOMMU", f"{gpu.numa_node} / {gpu.iommu_group}")
+        table.add_row("NUMA / IOMMU", f"{_dash(gpu.numa_node)} / {_dash(gpu.iommu_group)}")
         vgpus = [
             f"{v.type_name or v.type_id} {v.uuid or ''} on {v.parent}".replace("  ", " ")
             for v in gpu.vgpus

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from vgpu_state.executor.journal import Journal
+from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import (
     BlockedError,
     DriverError,
@@ -21,6 +22,7 @@ from vgpu_state.model.errors import (
 )
 from vgpu_state.model.plan import Action, ActionKind, GpuPlan, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
+from vgpu_state.planner.compare import differences
 from vgpu_state.planner.expected import expected_snapshot
 from vgpu_state.ports.host import HostPort
 
@@ -50,7 +52,17 @@ class ApplyResult:
     plan_id: str
     steps: tuple[StepResult, ...]
     snapshot: NodeSnapshot
+    """A fresh scan taken after the last step."""
     seconds: float
+    notes: tuple[str, ...] = ()
+    """Planned creates that did not happen, and why (e.g. blocked once SR-IOV came up)."""
+    differences: tuple[str, ...] = ()
+    """How the fresh scan differs from the desired layout (``apply(..., desired=)``)."""
+
+    @property
+    def converged(self) -> bool:
+        """Everything planned happened and the fresh scan shows the desired layout."""
+        return not self.notes and not self.differences
 
     @property
     def counts(self) -> Counter[str]:
@@ -239,12 +251,18 @@ def apply(
     snapshot: NodeSnapshot | None = None,
     clock: Callable[[], float] = time.time,
     replan: Replan | None = None,
+    desired: DesiredState | None = None,
 ) -> ApplyResult:
     """Run the plan's steps in order; stop at the first failure; verify every GPU.
 
     Raises :class:`BlockedError` when the plan has blocked items and
     ``skip_blocked`` is false, :class:`ApplyError` when a step fails (no further
     step runs), :class:`VerificationError` when a re-scan disagrees with the plan.
+
+    Every apply ends with a fresh scan; with ``desired`` it is compared with the
+    layout as ``assert`` compares it. The journal's ``plan-end`` says ``converged``
+    only when every planned step happened, nothing was blocked and that comparison
+    finds no difference; otherwise ``partial``, with the notes and differences.
     """
     if plan.blocked and not skip_blocked:
         raise BlockedError(
@@ -261,13 +279,13 @@ def apply(
         plan, host, journal, in_use or {}, progress, replan, uuid_mod.uuid4().hex[:12], clock
     )
     try:
-        return _execute(run, snapshot)
+        return _execute(run, snapshot, desired)
     finally:
         if journal is not None:
             journal.close()
 
 
-def _execute(run: _Run, snapshot: NodeSnapshot | None) -> ApplyResult:
+def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | None) -> ApplyResult:
     plan, host = run.plan, run.host
     started = time.perf_counter()
     run.record(
@@ -280,6 +298,7 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None) -> ApplyResult:
     all_actions = plan.actions
     position = 0
     late_blocked = 0
+    notes: list[str] = []
     for header in plan.gpus:
         actions = plan.gpu_actions(header.address)
         if not actions:
@@ -294,8 +313,31 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None) -> ApplyResult:
         live = host.scan()
         if deferred:
             assert run.replan is not None
-            sub = run.replan(plan, header, tuple(deferred), live, run.in_use)
+            try:
+                sub = run.replan(plan, header, tuple(deferred), live, run.in_use)
+            except PlanningError as e:
+                # Nothing of the waiting creates can be made: say so, keep what ran.
+                notes.extend(
+                    f"{len(deferred)} planned create(s) on gpu[{header.address}] not made "
+                    f"after SR-IOV was enabled: {line}"
+                    for line in str(e).splitlines()
+                )
+                position += len(deferred)
+                sub = None
+            if sub is None:
+                want = _vgpu_set(expected_snapshot(_without(plan, deferred), before)
+                                 .gpu(header.address))
+                got = _vgpu_set(live.gpu(header.address))
+                if want != got:
+                    run.record("plan-end", outcome="failed", failed=f"verify gpu[{header.address}]")
+                    raise VerificationError(header.address, sorted(want - got), sorted(got - want))
+                continue
             late_blocked += len(sub.blocked)
+            notes.extend(
+                f"{b.type_name} on gpu[{header.address}] not created after SR-IOV was "
+                f"enabled: {b.reason}"
+                for b in sub.blocked
+            )
             sub_actions = sub.gpu_actions(header.address)
             before = live
             for a in sub_actions:
@@ -308,8 +350,18 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None) -> ApplyResult:
         if want != got:
             run.record("plan-end", outcome="failed", failed=f"verify gpu[{header.address}]")
             raise VerificationError(header.address, sorted(want - got), sorted(got - want))
+    final = host.scan()
+    found = differences(desired, final) if desired is not None else ()
     seconds = time.perf_counter() - started
     blocked = len(plan.blocked) + late_blocked
-    outcome = "partial" if blocked else "converged"
-    run.record("plan-end", outcome=outcome, blocked=blocked, seconds=round(seconds, 6))
-    return ApplyResult(run.plan_id, tuple(run.steps), live, seconds)
+    outcome = "partial" if (blocked or notes or found) else "converged"
+    extra: dict[str, object] = {}
+    if notes or found:
+        extra["differences"] = [*notes, *found]
+    run.record("plan-end", outcome=outcome, blocked=blocked, seconds=round(seconds, 6), **extra)
+    return ApplyResult(run.plan_id, tuple(run.steps), final, seconds, tuple(notes), found)
+
+
+def _without(plan: Plan, actions: list[Action]) -> Plan:
+    drop = {id(a) for a in actions}
+    return plan.model_copy(update={"actions": tuple(a for a in plan.actions if id(a) not in drop)})

@@ -344,11 +344,11 @@ class _Planner:
         uuids = free_uuids(self.node, g.address, taken)
         occupied = {v.parent for v in (*kept, *remaining)}
         has_destroys = any(a.kind is ActionKind.DESTROY for a in work.actions)
-        for name in creates:
+        for slot, name in enumerate(creates, start=1):
             if vfs_off:
                 u = next(uuids)
                 work.actions.append(
-                    _create(g, name, self.type_id(g, name, None), uuid=u, parent=None)
+                    _create(g, name, self.type_id(g, name, None), uuid=u, parent=None, slot=slot)
                 )
                 continue
             parent = self.choose_parent(g, name, occupied, has_destroys)
@@ -517,6 +517,11 @@ def offered_sort_key(g: Gpu, t: OfferedType) -> tuple[int, str]:
     return type_sort_key(t.name, t.framebuffer_mib)
 
 
+def deferred_address(gpu: str, slot: int) -> str:
+    """The address of the ``slot``-th create that waits for SR-IOV on ``gpu``."""
+    return f"gpu[{gpu}].vf[new {slot}]"
+
+
 def _create(
     g: Gpu,
     name: str,
@@ -525,11 +530,19 @@ def _create(
     parent: str | None,
     uuid: str | None = None,
     vf: str | None = None,
+    slot: int = 0,
 ) -> Action:
-    """A create step: on a VF (vendor-VFIO), or an mdev (parent ``None`` until SR-IOV is on)."""
+    """A create step: on a VF (vendor-VFIO), or an mdev (parent ``None`` until SR-IOV is on).
+
+    A create that waits for SR-IOV takes a virtual function in either layout; it is
+    addressed ``gpu[…].vf[new N]`` until the VFs exist and the reconcile places it.
+    """
     after: dict[str, object] = {"type": name, "type_id": type_id}
     if vf is not None:
         address, after["vf"] = f"gpu[{g.address}].vf[{vf}]", vf
+    elif parent is None:
+        address = deferred_address(g.address, slot)
+        after.update(uuid=uuid, parent=None)
     else:
         address = f"gpu[{g.address}].vgpu[{uuid}]"
         after.update(uuid=uuid, parent=parent)

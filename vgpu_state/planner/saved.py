@@ -18,6 +18,7 @@ The result of step 4 is what runs: a saved plan can only ever do what
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -185,6 +186,9 @@ def parse_saved_plan(data: bytes, source: str) -> SavedPlan:
     return SavedPlan(source, p, desired, dict(in_use), view, sim, root)
 
 
+_DEFERRED = re.compile(r"gpu\[[^\]]+\]\.vf\[new [1-9][0-9]{0,4}\]")
+
+
 def action_form_problem(a: Action) -> str | None:
     """What is wrong with the form of one action's fields, or ``None``."""
     if not is_pci_address(a.gpu):
@@ -201,14 +205,16 @@ def action_form_problem(a: Action) -> str | None:
         expected = f"gpu[{a.gpu}].sriov"
     elif a.vf is not None:
         expected = f"gpu[{a.gpu}].vf[{a.vf}]"
+    elif a.kind is ActionKind.CREATE and a.parent is None:
+        if _DEFERRED.fullmatch(a.address) is None or not a.address.startswith(f"gpu[{a.gpu}]."):
+            return f"address {a.address!r} does not name its step (gpu[{a.gpu}].vf[new N])"
+        expected = a.address
     elif a.uuid is not None:
         expected = f"gpu[{a.gpu}].vgpu[{a.uuid}]"
     else:
         return "uuid: a vGPU step needs a uuid or a vf"
     if a.address != expected:
         return f"address {a.address!r} does not name its step ({expected})"
-    if a.kind is ActionKind.CREATE and a.type_id is None:
-        return "type_id: a create needs a type id"
     if a.vf is not None and a.kind is ActionKind.CREATE and a.parent != a.vf:
         return f"parent {a.parent!r} is not the step's VF {a.vf}"
     return None
@@ -249,7 +255,7 @@ def action_host_problem(a: Action, snapshot: NodeSnapshot) -> str | None:
             return "parent: missing, but SR-IOV is already on"
         if a.uuid is not None and any(v.uuid == a.uuid for v in snapshot_vgpus(snapshot)):
             return f"uuid {a.uuid} already exists on this host"
-        if a.type_id not in _offered_ids(g):
+        if a.type_id is not None and a.type_id not in _offered_ids(g):
             return f"type_id {a.type_id} is not a vGPU type gpu {a.gpu} offers"
     return None
 

@@ -203,6 +203,7 @@ def _apply(
                 skip_blocked=True,
                 snapshot=inputs.snapshot,
                 clock=settings.clock,
+                desired=inputs.desired,
             )
         return _verified(ports, inputs, plan, result, warning)
     if gate is not None and not gate(plan):
@@ -227,6 +228,7 @@ def _apply(
         snapshot=inputs.snapshot,
         clock=settings.clock,
         replan=replan_deferred,
+        desired=inputs.desired,
     )
     hear.applied(plan, result)
     return _verified(ports, inputs, plan, result, warning)
@@ -324,6 +326,7 @@ def apply_saved(
             snapshot=live,
             clock=settings.clock,
             replan=replan_deferred,
+            desired=saved.desired,
         )
         hear.applied(plan, result)
         return plan, result
