@@ -152,8 +152,10 @@ def test_sigkill_at_every_action_boundary_then_reapply_converges(tmp_path: Path)
             # Exit 1 either way: the in-use vGPU stays blocked.
             again = runner.invoke(cli, apply_args)
             assert "Plan: 0 to create, 0 to destroy" in again.output or (
-                "Apply complete" in again.output
+                "Apply incomplete" in again.output  # the held T4-4C is not wanted
+                and "1 × T4-4C not wanted" in again.output
             ), again.output
+            assert again.exit_code == 1, again.output
             _assert_converged(scan(str(m.root), NODE), f"killed after step {done}")
             assert Journal(journal).unfinished() == []
     # Every boundary was hit (a slow poll may land one step late, never early).
