@@ -243,3 +243,16 @@ def test_empty_device_filter_means_every_gpu(empty: str) -> None:
     state = resolve(doc, "c", snapshot.gpus, NODE, "flag")
     assert [g.address for g in state.gpus] == ["0000:08:00.0", "0000:09:00.0"]
     assert state.unmanaged == ()
+
+
+def test_resolution_covers_gpus_with_a_newer_drivers_type() -> None:
+    """The entry applies to the GPU of its family even though the catalog lacks the type."""
+    from tests.builders import NODE, build_gpu, build_snapshot
+
+    text = (
+        "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n      vgpu-devices: {L40S-5Q: 2}\n"
+    )
+    doc = load_text(text, "f.yaml")
+    snapshot = build_snapshot(build_gpu("0000:26:00.0", "L40S", layout="vendor-vfio"))
+    state = resolve(doc, "c", snapshot.gpus, NODE, "flag")
+    assert [g.types for g in state.gpus] == [(("L40S-5Q", 2),)]

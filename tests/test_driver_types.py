@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from tests.builders import NODE, build_gpu, build_snapshot
 from vgpu_state.cli.main import cli
-from vgpu_state.config import load_text, resolve
+from vgpu_state.config import load_text
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import PlanningError
 from vgpu_state.model.plan import ActionKind
@@ -307,14 +307,6 @@ def test_sim_extra_type_needs_a_type_name() -> None:
             "driver:\n  extra-types: [{name: 'L40S 5Q', id: 1, framebuffer-mib: 5120, "
             "max-instances: 9}]\n"
         )
-
-
-def test_resolution_covers_gpus_with_a_newer_drivers_type() -> None:
-    """The entry applies to the GPU of its family even though the catalog lacks the type."""
-    doc = load_text(one_entry("{L40S-5Q: 2}"), "f.yaml")
-    snapshot = build_snapshot(build_gpu("0000:26:00.0", "L40S", layout="vendor-vfio"))
-    state = resolve(doc, "c", snapshot.gpus, NODE, "flag")
-    assert [g.types for g in state.gpus] == [(("L40S-5Q", 2),)]
 
 
 def test_type_id_unlisted_while_other_sizes_stay_is_read_from_the_driver_after_destroys(
