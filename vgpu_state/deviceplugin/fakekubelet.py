@@ -104,7 +104,7 @@ class FakeKubelet:
         for ep in endpoints:
             ep.close()
         for ep in endpoints:
-            if ep.thread is not None:
+            if ep.thread is not None and ep.thread.ident is not None:
                 ep.thread.join(timeout=5)
         if os.path.lexists(self.socket_path):
             os.unlink(self.socket_path)
@@ -127,7 +127,7 @@ class FakeKubelet:
             ep = self._endpoints.pop(resource, None)
         if ep is not None:
             ep.close()
-            if ep.thread is not None:
+            if ep.thread is not None and ep.thread.ident is not None:
                 ep.thread.join(timeout=5)
 
     def __enter__(self) -> FakeKubelet:
@@ -272,7 +272,7 @@ class FakeKubelet:
                     self._cond.notify_all()
                 if self.on_list is not None:
                     self.on_list(ep.resource, seen)
-        except grpc.RpcError:
+        except (grpc.RpcError, ValueError):  # ValueError: the channel was closed first
             pass
         finally:
             with self._cond:

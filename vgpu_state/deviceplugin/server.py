@@ -137,8 +137,11 @@ class ResourceServer:
         server.start()
         self._server = server
         self.identity = file_identity(self.socket_path)
+        # Self-dial: the kubelet calls back as soon as it gets the registration.
         with grpc.insecure_channel(f"unix:{self.socket_path}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=5)
+            pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                pb.Empty(), timeout=5, wait_for_ready=True
+            )
 
     def stop(self, *, send_empty: bool) -> None:
         """End every stream (after an empty list when ``send_empty``) and stop serving."""
@@ -159,7 +162,9 @@ class ResourceServer:
                 self._cond.wait(left)
         server, self._server = self._server, None
         if server is not None:
-            server.stop(grace=0.2).wait()
+            # After a clean shutdown the streams have ended; otherwise the kubelet
+            # is gone and nothing waits for an answer.
+            server.stop(grace=0.2 if send_empty else None).wait()
         try:
             if self.identity is not None and file_identity(self.socket_path) == self.identity:
                 os.unlink(self.socket_path)
