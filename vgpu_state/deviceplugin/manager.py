@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -292,3 +293,10 @@ class DevicePluginManager:
                     log.warning("%s: %s vanished from sysfs; marked Unhealthy", server.resource, d)
                 for d in sorted(before - gone):
                     log.info("%s: %s is back; marked Healthy", server.resource, d)
+
+
+if TYPE_CHECKING:
+    from vgpu_state.ports.deviceplugin import DevicePluginSink
+
+    # The reconcile service feeds the manager through this port.
+    _conforms: DevicePluginSink = DevicePluginManager()
