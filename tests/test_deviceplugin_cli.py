@@ -67,7 +67,7 @@ def test_follows_applies_to_the_simulated_node_and_empties_on_sigterm(
                 proc.kill()
                 proc.communicate()
         assert proc.returncode == 0, err
-        assert kubelet.devices(T4_4Q) == ()
+        assert kubelet.wait_for(T4_4Q, lambda d: d == ()) == ()
         assert "registered with the kubelet" in err and "sent an empty list" in err
         assert "Traceback" not in err
 

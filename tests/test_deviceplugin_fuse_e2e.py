@@ -114,7 +114,7 @@ def test_apply_then_kubelet_sees_new_devices_and_allocates_them(
                 assert os.path.basename(link) == str(group_of[key])
         finally:
             plugins.stop()
-        assert kubelet.devices(resource) == ()
+        assert kubelet.wait_for(resource, lambda d: d == ()) == ()
 
 
 def _device_path(root: str, key: str) -> str:

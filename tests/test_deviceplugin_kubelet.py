@@ -243,7 +243,8 @@ def test_stop_sends_empty_lists_first(kubelet: FakeKubelet, plugin_dir: Path, t4
     kubelet.wait_for(T4_4Q, lambda d: len(d) == 2)
     kubelet.wait_for(T4_8Q, lambda d: len(d) == 1)
     m.stop()
-    assert kubelet.devices(T4_4Q) == () and kubelet.devices(T4_8Q) == ()
+    for resource in (T4_4Q, T4_8Q):  # sent before stop() returned; the kubelet reads it now
+        assert kubelet.wait_for(resource, lambda d: d == ()) == ()
     assert not [p for p in os.listdir(plugin_dir) if p.startswith("vgpu-state-")]
 
 
