@@ -257,6 +257,18 @@ def test_registration_retries_until_the_kubelet_accepts(
     assert kubelet.reject_registrations == 0 and len(kubelet.registrations) == 1
 
 
+def test_a_new_kubelet_socket_gets_quick_retries_before_the_backoff(
+    kubelet: FakeKubelet, plugin_dir: Path, t4: SimHost
+) -> None:
+    kubelet.reject_registrations = 2  # e.g. a kubelet still starting behind its socket
+    m = manager(plugin_dir, backoff=(30.0,))
+    try:
+        m.refresh(t4.scan())
+        kubelet.wait_for(T4_4Q, lambda d: len(d) == 2, timeout=5)
+    finally:
+        m.stop()
+
+
 def test_plugin_waits_for_a_kubelet_that_starts_later(plugin_dir: Path, t4: SimHost) -> None:
     m = manager(plugin_dir, backoff=(30.0,))
     try:
@@ -270,8 +282,10 @@ def test_plugin_waits_for_a_kubelet_that_starts_later(plugin_dir: Path, t4: SimH
 
 
 def test_illegal_resource_name_is_reported_not_registered(
-    kubelet: FakeKubelet, plugins: DevicePluginManager
+    kubelet: FakeKubelet, plugin_dir: Path
 ) -> None:
+    # A node built in memory: no sysfs to check device health against.
+    plugins = manager(plugin_dir, present=lambda d: True)
     odd = Vgpu(kind="mdev", parent="0000:01:00.0", uuid=U1, type_name="4Q (beta)", iommu_group=7)
     good = Vgpu(kind="mdev", parent="0000:01:00.0", uuid=U2, sysfs_type_name="NVIDIA A2-4Q")
     gpu = Gpu(
@@ -283,6 +297,7 @@ def test_illegal_resource_name_is_reported_not_registered(
     assert seen == (SeenDevice(U2, "Healthy", ()),)  # NUMA -1: no topology
     assert list(plugins.status()) == ["nvidia.com/NVIDIA_A2-4Q"]
     assert len(plugins.problems) == 1 and "'4Q (beta)'" in plugins.problems[0]
+    plugins.stop()
 
 
 def test_many_open_streams_do_not_starve_allocate(

@@ -38,6 +38,9 @@ KUBELET_SOCKET = "kubelet.sock"
 SOCKET_PREFIX = "vgpu-state-"
 BACKOFF = (1.0, 2.0, 5.0, 10.0)
 """Seconds between registration attempts (the last repeats); a new kubelet.sock retries at once."""
+QUICK_RETRY = 0.2
+QUICK_RETRIES = 3
+"""A new kubelet.sock gets retries after 0.2, 0.4 and 0.8 s before the backoff applies."""
 STREAM_END_GRACE = 0.5
 """Seconds to wait after the kubelet ends a stream before re-registering (it may reconnect)."""
 _SUN_PATH_MAX = 107
@@ -71,6 +74,7 @@ class _Plugin:
         self.failures = 0
         self.next_attempt = 0.0
         self.failed_for: FileIdentity | None = None
+        self.quick_retries = 0
         self.stream_ended_at: float | None = None
         self.streams_at_end = 0
         self.registrations = 0
@@ -264,12 +268,19 @@ class DevicePluginManager:
             with grpc.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
                 pb_grpc.RegistrationStub(channel).Register(request, timeout=self.register_timeout)
         except grpc.RpcError as e:
-            delay = self.backoff[min(plugin.failures, len(self.backoff) - 1)]
-            plugin.failures += 1
+            if kubelet != plugin.failed_for:
+                plugin.quick_retries = 0
+            if plugin.quick_retries < QUICK_RETRIES:
+                # A kubelet.sock that just appeared may not accept connections yet.
+                delay = QUICK_RETRY * 2**plugin.quick_retries
+                plugin.quick_retries += 1
+            else:
+                delay = self.backoff[min(plugin.failures, len(self.backoff) - 1)]
+                plugin.failures += 1
             plugin.failed_for = kubelet
             plugin.next_attempt = time.monotonic() + delay
             log.warning(
-                "%s: registration with the kubelet failed (%s: %s); retrying in %.0f s",
+                "%s: registration with the kubelet failed (%s: %s); retrying in %.1f s",
                 server.resource,
                 e.code().name if hasattr(e, "code") else "error",
                 e.details() if hasattr(e, "details") else e,
