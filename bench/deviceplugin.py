@@ -45,7 +45,7 @@ def snapshot(resources: int, generation: int) -> NodeSnapshot:
                 parent=f"0000:{0x10 + r:02x}:00.0",
                 uuid=f"{r:08x}-0000-4000-8000-{(generation if n == 0 else 0):06x}{n:06x}",
                 type_name=f"B{r}-{n}Q",
-                sysfs_type_name=f"NVIDIA BENCH{r}-4Q",
+                type_sysfs_name=f"NVIDIA BENCH{r}-4Q",
                 iommu_group=100 + n,
             )
             for n in range(DEVICES)

@@ -32,8 +32,8 @@ def board(per_gpu: int, gpus: int) -> ResourceInventory:
 def test_inventory_groups_vgpus_by_resource_and_skips_illegal_names() -> None:
     full = "NVIDIA A16-4Q"
     vgpus = (
-        Vgpu(kind="mdev", parent="a", uuid="u2", type_name="A16-4Q", sysfs_type_name=full),
-        Vgpu(kind="mdev", parent="a", uuid="u1", type_name="A16-4Q", sysfs_type_name=full),
+        Vgpu(kind="mdev", parent="a", uuid="u2", type_name="A16-4Q", type_sysfs_name=full),
+        Vgpu(kind="mdev", parent="a", uuid="u1", type_name="A16-4Q", type_sysfs_name=full),
         Vgpu(kind="vf", parent="0000:41:00.4", type_name="A16-2Q"),
         Vgpu(kind="mdev", parent="a", uuid="u3", type_name="bad name-"),
         Vgpu(kind="mdev", parent="a", uuid="u4"),

@@ -287,7 +287,7 @@ def test_illegal_resource_name_is_reported_not_registered(
     # A node built in memory: no sysfs to check device health against.
     plugins = manager(plugin_dir, present=lambda d: True)
     odd = Vgpu(kind="mdev", parent="0000:01:00.0", uuid=U1, type_name="4Q (beta)", iommu_group=7)
-    good = Vgpu(kind="mdev", parent="0000:01:00.0", uuid=U2, sysfs_type_name="NVIDIA A2-4Q")
+    good = Vgpu(kind="mdev", parent="0000:01:00.0", uuid=U2, type_sysfs_name="NVIDIA A2-4Q")
     gpu = Gpu(
         index=0, address="0000:01:00.0", vendor_id=0x10DE, device_id=0x25B6, numa_node=-1,
         layout=Layout.MDEV, vgpus=(odd, good),

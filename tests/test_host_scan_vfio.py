@@ -16,7 +16,7 @@ def test_mdev_carries_its_own_iommu_group_and_driver_type_name() -> None:
     with SimHost(SIM / "t4-pair.yaml") as host:
         snapshot = host.scan()
         mdevs = [v for g in snapshot.gpus for v in g.vgpus]
-        assert {v.sysfs_type_name for v in mdevs} == {"GRID T4-4Q"}
+        assert {v.type_sysfs_name for v in mdevs} == {"GRID T4-4Q"}
         assert {v.type_name for v in mdevs} == {"T4-4Q"}
         for v in mdevs:
             assert v.uuid is not None and v.iommu_group is not None
@@ -37,7 +37,7 @@ def test_vendor_vfio_vgpu_has_its_vf_group_and_cdev() -> None:
             assert vf is not None
             assert v.iommu_group == vf.iommu_group is not None
             assert v.vfio_cdev == f"vfio{vf.iommu_group}"
-            assert v.sysfs_type_name == f"NVIDIA {v.type_name}"
+            assert v.type_sysfs_name == f"NVIDIA {v.type_name}"
 
 
 def test_a_vf_without_cdev_directory_has_no_cdev(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ class Inventory:
 
 def vgpu_resource(v: Vgpu, domain: str = DEFAULT_DOMAIN) -> str:
     """The resource a vGPU is advertised under; :class:`ResourceNameError` if it has none."""
-    name = v.sysfs_type_name or v.type_name
+    name = v.type_sysfs_name or v.type_name
     if not name:
         raise ResourceNameError(f"vGPU {v.key} has no type name, so no resource name")
     return resource_name(name, domain)
