@@ -1,7 +1,8 @@
 """``vgpu-state deviceplugin``: serve the kubelet device plugin alone, in the foreground.
 
-For trying the plugin and for nodes where another tool applies layouts. The node
-agent runs the same plugin in-process and refreshes it after every apply.
+For trying the plugin and for nodes where another tool applies layouts. In a
+process that applies layouts, the same ``DevicePluginManager`` is the
+``DevicePluginSink`` that is refreshed with a fresh scan after every apply.
 """
 
 from __future__ import annotations
