@@ -88,6 +88,10 @@ def test_registers_and_streams_the_full_list_with_numa(
     assert reg.options.get_preferred_allocation_available
     seen = kubelet.wait_for(T4_4Q, lambda d: len(d) == 2)
     assert seen == (SeenDevice(U1, "Healthy", (0,)), SeenDevice(U2, "Healthy", (0,)))
+    # The kubelet has the registration before the plugin has the kubelet's answer.
+    deadline = time.monotonic() + 5
+    while not plugins.status()[T4_4Q].registered and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert [s.registered for s in plugins.status().values()] == [True]
 
 
