@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vgpu_state.model.errors import DeviceBusyError, TypeNotCreatableError
-from vgpu_state.model.snapshot import Layout
+from vgpu_state.model.snapshot import Gpu, Layout
 from vgpu_state.ports import HostPort
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import load_spec, parse_spec
@@ -133,4 +133,24 @@ def test_state_persists_through_the_spec(tmp_path: Path, sim_spec_paths: list[Pa
     with SimHost(path) as again:
         after = again.scan()
     assert after.fingerprint() == before.fingerprint()
-    assert after.gpus == before.gpus
+    # The kernel numbers an mdev's IOMMU group when the mdev is created, so a
+    # reloaded node (like a rebooted one) may number them anew; all else persists.
+    assert _without_mdev_groups(after.gpus) == _without_mdev_groups(before.gpus)
+    assert {v.uuid for g in after.gpus for v in g.vgpus if v.kind == "mdev"} == {
+        v.uuid for g in before.gpus for v in g.vgpus if v.kind == "mdev"
+    }
+    assert all(v.iommu_group is not None for g in after.gpus for v in g.vgpus)
+
+
+def _without_mdev_groups(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
+    return tuple(
+        g.model_copy(
+            update={
+                "vgpus": tuple(
+                    v.model_copy(update={"iommu_group": None}) if v.kind == "mdev" else v
+                    for v in g.vgpus
+                )
+            }
+        )
+        for g in gpus
+    )

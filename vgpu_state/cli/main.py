@@ -30,6 +30,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "export": ("vgpu_state.cli.plan", "export_cmd", "Print a config that reproduces the node."),
     "history": ("vgpu_state.cli.plan", "history_cmd", "Show the journal of past applies."),
     "agent": ("vgpu_state.cli.agent", "agent", "Run the per-node agent: watch, reconcile, report."),
+    "deviceplugin": (
+        "vgpu_state.cli.deviceplugin",
+        "deviceplugin",
+        "Serve the kubelet device plugin for the node's vGPUs (foreground).",
+    ),
 }
 
 

@@ -170,7 +170,7 @@ class _Scanner:
         vgpus: list[Vgpu] = list(pf_mdevs)
         vf_has_mdev = False
         vf_has_vfio = False
-        vfio_current: list[tuple[str, int]] = []
+        vfio_current: list[tuple[str, int, int | None, str | None]] = []
         known_names: dict[int, str] = {}
         full_names: dict[int, str] = {}
         for t in pf_types or ():
@@ -203,7 +203,8 @@ class _Scanner:
                             offered[t.type_id] = OfferedType(type_id=t.type_id, name=t.name)
                     if cur != 0:
                         current = cur
-                        vfio_current.append((vf_address, cur))
+                        cdev = self._vfio_cdev(vf_path)
+                        vfio_current.append((vf_address, cur, vf_group, cdev))
             vfs.append(
                 VirtualFunction(
                     index=vf_index,
@@ -215,7 +216,7 @@ class _Scanner:
                     current_type_id=current,
                 )
             )
-        for vf_address, type_id in vfio_current:
+        for vf_address, type_id, vf_group, cdev in vfio_current:
             short = known_names.get(type_id) or self._catalog_name(type_id)
             full = full_names.get(type_id)
             if full is None and short is not None and model is not None:
@@ -229,6 +230,8 @@ class _Scanner:
                     type_id=type_id,
                     type_name=short,
                     type_sysfs_name=full,
+                    iommu_group=vf_group,
+                    vfio_cdev=cdev,
                 )
             )
 
@@ -350,17 +353,34 @@ class _Scanner:
         found.sort(key=lambda t: t.type_id)
         return tuple(found)
 
+    def _vfio_cdev(self, device_path: str) -> str | None:
+        """``vfio<N>`` under ``vfio-dev/``: the VFIO cdev (iommufd) if the kernel has one."""
+        entries = self.read.listdir(os.path.join(device_path, "vfio-dev"), note=False)
+        found = sorted(e for e in entries or () if e.startswith("vfio") and e[4:].isdigit())
+        return found[0] if found else None
+
     def _mdevs(self, parent_path: str, parent: str) -> list[Vgpu]:
         found: list[Vgpu] = []
         for entry in self.read.listdir(parent_path) or []:
             if _UUID.match(entry) is None:
                 continue
-            type_link = os.path.join(parent_path, entry, "mdev_type")
+            mdev_path = os.path.join(parent_path, entry)
+            group = self.read.link_int(os.path.join(mdev_path, "iommu_group"))
+            cdev = self._vfio_cdev(mdev_path)
+            type_link = os.path.join(mdev_path, "mdev_type")
             try:
                 target = self.read.fs.readlink(type_link)
             except OSError:
                 self.read.problems.append(f"{type_link} missing: mdev {entry} has no type")
-                found.append(Vgpu(kind="mdev", parent=parent, uuid=entry.lower()))
+                found.append(
+                    Vgpu(
+                        kind="mdev",
+                        parent=parent,
+                        uuid=entry.lower(),
+                        iommu_group=group,
+                        vfio_cdev=cdev,
+                    )
+                )
                 continue
             m = _TYPE_DIR.match(os.path.basename(target.rstrip("/")))
             type_id = int(m.group(1)) if m else None
@@ -380,6 +400,8 @@ class _Scanner:
                     type_id=type_id,
                     type_name=name,
                     type_sysfs_name=full,
+                    iommu_group=group,
+                    vfio_cdev=cdev,
                 )
             )
         return found

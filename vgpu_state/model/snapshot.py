@@ -48,7 +48,12 @@ class OfferedType(Frozen):
 
 
 class Vgpu(Frozen):
-    """One existing vGPU: an mdev (by UUID) or a VF with a vGPU type assigned."""
+    """One existing vGPU: an mdev (by UUID) or a VF with a vGPU type assigned.
+
+    ``type_name`` is the short name (``T4-4Q``). ``iommu_group`` and
+    ``vfio_cdev`` (``vfio<N>``, present when the kernel offers VFIO device files
+    for iommufd) say which ``/dev/vfio`` nodes a VM using the vGPU needs.
+    """
 
     kind: Literal["mdev", "vf"]
     parent: str
@@ -58,6 +63,8 @@ class Vgpu(Frozen):
     type_sysfs_name: str | None = None
     """The type's name exactly as the driver shows it (``NVIDIA A2-4Q``, ``GRID T4-1Q``);
     Kubernetes resource names and the KubeVirt CR's ``mdevNameSelector`` are made from it."""
+    iommu_group: int | None = None
+    vfio_cdev: str | None = None
 
     @property
     def key(self) -> str:

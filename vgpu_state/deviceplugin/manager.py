@@ -1,0 +1,313 @@
+"""Run one device plugin server per vGPU resource and keep the kubelet's view current.
+
+:meth:`DevicePluginManager.refresh` takes a fresh :class:`NodeSnapshot` (after
+every apply) and, per resource, starts a server and registers it, pushes the
+new full list to the open stream, or sends an empty list and stops the server.
+A supervisor thread re-registers when the plugin's socket is deleted, when
+``kubelet.sock`` is recreated (a kubelet restart) and when the kubelet ends the
+``ListAndWatch`` stream; it retries a failed registration with backoff, and
+marks a device Unhealthy when it disappears from sysfs between refreshes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+
+from vgpu_state.deviceplugin.health import present_in_sysfs
+from vgpu_state.deviceplugin.inventory import Device, ResourceInventory, inventory
+from vgpu_state.deviceplugin.server import FileIdentity, ResourceServer, file_identity
+from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
+from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from vgpu_state.model.resources import DEFAULT_DOMAIN
+from vgpu_state.model.snapshot import NodeSnapshot
+
+log = logging.getLogger("vgpu_state.deviceplugin")
+
+API_VERSION = "v1beta1"
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_SOCKET = "kubelet.sock"
+SOCKET_PREFIX = "vgpu-state-"
+BACKOFF = (1.0, 2.0, 5.0, 10.0)
+"""Seconds between registration attempts (the last repeats); a new kubelet.sock retries at once."""
+QUICK_RETRY = 0.2
+QUICK_RETRIES = 3
+"""A new kubelet.sock gets retries after 0.2, 0.4 and 0.8 s before the backoff applies."""
+STREAM_END_GRACE = 0.5
+"""Seconds to wait after the kubelet ends a stream before re-registering (it may reconnect)."""
+_SUN_PATH_MAX = 107
+
+
+def socket_name(resource: str, plugin_dir: str) -> str:
+    """``vgpu-state-<resource, / as _>.sock``; a hash of the resource if the path is too long."""
+    name = f"{SOCKET_PREFIX}{resource.replace('/', '_')}.sock"
+    if len(os.fsencode(os.path.join(plugin_dir, name))) > _SUN_PATH_MAX:
+        name = f"{SOCKET_PREFIX}{hashlib.sha256(resource.encode()).hexdigest()[:16]}.sock"
+    return name
+
+
+@dataclass(frozen=True)
+class ResourceStatus:
+    resource: str
+    socket: str
+    registered: bool
+    devices: tuple[str, ...]
+    unhealthy: tuple[str, ...]
+    registrations: int
+
+
+class _Plugin:
+    """A resource server plus its registration state (guarded by ``lock``)."""
+
+    def __init__(self, server: ResourceServer) -> None:
+        self.server = server
+        self.lock = threading.Lock()
+        self.registered_to: FileIdentity | None = None
+        self.failures = 0
+        self.next_attempt = 0.0
+        self.failed_for: FileIdentity | None = None
+        self.quick_retries = 0
+        self.stream_ended_at: float | None = None
+        self.streams_at_end = 0
+        self.registrations = 0
+        self.closed = False
+
+
+class DevicePluginManager:
+    """The device plugins of one node. Public API: :meth:`refresh`, :meth:`stop`.
+
+    ``plugin_dir``: the kubelet's device-plugins directory (it holds
+    ``kubelet.sock`` and our sockets). ``iommufd``: whether ``/dev/iommu``
+    exists (detected when ``None``). ``present``: the health probe (default:
+    sysfs). ``backoff``: seconds between failed registrations.
+    """
+
+    def __init__(
+        self,
+        plugin_dir: str = DEFAULT_PLUGIN_DIR,
+        *,
+        domain: str = DEFAULT_DOMAIN,
+        iommufd: bool | None = None,
+        present: Callable[[Device], bool] = present_in_sysfs,
+        backoff: Sequence[float] = BACKOFF,
+        poll_interval: float = 0.1,
+        health_interval: float = 2.0,
+        register_timeout: float = 5.0,
+    ) -> None:
+        self.plugin_dir = os.path.abspath(plugin_dir)
+        self.kubelet_socket = os.path.join(self.plugin_dir, KUBELET_SOCKET)
+        self.domain = domain
+        self.iommufd = os.path.exists("/dev/iommu") if iommufd is None else iommufd
+        self.present = present
+        self.backoff = tuple(backoff) or BACKOFF
+        self.poll_interval = poll_interval
+        self.health_interval = health_interval
+        self.register_timeout = register_timeout
+        self.problems: tuple[str, ...] = ()
+        self._lock = threading.RLock()
+        self._plugins: dict[str, _Plugin] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # public API ----------------------------------------------------------------
+    def refresh(self, snapshot: NodeSnapshot) -> None:
+        """Advertise exactly the vGPUs of ``snapshot`` (a fresh scan, e.g. after an apply)."""
+        inv = inventory(snapshot, self.domain)
+        for problem in inv.problems:
+            if problem not in self.problems:
+                log.warning("%s", problem)
+        with self._lock:
+            if self._stopping.is_set():
+                raise RuntimeError("the device plugin manager is stopped")
+            self.problems = inv.problems
+            gone = [name for name in self._plugins if name not in inv.resources]
+            for name in gone:
+                self._close(self._plugins.pop(name), "no vGPU of this type is left")
+            for name, res in inv.resources.items():
+                plugin = self._plugins.get(name)
+                if plugin is None:
+                    self._plugins[name] = self._open(res)
+                elif plugin.server.update(res):
+                    log.info("%s: advertising %d device(s)", name, len(res.devices))
+            self._ensure_thread()
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Send every resource an empty list, stop the servers and the supervisor."""
+        with self._lock:
+            self._stopping.set()
+            plugins = list(self._plugins.values())
+            self._plugins.clear()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        for plugin in plugins:
+            self._close(plugin, "shutting down")
+
+    def status(self) -> dict[str, ResourceStatus]:
+        with self._lock:
+            plugins = dict(self._plugins)
+        return {
+            name: ResourceStatus(
+                resource=name,
+                socket=p.server.socket_path,
+                registered=p.registered_to is not None,
+                devices=tuple(d.id for d in p.server.inventory.devices),
+                unhealthy=tuple(sorted(p.server.unhealthy)),
+                registrations=p.registrations,
+            )
+            for name, p in sorted(plugins.items())
+        }
+
+    # servers -------------------------------------------------------------------
+    def _open(self, res: ResourceInventory) -> _Plugin:
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        path = os.path.join(self.plugin_dir, socket_name(res.resource, self.plugin_dir))
+        server = ResourceServer(res, path, iommufd=self.iommufd, on_stream_end=self._stream_ended)
+        server.start()
+        log.info("%s: serving %d device(s) on %s", res.resource, len(res.devices), path)
+        return _Plugin(server)
+
+    def _close(self, plugin: _Plugin, why: str) -> None:
+        with plugin.lock:
+            plugin.closed = True
+            plugin.server.stop(send_empty=True)
+        log.info("%s: sent an empty list and stopped (%s)", plugin.server.resource, why)
+
+    def _stream_ended(self, server: ResourceServer) -> None:
+        with self._lock:
+            plugin = self._plugins.get(server.resource)
+        if plugin is None or plugin.server is not server:
+            return
+        plugin.stream_ended_at = time.monotonic()
+        plugin.streams_at_end = server.streams_opened
+        self._wake.set()
+
+    # supervisor ----------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._supervise, name="vgpu-deviceplugin", daemon=True
+            )
+            self._thread.start()
+
+    def _supervise(self) -> None:
+        next_health = time.monotonic() + self.health_interval
+        while not self._stopping.is_set():
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            with self._lock:
+                plugins = list(self._plugins.values())
+            kubelet = file_identity(self.kubelet_socket)
+            for plugin in plugins:
+                try:
+                    self._check(plugin, kubelet)
+                except Exception:  # keep supervising the other resources
+                    log.exception("%s: supervision failed", plugin.server.resource)
+            if time.monotonic() >= next_health:
+                next_health = time.monotonic() + self.health_interval
+                for plugin in plugins:
+                    self._check_health(plugin)
+
+    def _check(self, plugin: _Plugin, kubelet: FileIdentity | None) -> None:
+        with plugin.lock:
+            if plugin.closed:
+                return
+            server = plugin.server
+            now = time.monotonic()
+            if file_identity(server.socket_path) != server.identity:
+                log.info(
+                    "%s: socket %s was removed; serving anew", server.resource, server.socket_path
+                )
+                server.stop(send_empty=False)
+                server.start()
+                self._unregistered(plugin, now)
+            if plugin.registered_to is not None and kubelet != plugin.registered_to:
+                log.info("%s: kubelet.sock was recreated (kubelet restart)", server.resource)
+                self._unregistered(plugin, now)
+            if (
+                plugin.stream_ended_at is not None
+                and now - plugin.stream_ended_at >= STREAM_END_GRACE
+            ):
+                if server.streams_opened == plugin.streams_at_end:
+                    self._unregistered(plugin, now)
+                plugin.stream_ended_at = None
+            if (
+                plugin.registered_to is None
+                and kubelet is not None
+                and (now >= plugin.next_attempt or kubelet != plugin.failed_for)
+            ):
+                self._register(plugin, kubelet)
+
+    def _unregistered(self, plugin: _Plugin, now: float) -> None:
+        plugin.registered_to = None
+        plugin.failures = 0
+        plugin.failed_for = None
+        plugin.next_attempt = now
+
+    def _register(self, plugin: _Plugin, kubelet: FileIdentity) -> None:
+        server = plugin.server
+        request = pb.RegisterRequest(
+            version=API_VERSION,
+            endpoint=os.path.basename(server.socket_path),
+            resource_name=server.resource,
+            options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+        )
+        try:
+            with grpc.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
+                pb_grpc.RegistrationStub(channel).Register(request, timeout=self.register_timeout)
+        except grpc.RpcError as e:
+            if kubelet != plugin.failed_for:
+                plugin.quick_retries = 0
+            if plugin.quick_retries < QUICK_RETRIES:
+                # A kubelet.sock that just appeared may not accept connections yet.
+                delay = QUICK_RETRY * 2**plugin.quick_retries
+                plugin.quick_retries += 1
+            else:
+                delay = self.backoff[min(plugin.failures, len(self.backoff) - 1)]
+                plugin.failures += 1
+            plugin.failed_for = kubelet
+            plugin.next_attempt = time.monotonic() + delay
+            log.warning(
+                "%s: registration with the kubelet failed (%s: %s); retrying in %.1f s",
+                server.resource,
+                e.code().name if hasattr(e, "code") else "error",
+                e.details() if hasattr(e, "details") else e,
+                delay,
+            )
+            return
+        plugin.registered_to = kubelet
+        plugin.failures = 0
+        plugin.registrations += 1
+        log.info("%s: registered with the kubelet as %s", server.resource, request.endpoint)
+
+    def _check_health(self, plugin: _Plugin) -> None:
+        with plugin.lock:
+            if plugin.closed:
+                return
+            server = plugin.server
+            gone = frozenset(d.id for d in server.inventory.devices if not self.present(d))
+            before = server.unhealthy
+            if server.set_unhealthy(gone):
+                for d in sorted(gone - before):
+                    log.warning("%s: %s vanished from sysfs; marked Unhealthy", server.resource, d)
+                for d in sorted(before - gone):
+                    log.info("%s: %s is back; marked Healthy", server.resource, d)
+
+
+if TYPE_CHECKING:
+    from vgpu_state.ports.deviceplugin import DevicePluginSink
+
+    # The reconcile service feeds the manager through this port.
+    _conforms: DevicePluginSink = DevicePluginManager()
