@@ -45,7 +45,7 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import jsonpointer
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 from kmock import KubernetesEmulator, KubernetesError, ResourceInfo, Server, resource
 
 REFERENCE = Path("/work/shared/reference/kubevirt-cr.openapi.json")
@@ -423,16 +423,21 @@ class RunningApiServer:
 
     def write_kubeconfig(self, path: Path, server: str | None = None) -> Path:
         """A kubeconfig for this server (or for ``server``, e.g. a closed port)."""
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "test", "cluster": {"server": server or self.url}}],
-            "users": [{"name": "test", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-            "current-context": "test",
-        }
-        path.write_text(json.dumps(config))
-        return path
+        return write_kubeconfig(path, server or self.url)
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig file for the API server at ``server``."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server}}],
+        "users": [{"name": "test", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        "current-context": "test",
+    }
+    path.write_text(json.dumps(config))
+    return path
 
 
 def closed_port_url() -> str:
@@ -452,3 +457,23 @@ def running_apiserver() -> Iterator[RunningApiServer]:
         yield api
     finally:
         api.stop()
+
+
+def main() -> None:
+    """``python -m tests.apiserver``: serve until standard input closes; print the URL first.
+
+    Benchmarks run the server in its own process so that the client threads
+    under test do not compete with it for the interpreter.
+    """
+    import sys
+
+    api = RunningApiServer().start()
+    print(api.url, flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        api.stop()
+
+
+if __name__ == "__main__":
+    main()

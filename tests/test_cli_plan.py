@@ -62,9 +62,16 @@ def test_json_output_follows_the_schema(node: Path) -> None:
     assert code == 0
     doc = json.loads(out)
     jsonschema.validate(doc, json.loads((REPO / "schemas" / "plan.schema.json").read_text()))
-    assert doc["format_version"] == "1.2"
+    assert doc["format_version"] == "1.3"
     assert doc["selection"] == {"config": "mixed", "source": "label"}
-    assert doc["summary"] == {"blocked": 0, "create": 8, "destroy": 1, "kept": 3, "sriov": 0}
+    assert doc["summary"] == {
+        "blocked": 0,
+        "cluster": 0,
+        "create": 8,
+        "destroy": 1,
+        "kept": 3,
+        "sriov": 0,
+    }
     assert doc["snapshot_fingerprint"].startswith("sha256:")
 
 

@@ -101,6 +101,11 @@ class SessionArgs:
     sim_spec: str | None
     in_use: tuple[str, ...]
     in_use_file: str | None
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    kubevirt: str | None = None
+    pod_resources: str | None = None
+    proc_root: str | None = None
 
 
 SESSION_FIELDS = tuple(SessionArgs.__dataclass_fields__)
@@ -170,6 +175,34 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 "--in-use-file",
                 type=click.Path(dir_okay=False, allow_dash=True),
                 help="In-use vGPUs: a JSON object {key: holder} or lines 'KEY HOLDER'.",
+            ),
+            click.option(
+                "--kubeconfig",
+                type=click.Path(dir_okay=False),
+                help="Work on the Node --node of this cluster: its labels, held vGPUs, "
+                "KubeVirt CR and status (see docs/cluster.md).",
+            ),
+            click.option(
+                "--in-cluster",
+                is_flag=True,
+                help="Like --kubeconfig, with the pod's service account.",
+            ),
+            click.option(
+                "--kubevirt",
+                metavar="NAMESPACE/NAME",
+                help="The KubeVirt CR (default: the only one in the cluster).",
+            ),
+            click.option(
+                "--pod-resources",
+                type=click.Path(dir_okay=False),
+                help="The kubelet's pod-resources socket (default "
+                "/var/lib/kubelet/pod-resources/kubelet.sock; with --sim: none).",
+            ),
+            click.option(
+                "--proc-root",
+                type=click.Path(file_okay=False),
+                help="Find processes holding vGPUs under this /proc (default /proc; "
+                "with --sim: the simulated one).",
             ),
         ]
     ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -68,14 +69,28 @@ def _reconcile(
         parse_labels(args.labels),
         parse_in_use(args.in_use, args.in_use_file),
     )
-    kwargs.setdefault("reporter", _Warnings())
-    return reconcile_once(
+    reporter = kwargs.pop("reporter", None) or _Warnings()
+    cluster = None
+    if args.kubeconfig or args.in_cluster:
+        from vgpu_state.cli.kube import kube_ports
+
+        node_ports, cluster = kube_ports(node_ports, target, args, mode, reporter.warning)
+        reporter = cluster.reporter(reporter)
+        if kwargs.get("gate") is not None:
+            kwargs["gate"] = cluster.gate(kwargs["gate"], bool(kwargs.get("skip_blocked")))
+    report = reconcile_once(
         node_ports,
         settings(args.label_key, args.sim_spec, journal_file, **kwargs.pop("settings", {})),
         mode=mode,
         config_name=args.config_name,
+        reporter=reporter,
         **kwargs,
     )
+    if cluster is None:
+        return report
+    for action in cluster.applied:
+        click.echo(f"  {action.op} {action.address}   resource: {action.resource}")
+    return dataclasses.replace(report, plan=cluster.decorate(report.plan))
 
 
 def _warn_unfinished(journal: Journal) -> None:

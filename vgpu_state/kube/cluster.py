@@ -27,7 +27,9 @@ from vgpu_state.kube.nodestate import (
     VGPUNodeStateStatus,
 )
 from vgpu_state.kube.podresources.client import DEFAULT_SOCKET, list_holders
+from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.inuse import InUse
+from vgpu_state.model.plan import ActionKind, Blocked, ClusterAction
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConditionType, ConfigState, EventType, NodeEvent, NodeStatus
 
@@ -38,6 +40,21 @@ Clock = Callable[[], datetime.datetime]
 
 def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(tz=datetime.UTC)
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """The cluster's part of a plan: actions after the host's, and what blocks vGPU changes."""
+
+    actions: tuple[ClusterAction, ...] = ()
+    blocked: tuple[Blocked, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+_BLOCKED_CODES = {
+    "KubeVirtMdevManagementActive": BlockedReason.KUBEVIRT_MDEV_MANAGEMENT,
+    "KubeVirtManagedByHCO": BlockedReason.KUBEVIRT_MANAGED_BY_HCO,
+}
 
 
 @dataclass(frozen=True)
@@ -96,10 +113,11 @@ class KubeCluster:
         kubeconfig: str | None = None,
         *,
         context: str | None = None,
+        in_cluster: bool | None = None,
         **options: object,
     ) -> KubeCluster:
         """Load credentials (``kubeconfig``, else in-cluster or the default file)."""
-        api = KubeApi.connect(kubeconfig, context)
+        api = KubeApi.connect(kubeconfig, context, in_cluster=in_cluster)
         return cls(api, node, **options)  # type: ignore[arg-type]
 
     # ClusterPort ------------------------------------------------------------------
@@ -126,10 +144,10 @@ class KubeCluster:
         last :meth:`observe`d scan."""
         self.set_state(status.state)
         conditions: list[tuple[ConditionKind, bool | None, str, str]] = []
-        for kind in (ConditionType.SYNCED, ConditionType.READY, ConditionType.BLOCKED):
+        for kind in ConditionType:
             c = status.condition(kind)
             if c is not None:
-                conditions.append((kind.value, c.status, c.reason, c.message))  # type: ignore[arg-type]
+                conditions.append((kind.value, c.status, c.reason, c.message))
         selected = self._selected
         if selected is None or selected.name != status.config:
             selected = SelectedConfig(
@@ -165,6 +183,15 @@ class KubeCluster:
             self._last_apply = last_apply
         if blocked is not None:
             self._blocked = blocked
+
+    def observe_apply(self, last_apply: LastApply) -> None:
+        """The last apply (plan id, start, end, result) for the next status."""
+        self._last_apply = last_apply
+
+    @property
+    def last_snapshot(self) -> NodeSnapshot | None:
+        """The scan the next status describes."""
+        return self._snapshot
 
     # the Node ---------------------------------------------------------------------
     def node_uid(self) -> str | None:
@@ -266,6 +293,41 @@ class KubeCluster:
             kubevirt.blockers(cr, labels if labels is not None else self.labels(), snapshot),
             desired.problems,
         )
+
+    def cluster_plan(
+        self, expected: NodeSnapshot, labels: Mapping[str, str] | None = None
+    ) -> ClusterPlan:
+        """What the cluster needs once the host looks like ``expected`` (reads only).
+
+        The KubeVirt CR entries to add or update for the node's vGPU types, and
+        the CR's settings that make vGPU changes unsafe, as blocked items.
+        """
+        view = self.kubevirt_view(expected, labels)
+        blocked = tuple(
+            Blocked(
+                address=f"kubevirt[{view.ref}]",
+                gpu="",
+                kind=ActionKind.CREATE,
+                code=_BLOCKED_CODES.get(b.reason, BlockedReason.OTHER),
+                reason=b.message,
+            )
+            for b in view.blockers
+        )
+        actions = tuple(c.action(view.ref) for c in view.plan.changes)
+        problems = (
+            *view.problems,
+            *(
+                f"{r}: already permitted by an entry vgpu-state does not own; left as it is"
+                for r in view.plan.foreign
+            ),
+        )
+        return ClusterPlan(actions, blocked, problems)
+
+    def apply_cluster(self, final: NodeSnapshot) -> tuple[ClusterAction, ...]:
+        """After the host's actions: the KubeVirt CR for ``final`` (a fresh scan)."""
+        self._snapshot = final
+        result = self.sync_kubevirt(final)
+        return tuple(c.action(result.ref) for c in result.changes)
 
     def holds_cluster_duties(self) -> bool:
         state = lease.try_acquire(

@@ -41,8 +41,9 @@ from typing import Any, Literal
 
 from vgpu_state.kube.api import ConflictError, InvalidError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import ClusterConflictError, ClusterError, NotFoundError
+from vgpu_state.model.plan import ClusterAction
 from vgpu_state.model.resources import DEFAULT_DOMAIN, ResourceNameError, resource_name
-from vgpu_state.model.snapshot import Layout, NodeSnapshot
+from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,15 @@ class EntryChange:
         sign = {"add": "+", "update": "~", "remove": "-"}[self.op]
         return f"{sign} kubevirt[{ref}].{self.entry.label}"
 
+    def action(self, ref: KubeVirtRef) -> ClusterAction:
+        """The change as a plan's cluster action."""
+        return ClusterAction(
+            op=self.op,
+            address=f"kubevirt[{ref}].{self.entry.label}",
+            resource=self.entry.resource,
+            entry=self.entry.to_json(),
+        )
+
 
 @dataclass(frozen=True)
 class Blocker:
@@ -156,14 +166,29 @@ class SyncResult:
 
 # desired entries --------------------------------------------------------------------
 def desired_entries(snapshot: NodeSnapshot, domain: str = DEFAULT_DOMAIN) -> Desired:
-    """One entry per vGPU type live on the node (sorted, no duplicates)."""
+    """One entry per vGPU type live on the node (sorted, no duplicates).
+
+    A vGPU of an expected snapshot (one a plan will create) carries no sysfs
+    name yet; the driver's name for its type id is taken from the snapshot's
+    creatable types, else made from the product prefix the driver gives the
+    GPU's other types. When neither is known (a GPU whose VFs do not exist
+    yet), the entry is left out with a problem saying so.
+    """
     found: dict[tuple[ListName, str], PermittedEntry] = {}
     problems: list[str] = []
+    known = _sysfs_names(snapshot)
     for gpu in snapshot.gpus:
+        prefix = _name_prefix(gpu)
         for v in gpu.vgpus:
-            name = v.type_sysfs_name or v.type_name
+            name = v.type_sysfs_name or (known.get(v.type_id) if v.type_id is not None else None)
+            if not name and prefix and v.type_name:
+                name = f"{prefix} {v.type_name}"
             if not name:
-                problems.append(f"vGPU {v.key} on {gpu.address} has no type name; not permitted")
+                what = v.type_name or f"type id {v.type_id}"
+                problems.append(
+                    f"vGPU {v.key or '(new)'} on {gpu.address} ({what}): the driver's name of "
+                    "its type is not known yet, so its KubeVirt CR entry is not shown"
+                )
                 continue
             try:
                 resource = resource_name(name, domain)
@@ -181,6 +206,35 @@ def desired_entries(snapshot: NodeSnapshot, domain: str = DEFAULT_DOMAIN) -> Des
                 )
             found.setdefault((entry.list, entry.resource), entry)
     return Desired(tuple(sorted(found.values())), tuple(problems))
+
+
+def _name_prefix(gpu: Gpu) -> str | None:
+    """The product prefix the driver puts before a type on this GPU (``NVIDIA``, ``GRID``).
+
+    Read off any type whose full and short names the GPU shows; the driver names
+    every type of a GPU the same way.
+    """
+    named: list[tuple[str | None, str | None]] = [
+        (t.sysfs_name, t.name) for vf in gpu.vfs for t in vf.creatable
+    ]
+    named += [(t.sysfs_name, t.name) for t in gpu.pf_creatable]
+    named += [(v.type_sysfs_name, v.type_name) for v in gpu.vgpus]
+    for full, short in named:
+        if full and short and full.endswith(short) and full != short:
+            return full[: -len(short)].strip() or None
+    return None
+
+
+def _sysfs_names(snapshot: NodeSnapshot) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for gpu in snapshot.gpus:
+        for t in (*gpu.pf_creatable, *(t for vf in gpu.vfs for t in vf.creatable)):
+            if t.sysfs_name:
+                names.setdefault(t.type_id, t.sysfs_name)
+        for v in gpu.vgpus:
+            if v.type_sysfs_name and v.type_id is not None:
+                names.setdefault(v.type_id, v.type_sysfs_name)
+    return names
 
 
 # reading the CR -------------------------------------------------------------------

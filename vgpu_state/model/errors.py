@@ -88,6 +88,10 @@ class BlockedReason(StrEnum):
     """The creates need virtual functions and the policy does not enable SR-IOV."""
     TYPE_UNAVAILABLE = "TypeUnavailable"
     """The host's driver does not offer the type here."""
+    KUBEVIRT_MDEV_MANAGEMENT = "KubeVirtMdevManagementActive"
+    """KubeVirt would create and remove mdevs itself; its CR must hand them over first."""
+    KUBEVIRT_MANAGED_BY_HCO = "KubeVirtManagedByHCO"
+    """The KubeVirt CR is reconciled by the HyperConverged operator; edit that CR instead."""
     OTHER = "Other"
 
 

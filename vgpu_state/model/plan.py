@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.policy import Policy, Publish
 from vgpu_state.model.snapshot import Layout
 
-PLAN_FORMAT_VERSION = "1.2"
+PLAN_FORMAT_VERSION = "1.3"
 
 
 class ActionKind(StrEnum):
@@ -51,6 +53,22 @@ class Blocked(Frozen):
     reason: str
 
 
+class ClusterAction(Frozen):
+    """A change to a cluster object that follows the host's actions.
+
+    Today: an entry of the KubeVirt CR's ``permittedHostDevices``, so VMs may
+    request the vGPU types the node has after the apply.
+    """
+
+    op: Literal["add", "update", "remove"]
+    address: str
+    """``kubevirt[<namespace>/<name>].mediatedDevices[NVIDIA A2-4Q]`` (or ``pciHostDevices``)."""
+    resource: str
+    """The extended resource the entry permits."""
+    entry: dict[str, Any] = Field(default_factory=dict)
+    """The entry as it is written."""
+
+
 class GpuPlan(Frozen):
     """Per-GPU header of a plan: what it is and how many vGPUs stay unchanged."""
 
@@ -74,6 +92,8 @@ class Summary(Frozen):
     sriov: int = 0
     blocked: int = 0
     kept: int = 0
+    cluster: int = 0
+    """Cluster actions (KubeVirt CR entries to add, update or remove)."""
 
 
 class Selection(Frozen):
@@ -93,6 +113,8 @@ class Plan(Frozen):
     """In execution order: per GPU by address; within a GPU destroy, SR-IOV, create."""
     blocked: tuple[Blocked, ...]
     summary: Summary
+    cluster_actions: tuple[ClusterAction, ...] = ()
+    """After the host's actions: what changes in cluster objects (empty without a cluster)."""
 
     def gpu_actions(self, address: str) -> tuple[Action, ...]:
         return tuple(a for a in self.actions if a.gpu == address)
@@ -105,7 +127,23 @@ class Plan(Frozen):
         """True when there is a step to take. Blocked items are not changes: a node
         whose only differences are held vGPUs has nothing left to do (see
         :attr:`is_converged`)."""
-        return self.summary.create + self.summary.destroy + self.summary.sriov > 0
+        s = self.summary
+        return s.create + s.destroy + s.sriov + s.cluster > 0
+
+    def with_cluster(
+        self, actions: tuple[ClusterAction, ...], blocked: tuple[Blocked, ...] = ()
+    ) -> Plan:
+        """This plan with the cluster actions (and cluster-level blocked items) added."""
+        summary = self.summary.model_copy(
+            update={"cluster": len(actions), "blocked": self.summary.blocked + len(blocked)}
+        )
+        return self.model_copy(
+            update={
+                "cluster_actions": actions,
+                "blocked": (*self.blocked, *blocked),
+                "summary": summary,
+            }
+        )
 
     @property
     def is_converged(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vgpu_state.model.plan import Action, ActionKind, Blocked, GpuPlan, Plan
+from vgpu_state.model.plan import Action, ActionKind, Blocked, ClusterAction, GpuPlan, Plan
 from vgpu_state.model.policy import Publish
 
 SYMBOLS = {
@@ -14,6 +14,13 @@ SYMBOLS = {
     ActionKind.ENABLE_SRIOV: ("~", "enable SR-IOV (virtual functions)"),
 }
 BLOCKED_SYMBOL = ("!", "blocked: will not be done, see the reason")
+CLUSTER_SYMBOLS = {
+    "add": ("+", "add to a cluster object"),
+    "update": ("~", "update in a cluster object"),
+    "remove": ("-", "remove from a cluster object"),
+}
+CLUSTER = ""
+"""The ``gpu`` of blocked items that concern the cluster, not one GPU."""
 
 SOURCE_TEXT = {
     "label": "by node label",
@@ -97,6 +104,8 @@ def render_text(plan: Plan) -> str:
 
     kinds = {a.kind for a in plan.actions}
     legend = [f"  {s} {t}" for k, (s, t) in SYMBOLS.items() if k in kinds]
+    ops = {c.op for c in plan.cluster_actions}
+    legend += [f"  {s} {t}" for k, (s, t) in CLUSTER_SYMBOLS.items() if k in ops]
     if plan.blocked:
         legend.append(f"  {BLOCKED_SYMBOL[0]} {BLOCKED_SYMBOL[1]}")
     lines += ["", "Actions are indicated with the following symbols:", *legend, ""]
@@ -107,9 +116,21 @@ def render_text(plan: Plan) -> str:
         for a in plan.gpu_actions(g.address):
             lines.extend(_action_lines(a))
         lines.extend(_blocked_lines(plan.gpu_blocked(g.address)))
+    cluster_blocked = plan.gpu_blocked(CLUSTER)
+    if plan.cluster_actions or cluster_blocked:
+        lines.append("")
+        lines.append("  # cluster (after the host's actions)")
+        lines.extend(_cluster_lines(c) for c in plan.cluster_actions)
+        for b in cluster_blocked:
+            lines += [f"  ! {b.address} blocks vGPU changes on this node", f"      {b.reason}"]
     lines.append("")
     lines.append(summary_line(plan))
     return "\n".join(lines) + "\n"
+
+
+def _cluster_lines(c: ClusterAction) -> str:
+    verb = {"add": "will be added", "update": "will be updated", "remove": "will be removed"}
+    return f"  {CLUSTER_SYMBOLS[c.op][0]} {c.address} {verb[c.op]}   resource: {c.resource}"
 
 
 def _gpu_header(g: GpuPlan) -> str:
@@ -126,7 +147,11 @@ def summary_line(plan: Plan) -> str:
     if plan.is_converged:
         return f'No changes. The node matches configuration "{plan.selection.config}".'
     sriov = f", {s.sriov} SR-IOV to enable" if s.sriov else ""
-    return f"Plan: {s.create} to create, {s.destroy} to destroy{sriov}, {s.blocked} blocked."
+    cluster = f", {s.cluster} cluster change(s)" if s.cluster else ""
+    return (
+        f"Plan: {s.create} to create, {s.destroy} to destroy{sriov}{cluster}, "
+        f"{s.blocked} blocked."
+    )
 
 
 def plan_document(plan: Plan) -> dict[str, Any]:

@@ -1,0 +1,275 @@
+"""plan, apply and assert with --kubeconfig: a simulated node of a cluster.
+
+The cluster is the test API server (kmock's emulator, extended: real HTTP, the
+official client); the node is the simulator; the kubelet is a gRPC server on
+a unix socket when a test needs one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.apiserver import (
+    KUBEVIRT,
+    NODES,
+    NODESTATES,
+    RunningApiServer,
+    closed_port_url,
+    crd_validator,
+)
+from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
+from vgpu_state.cli.main import cli
+from vgpu_state.kube import crd
+from vgpu_state.kube.kubevirt import OWNERSHIP_ANNOTATION
+from vgpu_state.kube.node import STATE_LABEL
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "configs" / "examples" / "mixed-node.yaml"
+NODE = "gpu-node-1"
+FOREIGN = {"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}
+HELD_T4 = "9a3e5f10-4b6d-4e3c-9f20-3b4c5d6e7f80"
+
+
+@pytest.fixture
+def cluster(apiserver: RunningApiServer, tmp_path: Path) -> tuple[RunningApiServer, Path, Path]:
+    """The API server with the node (labelled for the ``mixed`` config) and a KubeVirt CR."""
+    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
+    apiserver.put(
+        NODES,
+        NODE,
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"labels": {"nvidia.com/vgpu.config": "mixed", "zone": "a"}},
+        },
+    )
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "spec": {
+                "configuration": {
+                    "permittedHostDevices": {"mediatedDevices": [FOREIGN]},
+                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]},
+                }
+            },
+        },
+        namespace="kubevirt",
+    )
+    spec = tmp_path / "node.yaml"
+    shutil.copy(REPO / "configs" / "sim" / "mixed.yaml", spec)
+    return apiserver, apiserver.write_kubeconfig(tmp_path / "kubeconfig"), spec
+
+
+def run(*args: str | Path) -> Result:
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _common(kubeconfig: Path, spec: Path) -> list[str | Path]:
+    return ["--node", NODE, "--kubeconfig", kubeconfig, "--sim", spec, "-f", CONFIG]
+
+
+def test_apply_creates_the_layout_and_updates_the_cluster(
+    cluster: tuple[RunningApiServer, Path, Path],
+) -> None:
+    api, kubeconfig, spec = cluster
+    result = run("apply", *_common(kubeconfig, spec), "--auto-approve")
+    assert result.exit_code == 0, result.output
+
+    node = api.get(NODES, NODE)
+    assert node is not None
+    assert node["metadata"]["labels"][STATE_LABEL] == "success"
+    assert node["metadata"]["labels"]["zone"] == "a"
+
+    cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    mdevs = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+    pcis = cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    assert mdevs[0] == FOREIGN  # untouched, still first
+    added = {e["resourceName"] for e in mdevs[1:]} | {e["resourceName"] for e in pcis}
+    # Exactly the types live on the node after the apply.
+    assert added == {
+        "nvidia.com/NVIDIA_A2-4C",
+        "nvidia.com/NVIDIA_A2-4Q",
+        "nvidia.com/GRID_T4-4Q",
+        "nvidia.com/NVIDIA_L40S-12Q",
+        "nvidia.com/NVIDIA_L40S-12C",
+    }
+    assert all(e["externalResourceProvider"] is True for e in [*mdevs[1:], *pcis])
+    assert sorted(json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION])) == sorted(added)
+
+    # The VGPUNodeState says what a scan of the node says.
+    scan = json.loads(run("scan", "--sim", spec, "-o", "json").output)
+    state = api.get(NODESTATES, NODE)
+    assert state is not None
+    status = state["status"]
+    assert status["state"] == "success"
+    assert status["selectedConfig"]["name"] == "mixed"
+    assert status["selectedConfig"]["source"] == "label"
+    assert [
+        (g["address"], sorted((v["id"], v["type"]) for v in g["vgpus"])) for g in status["gpus"]
+    ] == [
+        (
+            g["address"],
+            sorted((v["uuid"] or v["parent"], v["type_sysfs_name"]) for v in g["vgpus"]),
+        )
+        for g in scan["gpus"]
+    ]
+    assert status["vgpuCount"] == sum(len(g["vgpus"]) for g in scan["gpus"])
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Synced"] == "True"
+    assert status["lastApply"]["result"] == "success"
+    # The apply printed the cluster actions it made.
+    assert "add kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-4Q]" in result.output
+
+
+def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(
+    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+) -> None:
+    api, kubeconfig, spec = cluster
+    text = run("plan", *_common(kubeconfig, spec))
+    assert text.exit_code == 0, text.output
+    assert "+ kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-4Q] will be added" in text.output
+    assert "+ kubevirt[kubevirt/kubevirt].pciHostDevices[nvidia.com/NVIDIA_L40S-12C]" in text.output
+    assert "cluster change(s)" in text.output
+    as_json = json.loads(run("plan", *_common(kubeconfig, spec), "-o", "json").output)
+    assert as_json["format_version"] == "1.3"
+    addresses = [a["address"] for a in as_json["cluster_actions"]]
+    assert "kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A2-4Q]" in addresses
+    assert as_json["summary"]["cluster"] == len(addresses)
+
+    # Relabel the Node: the plan follows the live label.
+    other = tmp_path / "other.yaml"
+    other.write_text(
+        CONFIG.read_text() + '  t4-only:\n    - devices: all\n      device-filter: "0x1EB810DE"\n'
+        "      vgpu-devices:\n        T4-8C: 2\n"
+    )
+    node = api.get(NODES, NODE)
+    assert node is not None
+    node["metadata"]["labels"]["nvidia.com/vgpu.config"] = "t4-only"
+    api.put(NODES, NODE, node)
+    relabelled = run("plan", "--node", NODE, "--kubeconfig", kubeconfig, "--sim", spec, "-f", other)
+    assert relabelled.exit_code == 0, relabelled.output
+    assert 'configuration "t4-only"' in relabelled.output
+    assert "T4-4Q" not in relabelled.output
+    # Nothing was written by planning.
+    assert STATE_LABEL not in (api.get(NODES, NODE) or {})["metadata"]["labels"]
+
+
+def test_an_unreachable_api_server_writes_nothing_to_the_host(
+    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+) -> None:
+    _, _, spec = cluster
+    before = spec.read_bytes()
+    dead = RunningApiServer.write_kubeconfig(
+        RunningApiServer(), tmp_path / "dead", server=closed_port_url()
+    )
+    result = run("apply", *_common(dead, spec), "--auto-approve")
+    assert result.exit_code == 1
+    assert "unreachable" in result.output
+    assert "Traceback" not in result.output
+    assert spec.read_bytes() == before
+
+
+def test_a_config_error_writes_nothing_to_the_host_and_fails_the_state(
+    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+) -> None:
+    api, kubeconfig, spec = cluster
+    before = spec.read_bytes()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "version: v1\nvgpu-configs:\n  mixed:\n"
+        "    - devices: all\n      vgpu-devices: {A2-4Q: many}\n"
+    )
+    result = run(
+        "apply",
+        "--node",
+        NODE,
+        "--kubeconfig",
+        kubeconfig,
+        "--sim",
+        spec,
+        "-f",
+        bad,
+        "--auto-approve",
+    )
+    assert result.exit_code == 1
+    assert "bad.yaml:5:" in result.output
+    assert spec.read_bytes() == before
+    node = api.get(NODES, NODE)
+    assert node is not None and node["metadata"]["labels"][STATE_LABEL] == "failed"
+
+
+def test_a_vgpu_a_pod_holds_is_not_destroyed_and_the_plan_names_the_pod(
+    cluster: tuple[RunningApiServer, Path, Path],
+) -> None:
+    _, kubeconfig, spec = cluster
+    sock = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp")) / "kubelet.sock"
+    kubelet = FakeKubelet(
+        [
+            PodDevices(
+                "vms", "virt-launcher-cad-7xk2p", "compute", "nvidia.com/GRID_T4-8C", [HELD_T4]
+            )
+        ]
+    )
+    with serving(sock, kubelet):
+        plan = run("plan", *_common(kubeconfig, spec), "--pod-resources", sock)
+        assert plan.exit_code == 0, plan.output
+        assert f"vgpu[{HELD_T4}] T4-8C cannot be destroyed" in plan.output
+        assert "pod vms/virt-launcher-cad-7xk2p (VM vms/cad)" in plan.output
+        apply = run(
+            "apply",
+            *_common(kubeconfig, spec),
+            "--pod-resources",
+            sock,
+            "--auto-approve",
+            "--skip-blocked",
+        )
+    assert kubelet.calls == 2
+    # The rest was applied; the held vGPU is still there, so the node is not converged.
+    assert apply.exit_code == 1, apply.output
+    assert HELD_T4 in spec.read_text()
+    assert spec.read_text().count("A2-4Q") == 3
+
+
+def test_without_the_kubelet_plan_warns_and_apply_refuses(
+    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+) -> None:
+    _, kubeconfig, spec = cluster
+    missing = tmp_path / "no-kubelet.sock"
+    plan = run("plan", *_common(kubeconfig, spec), "--pod-resources", missing)
+    assert plan.exit_code == 0, plan.output
+    assert "which vGPUs pods hold is unknown" in plan.output
+    before = spec.read_bytes()
+    apply = run("apply", *_common(kubeconfig, spec), "--pod-resources", missing, "--auto-approve")
+    assert apply.exit_code == 1
+    assert "no such socket" in apply.output
+    assert spec.read_bytes() == before
+
+
+def test_kubevirt_managing_mdevs_blocks_the_apply(
+    cluster: tuple[RunningApiServer, Path, Path],
+) -> None:
+    api, kubeconfig, spec = cluster
+    cr: dict[str, Any] | None = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    cr["spec"]["configuration"]["developerConfiguration"]["featureGates"] = []
+    cr["spec"]["configuration"]["mediatedDevicesConfiguration"] = {
+        "mediatedDeviceTypes": ["nvidia-745"]
+    }
+    api.put(KUBEVIRT, "kubevirt", cr, namespace="kubevirt")
+    plan = run("plan", *_common(kubeconfig, spec))
+    assert "! kubevirt[kubevirt/kubevirt] blocks vGPU changes on this node" in plan.output
+    assert "mediatedDevicesConfiguration.enabled: false" in plan.output
+    before = spec.read_bytes()
+    apply = run("apply", *_common(kubeconfig, spec), "--auto-approve")
+    assert apply.exit_code == 1
+    assert spec.read_bytes() == before

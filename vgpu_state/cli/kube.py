@@ -1,0 +1,266 @@
+"""``--kubeconfig`` / ``--in-cluster``: plan, apply and assert a node of a Kubernetes cluster.
+
+The node's labels come from its Node object; which vGPUs are held comes from
+the host's ``/proc`` (processes holding a VFIO device open) and from the
+kubelet (pod-resources); the KubeVirt CR changes a plan implies are shown as
+the plan's cluster actions and made after the host's actions; the outcome
+goes to the state label, the node's ``VGPUNodeState`` and Events. The
+Kubernetes client is loaded only when one of these flags is given.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from vgpu_state.cli.common import SessionArgs, parse_in_use, parse_labels
+from vgpu_state.cli.session import Target
+from vgpu_state.host.holders import find_holders
+from vgpu_state.model.errors import BlockedError, SelectionError
+from vgpu_state.model.inuse import InUse
+from vgpu_state.model.plan import Action, ClusterAction, Plan
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.model.status import ConfigState, NodeEvent, NodeStatus
+from vgpu_state.planner import expected_snapshot
+from vgpu_state.ports import HostPort
+from vgpu_state.reconcile import Mode, Ports
+
+if TYPE_CHECKING:
+    from vgpu_state.executor import ApplyResult, StepResult
+    from vgpu_state.kube.cluster import KubeCluster
+    from vgpu_state.reconcile.report import Reporter
+
+Warn = Callable[[str], None]
+Gate = Callable[[Plan], bool]
+
+
+@dataclass(frozen=True)
+class ClusterFlags:
+    """The cluster options of one command."""
+
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    kubevirt: str | None = None
+    pod_resources: str | None = None
+    proc_root: str | None = None
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.kubeconfig or self.in_cluster)
+
+
+def host_holders(host: HostPort, snapshot: NodeSnapshot, proc_root: str | None) -> dict[str, str]:
+    """Held vGPUs as the host shows them: VFIO devices open under ``/proc``.
+
+    A simulated host serves its own ``/proc`` (a QEMU process per vGPU its spec
+    marks in use) unless ``proc_root`` is given.
+    """
+    from vgpu_state.sim.host import SimHost
+
+    if isinstance(host, SimHost) and proc_root is None:
+        from vgpu_state.sim.proc import open_proc
+
+        root, fs = open_proc(host)
+        found = find_holders(
+            snapshot, root, sysfs_root=host.root, proc_fs=fs, sysfs_fs=host.filesystem
+        )
+    else:
+        found = find_holders(snapshot, proc_root or "/proc")
+    return {key: str(holder) for key, holder in found.items()}
+
+
+@dataclass
+class KubeNodeCluster:
+    """The :class:`~vgpu_state.ports.ClusterPort` of a node in a Kubernetes cluster."""
+
+    kube: KubeCluster
+    host: HostPort
+    require_kubelet: bool
+    proc_root: str | None = None
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+    extra_in_use: Mapping[str, str] = field(default_factory=dict)
+    warn: Warn = field(default=lambda message: None)
+    started: datetime.datetime | None = None
+    in_use_known: bool = True
+    snapshot: NodeSnapshot | None = None
+    plan: Plan | None = None
+    applied: tuple[ClusterAction, ...] = ()
+
+    def node_name(self) -> str:
+        return self.kube.node_name()
+
+    def labels(self) -> Mapping[str, str]:
+        self.started = self.kube.clock()
+        return {**self.kube.labels(), **self.extra_labels}
+
+    def in_use(self) -> InUse:
+        """Held by a process on the host, or by a pod (the kubelet says which)."""
+        from vgpu_state.kube.errors import PodResourcesUnavailableError
+
+        self.snapshot = self.host.scan()
+        held = host_holders(self.host, self.snapshot, self.proc_root)
+        if self.kube.pod_resources is not None:
+            try:
+                held.update(self.kube.in_use())
+            except PodResourcesUnavailableError as e:
+                if self.require_kubelet:
+                    raise
+                self.in_use_known = False
+                self.warn(f"{e}. The plan protects only the vGPUs the host shows in use")
+        held.update(self.extra_in_use)
+        return InUse(held)
+
+    def report_status(self, status: NodeStatus) -> None:
+        from vgpu_state.kube.nodestate import LastApply, SelectedConfig
+
+        now = self.kube.clock()
+        plan = self.plan
+        if plan is not None:
+            result: Literal["success", "failed", "blocked", "no-changes"] = "success"
+            if status.state is ConfigState.FAILED:
+                result = "failed"
+            elif plan.blocked:
+                result = "blocked"
+            elif not plan.has_changes:
+                result = "no-changes"
+            self.kube.observe_apply(
+                LastApply(
+                    plan_id=plan.snapshot_fingerprint,
+                    start=_time(self.started or now),
+                    end=_time(now),
+                    result=result,
+                )
+            )
+            self.kube.observe(
+                self.kube.last_snapshot or self.snapshot or NodeSnapshot(),
+                selected=SelectedConfig(
+                    name=plan.selection.config,
+                    source=_source(plan.selection.source),
+                    reason=f"selected by {plan.selection.source}",
+                ),
+                blocked=len(plan.blocked),
+                in_use_known=self.in_use_known,
+            )
+        self.kube.report_status(status)
+
+    def emit_event(self, event: NodeEvent) -> None:
+        self.kube.emit_event(event)
+
+    # the plan's cluster part ---------------------------------------------------------
+    def decorate(self, plan: Plan) -> Plan:
+        """``plan`` with the KubeVirt CR changes it implies, and the CR's blockers."""
+        if self.plan is not None and self.plan.snapshot_fingerprint == plan.snapshot_fingerprint:
+            return self.plan
+        snapshot = self.snapshot or self.host.scan()
+        part = self.kube.cluster_plan(expected_snapshot(plan, snapshot))
+        for problem in part.problems:
+            self.warn(problem)
+        self.plan = plan.with_cluster(part.actions, part.blocked)
+        return self.plan
+
+    def gate(self, inner: Gate | None, skip_blocked: bool) -> Gate:
+        """Stop on a cluster blocker (unless skipped), then ask ``inner`` with the whole plan."""
+
+        def check(plan: Plan) -> bool:
+            shown = self.decorate(plan)
+            cluster_blocked = [b for b in shown.blocked if b.gpu == ""]
+            if cluster_blocked and not skip_blocked:
+                raise BlockedError(
+                    f"{cluster_blocked[0].address}: {cluster_blocked[0].reason} "
+                    "Nothing was changed."
+                )
+            return inner(shown) if inner is not None else True
+
+        return check
+
+    def reporter(self, inner: Reporter) -> Reporter:
+        return _ClusterReporter(self, inner)
+
+
+class _ClusterReporter:
+    """Shows the plan with its cluster part; everything else goes to ``inner``."""
+
+    def __init__(self, cluster: KubeNodeCluster, inner: Reporter) -> None:
+        self.cluster = cluster
+        self.inner = inner
+
+    def warning(self, message: str) -> None:
+        self.inner.warning(message)
+
+    def planned(self, plan: Plan) -> None:
+        self.inner.planned(self.cluster.decorate(plan))
+
+    def applying(self, plan: Plan) -> None:
+        self.inner.applying(self.cluster.decorate(plan))
+
+    def step(self, action: Action, result: StepResult) -> None:
+        self.inner.step(action, result)
+
+    def applied(self, plan: Plan, result: ApplyResult) -> None:
+        self.inner.applied(self.cluster.decorate(plan), result)
+
+
+class KubeVirtSink:
+    """:class:`~vgpu_state.ports.DevicePluginSink` that makes the cluster actions.
+
+    The reconcile hands the fresh scan after the host's actions to the device
+    plugin sink before it reports the status: the KubeVirt CR follows the host
+    there, and the status that follows describes both.
+    """
+
+    def __init__(self, cluster: KubeNodeCluster) -> None:
+        self.cluster = cluster
+
+    def refresh(self, snapshot: NodeSnapshot) -> None:
+        self.cluster.applied = self.cluster.kube.apply_cluster(snapshot)
+
+
+def _source(source: str) -> Literal["label", "node-selector", "default", "explicit", "none"]:
+    if source == "label":
+        return "label"
+    if source.startswith("node-selector"):
+        return "node-selector"
+    if source == "default":
+        return "default"
+    return "explicit"
+
+
+def _time(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def kube_ports(
+    base: Ports, target: Target, args: SessionArgs, mode: Mode, warn: Warn
+) -> tuple[Ports, KubeNodeCluster]:
+    """``base`` with the cluster port of the Node ``--node`` (default: the simulated node's)."""
+    from vgpu_state.kube.cluster import KubeCluster
+    from vgpu_state.kube.kubevirt import KubeVirtRef
+    from vgpu_state.kube.podresources.client import DEFAULT_SOCKET
+
+    simulated = args.sim_spec is not None
+    node = args.node or target.cluster.node_name()
+    try:
+        ref = KubeVirtRef.parse(args.kubevirt) if args.kubevirt else None
+    except ValueError as e:
+        raise SelectionError(f"--kubevirt {e}") from None
+    kube = KubeCluster.connect(
+        node,
+        args.kubeconfig,
+        in_cluster=True if args.in_cluster else None,
+        pod_resources=args.pod_resources or (None if simulated else DEFAULT_SOCKET),
+        kubevirt_ref=ref,
+    )
+    held = {**target.cluster.in_use(), **parse_in_use(args.in_use, args.in_use_file)}
+    cluster = KubeNodeCluster(
+        kube,
+        target.host,
+        require_kubelet=mode is Mode.APPLY,
+        proc_root=args.proc_root,
+        extra_labels=parse_labels(args.labels),
+        extra_in_use=held,
+        warn=warn,
+    )
+    sink = KubeVirtSink(cluster) if mode is Mode.APPLY else base.device_plugin
+    return Ports(target.host, cluster, base.config, sink), cluster
