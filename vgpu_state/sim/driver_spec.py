@@ -1,0 +1,245 @@
+"""Building the simulated driver from a node spec, and the spec of its current state."""
+
+from __future__ import annotations
+
+import errno
+import uuid as uuid_mod
+
+from vgpu_state.catalog import VgpuType, default_catalog, parse_type_name
+from vgpu_state.sim.faults import FaultState
+from vgpu_state.sim.gpu_state import (
+    SimGpu,
+    SimVgpu,
+)
+from vgpu_state.sim.spec import (
+    DriverSpec,
+    GpuSpec,
+    NodeSpec,
+    SpecError,
+    VgpuSpec,
+    errno_value,
+)
+
+
+def _extra_types(driver: DriverSpec) -> dict[str, tuple[VgpuType, ...]]:
+    """The spec's ``driver.extra-types`` as catalog-shaped types, by GPU model name."""
+    catalog = default_catalog()
+    found: dict[str, list[VgpuType]] = {}
+    for i, x in enumerate(driver.extra_types):
+        where = f"driver.extra-types[{i}]"
+        parsed = parse_type_name(x.name)
+        assert parsed is not None  # checked by the spec
+        model = catalog.find_model(x.model or parsed.product)
+        if model is None:
+            raise SpecError(
+                f"{where}.model: no GPU model has types named {parsed.product}-…; "
+                "name the model (model: L40S)"
+            )
+        taken = {t.name: t for t in (*model.types, *found.get(model.name, ()))}
+        if x.name in taken:
+            raise SpecError(f"{where}.name: {model.name} already has a type {x.name}")
+        ids = {t.type_id for t in (*model.types, *found.get(model.name, ())) if t.type_id_known}
+        if x.id in ids:
+            raise SpecError(f"{where}.id: {model.name} already has a type with id {x.id}")
+        found.setdefault(model.name, []).append(
+            VgpuType(
+                name=x.name,
+                model=model.name,
+                series=parsed.series,
+                framebuffer_mib=x.framebuffer_mib,
+                max_instances=x.max_instances,
+                type_id=x.id,
+                type_id_known=True,
+            )
+        )
+    return {name: tuple(ts) for name, ts in found.items()}
+
+
+def _suggest_model(text: str) -> str:
+    from vgpu_state.catalog import suggest
+
+    catalog = default_catalog()
+    names = [m.short_name for m in catalog.models] + [m.name for m in catalog.models]
+    found = suggest(text, names)
+    return f"; did you mean {found!r}?" if found else ""
+
+
+class _SpecDriver:
+    """The driver's GPUs as a spec describes them; lookups by address and UUID."""
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.node = spec.node
+        self.labels = dict(spec.labels)
+        self.driver_spec: DriverSpec = spec.driver
+        self.sriov_manage_installed = spec.sriov_manage
+        self.extra_pci_devices = spec.extra_pci_devices
+        self.create_unavailable_errno = errno_value(spec.driver.create_unavailable_errno)
+        self.faults = [FaultState(f) for f in spec.faults]
+        self.gpus: list[SimGpu] = []
+        self.sriov_manage_output = ""
+        catalog = default_catalog()
+        extras = _extra_types(spec.driver)
+        seen: set[str] = set()
+        for i, g in enumerate(sorted(spec.gpus, key=lambda g: g.address)):
+            model = catalog.find_model(g.model)
+            if model is None:
+                hint = _suggest_model(g.model)
+                raise SpecError(f"gpus[{i}].model: unknown GPU model {g.model!r}{hint}")
+            if g.address in seen:
+                raise SpecError(f"gpus[{i}].address: {g.address} is listed twice")
+            seen.add(g.address)
+            if g.layout == "vendor-vfio" and not model.sriov_capable:
+                raise SpecError(
+                    f"gpus[{i}]: {model.name} has no SR-IOV; vendor-vfio needs VFs (use mdev)"
+                )
+            numvfs = model.sriov_totalvfs if (g.sriov and model.sriov_capable) else 0
+            self.gpus.append(
+                SimGpu(
+                    index=i,
+                    address=g.address,
+                    model=model,
+                    model_text=g.model,
+                    layout=g.layout,
+                    driver=g.driver,
+                    numvfs=numvfs,
+                    numa_node=g.numa_node,
+                    iommu_group=g.iommu_group if g.iommu_group is not None else 16 + i,
+                    vf_iommu_group_base=(
+                        g.vf_iommu_group_base if g.vf_iommu_group_base is not None else 100 + 64 * i
+                    ),
+                    flavour=spec.driver.flavour,
+                    spec_iommu_group=g.iommu_group,
+                    spec_vf_iommu_group_base=g.vf_iommu_group_base,
+                    extra_types=extras.get(model.name, ()),
+                )
+            )
+        self.next_iommu_group = 1 + max(
+            [g.iommu_group for g in self.gpus]
+            + [g.vf_iommu_group_base + max(g.totalvfs, 1) - 1 for g in self.gpus]
+            + [0]
+        )
+        by_address = {g.address: g for g in self.gpus}
+        for i, g in enumerate(spec.gpus):
+            for j, v in enumerate(g.vgpus):
+                self._load_vgpu(by_address[g.address], v, f"gpus[{i}].vgpus[{j}]")
+
+    # loading -------------------------------------------------------------------
+    def _load_vgpu(self, gpu: SimGpu, v: VgpuSpec, where: str) -> None:
+        t = gpu.type_named(v.type)
+        if t is None:
+            raise SpecError(f"{where}.type: {gpu.model.name} has no vGPU type {v.type!r}")
+        if gpu.type_by_id(t.type_id) is None:
+            raise SpecError(
+                f"{where}.type: {t.name} is not offered by the {gpu.flavour!r} driver flavour"
+            )
+        vf = v.vf
+        if gpu.sriov_capable:
+            if gpu.numvfs == 0:
+                raise SpecError(
+                    f"{where}: {gpu.address} has SR-IOV disabled; no VF can hold {t.name}"
+                )
+            if vf is None:
+                vf = next(
+                    i for i in range(gpu.numvfs + 1) if i == gpu.numvfs or gpu.vgpu_on_vf(i) is None
+                )
+            if not 0 <= vf < gpu.numvfs:
+                raise SpecError(f"{where}.vf: VF {vf} does not exist (0…{gpu.numvfs - 1})")
+        elif vf is not None:
+            raise SpecError(f"{where}.vf: {gpu.model.name} has no VFs; vGPUs sit on the PF")
+        try:
+            if gpu.layout == "mdev":
+                uid = v.uuid or str(
+                    uuid_mod.uuid5(
+                        uuid_mod.NAMESPACE_URL,
+                        f"vgpu-state-sim/{self.node}/{gpu.address}/{len(gpu.vgpus)}",
+                    )
+                )
+                parent = gpu.address if vf is None else gpu.vf_addresses()[vf]
+                self.mdev_create(parent, t.type_id, uid.encode())
+            else:
+                assert vf is not None
+                self.vf_type_write(gpu.vf_addresses()[vf], str(t.type_id).encode())
+        except OSError as e:
+            reason = "already used" if e.errno == errno.EEXIST else "not creatable there"
+            raise SpecError(
+                f"{where}: {t.name} on {gpu.address}"
+                f"{'' if vf is None else f' VF {vf}'} is {reason} "
+                f"({errno.errorcode.get(e.errno or 0, '?')}; vGPUs on one GPU must share one "
+                "framebuffer size and fit its max instances)"
+            ) from e
+        gpu.vgpus[-1].in_use = v.in_use
+
+    def to_spec(self) -> NodeSpec:
+        """The current state as a spec that loads back into an equal driver."""
+        gpus = []
+        for g in self.gpus:
+            gpus.append(
+                GpuSpec(
+                    address=g.address,
+                    model=g.model_text,
+                    layout=g.layout,
+                    sriov=g.numvfs > 0 or not g.sriov_capable,
+                    driver=g.driver,
+                    numa_node=g.numa_node,
+                    iommu_group=g.spec_iommu_group,
+                    vf_iommu_group_base=g.spec_vf_iommu_group_base,
+                    vgpus=tuple(
+                        VgpuSpec(type=v.type.name, uuid=v.uuid, vf=v.vf, in_use=v.in_use)
+                        for v in g.vgpus
+                    ),
+                )
+            )
+        faults = []
+        for f in self.faults:
+            if f.fired:
+                continue
+            if f.spec.nth is not None:
+                faults.append(f.spec.model_copy(update={"nth": f.spec.nth - f.seen}))
+            else:
+                faults.append(f.spec)
+        return NodeSpec(
+            node=self.node,
+            labels=self.labels,
+            driver=self.driver_spec,
+            sriov_manage=self.sriov_manage_installed,
+            gpus=tuple(gpus),
+            faults=tuple(faults),
+            extra_pci_devices=self.extra_pci_devices,
+        )
+
+    # lookups -------------------------------------------------------------------
+    def gpu(self, address: str) -> SimGpu | None:
+        for g in self.gpus:
+            if g.address == address:
+                return g
+        return None
+
+    def parent(self, address: str) -> tuple[SimGpu, int | None] | None:
+        """The GPU and VF index (``None`` for the PF) of a PCI function."""
+        for g in self.gpus:
+            if g.address == address:
+                return g, None
+            i = g.vf_index(address)
+            if i is not None:
+                return g, i
+        return None
+
+    def mdev(self, uuid: str) -> tuple[SimGpu, SimVgpu] | None:
+        for g in self.gpus:
+            for v in g.vgpus:
+                if v.uuid == uuid:
+                    return g, v
+        return None
+
+    def _new_group(self) -> int:
+        group = self.next_iommu_group
+        self.next_iommu_group += 1
+        return group
+
+    # The state machine (:class:`~vgpu_state.sim.driver_model.SimDriver`) creates
+    # the spec's vGPUs through the same writes a client makes.
+    def mdev_create(self, parent: str, type_id: int, data: bytes) -> None:
+        raise NotImplementedError
+
+    def vf_type_write(self, vf_addr: str, data: bytes) -> None:
+        raise NotImplementedError
