@@ -169,7 +169,7 @@ def test_select_bad_gpu_model() -> None:
     code, _, err = run(
         "select", "-f", str(REPO / "configs/default.yaml"), "--node", "n1", "--gpu", "08:00.0=A3"
     )
-    assert code == 2 and "unknown GPU model 'A3'" in err
+    assert code == 1 and "unknown GPU model 'A3'" in err
 
 
 def test_config_commands_never_import_kubernetes_or_grpc() -> None:

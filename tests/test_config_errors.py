@@ -196,7 +196,7 @@ CASES: list[tuple[str, str, list[str]]] = [
         "count_null",
         one("devices: all\nvgpu-devices: {A10-4Q: }"),
         [
-            "5:29: the count of A10-4Q must be a whole number of 1 or more, found nothing (null) (vgpu-configs.c[0].vgpu-devices.A10-4Q)"
+            "5:30: the count of A10-4Q must be a whole number of 1 or more, found nothing (null) (vgpu-configs.c[0].vgpu-devices.A10-4Q)"
         ],
     ),
     (

@@ -7,12 +7,12 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
 from vgpu_state.model.errors import ConfigError, Reason, VgpuStateError
+from vgpu_state.model.files import MiB, decode_utf8, read_input, read_stream
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -32,22 +32,46 @@ FLAG_HINTS: dict[Reason, str] = {
 }
 
 
+def _json_output() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.params.get("output") == "json"
+
+
+def _json_error(reason: str, message: str, issues: list[str] | None = None) -> None:
+    """With ``-o json`` a failure also prints one JSON object on stdout."""
+    if _json_output():
+        error: dict[str, object] = {"reason": reason, "message": message}
+        if issues is not None:
+            error["issues"] = issues
+        click.echo(json.dumps({"error": error}, indent=2))
+
+
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn vgpu-state errors into ``file:line:col`` lines or ``error: …`` and exit 1."""
+    """Turn vgpu-state errors into ``file:line:col`` lines or ``error: …`` and exit 1.
+
+    With ``-o json`` the error is also printed on stdout as ``{"error": {…}}``.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except ConfigError as e:
-            for issue in e.issues:
-                click.echo(str(issue), err=True)
+            lines = [str(issue) for issue in e.issues]
+            _json_error(e.reason.value, lines[0] if lines else str(e), lines)
+            for line in lines:
+                click.echo(line, err=True)
             sys.exit(1)
         except VgpuStateError as e:
             hint = FLAG_HINTS.get(e.reason)
-            fail(f"{e} ({hint})" if hint else str(e))
+            message = f"{e} ({hint})" if hint else str(e)
+            _json_error(e.reason.value, message)
+            fail(message)
         except OSError as e:
-            fail(f"{e.filename or ''}: {e.strerror}" if e.filename else str(e))
+            where = f"{e.filename}: " if e.filename else ""
+            message = f"{where}{e.strerror or e}"
+            _json_error("OSError", message)
+            fail(message)
 
     return wrapper
 
@@ -62,20 +86,39 @@ def parse_labels(values: Sequence[str]) -> dict[str, str]:
     return labels
 
 
+MAX_IN_USE_BYTES = 4 * MiB
+
+
+def _stdin() -> object:
+    return getattr(sys.stdin, "buffer", sys.stdin)
+
+
 def parse_in_use(values: tuple[str, ...], file: str | None) -> dict[str, str]:
     """``--in-use KEY[=HOLDER]`` and ``--in-use-file`` (JSON object, or lines ``KEY [HOLDER]``)."""
     held: dict[str, str] = {}
     if file:
-        text = Path(file).read_text() if file != "-" else sys.stdin.read()
+        if file == "-":
+            data = read_stream(_stdin(), MAX_IN_USE_BYTES, "in-use list")
+        else:
+            data = read_input(file, MAX_IN_USE_BYTES, "in-use list")
+        text = decode_utf8(data, "<stdin>" if file == "-" else file, "in-use list")
         stripped = text.strip()
         if stripped.startswith("{"):
             try:
-                data = json.loads(stripped)
+                loaded = json.loads(stripped)
             except json.JSONDecodeError as e:
                 raise click.BadParameter(
                     f"{file}:{e.lineno}:{e.colno}: {e.msg}", param_hint="--in-use-file"
                 ) from e
-            held.update({str(k): str(v) for k, v in data.items()})
+            except RecursionError:
+                raise click.BadParameter(
+                    f"{file}: nested too deeply", param_hint="--in-use-file"
+                ) from None
+            if not isinstance(loaded, dict):
+                raise click.BadParameter(
+                    f"{file}: expected a JSON object {{key: holder}}", param_hint="--in-use-file"
+                )
+            held.update({str(k): str(v) for k, v in loaded.items()})
         else:
             for line in text.splitlines():
                 line = line.split("#", 1)[0].strip()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -51,6 +54,45 @@ class LazyGroup(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run a command; exit 0 or the command's code, 1 on any error, 130 on Ctrl-C.
+
+        Usage errors exit 1 with click's message (click itself uses 2), so that
+        2 under ``--detailed-exitcode`` only ever means "changes". No error
+        prints a traceback (``VGPU_STATE_DEBUG=1`` shows one for an unexpected
+        error).
+        """
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(1)
+        except (KeyboardInterrupt, click.exceptions.Abort):
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+        except BrokenPipeError:
+            sys.stderr.close()
+            sys.exit(1)
+        except Exception as e:
+            if os.environ.get("VGPU_STATE_DEBUG") == "1":
+                raise
+            click.echo(
+                f"error: unexpected {type(e).__name__}: {e} (this is a bug in vgpu-state; "
+                "VGPU_STATE_DEBUG=1 shows the traceback)",
+                err=True,
+            )
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
@@ -63,17 +105,13 @@ def cli() -> None:
     """Declarative desired state for NVIDIA vGPU on Kubernetes and KubeVirt nodes.
 
     Write the vGPU layouts in a config file, see the plan, apply it.
-    Exit codes: 0 success, 1 error; commands with --detailed-exitcode use 2 for
-    "changes needed".
+    Exit codes: 0 success, 1 error (usage errors too), 130 interrupted (Ctrl-C);
+    plan --detailed-exitcode uses 2 for "changes needed".
     """
 
 
 def main() -> None:
-    try:
-        cli.main(prog_name="vgpu-state")
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    cli.main(prog_name="vgpu-state")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from vgpu_state.cli.session import (
 )
 from vgpu_state.config import DEFAULT_LABEL_KEY
 from vgpu_state.executor import ApplyError, ApplyResult, Journal, Outcome, StepResult
-from vgpu_state.model.errors import SelectionError, StalePlanError, UserError
+from vgpu_state.model.errors import SelectionError, StalePlanError, UserError, require_readable
 from vgpu_state.model.files import read_input
 from vgpu_state.model.plan import Action, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 def _open(args: SessionArgs, sriov_manage: str | None = None) -> Target:
     if not args.config_file:
         raise SelectionError("missing the config file: pass -f FILE or set VGPU_STATE_CONFIG_FILE")
+    if args.config_file == "-" and args.in_use_file == "-":
+        raise click.UsageError("-f - and --in-use-file - cannot both read standard input")
     return open_host(args.sysfs_root, args.sim_spec, args.node, sriov_manage)
 
 
@@ -94,8 +96,18 @@ def _reconcile(
 
 
 def _warn_unfinished(journal: Journal) -> None:
-    for u in journal.unfinished():
+    unfinished = journal.unfinished()
+    for warning in journal.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for u in unfinished:
         click.echo(f"warning: {u.describe()}", err=True)
+
+
+def _when(ts: object) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))  # type: ignore[arg-type]
+    except (OverflowError, OSError, ValueError, TypeError):
+        return "(no time)"
 
 
 @click.command("plan")
@@ -140,7 +152,10 @@ def plan_cmd(
 def _save_plan(path: str, report: Report, sysfs_root: str | None, sim_spec: str | None) -> None:
     i = report.inputs
     doc = saved_plan_document(report.plan, i.desired, i.snapshot, i.in_use, sim_spec, sysfs_root)
-    Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    try:
+        Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    except OSError as e:
+        fail(f"{path}: cannot save the plan: {e.strerror}")
 
 
 class _Warnings(QuietReporter):
@@ -248,7 +263,11 @@ def _confirm(auto_approve: bool, skip_blocked: bool) -> Any:
 @click.option("--journal", "journal_file", help="Journal file. Env: VGPU_STATE_JOURNAL.")
 @click.option("--lock-file", help="Host lock file. Env: VGPU_STATE_LOCK_FILE.")
 @click.option(
-    "--lock-timeout", type=float, default=30.0, show_default=True, help="Seconds to wait."
+    "--lock-timeout",
+    type=click.FloatRange(min=0, max=86400),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for the host lock (0 to 86400).",
 )
 @click.option(
     "--sriov-manage",
@@ -441,6 +460,7 @@ def export_cmd(
     try:
         snapshot = target.host.scan()
         labels = target.cluster.labels()
+        require_readable(snapshot)
     finally:
         target.close()
     name = config_name or labels.get(label_key) or "current"
@@ -462,7 +482,10 @@ def export_cmd(
 @click.command("history")
 @click.option("--journal", "journal_file", help="Journal file. Env: VGPU_STATE_JOURNAL.")
 @click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="The sim spec's journal.")
-@click.option("-n", "count", type=int, default=10, show_default=True, help="Last N applies.")
+@click.option(
+    "-n", "count", type=click.IntRange(min=0), default=10, show_default=True,
+    help="Last N applies.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="List every step.")
 @handle_errors
 def history_cmd(journal_file: str | None, sim_spec: str | None, count: int, verbose: bool) -> None:
@@ -478,12 +501,16 @@ def history_cmd(journal_file: str | None, sim_spec: str | None, count: int, verb
             entry["steps"].append(r)
         elif r.get("event") == "plan-end":
             entry["end"] = r
+    for warning in journal.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if count == 0:
+        return
     if not plans:
         click.echo(f"no applies recorded in {journal.path}")
         return
     for pid, entry in list(plans.items())[-count:]:
         start, end = entry["start"], entry["end"]
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(start.get("ts", 0))))
+        when = _when(start.get("ts", 0))
         outcome = end.get("outcome") if end else "UNFINISHED"
         steps = Counter(s.get("outcome") for s in entry["steps"])
         took = f" in {end.get('seconds', 0):.2f} s" if end and "seconds" in end else ""
@@ -496,4 +523,5 @@ def history_cmd(journal_file: str | None, sim_spec: str | None, count: int, verb
         if verbose:
             for s in entry["steps"]:
                 err = f" errno {s['errno']}" if s.get("errno") else ""
-                click.echo(f"    {s.get('outcome'):8} {s.get('kind'):13} {s.get('address')}{err}")
+                outcome_text, kind = str(s.get("outcome")), str(s.get("kind"))
+                click.echo(f"    {outcome_text:8} {kind:13} {s.get('address')}{err}")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from vgpu_state.catalog import type_sort_key
 from vgpu_state.host import scan as scan_sysfs
@@ -66,7 +68,9 @@ def render_text(snapshot: NodeSnapshot, console: Console) -> None:
             table.add_row("problems", "\n".join(gpu.problems), style="yellow")
         console.print(table)
     for problem in snapshot.problems:
-        console.print(f"[yellow]problem:[/] {problem}")
+        line = Text("problem:", style="yellow")
+        line.append(f" {problem}")
+        console.print(line)
 
 
 @click.command("scan")
@@ -90,9 +94,15 @@ def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
         else:
             snapshot = scan_sysfs(sysfs_root, node)
     except VgpuStateError as e:
+        if output == "json":
+            click.echo(json.dumps({"error": {"reason": e.reason.value, "message": str(e)}}))
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     if output == "json":
         click.echo(snapshot.model_dump_json(indent=2))
     else:
-        render_text(snapshot, Console())
+        # Names and values come from sysfs and spec files: print them as text, never markup.
+        render_text(snapshot, Console(markup=False, highlight=False))
+    if snapshot.error is not None:
+        click.echo(f"error: {snapshot.error}", err=True)
+        sys.exit(1)

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
+from vgpu_state.config.loader import MAX_CONFIG_BYTES
 from vgpu_state.config.source import FileConfigSource
 from vgpu_state.executor import DEFAULT_JOURNAL, DEFAULT_LOCK, Journal
 from vgpu_state.host import SysfsHost
 from vgpu_state.model.errors import SelectionError
+from vgpu_state.model.files import decode_utf8, read_stream
 from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster
 from vgpu_state.reconcile import Ports, Settings
 
@@ -88,7 +90,8 @@ def open_host(
 def config_source(config_file: str) -> ConfigSource:
     """The config file (``-``: standard input, read once)."""
     if config_file == "-":
-        return StaticConfigSource(load_text(sys.stdin.read(), "<stdin>"))
+        data = read_stream(getattr(sys.stdin, "buffer", sys.stdin), MAX_CONFIG_BYTES, "config")
+        return StaticConfigSource(load_text(decode_utf8(data, "<stdin>", "config"), "<stdin>"))
     return FileConfigSource(config_file)
 
 

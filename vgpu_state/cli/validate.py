@@ -72,6 +72,10 @@ def gpus_from_flags(specs: Sequence[str]) -> tuple[Gpu, ...]:
             canonical = parse_pci_address(address)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--gpu") from None
+        if any(a == canonical for a, _ in parsed):
+            raise click.BadParameter(
+                f"{spec!r}: GPU {canonical} is given twice", param_hint="--gpu"
+            )
         parsed.append((canonical, model_text.strip()))
     gpus = []
     for index, (address, model_text) in enumerate(sorted(parsed)):

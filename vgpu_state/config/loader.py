@@ -36,6 +36,7 @@ from vgpu_state.config.yamlnodes import (
     Issues,
     compose,
     describe,
+    gc_paused,
     is_str,
     join,
     mapping_items,
@@ -44,8 +45,12 @@ from vgpu_state.config.yamlnodes import (
     tag,
 )
 from vgpu_state.model.errors import ConfigError
+from vgpu_state.model.files import InputFileError, read_input
 from vgpu_state.model.pci import parse_pci_address
 from vgpu_state.model.policy import InUsePolicy, Publish, SriovPolicy
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""The largest config file read (NVIDIA's full example config is about 60 KiB)."""
 
 TOP_KEYS = ("version", "vgpu-configs", "node-selectors", "default", "policy")
 ENTRY_KEYS = ("devices", "device-filter", "vgpu-devices", "publish")
@@ -63,11 +68,14 @@ def load_file(path: str | Path, *, strict: bool = False) -> ConfigDocument:
     """
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = read_input(name, MAX_CONFIG_BYTES, "config")
+    except InputFileError as exc:
+        message = str(exc).removeprefix(f"{name}: ")
+        raise ConfigError(_single(name, message)) from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(_single(name, f"not a UTF-8 text file: {exc.reason}")) from None
-    except OSError as exc:
-        raise ConfigError(_single(name, f"cannot read the file: {exc.strerror}")) from None
     return load_text(text, name, strict=strict)
 
 
@@ -78,13 +86,14 @@ def load_text(text: str, filename: str = "<config>", *, strict: bool = False) ->
     driver decides); with ``strict`` they are errors.
     """
     issues = Issues(filename)
-    root = compose(text, issues)
     document: ConfigDocument | None = None
-    if not issues.items:
-        try:
-            document = _Loader(issues, default_catalog()).document(root)
-        except (RecursionError, ValueError, TypeError) as exc:
-            issues.at_position(1, 1, "", f"cannot read the config: {exc}")
+    with gc_paused():
+        root = compose(text, issues)
+        if not issues.items:
+            try:
+                document = _Loader(issues, default_catalog()).document(root)
+            except (RecursionError, ValueError, TypeError) as exc:
+                issues.at_position(1, 1, "", f"cannot read the config: {exc}")
     if strict:
         issues.items.extend(issues.warnings)
     if issues.items or document is None:
@@ -95,7 +104,7 @@ def load_text(text: str, filename: str = "<config>", *, strict: bool = False) ->
 
 def _single(filename: str, message: str) -> list[Any]:
     issues = Issues(filename)
-    issues.at_position(0, 0, "", message)
+    issues.at_position(1, 1, "", message)
     return issues.items
 
 

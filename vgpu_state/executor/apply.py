@@ -16,6 +16,7 @@ from vgpu_state.model.errors import (
     BlockedError,
     DriverError,
     HostError,
+    HostUnreadableError,
     PlanningError,
     Reason,
     TypeNotListedError,
@@ -117,6 +118,13 @@ Replan = Callable[[Plan, GpuPlan, tuple[Action, ...], NodeSnapshot, Mapping[str,
 The reconcile supplies it (:func:`vgpu_state.reconcile.replan_deferred`)."""
 
 
+def _read_failures(g: Gpu | None) -> list[str]:
+    """The scan problems of ``g`` that are failed reads (not facts about the host)."""
+    if g is None:
+        return []
+    return [p for p in g.problems if p.startswith("cannot ") or " missing: " in p]
+
+
 def _vgpu_set(g: Gpu | None) -> set[str]:
     if g is None:
         return set()
@@ -195,6 +203,14 @@ class _Run:
                     return c.type_id
         listed = sorted({c.name for creatable in lists for c in creatable})
         raise TypeNotListedError(parent or a.gpu, a.type_name or "?", tuple(listed))
+
+    def scan(self, why: str) -> NodeSnapshot:
+        """A fresh scan; a host that cannot be read ends the apply as failed."""
+        live = self.host.scan()
+        if live.error is not None:
+            self.record("plan-end", outcome="failed", failed=why)
+            raise HostUnreadableError(f"{why}: {live.error}")
+        return live
 
     def step(self, a: Action, live: Gpu | None, remaining: tuple[Action, ...]) -> None:
         """Run one step and journal it: one record per step, written when it ends."""
@@ -286,7 +302,7 @@ def apply(
 
 
 def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | None) -> ApplyResult:
-    plan, host = run.plan, run.host
+    plan = run.plan
     started = time.perf_counter()
     run.record(
         "plan-start",
@@ -294,7 +310,7 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
         actions=len(plan.actions),
         blocked=len(plan.blocked),
     )
-    live = snapshot if snapshot is not None else host.scan()
+    live = snapshot if snapshot is not None else run.scan("before applying")
     all_actions = plan.actions
     position = 0
     late_blocked = 0
@@ -310,7 +326,7 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
             position += 1
             run.step(a, live.gpu(header.address), all_actions[position:])
         expected = expected_snapshot(plan, before)
-        live = host.scan()
+        live = run.scan(f"verify gpu[{header.address}]")
         if deferred:
             assert run.replan is not None
             try:
@@ -344,13 +360,20 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
                 run.step(a, live.gpu(header.address), all_actions[position + len(deferred) :])
             position += len(deferred)
             expected = expected_snapshot(sub, before)
-            live = host.scan()
+            live = run.scan(f"verify gpu[{header.address}]")
         want = _vgpu_set(expected.gpu(header.address))
         got = _vgpu_set(live.gpu(header.address))
         if want != got:
+            unread = _read_failures(live.gpu(header.address))
+            if unread:
+                run.record("plan-end", outcome="failed", failed=f"verify gpu[{header.address}]")
+                raise HostUnreadableError(
+                    f"gpu[{header.address}] could not be verified after applying: "
+                    + "; ".join(unread)
+                )
             run.record("plan-end", outcome="failed", failed=f"verify gpu[{header.address}]")
             raise VerificationError(header.address, sorted(want - got), sorted(got - want))
-    final = host.scan()
+    final = run.scan("verify the node")
     found = differences(desired, final) if desired is not None else ()
     seconds = time.perf_counter() - started
     blocked = len(plan.blocked) + late_blocked

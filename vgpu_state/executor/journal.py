@@ -28,24 +28,77 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vgpu_state.executor.statefile import StateFileError, open_state_file
+
 DEFAULT_JOURNAL = "/var/lib/vgpu-state/journal.jsonl"
+
+
+MAX_TAIL_BYTES = 8 * 1024 * 1024
+"""How much of the journal's end is read: many thousands of applies. The journal
+only grows; reading its tail keeps every command's time and memory bounded."""
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "ts": (int, float),
+    "event": (str,),
+    "plan_id": (str,),
+    "node": (str,),
+    "config": (str,),
+    "selection": (str,),
+    "fingerprint": (str,),
+    "actions": (int,),
+    "blocked": (int,),
+    "address": (str,),
+    "kind": (str,),
+    "outcome": (str,),
+    "errno": (int,),
+    "seconds": (int, float),
+    "started": (int, float),
+    "ended": (int, float),
+    "failed": (str,),
+    "message": (str,),
+}
+_REQUIRED = {"plan-start": ("plan_id",), "action": ("plan_id", "address"), "plan-end": ("plan_id",)}
+
+
+def record_problem(value: object) -> str | None:
+    """Why a decoded journal line is not a record vgpu-state can use, or ``None``."""
+    if not isinstance(value, dict):
+        return "not a JSON object"
+    for name, types in _FIELD_TYPES.items():
+        field_value = value.get(name)
+        if field_value is None:
+            continue
+        if isinstance(field_value, bool) or not isinstance(field_value, types):
+            return f"{name} has the wrong type"
+    for name in _REQUIRED.get(str(value.get("event")), ()):
+        if name not in value:
+            return f"{name} is missing"
+    return None
 
 
 class Journal:
     """The journal file. ``append`` keeps the file open between records; ``close``
-    releases it (a later ``append`` opens it again)."""
+    releases it (a later ``append`` opens it again).
+
+    The journal is never opened through a symlink, and a journal path that is a
+    FIFO or a device is refused. Reading skips malformed lines; each is named in
+    :attr:`warnings`.
+    """
 
     def __init__(self, path: Path | str, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self.clock = clock
         self._fd: int | None = None
+        self.warnings: list[str] = []
 
     def append(self, record: dict[str, Any]) -> None:
         """Write one record and ``fdatasync`` it before returning."""
         line = json.dumps({"ts": self.clock(), **record}, sort_keys=True) + "\n"
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = open_state_file(
+                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "journal"
+            )
         os.write(self._fd, line.encode())
         os.fdatasync(self._fd)
 
@@ -54,20 +107,59 @@ class Journal:
             os.close(self._fd)
             self._fd = None
 
-    def records(self) -> Iterator[dict[str, Any]]:
-        """Every readable record; a torn last line (crash mid-write) is skipped."""
+    def _tail(self) -> tuple[bytes, int]:
+        """The last :data:`MAX_TAIL_BYTES` of the file, and where they start."""
         try:
-            text = self.path.read_text()
-        except FileNotFoundError:
+            fd = open_state_file(self.path, os.O_RDONLY, "journal")
+        except StateFileError:
+            if not os.path.lexists(self.path):
+                return b"", 0
+            raise
+        try:
+            size = os.fstat(fd).st_size
+            start = max(0, size - MAX_TAIL_BYTES)
+            data = os.pread(fd, size - start, start)
+        finally:
+            os.close(fd)
+        if start > 0:
+            cut = data.find(b"\n") + 1
+            data, start = data[cut:], start + cut
+        return data, start
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every readable record of the journal's tail, oldest first.
+
+        A torn last line (crash mid-write) is skipped silently; any other line
+        that is not a record is skipped with a warning naming it.
+        """
+        self.warnings = []
+        data, start = self._tail()
+        if not data:
             return
-        for line in text.splitlines():
-            if not line.strip():
+        lines = data.split(b"\n")
+        torn = lines[-1]
+        offset = start
+        for number, raw in enumerate(lines[:-1], start=1):
+            where = f"line {number}" if start == 0 else f"the line at byte {offset}"
+            offset += len(raw) + 1
+            if not raw.strip():
                 continue
             try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
+                value = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                self.warnings.append(f"{self.path}: {where}: skipped: not a JSON record")
                 continue
-            if isinstance(value, dict):
+            problem = record_problem(value)
+            if problem is not None:
+                self.warnings.append(f"{self.path}: {where}: skipped: {problem}")
+                continue
+            yield value
+        if torn.strip():
+            try:
+                value = json.loads(torn.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                return  # torn by a crash mid-write
+            if record_problem(value) is None:
                 yield value
 
     def unfinished(self) -> list[UnfinishedPlan]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import socket
 import time
 from pathlib import Path
 from types import TracebackType
 
+from vgpu_state.executor.statefile import StateFileError, open_state_file
 from vgpu_state.model.errors import Reason, TransientError
 
 DEFAULT_LOCK = "/run/vgpu-state.lock"
@@ -41,10 +43,20 @@ class HostLock:
         self.command = command
         self.fd: int | None = None
 
-    def holder(self) -> str:
+    def holder(self, fd: int | None = None) -> str:
         try:
-            info = json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
+            if fd is None:
+                fd = open_state_file(self.path, os.O_RDONLY, "host lock")
+                try:
+                    raw = os.pread(fd, 65536, 0)
+                finally:
+                    os.close(fd)
+            else:
+                raw = os.pread(fd, 65536, 0)
+            info = json.loads(raw.decode("utf-8", "replace") or "{}")
+            if not isinstance(info, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError, StateFileError):
             return "an unknown process"
         return (
             f"pid {info.get('pid')} on {info.get('host')} ({info.get('operation')}, "
@@ -52,8 +64,12 @@ class HostLock:
         )
 
     def __enter__(self) -> HostLock:
+        if not math.isfinite(self.timeout) or self.timeout < 0:
+            raise StateFileError(
+                f"the lock timeout must be a finite number of seconds >= 0, not {self.timeout}"
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_state_file(self.path, os.O_RDWR | os.O_CREAT, "host lock")
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -64,9 +80,12 @@ class HostLock:
                     os.close(fd)
                     raise
                 if time.monotonic() >= deadline:
-                    os.close(fd)
+                    try:
+                        held_by = self.holder(fd)
+                    finally:
+                        os.close(fd)
                     raise LockTimeoutError(
-                        f"host lock {self.path} is held by {self.holder()}; waited "
+                        f"host lock {self.path} is held by {held_by}; waited "
                         f"{self.timeout:g} s; wait for it to finish or allow a longer wait",
                         delay=1.0,
                     ) from None

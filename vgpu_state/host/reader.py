@@ -7,9 +7,17 @@ simulator offers an in-memory one so read-only commands need no tree on disk.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Protocol
+
+_DEAD = (errno.ENOTCONN, errno.ESHUTDOWN, errno.ESTALE)
+"""errno values that mean the file system itself is gone, not one attribute."""
+
+MAX_ATTRIBUTE_BYTES = 65536
+"""sysfs attributes are at most a page; nothing longer is read."""
 
 
 class Filesystem(Protocol):
@@ -34,9 +42,12 @@ class OsFilesystem:
     """The real file system: one ``open``/``read``/``close`` per attribute."""
 
     def read(self, path: str) -> bytes:
-        fd = os.open(path, os.O_RDONLY)
+        """At most :data:`MAX_ATTRIBUTE_BYTES` of a regular file; a FIFO or device is refused."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            return os.read(fd, 65536)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a sysfs attribute (not a regular file)", path)
+            return os.read(fd, MAX_ATTRIBUTE_BYTES)
         finally:
             os.close(fd)
 
@@ -65,6 +76,15 @@ class Reader:
     fs: Filesystem = field(default_factory=OsFilesystem)
     files_read: int = 0
     problems: list[str] = field(default_factory=list)
+    dead: str | None = None
+    """Set on the first error that means the whole tree is gone (a dead FUSE mount)."""
+
+    def _failed(self, verb: str, path: str, e: OSError, note: bool) -> None:
+        reason = os.strerror(e.errno or 0)
+        if e.errno in _DEAD and self.dead is None:
+            self.dead = f"cannot {verb} {path}: {reason}"
+        if note:
+            self.problems.append(f"cannot {verb} {path}: {reason}")
 
     def text(self, path: str, *, note: bool = True) -> str | None:
         self.files_read += 1
@@ -73,8 +93,7 @@ class Reader:
         except FileNotFoundError:
             return None
         except OSError as e:
-            if note:
-                self.problems.append(f"cannot read {path}: {os.strerror(e.errno or 0)}")
+            self._failed("read", path, e, note)
             return None
         return data.decode("utf-8", "replace")
 
@@ -101,8 +120,7 @@ class Reader:
         except FileNotFoundError:
             return None
         except OSError as e:
-            if note:
-                self.problems.append(f"cannot read link {path}: {os.strerror(e.errno or 0)}")
+            self._failed("read link", path, e, note)
             return None
         if not self.fs.exists(path):
             if note:
@@ -127,8 +145,7 @@ class Reader:
         except FileNotFoundError:
             return None
         except OSError as e:
-            if note:
-                self.problems.append(f"cannot list {path}: {os.strerror(e.errno or 0)}")
+            self._failed("list", path, e, note)
             return None
 
     def take_problems(self) -> tuple[str, ...]:

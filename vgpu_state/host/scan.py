@@ -27,10 +27,12 @@ from vgpu_state.model.snapshot import (
 NVIDIA_VENDOR = NVIDIA_VENDOR_ID
 GPU_CLASSES = (0x0300, 0x0302)
 _UUID = UUID_PATTERN
-_CREATABLE_LINE = re.compile(r"^\s*([0-9]+)\s*:?\s*(.+?)\s*$")
-_TYPE_DIR = re.compile(r"^nvidia-([0-9]+)$")
-_FRAMEBUFFER = re.compile(r"\bframebuffer=([0-9]+)M\b")
-_MAX_INSTANCE = re.compile(r"\bmax_instance=([0-9]+)\b")
+_CREATABLE_LINE = re.compile(r"^\s*([0-9]{1,10})(?![0-9])\s*:?\s*(.+?)\s*$")
+_TYPE_DIR = re.compile(r"^nvidia-([0-9]{1,10})$")
+"""Type ids have at most 10 digits; a longer number is not a type (and ``int()`` of
+thousands of digits raises)."""
+_FRAMEBUFFER = re.compile(r"\bframebuffer=([0-9]{1,9})M\b")
+_MAX_INSTANCE = re.compile(r"\bmax_instance=([0-9]{1,9})\b")
 
 
 def parse_type_description(text: str) -> tuple[int | None, int | None]:
@@ -121,9 +123,16 @@ class _Scanner:
 
     def run(self, node: str) -> NodeSnapshot:
         names = self.read.listdir(self.devices)
-        if names is None:
-            problems = (*self.read.take_problems(), f"{self.devices} not found: is sysfs mounted?")
-            return NodeSnapshot(node=node, sysfs_root=self.root, problems=problems)
+        if names is None or not names:
+            found = self.read.take_problems()
+            if names is None:
+                why = found[0] if found else f"{self.devices} not found"
+            else:
+                why = f"{self.devices} lists no PCI devices"
+            error = f"cannot read the host: {why}: is sysfs mounted at {self.root}?"
+            return NodeSnapshot(
+                node=node, sysfs_root=self.root, problems=(*found, error), error=error
+            )
         pfs: list[str] = []
         for name in names:
             path = os.path.join(self.devices, name)
@@ -138,7 +147,13 @@ class _Scanner:
         node_problems = self.read.take_problems()
         pfs.sort(key=lambda a: int(a.replace(":", "").replace(".", ""), 16) if _is_hex(a) else -1)
         gpus = tuple(self._gpu(i, a) for i, a in enumerate(pfs))
-        return NodeSnapshot(node=node, sysfs_root=self.root, gpus=gpus, problems=node_problems)
+        dead: str | None = None
+        if self.read.dead is not None:
+            dead = f"cannot read the host: {self.read.dead}"
+            node_problems = (*node_problems, dead)
+        return NodeSnapshot(
+            node=node, sysfs_root=self.root, gpus=gpus, problems=node_problems, error=dead
+        )
 
     # one GPU -------------------------------------------------------------------
     def _gpu(self, index: int, address: str) -> Gpu:

@@ -32,7 +32,7 @@ import errno as errno_mod
 import os
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 
 class ErrorKind(StrEnum):
@@ -274,3 +274,21 @@ class AlreadyExistsError(DriverError):
     """EEXIST: the UUID already exists."""
 
     default_reason = Reason.ALREADY_EXISTS
+
+
+class HostUnreadableError(HostError):
+    """The host could not be read (no sysfs, an empty one, a dead mount): nothing
+    can be said about it, so nothing is planned, applied or asserted."""
+
+    default_reason = Reason.HOST_UNREADABLE
+
+
+def require_readable(snapshot: NodeSnapshotLike) -> None:
+    """Raise :class:`HostUnreadableError` when the scan could not read the host."""
+    if snapshot.error is not None:
+        raise HostUnreadableError(snapshot.error)
+
+
+class NodeSnapshotLike(Protocol):
+    @property
+    def error(self) -> str | None: ...

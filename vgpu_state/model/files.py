@@ -29,7 +29,7 @@ def read_input(path: str, limit: int, what: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise InputFileError(f"{path}: cannot read the {what}: {e.strerror}") from None
+        raise InputFileError(f"{path}: cannot read the file: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -57,7 +57,7 @@ def read_input(path: str, limit: int, what: str) -> bytes:
                 )
         return b"".join(chunks)
     except OSError as e:
-        raise InputFileError(f"{path}: cannot read the {what}: {e.strerror}") from None
+        raise InputFileError(f"{path}: cannot read the file: {e.strerror}") from None
     finally:
         os.close(fd)
 

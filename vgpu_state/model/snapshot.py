@@ -132,6 +132,9 @@ class NodeSnapshot(Frozen):
     sysfs_root: str = "/sys"
     gpus: tuple[Gpu, ...] = ()
     problems: tuple[str, ...] = ()
+    error: str | None = None
+    """Set when the host could not be read at all (no sysfs, an empty one, a dead
+    mount): then nothing else in the snapshot says anything about the host."""
 
     def gpu(self, address: str) -> Gpu | None:
         for g in self.gpus:

@@ -10,13 +10,16 @@ from enum import StrEnum
 from typing import Any
 
 from vgpu_state.config import resolve, select
+from vgpu_state.config.resolution import missing_devices
 from vgpu_state.executor import ApplyResult, HostLock, Journal, StepResult, apply
 from vgpu_state.model.errors import (
     BlockedError,
+    ConfigError,
     Reason,
     SelectionError,
     StalePlanError,
     VgpuStateError,
+    require_readable,
 )
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, Plan
@@ -81,6 +84,10 @@ def gather(ports: Ports, settings: Settings, config_name: str | None = None) -> 
             )
         chosen, source, detail = sel.config, sel.source, sel.detail
     snapshot = ports.host.scan()
+    require_readable(snapshot)
+    missing = missing_devices(document, chosen, snapshot.gpus)
+    if missing:
+        raise ConfigError(missing)
     desired = resolve(document, chosen, snapshot.gpus, node, source)
     held, warnings = normalise_in_use(ports.cluster.in_use(), snapshot)
     prefixes = (f"vgpu-configs.{chosen}[", f"vgpu-configs.{chosen}.")
@@ -239,6 +246,7 @@ def _verified(
 ) -> Report:
     """End with a fresh scan and the comparison ``assert`` makes."""
     final = ports.host.scan() if result is not None else inputs.snapshot
+    require_readable(final)
     return Report(
         inputs, plan, final, differences(inputs.desired, final), result, config_warning=warning
     )
@@ -292,6 +300,7 @@ def apply_saved(
     hear: Reporter = reporter or QuietReporter()
     with _host_lock(settings):
         live = host.scan()
+        require_readable(live)
         if live.fingerprint() != saved.plan.snapshot_fingerprint:
             raise StalePlanError(
                 "saved plan is stale: the host changed after the plan was made; "

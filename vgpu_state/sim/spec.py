@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno as errno_mod
 import io
+import os
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -14,6 +17,7 @@ from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 
 from vgpu_state.catalog import default_catalog, parse_type_name, suggest
 from vgpu_state.model.errors import VgpuStateError
+from vgpu_state.model.files import InputFileError, decode_utf8, read_input
 from vgpu_state.model.pci import parse_pci_address
 
 
@@ -136,7 +140,7 @@ class NodeSpec(_Spec):
     sriov_manage: bool = Field(default=True, alias="sriov-manage")
     gpus: tuple[GpuSpec, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
-    extra_pci_devices: int = Field(default=0, alias="extra-pci-devices", ge=0)
+    extra_pci_devices: int = Field(default=0, alias="extra-pci-devices", ge=0, le=1024)
 
 
 def check_errno_name(name: str) -> str:
@@ -164,10 +168,54 @@ def _loader() -> YAML:
     return YAML(typ="safe")
 
 
+MAX_SPEC_BYTES = 4 * 1024 * 1024
+"""The largest spec file read (a node with 8 GPUs × 32 vGPUs is about 10 KiB)."""
+MAX_SPEC_NODES = 200_000
+"""YAML aliases may repeat a subtree; the spec is refused when the expanded tree has
+more nodes than this, so an alias bomb cannot make loading take forever."""
+
+
+def _expanded_size(root: Node) -> int:
+    """The number of nodes ``root`` has with every alias expanded (memoised by node)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Node, depth: int) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if depth > 200:
+            return MAX_SPEC_NODES + 1
+        total = 1
+        if isinstance(node, SequenceNode):
+            for child in node.value:
+                total += size(child, depth + 1)
+                if total > MAX_SPEC_NODES:
+                    break
+        elif isinstance(node, MappingNode):
+            for key, value in node.value:
+                total += size(key, depth + 1) + size(value, depth + 1)
+                if total > MAX_SPEC_NODES:
+                    break
+        sizes[id(node)] = total
+        return total
+
+    return size(root, 0)
+
+
 def parse_spec(text: str, source: str = "<spec>") -> NodeSpec:
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"{source}: larger than {MAX_SPEC_BYTES // 2**20} MiB: not a node spec")
     try:
+        root = _loader().compose(text)
+        if root is not None and _expanded_size(root) > MAX_SPEC_NODES:
+            raise SpecError(
+                f"{source}: the spec expands to more than {MAX_SPEC_NODES} YAML nodes "
+                "(aliases repeat subtrees); refusing it"
+            )
         data = _loader().load(text)
     except YAMLError as e:
+        raise SpecError(f"{source}: not valid YAML: {e}") from e
+    except (ValueError, RecursionError) as e:
         raise SpecError(f"{source}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping with 'node' and 'gpus'")
@@ -180,10 +228,18 @@ def parse_spec(text: str, source: str = "<spec>") -> NodeSpec:
             loc = tuple(err["loc"])
             where = ".".join(str(p) for p in loc)
             line, column = _position(root, loc, key=err["type"] == "extra_forbidden")
-            value = "" if err["type"] == "missing" else f" (found {err['input']!r})"
+            value = "" if err["type"] == "missing" else f" (found {_short(err['input'])})"
             message = str(err["msg"]).removeprefix("Value error, ")
             lines.append(f"{source}:{line}:{column}: {where}: {message}{value}")
         raise SpecError("\n".join(lines)) from e
+
+
+def _short(value: object) -> str:
+    """A value for a message: its repr, cut to 80 characters (never the whole of a big one)."""
+    if isinstance(value, dict | list | tuple):
+        return f"a {type(value).__name__} of {len(value)} item(s)"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _position(root: Node | None, loc: tuple[int | str, ...], key: bool) -> tuple[int, int]:
@@ -209,9 +265,10 @@ def _position(root: Node | None, loc: tuple[int | str, ...], key: bool) -> tuple
 def load_spec(path: str | Path) -> NodeSpec:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise SpecError(f"{p}: cannot read: {e.strerror}") from e
+        data = read_input(str(p), MAX_SPEC_BYTES, "node spec")
+        text = decode_utf8(data, str(p), "node spec")
+    except InputFileError as e:
+        raise SpecError(str(e)) from None
     return parse_spec(text, str(p))
 
 
@@ -224,7 +281,22 @@ def dump_spec(spec: NodeSpec) -> str:
 
 
 def save_spec(spec: NodeSpec, path: str | Path) -> None:
+    """Write ``spec`` to ``path`` atomically.
+
+    The new text goes to a fresh temporary file beside ``path`` (created with
+    ``O_CREAT|O_EXCL``, never through a symlink), is fsynced, then renamed over
+    ``path``.
+    """
     p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(dump_spec(spec), encoding="utf-8")
-    tmp.replace(p)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(dump_spec(spec))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
