@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench fuzz clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ lint: $(BIN)/.installed-test
 	$(BIN)/mypy
 	$(BIN)/mypy --strict bench scripts
 	$(BIN)/lint-imports
+
+# Many more examples for the fuzz targets of tests/test_fuzz.py (make test runs a short pass).
+fuzz: $(BIN)/.installed-test
+	VGPU_STATE_FUZZ_EXAMPLES=$${VGPU_STATE_FUZZ_EXAMPLES:-3000} $(BIN)/python -m pytest -q -m fuzz tests/test_fuzz.py
 
 bench: $(BIN)/.installed-test
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -78,7 +78,7 @@ def open_host(
     if sim_spec:
         from vgpu_state.sim.node import open_sim
 
-        sim = open_sim(sim_spec)
+        sim = open_sim(sim_spec, autosave=True)
         cluster = sim.cluster.with_overrides(node=node)
         return Target(sim.host, cluster, sim.save, sim.close)
     command = None if sriov_manage is None else shlex.split(sriov_manage)

@@ -99,8 +99,11 @@ class Journal:
             self._fd = open_state_file(
                 self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "journal"
             )
-        os.write(self._fd, line.encode())
-        os.fdatasync(self._fd)
+        try:
+            os.write(self._fd, line.encode())
+            os.fdatasync(self._fd)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write the journal: {e.strerror}", str(self.path)) from e
 
     def close(self) -> None:
         if self._fd is not None:

@@ -53,6 +53,7 @@ class SimHost:
         root: str | Path | None = None,
         *,
         in_memory: bool = False,
+        autosave: bool = False,
     ) -> None:
         if isinstance(spec, NodeSpec):
             self.spec_path: Path | None = None
@@ -62,6 +63,7 @@ class SimHost:
             loaded = load_spec(self.spec_path)
         self.sysfs = SimSysfs(loaded)
         self.in_memory = in_memory
+        self.autosave = autosave and self.spec_path is not None
         self._own_root = root is None and not in_memory
         self._rendered = self.sysfs.tree
         if in_memory:
@@ -110,10 +112,13 @@ class SimHost:
         """One write to ``path`` (absolute under ``root`` or relative to it); raises ``OSError``."""
         rel = os.path.relpath(path, self.root) if os.path.isabs(path) else path
         data = value.encode() if isinstance(value, str) else value
+        generation = self.sysfs.generation
         try:
             self.sysfs.write(rel, data)
         finally:
             self._refresh()
+        if self.autosave and self.sysfs.generation != generation:
+            self.save()
 
     def _writer(self, path: str, value: str) -> None:
         self.write(path, value)

@@ -59,7 +59,13 @@ class SimNode:
         self.host.close()
 
 
-def open_sim(spec: NodeSpec | str | Path) -> SimNode:
-    """Open a simulated node from a spec (file or value), its sysfs served in memory."""
-    host = SimHost(spec, in_memory=True)
+def open_sim(spec: NodeSpec | str | Path, *, autosave: bool = False) -> SimNode:
+    """Open a simulated node from a spec (file or value), its sysfs served in memory.
+
+    ``autosave``: write the spec back after every change the simulated driver
+    makes, as a real host keeps each sysfs write; a later failure (journal,
+    verification) then never loses what was done, and a failed save fails the
+    write that needed it.
+    """
+    host = SimHost(spec, in_memory=True, autosave=autosave)
     return SimNode(host, sim_cluster(host))

@@ -69,6 +69,9 @@ class GpuSpec(_Spec):
 
 def _check_model(v: str) -> str:
     catalog = default_catalog()
+    shared = _shared_device_id(v)
+    if shared:
+        raise ValueError(shared)
     if catalog.find_model(v) is None:
         names = [m.short_name for m in catalog.models] + [m.name for m in catalog.models]
         found = suggest(v, names)
@@ -140,7 +143,27 @@ class NodeSpec(_Spec):
     sriov_manage: bool = Field(default=True, alias="sriov-manage")
     gpus: tuple[GpuSpec, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
-    extra_pci_devices: int = Field(default=0, alias="extra-pci-devices", ge=0, le=1024)
+    extra_pci_devices: int = Field(default=0, alias="extra-pci-devices", ge=0, le=4096)
+
+
+def _shared_device_id(text: str) -> str | None:
+    """What to say when ``text`` is a PCI device id that more than one model has."""
+    wanted = text.strip().lower()
+    if not wanted.startswith("0x"):
+        return None
+    try:
+        device_id = int(wanted, 16)
+    except ValueError:
+        return None
+    models = default_catalog().models_for_device(device_id)
+    if len(models) < 2:
+        return None
+    names = [m.short_name for m in models]
+    choices = " or ".join(f"model: {n}" for n in names)
+    return (
+        f"{text} is the device id of {' and '.join(names)}; they differ only in their "
+        f"subsystem id, so name the model instead ({choices})"
+    )
 
 
 def check_errno_name(name: str) -> str:

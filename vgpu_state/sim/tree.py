@@ -72,6 +72,9 @@ class Tree:
         self.children[path] = []
 
     def add(self, path: str, entry: Entry) -> None:
+        if not path:
+            self._ensure_dir("")  # the root is a directory, and no child of itself
+            return
         if path not in self.entries:
             parent = posixpath.dirname(path)
             self._ensure_dir(parent)
@@ -225,6 +228,18 @@ def _common_attrs(
     t.file(f"{path}/numa_node", f"{numa}\n")
     t.file(f"{path}/resource", _RESOURCE_LINE * 13)
     t.file(f"{path}/irq", "0\n")
+    t.add(f"{path}/config", File(config_space(0x10DE, device, 0x030200, sub_vendor, sub_device)))
+
+
+def config_space(vendor: int, device: int, cls: int, sub_vendor: int, sub_device: int) -> bytes:
+    """The first 256 bytes of a PCI function's configuration space (type 0 header)."""
+    header = bytearray(256)
+    header[0:2] = vendor.to_bytes(2, "little")
+    header[2:4] = device.to_bytes(2, "little")
+    header[9:12] = cls.to_bytes(3, "little")  # programming interface, subclass, class
+    header[0x2C:0x2E] = sub_vendor.to_bytes(2, "little")
+    header[0x2E:0x30] = sub_device.to_bytes(2, "little")
+    return bytes(header)
 
 
 def _group(t: Tree, path: str, group: int) -> None:
@@ -358,7 +373,13 @@ def _render_extra(t: Tree, count: int) -> None:
         path = f"devices/pci0000:{bus:02x}/{addr}"
         t.link(f"bus/pci/devices/{addr}", path)
         vendor, cls = ((0x8086, "0x020000"), (0x15B3, "0x020700"), (0x1022, "0x060400"))[n % 3]
+        device = 0x1000 + n % 0x100
         t.file(f"{path}/vendor", _hex4(vendor))
-        t.file(f"{path}/device", _hex4(0x1000 + n % 0x100))
+        t.file(f"{path}/device", _hex4(device))
         t.file(f"{path}/class", f"{cls}\n")
+        t.file(f"{path}/subsystem_vendor", _hex4(vendor))
+        t.file(f"{path}/subsystem_device", _hex4(0))
         t.file(f"{path}/numa_node", "-1\n")
+        t.file(f"{path}/resource", _RESOURCE_LINE * 13)
+        t.file(f"{path}/irq", "0\n")
+        t.add(f"{path}/config", File(config_space(vendor, device, int(cls, 16), vendor, 0)))
