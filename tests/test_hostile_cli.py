@@ -81,10 +81,14 @@ def test_a_fifo_as_lock_or_journal_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_lock_timeout_must_be_finite(spec: Path) -> None:
+    before = spec.read_text()
     for value in ("inf", "nan", "-1"):
-        r = run("apply", "-f", str(CONFIG), "--sim", str(spec), "--lock-timeout", value)
+        r = run("apply", "-f", str(CONFIG), "--sim", str(spec), "--auto-approve",
+                "--lock-timeout", value)
         assert r.exit_code == 1, value
+        assert "lock-timeout" in r.stderr or "lock timeout" in r.stderr, r.stderr
         no_traceback(r)
+    assert spec.read_text() == before
 
 
 # exit codes ----------------------------------------------------------------------
