@@ -197,8 +197,10 @@ def test_a_config_naming_a_gpu_that_is_not_on_the_node_is_an_error(
     for command in ("plan", "assert"):
         r = run(command, "-f", str(config), "--sim", str(spec))
         assert r.exit_code == 1
-        assert f"{config}:4:7: GPU index 7 is not on this node" in r.stderr
-        assert f"{config}:6:7: GPU 0000:99:00.0 is not on this node" in r.stderr
+        assert f"{config}:4:7: entry [0]" in r.stderr
+        assert "devices [7] name no GPU of this node" in r.stderr
+        assert f"{config}:6:7: entry [1]" in r.stderr
+        assert "devices [0000:99:00.0] name no GPU of this node" in r.stderr
 
 
 # malformed files -------------------------------------------------------------------

@@ -213,37 +213,3 @@ def _overlap(document: ConfigDocument, name: str, gpu: Gpu, first: int, second: 
         "or device-filter disjoint",
     )
 
-
-def missing_devices(
-    document: ConfigDocument, config_name: str, gpus: Sequence[Gpu]
-) -> list[ConfigIssue]:
-    """An issue for each GPU index or PCI address the config names that the node lacks.
-
-    ``resolve`` leaves such an entry unused (it matches no GPU); plan, apply and
-    assert refuse it, since a layout for a GPU that is not there is a mistake.
-    """
-    if config_name not in document.configs:
-        return []
-    indices = {g.index for g in gpus}
-    addresses = {g.address for g in gpus}
-    issues: list[ConfigIssue] = []
-    for i, entry in enumerate(document.configs[config_name].entries):
-        if entry.devices == "all":
-            continue
-        for device in entry.devices:
-            if device in indices or device in addresses:
-                continue
-            path = f"vgpu-configs.{config_name}[{i}]"
-            line, column = document.positions.get(path, (1, 1))
-            what = f"GPU index {device}" if isinstance(device, int) else f"GPU {device}"
-            have = ", ".join(f"{g.index} ({g.address})" for g in gpus) or "none"
-            issues.append(
-                ConfigIssue(
-                    document.file,
-                    line,
-                    column,
-                    f"{path}.devices",
-                    f"{what} is not on this node (its GPUs: {have})",
-                )
-            )
-    return issues

@@ -10,11 +10,9 @@ from enum import StrEnum
 from typing import Any
 
 from vgpu_state.config import resolve, select
-from vgpu_state.config.resolution import missing_devices
 from vgpu_state.executor import ApplyResult, HostLock, Journal, StepResult, apply
 from vgpu_state.model.errors import (
     BlockedError,
-    ConfigError,
     Reason,
     SelectionError,
     StalePlanError,
@@ -85,9 +83,6 @@ def gather(ports: Ports, settings: Settings, config_name: str | None = None) -> 
         chosen, source, detail = sel.config, sel.source, sel.detail
     snapshot = ports.host.scan()
     require_readable(snapshot)
-    missing = missing_devices(document, chosen, snapshot.gpus)
-    if missing:
-        raise ConfigError(missing)
     desired = resolve(document, chosen, snapshot.gpus, node, source)
     held, warnings = normalise_in_use(ports.cluster.in_use(), snapshot)
     prefixes = (f"vgpu-configs.{chosen}[", f"vgpu-configs.{chosen}.")
