@@ -27,7 +27,7 @@ from vgpu_state.deviceplugin import DevicePluginManager
 from vgpu_state.deviceplugin.allocation import first_fit, preferred
 from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.deviceplugin.inventory import Device, ResourceInventory
-from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, Vgpu
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
 
 TARGET_MS = 100.0
 RESTART_TARGET_S = 2.0
@@ -57,7 +57,7 @@ def snapshot(resources: int, generation: int) -> NodeSnapshot:
                 vendor_id=0x10DE,
                 device_id=0x1,
                 numa_node=r % 2,
-                layout=Layout.MDEV,
+                layout=SysfsInterface.MDEV,
                 vgpus=vgpus,
             )
         )

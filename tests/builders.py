@@ -5,15 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vgpu_state.catalog import default_catalog
+from vgpu_state.catalog import VgpuType, default_catalog
+from vgpu_state.catalog.capacity import remaining as room
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.pci import vf_address
 from vgpu_state.model.policy import Policy
 from vgpu_state.model.snapshot import (
     CreatableType,
     Gpu,
-    Layout,
     NodeSnapshot,
+    SysfsInterface,
     Vgpu,
     VirtualFunction,
 )
@@ -70,13 +71,10 @@ def build_gpu(
                     type_name=t.name,
                 )
             )
-    sizes = {m.type(v.type).framebuffer_mib for v in vgpus}  # type: ignore[union-attr]
+    present = [m.type(v.type) for v in vgpus]
 
-    def remaining(t_fb: int, t_max: int) -> int:
-        if sizes and t_fb not in sizes:
-            return 0
-        same = sum(1 for v in vgpus if m.type(v.type).framebuffer_mib == t_fb)  # type: ignore[union-attr]
-        return max(t_max - same, 0)
+    def remaining(t: VgpuType) -> int:
+        return room(t, present)
 
     occupied = {v.parent for v in existing}
     vfs: list[VirtualFunction] = []
@@ -86,7 +84,7 @@ def build_gpu(
             creatable = tuple(
                 CreatableType(type_id=t.type_id, name=t.name, available=1)
                 for t in types
-                if not busy and remaining(t.framebuffer_mib, t.max_instances) > 0
+                if not busy and remaining(t) > 0
             )
             current = next((v.type_id for v in existing if v.parent == a), None)
         else:
@@ -94,7 +92,7 @@ def build_gpu(
                 CreatableType(
                     type_id=t.type_id,
                     name=t.name,
-                    available=0 if busy else min(remaining(t.framebuffer_mib, t.max_instances), 1),
+                    available=0 if busy else min(remaining(t), 1),
                 )
                 for t in types
             )
@@ -108,11 +106,11 @@ def build_gpu(
             CreatableType(
                 type_id=t.type_id,
                 name=t.name,
-                available=remaining(t.framebuffer_mib, t.max_instances),
+                available=remaining(t),
             )
             for t in types
         )
-    lay = Layout.SRIOV_DISABLED if sriov and not sriov_on else Layout(layout)
+    lay = SysfsInterface.SRIOV_DISABLED if sriov and not sriov_on else SysfsInterface(layout)
     return Gpu(
         index=index,
         address=address,

@@ -14,7 +14,7 @@ from vgpu_state.deviceplugin.allocation import (
     preferred,
 )
 from vgpu_state.deviceplugin.inventory import Device, ResourceInventory, inventory
-from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, Vgpu
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
 
 R = "nvidia.com/NVIDIA_A16-4Q"
 
@@ -39,7 +39,7 @@ def test_inventory_groups_vgpus_by_resource_and_skips_illegal_names() -> None:
         Vgpu(kind="mdev", parent="a", uuid="u4"),
     )  # fmt: skip
     gpu = Gpu(index=0, address="a", vendor_id=0x10DE, device_id=1, numa_node=1,
-              layout=Layout.MDEV, vgpus=vgpus)  # fmt: skip
+              layout=SysfsInterface.MDEV, vgpus=vgpus)  # fmt: skip
     inv = inventory(NodeSnapshot(gpus=(gpu,)))
     assert list(inv.resources) == ["nvidia.com/A16-2Q", R]
     assert [d.id for d in inv.resources[R].devices] == ["u1", "u2"]

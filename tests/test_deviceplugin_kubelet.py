@@ -22,7 +22,7 @@ from vgpu_state.deviceplugin import DevicePluginManager
 from vgpu_state.deviceplugin.fakekubelet import FakeKubelet, SeenDevice
 from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, Vgpu
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
 from vgpu_state.sim.host import SimHost
 
 REPO = Path(__file__).resolve().parent.parent
@@ -294,7 +294,7 @@ def test_illegal_resource_name_is_reported_not_registered(
     good = Vgpu(kind="mdev", parent="0000:01:00.0", uuid=U2, type_sysfs_name="NVIDIA A2-4Q")
     gpu = Gpu(
         index=0, address="0000:01:00.0", vendor_id=0x10DE, device_id=0x25B6, numa_node=-1,
-        layout=Layout.MDEV, vgpus=(odd, good),
+        layout=SysfsInterface.MDEV, vgpus=(odd, good),
     )  # fmt: skip
     plugins.refresh(NodeSnapshot(node="n", gpus=(gpu,)))
     seen = kubelet.wait_for("nvidia.com/NVIDIA_A2-4Q", lambda d: len(d) == 1)

@@ -18,7 +18,7 @@ from vgpu_state.dra.slices import (
     device_name,
     is_dns_label,
 )
-from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, Vgpu
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
 from vgpu_state.sim.host import SimHost
 
 MIXED = Path(__file__).resolve().parent.parent / "configs" / "sim" / "mixed.yaml"
@@ -87,7 +87,7 @@ def _big_gpu(count: int, model: str | None = "A2") -> Gpu:
         vendor_id=0x10DE,
         device_id=0x25B6,
         model=model,
-        layout=Layout.MDEV,
+        layout=SysfsInterface.MDEV,
         numa_node=-1,
         vgpus=tuple(
             Vgpu(

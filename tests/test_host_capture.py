@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vgpu_state.host import scan
 from vgpu_state.model.pci import vf_address
-from vgpu_state.model.snapshot import Layout
+from vgpu_state.model.snapshot import SysfsInterface
 
 PF = "0000:08:00.0"
 BRIDGE = "devices/pci0000:00/0000:00:03.0"
@@ -99,7 +99,7 @@ def test_a2_capture_scans_to_the_expected_snapshot(fast_tmp_path: Path) -> None:
     assert (gpu.device_id, gpu.subsystem_device_id, gpu.vendor_id) == (0x25B6, 0x157E, 0x10DE)
     assert (gpu.numa_node, gpu.iommu_group) == (0, 38)
     assert (gpu.sriov_totalvfs, gpu.sriov_numvfs) == (16, 16)
-    assert gpu.layout is Layout.MDEV
+    assert gpu.layout is SysfsInterface.MDEV
     assert gpu.problems == ()
     assert [vf.address for vf in gpu.vfs][:5] == [
         "0000:08:00.4", "0000:08:00.5", "0000:08:00.6", "0000:08:00.7", "0000:08:01.0",

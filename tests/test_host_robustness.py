@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vgpu_state.host import scan, scan_with_stats
-from vgpu_state.model.snapshot import Layout
+from vgpu_state.model.snapshot import SysfsInterface
 from vgpu_state.sim.dirtree import materialize
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.spec import parse_spec
@@ -42,7 +42,7 @@ def test_missing_optional_files(fast_tmp_path: Path) -> None:
         os.unlink(pf / name)
     gpu = scan(str(root)).gpus[0]
     assert gpu.numa_node is None and gpu.iommu_group is None and gpu.driver is None
-    assert gpu.layout is Layout.UNAVAILABLE and "not bound" in gpu.layout_reason
+    assert gpu.layout is SysfsInterface.UNAVAILABLE and "not bound" in gpu.layout_reason
     assert gpu.model is None and any("catalog" in p for p in gpu.problems)
 
 
@@ -83,7 +83,7 @@ def test_unreadable_files_and_enxio(fast_tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(os, "read", fake_read)
     snap = scan(str(root))
     l40s = snap.gpu("0000:26:00.0")
-    assert l40s is not None and l40s.layout is Layout.VENDOR_VFIO
+    assert l40s is not None and l40s.layout is SysfsInterface.VENDOR_VFIO
     assert l40s.numa_node is None
     assert any("Input/output error" in p for p in l40s.problems)
     assert any("No such device or address" in p for p in l40s.problems)
@@ -135,9 +135,9 @@ gpus:
     snap = scan(str(root))
     layouts = [(g.address, g.layout) for g in snap.gpus]
     assert layouts == [
-        ("0000:08:00.0", Layout.SRIOV_DISABLED),
-        ("0000:09:00.0", Layout.UNAVAILABLE),
-        ("0000:3b:00.0", Layout.MDEV),
+        ("0000:08:00.0", SysfsInterface.SRIOV_DISABLED),
+        ("0000:09:00.0", SysfsInterface.UNAVAILABLE),
+        ("0000:3b:00.0", SysfsInterface.MDEV),
     ]
     assert "vfio-pci" in snap.gpus[1].layout_reason
     # VFs enabled but the driver offers no vGPU interface (data-centre driver).
@@ -146,4 +146,4 @@ gpus:
 
     shutil.rmtree(vfio)
     gpu = scan(str(root)).gpus[2]
-    assert gpu.layout is Layout.UNAVAILABLE and "vGPU Manager" in gpu.layout_reason
+    assert gpu.layout is SysfsInterface.UNAVAILABLE and "vGPU Manager" in gpu.layout_reason

@@ -226,7 +226,7 @@ def test_claims_allocated_in_this_pool_hold_their_vgpus(serve: Any) -> None:
 def test_512_vgpus_fit_the_api_limits(serve: Any) -> None:
     import uuid as uuidlib
 
-    from vgpu_state.model.snapshot import Gpu, Layout, Vgpu
+    from vgpu_state.model.snapshot import Gpu, SysfsInterface, Vgpu
 
     gpus = tuple(
         Gpu(
@@ -235,7 +235,7 @@ def test_512_vgpus_fit_the_api_limits(serve: Any) -> None:
             vendor_id=0x10DE,
             device_id=0x26B9,
             model="L40S",
-            layout=Layout.MDEV,
+            layout=SysfsInterface.MDEV,
             numa_node=i % 2,
             vgpus=tuple(
                 Vgpu(

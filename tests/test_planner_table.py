@@ -409,10 +409,13 @@ def test_plan_carries_snapshot_fingerprint() -> None:
 
 
 def test_gpu_without_vgpu_manager_blocks_creates_with_the_reason() -> None:
-    from vgpu_state.model.snapshot import Layout
+    from vgpu_state.model.snapshot import SysfsInterface
 
     g = build_gpu(**t4()).model_copy(
-        update={"layout": Layout.UNAVAILABLE, "layout_reason": "bound to vfio-pci, not nvidia"}
+        update={
+            "layout": SysfsInterface.UNAVAILABLE,
+            "layout_reason": "bound to vfio-pci, not nvidia",
+        }
     )
     snapshot = build_snapshot(g)
     p = plan(desired({T4: {"T4-4Q": 2}}, snapshot), snapshot)

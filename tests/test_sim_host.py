@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vgpu_state.model.errors import DeviceBusyError, TypeNotCreatableError
-from vgpu_state.model.snapshot import Gpu, Layout
+from vgpu_state.model.snapshot import Gpu, SysfsInterface
 from vgpu_state.ports import HostPort
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import load_spec, parse_spec
@@ -43,7 +43,9 @@ def test_a2_host_matches_the_capture(sim_host_factory: Factory, sim_spec_paths: 
     path = next(p for p in sim_spec_paths if p.name == "a2-host.yaml")
     host = sim_host_factory(path)
     gpu = host.scan().gpus[0]
-    assert (gpu.model, gpu.layout, gpu.sriov_numvfs, gpu.iommu_group) == ("A2", Layout.MDEV, 16, 38)
+    assert (gpu.model, gpu.layout, gpu.sriov_numvfs, gpu.iommu_group) == (
+        "A2", SysfsInterface.MDEV, 16, 38,
+    )
     assert {(v.parent, v.type_name) for v in gpu.vgpus} == {
         ("0000:08:00.4", "A2-4C"), ("0000:08:02.0", "A2-4Q"), ("0000:08:00.6", "A2-4A"),
     }  # fmt: skip
@@ -93,11 +95,11 @@ def test_vfio_operations_and_sriov(sim_host_factory: Factory) -> None:
         'gpus: [{address: "0000:26:00.0", model: L40S, layout: vendor-vfio, sriov: false}]'
     )
     host = sim_host_factory(spec)
-    assert host.scan().gpus[0].layout is Layout.SRIOV_DISABLED
+    assert host.scan().gpus[0].layout is SysfsInterface.SRIOV_DISABLED
     host.enable_sriov("0000:26:00.0")
     host.enable_sriov("0000:26:00.0")  # idempotent
     gpu = host.scan().gpus[0]
-    assert gpu.layout is Layout.VENDOR_VFIO and len(gpu.vfs) == 32
+    assert gpu.layout is SysfsInterface.VENDOR_VFIO and len(gpu.vfs) == 32
     assert len(gpu.vfs[0].creatable) == 23
     host.set_vf_type(gpu.vfs[0].address, 1154)  # L40S-16Q, max 3
     gpu = host.scan().gpus[0]

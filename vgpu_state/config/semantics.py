@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ruamel.yaml.nodes import Node
 
 from vgpu_state.catalog import Catalog, GpuModel, VgpuType, parse_type_name
+from vgpu_state.catalog.capacity import check_fit
 from vgpu_state.config.filters import DeviceFilter
 from vgpu_state.config.typenames import name_product
 from vgpu_state.config.yamlnodes import Issues, join
@@ -163,20 +164,19 @@ def _check_fit(
             "either kind, not both",
         )
         return
-    over = False
+    fit = check_fit([(t, count) for _, t, count, *_ in known])
     for name, t, count, _, count_node in known:
-        if count > t.max_instances:
+        if (t, count) in fit.over_type:
             issues.at(
                 count_node,
                 join(vpath, name),
                 f"{name}: {count} exceeds {t.max_instances}, the most one {label} holds",
             )
-            over = True
-    if over:
+    if fit.over_type:
         return
     if sliced:
-        sizes = sorted({t.framebuffer_mib for _, t, *_ in sliced})
-        if len(sizes) > 1:
+        if fit.mixed_sizes:
+            sizes = sorted({t.framebuffer_mib for _, t, *_ in sliced})
             first = next(k for k in sliced if k[1].framebuffer_mib == sizes[0])
             other = next(k for k in sliced if k[1].framebuffer_mib != sizes[0])
             issues.at(
@@ -187,13 +187,12 @@ def _check_fit(
                 "one framebuffer size (series of the same size may mix)",
             )
             return
-        total = sum(count for _, _, count, *_ in sliced)
-        limit = min(t.max_instances for _, t, *_ in sliced)
-        if total > limit:
+        if fit.over_total is not None:
+            total, limit, size = fit.over_total
             issues.at(
                 sliced[0][3],
                 vpath,
-                f"{total} vGPUs of {sizes[0]} MiB exceed {limit}, the most one {label} holds",
+                f"{total} vGPUs of {size} MiB exceed {limit}, the most one {label} holds",
             )
     if mig:
         slices = max(

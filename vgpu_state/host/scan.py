@@ -17,9 +17,9 @@ from vgpu_state.model.ids import NVIDIA_VENDOR_ID, UUID_PATTERN
 from vgpu_state.model.snapshot import (
     CreatableType,
     Gpu,
-    Layout,
     NodeSnapshot,
     OfferedType,
+    SysfsInterface,
     Vgpu,
     VirtualFunction,
 )
@@ -280,7 +280,10 @@ class _Scanner:
             pf_creatable=tuple(t for t in pf_types or () if t.available > 0),
             offered=tuple(offered[i] for i in sorted(offered)),
             offered_complete=bool(offered)
-            and (layout is Layout.MDEV or (layout is Layout.VENDOR_VFIO and not vgpus)),
+            and (
+                layout is SysfsInterface.MDEV
+                or (layout is SysfsInterface.VENDOR_VFIO and not vgpus)
+            ),
             vgpus=tuple(sorted(vgpus, key=lambda v: (v.parent, v.uuid or ""))),
             problems=tuple(problems),
         )
@@ -295,29 +298,31 @@ class _Scanner:
         vf_has_mdev: bool,
         vf_has_vfio: bool,
         vf_count: int,
-    ) -> tuple[Layout, str]:
+    ) -> tuple[SysfsInterface, str]:
         if driver != "nvidia":
             bound = f"bound to {driver}" if driver else "not bound to any driver"
-            return Layout.UNAVAILABLE, (
+            return SysfsInterface.UNAVAILABLE, (
                 f"the GPU is {bound}, not to nvidia (the vGPU Manager's host driver)"
             )
         if pf_has_mdev or vf_has_mdev:
             where = "the PF" if pf_has_mdev else "its VFs"
-            return Layout.MDEV, f"mdev types found on {where}"
+            return SysfsInterface.MDEV, f"mdev types found on {where}"
         if vf_has_vfio:
-            return Layout.VENDOR_VFIO, "VFs expose nvidia/current_vgpu_type"
+            return SysfsInterface.VENDOR_VFIO, "VFs expose nvidia/current_vgpu_type"
         if sriov_totalvfs and sriov_numvfs == 0:
-            return Layout.SRIOV_DISABLED, "SR-IOV capable with no VFs enabled (run sriov-manage -e)"
+            return SysfsInterface.SRIOV_DISABLED, (
+                "SR-IOV capable with no VFs enabled (run sriov-manage -e)"
+            )
         if sriov_totalvfs and vf_count == 0:
-            return Layout.UNAVAILABLE, (
+            return SysfsInterface.UNAVAILABLE, (
                 f"sriov_numvfs is {sriov_numvfs} but the PF lists no virtfn links"
             )
         if sriov_totalvfs:
-            return Layout.UNAVAILABLE, (
+            return SysfsInterface.UNAVAILABLE, (
                 "VFs are enabled but expose neither mdev types nor nvidia/current_vgpu_type: "
                 "is the vGPU Manager (not the data-centre) driver installed?"
             )
-        return Layout.UNAVAILABLE, (
+        return SysfsInterface.UNAVAILABLE, (
             "no mdev types and no vendor-VFIO interface: is the vGPU Manager driver loaded?"
         )
 

@@ -43,7 +43,7 @@ from vgpu_state.kube.api import ConflictError, InvalidError, JsonObject, KubeApi
 from vgpu_state.kube.errors import ClusterConflictError, ClusterError, NotFoundError
 from vgpu_state.model.plan import ClusterAction
 from vgpu_state.model.resources import DEFAULT_DOMAIN, ResourceNameError, resource_name
-from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ def blockers(
     listed. Nodes without mdev-layout GPUs are not affected.
     """
     found: list[Blocker] = []
-    if snapshot is not None and not any(g.layout == Layout.MDEV for g in snapshot.gpus):
+    if snapshot is not None and not any(g.layout == SysfsInterface.MDEV for g in snapshot.gpus):
         return ()
     config = _get(cr, "spec", "configuration") or {}
     mdev_config = config.get("mediatedDevicesConfiguration") or {}

@@ -10,7 +10,7 @@ from pydantic import Field
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.policy import Policy, Publish
-from vgpu_state.model.snapshot import Layout
+from vgpu_state.model.snapshot import SysfsInterface
 
 PLAN_FORMAT_VERSION = "1.3"
 
@@ -28,7 +28,7 @@ class Action(Frozen):
     address: str
     """``gpu[<pci>].vgpu[<uuid>]``, ``gpu[<pci>].vf[<pci>]`` or ``gpu[<pci>].sriov``."""
     gpu: str
-    layout: Layout
+    layout: SysfsInterface
     type_name: str | None = None
     type_id: int | None = None
     parent: str | None = None
@@ -75,7 +75,7 @@ class GpuPlan(Frozen):
     address: str
     index: int
     model: str | None
-    layout: Layout
+    layout: SysfsInterface
     managed: bool
     entry: str = ""
     kept: int = 0

@@ -10,8 +10,14 @@ from typing import Any, Literal
 from vgpu_state.model.frozen import Frozen
 
 
-class Layout(StrEnum):
-    """How a GPU exposes vGPUs, detected from sysfs only."""
+class SysfsInterface(StrEnum):
+    """How a GPU's driver exposes vGPUs in sysfs, detected from sysfs only: mdev,
+    vendor-specific VFIO, SR-IOV still off, or no vGPU manager at all.
+
+    Not to be confused with a *layout* (the vGPU types a config wants on a GPU).
+    Serialised as the ``layout`` field of scans, plans and ``VGPUNodeState``
+    status, with these values, so saved plans and status stay readable.
+    """
 
     MDEV = "mdev"
     VENDOR_VFIO = "vendor-vfio"
@@ -97,7 +103,8 @@ class Gpu(Frozen):
     sriov_totalvfs: int | None = None
     sriov_numvfs: int = 0
     vfs: tuple[VirtualFunction, ...] = ()
-    layout: Layout = Layout.UNAVAILABLE
+    layout: SysfsInterface = SysfsInterface.UNAVAILABLE
+    """The GPU's sysfs interface (the field keeps its serialised name ``layout``)."""
     layout_reason: str = ""
     pf_creatable: tuple[CreatableType, ...] = ()
     offered: tuple[OfferedType, ...] = ()

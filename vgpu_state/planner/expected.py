@@ -10,7 +10,7 @@ enabling SR-IOV and verifies against that plan.
 from __future__ import annotations
 
 from vgpu_state.model.plan import Action, ActionKind, Plan
-from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, Vgpu, VirtualFunction
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu, VirtualFunction
 
 
 def _apply(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
@@ -26,7 +26,7 @@ def _apply(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
                 vf_types[a.vf] = None
         elif a.kind is ActionKind.ENABLE_SRIOV:
             numvfs = g.sriov_totalvfs or 0
-        elif a.layout is Layout.VENDOR_VFIO and a.vf is not None:
+        elif a.layout is SysfsInterface.VENDOR_VFIO and a.vf is not None:
             vgpus[a.vf] = Vgpu(kind="vf", parent=a.vf, type_id=a.type_id, type_name=a.type_name)
             vf_types[a.vf] = a.type_id
         else:

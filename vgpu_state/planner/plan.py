@@ -14,6 +14,8 @@ from vgpu_state.catalog import (
     parse_type_name,
     type_sort_key,
 )
+from vgpu_state.catalog.capacity import check_fit, size_key
+from vgpu_state.catalog.capacity import remaining as room
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import BlockedReason, PlanningError
 from vgpu_state.model.plan import (
@@ -26,7 +28,7 @@ from vgpu_state.model.plan import (
     Summary,
 )
 from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
-from vgpu_state.model.snapshot import Gpu, Layout, NodeSnapshot, OfferedType, Vgpu
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, OfferedType, SysfsInterface, Vgpu
 from vgpu_state.planner.identity import free_uuids
 
 
@@ -85,7 +87,7 @@ class _Planner:
 
     def size_of(self, g: Gpu, name: str | None) -> tuple[int, bool] | None:
         t = self.info(g, name)
-        return (t.framebuffer_mib, t.is_mig) if t else None
+        return size_key(t) if t else None
 
     def holder(self, v: Vgpu) -> str | None:
         if self.policy.in_use is InUsePolicy.IGNORE:
@@ -97,9 +99,9 @@ class _Planner:
         target = {n: c for n, c in dg.types if c > 0}
         label = f"gpu[{g.address}] ({g.model or 'unknown model'})"
         infos = {n: self.info(g, n) for n in target}
-        sizes = {(t.framebuffer_mib, t.is_mig) for t in infos.values() if t}
-        ok = True
-        if len(sizes) > 1:
+        fit = check_fit([(infos[n], c) for n, c in sorted(target.items())])
+        ok = fit.ok
+        if fit.mixed_sizes:
             parts = ", ".join(
                 f"{n} = {t.framebuffer_mib} MiB{' MIG-backed' if t.is_mig else ''}"
                 for n, t in sorted(infos.items())
@@ -109,25 +111,20 @@ class _Planner:
                 f"{label}: the layout mixes framebuffer sizes ({parts}); the driver allows "
                 f"one framebuffer size per GPU [{dg.entry}]"
             )
-            ok = False
-        total = sum(target.values())
         for name, count in sorted(target.items()):
             t = infos[name]
-            if t and count > t.max_instances:
+            if t is not None and (t, count) in fit.over_type:
                 self.errors.append(
                     f"{label}: {count} × {name} requested but one GPU holds at most "
                     f"{t.max_instances} [{dg.entry}]"
                 )
-                ok = False
-        known = [t for t in infos.values() if t]
-        if ok and known:
-            cap = min(t.max_instances for t in known)
-            if total > cap:
-                self.errors.append(
-                    f"{label}: {total} vGPUs of {known[0].framebuffer_mib} MiB requested but "
-                    f"one GPU holds at most {cap} [{dg.entry}]"
-                )
-                ok = False
+        if fit.over_total is not None:
+            wanted, cap, size = fit.over_total
+            self.errors.append(
+                f"{label}: {wanted} vGPUs of {size} MiB requested but "
+                f"one GPU holds at most {cap} [{dg.entry}]"
+            )
+        total = sum(target.values())
         if g.sriov_capable:
             vfs = len(g.vfs) if g.vfs else (g.sriov_totalvfs or 0)
             if total > vfs:
@@ -276,7 +273,7 @@ class _Planner:
         work: _GpuWork,
     ) -> bool:
         """Add create (and SR-IOV) steps; return True when parents wait for SR-IOV."""
-        if g.layout is Layout.UNAVAILABLE:
+        if g.layout is SysfsInterface.UNAVAILABLE:
             self.block_all(
                 g,
                 creates,
@@ -302,10 +299,9 @@ class _Planner:
             )
             return False
         # Same size: capacity left after what stays.
-        infos = [self.info(g, n) for n in set(creates)]
-        caps = [t.max_instances for t in infos if t]
-        staying = len(kept) + len(remaining)
-        capacity = (min(caps) - staying) if caps else len(creates)
+        infos = [t for t in (self.info(g, n) for n in set(creates)) if t]
+        staying = [self.info(g, v.type_name) for v in (*kept, *remaining)]
+        capacity = min(room(t, staying) for t in infos) if infos else len(creates)
         if remaining and capacity < len(creates):
             holders = ", ".join(describe(v) for v in remaining)
             self.block_all(
@@ -368,7 +364,7 @@ class _Planner:
                     f"know it [{dg.entry}]"
                 )
                 continue
-            if g.layout is Layout.VENDOR_VFIO:
+            if g.layout is SysfsInterface.VENDOR_VFIO:
                 work.actions.append(_create(g, name, type_id, vf=parent, parent=parent))
             else:
                 work.actions.append(_create(g, name, type_id, uuid=next(uuids), parent=parent))

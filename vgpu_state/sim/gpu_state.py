@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from vgpu_state.catalog import GpuModel, VgpuType
+from vgpu_state.catalog.capacity import remaining as room
 from vgpu_state.model.ids import UUID_PATTERN
 from vgpu_state.model.pci import vf_address
 
@@ -118,13 +119,7 @@ class SimGpu:
 
     def remaining(self, t: VgpuType) -> int:
         """How many more vGPUs of ``t`` fit under the equal-size rule (§5.2)."""
-        if self.vgpus:
-            size = self.vgpus[0].type.framebuffer_mib
-            if t.framebuffer_mib != size:
-                return 0
-            left = max(0, t.max_instances - len(self.vgpus))
-        else:
-            left = t.max_instances
+        left = room(t, [v.type for v in self.vgpus])
         if self.sriov_capable:
             left = min(left, self.free_vfs())
         return left
