@@ -29,6 +29,8 @@ from vgpu_state.sim.fuse import fuse_unavailable_reason, mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
 
+CATALOG = default_catalog()
+
 TARGET_MS = 1.0
 GPUS = 8
 
@@ -100,7 +102,7 @@ def run(host: HostPort, journal_dir: str, workdir: Path) -> tuple[int, float, fl
     setattr(vgpu_state.reconcile.once, "Journal", TimedJournal)  # noqa: B010
     with tempfile.TemporaryDirectory(dir=journal_dir) as d:
         settings = Settings(catalog=default_catalog(), journal_path=Path(d) / "journal.jsonl")
-        ports = Ports(timed, MemoryCluster("bench"), FileConfigSource(config))
+        ports = Ports(timed, MemoryCluster("bench"), FileConfigSource(config, catalog=CATALOG))
         report = reconcile_once(
             ports, settings, mode=Mode.APPLY, config_name="bench", reporter=watch
         )
@@ -123,7 +125,7 @@ def report(label: str, actions: int, total: float, host: float, journal: float) 
 
 def main() -> int:
     print(f"Python {sys.version.split()[0]}")
-    spec = parse_spec(SPEC)
+    spec = parse_spec(SPEC, catalog=CATALOG)
     disk = tempfile.gettempdir()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,7 +139,9 @@ def main() -> int:
             return 0 if ok else 1
         for jlabel, jdir in (("journal /dev/shm", "/dev/shm"), (f"journal {disk}", disk)):
             with mounted(spec, work / "mnt") as m:
-                fuse_host = SysfsHost(str(m.root), spec.node, m.sriov_manage_command())
+                fuse_host = SysfsHost(
+                    str(m.root), spec.node, m.sriov_manage_command(), catalog=CATALOG
+                )
                 report(f"FUSE, {jlabel}", *run(fuse_host, jdir, work))
     return 0 if ok else 1
 

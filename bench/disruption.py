@@ -22,6 +22,8 @@ from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.node import open_sim
 from vgpu_state.sim.spec import GpuSpec, NodeSpec, VgpuSpec
 
+CATALOG = default_catalog()
+
 Layout = dict[str, int]
 ADDRESS = "0000:3b:00.0"
 
@@ -89,7 +91,7 @@ def vgpu_state_counts(t: Transition) -> tuple[int, int]:
     config = load_text(
         "version: v1\npolicy: {prune: true}\nvgpu-configs:\n  disruption:\n"
         f'    - devices: ["{ADDRESS}"]\n      vgpu-devices: {{{wanted}}}\n',
-        "disruption.yaml",
+        "disruption.yaml", catalog=CATALOG
     )
     node = open_sim(spec(t))
     try:

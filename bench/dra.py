@@ -42,6 +42,8 @@ from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
 from vgpu_state.testing import FakeCluster
 
+CATALOG = default_catalog()
+
 NODE = "bench"
 TARGET_PUBLISH_S = {16: 0.5, 512: 2.0}
 TARGET_PREPARE_MS = 20.0
@@ -70,7 +72,7 @@ def apply_layout(host: SimHost, type_name: str, count: int) -> None:
     ports = Ports(
         host,
         FakeCluster(NODE),
-        StaticConfigSource(load_text(layout(type_name, count), "bench.yaml")),
+        StaticConfigSource(load_text(layout(type_name, count), "bench.yaml", catalog=CATALOG)),
     )
     report = reconcile_once(
         ports, Settings(catalog=default_catalog()), mode=Mode.APPLY, config_name="bench"
@@ -86,7 +88,7 @@ def client(url: str) -> ApiClient:
 
 def apply_to_slices(vgpus: int) -> tuple[float, float, float, PoolSpec, SimHost]:
     gpus, type_name, per_gpu = (1, "L40S-3Q", 16) if vgpus == 16 else (16, "L40S-1Q", 32)
-    host = SimHost(parse_spec(spec(gpus)), in_memory=True)
+    host = SimHost(parse_spec(spec(gpus), catalog=CATALOG), in_memory=True)
     api = RunningDraApiServer().start()
     try:
         api.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
@@ -96,7 +98,7 @@ def apply_to_slices(vgpus: int) -> tuple[float, float, float, PoolSpec, SimHost]
         started = time.perf_counter()
         apply_layout(host, type_name, per_gpu)  # ends with a fresh scan compared with the layout
         applied = time.perf_counter()
-        pool = build_pool(host.scan())
+        pool = build_pool(host.scan(), catalog=CATALOG)
         publisher.publish(pool)
         current = time.perf_counter()
         assert len(pool.devices) == vgpus, len(pool.devices)
@@ -110,13 +112,14 @@ def apply_to_slices(vgpus: int) -> tuple[float, float, float, PoolSpec, SimHost]
 
 def prepare_latency(rounds: int = 20) -> tuple[list[float], list[float], list[float]]:
     base = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/dev/shm"))
-    host = SimHost(parse_spec(spec(1)))  # a sysfs tree: prepare reads IOMMU groups from it
+    # a sysfs tree: prepare reads IOMMU groups from it
+    host = SimHost(parse_spec(spec(1), catalog=CATALOG))
     api = RunningDraApiServer().start()
     kubelet: FakeKubelet | None = None
     plugin: DraPlugin | None = None
     try:
         apply_layout(host, "L40S-1Q", 32)
-        pool = build_pool(host.scan())
+        pool = build_pool(host.scan(), catalog=CATALOG)
         names = sorted(pool.devices)[:rounds]
         paths = DraPaths(
             plugin_dir=base / "plugins" / DRIVER,

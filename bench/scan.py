@@ -12,9 +12,12 @@ import statistics
 import sys
 import time
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan_with_stats
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
+
+CATALOG = default_catalog()
 
 TARGET_MS = 50.0
 RUNS = 15
@@ -29,13 +32,13 @@ def node_spec(layout: str) -> str:
 
 
 def measure(layout: str) -> tuple[float, int, int, int]:
-    with SimHost(parse_spec(node_spec(layout))) as host:
+    with SimHost(parse_spec(node_spec(layout), catalog=CATALOG)) as host:
         times = []
         files = 0
         snap = None
         for _ in range(RUNS):
             started = time.perf_counter()
-            snap, stats = scan_with_stats(host.root, host.node)
+            snap, stats = scan_with_stats(host.root, host.node, catalog=CATALOG)
             times.append(time.perf_counter() - started)
             files = stats.files_read
         assert snap is not None

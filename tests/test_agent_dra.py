@@ -27,6 +27,8 @@ from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster, RecordingDevicePlugin
 
+CATALOG = default_catalog()
+
 SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
 NODE = "l40s-node"
 GROW = """version: v1
@@ -70,13 +72,17 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
             sysfs_root=Path(host.root),
             dev_root=base / "dev",
         )
-        dra = DraNode(ApiClient(cfg), NODE, paths, resync_seconds=3600).start()
+        dra = DraNode(ApiClient(cfg), NODE, paths, resync_seconds=3600, catalog=CATALOG).start()
         plugin = RecordingDevicePlugin()
 
         def ports(config: str) -> Ports:
             cluster = ClaimsHoldVgpus(FakeCluster(NODE), dra)
             return Ports(
-                host, cluster, StaticConfigSource(load_text(config, "c.yaml")), plugin, dra
+                host,
+                cluster,
+                StaticConfigSource(load_text(config, "c.yaml", catalog=CATALOG)),
+                plugin,
+                dra,
             )
 
         settings = Settings(catalog=default_catalog())

@@ -24,8 +24,11 @@ from typing import Any
 import pytest
 
 from tests.kube_emulator import RunningEmulator
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import mounted
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 A2_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
@@ -74,7 +77,7 @@ def wait_for(
 
 def layout(root: str) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for gpu in scan(root).gpus:
+    for gpu in scan(root, catalog=CATALOG).gpus:
         for v in gpu.vgpus:
             counts[str(v.type_name)] = counts.get(str(v.type_name), 0) + 1
     return counts
@@ -203,12 +206,12 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     wait_for("success", lambda: agent.state() == "success", proc)
 
     # The config made invalid: the node says where; the host is left as it is.
-    before = scan(agent.root).fingerprint()
+    before = scan(agent.root, catalog=CATALOG).fingerprint()
     agent.edit_config(CONFIG.replace("A2-4Q: 2", "A2-4Q: lots"))
     wait_for("failed", lambda: agent.state() == "failed", proc)
     message = agent.annotation("vgpu-state.io/last-plan")
     assert "config.yaml:8:39:" in message and "lots" in message, message
-    assert scan(agent.root).fingerprint() == before
+    assert scan(agent.root, catalog=CATALOG).fingerprint() == before
     status = agent.nodestate()
     degraded = {c["type"]: c for c in status["conditions"]}["Degraded"]
     assert degraded["status"] == "True" and degraded["reason"] == "ConfigInvalid"
@@ -261,7 +264,7 @@ def test_sigkill_mid_apply_then_the_restarted_agent_converges_without_duplicates
             proc = running.start()
             wait_for("the layout", lambda: layout(running.root) == {"A2-4C": 1, "A2-4Q": 3}, proc)
             wait_for("success", lambda: running.state() == "success", proc)
-            uuids = [v.uuid for g in scan(running.root).gpus for v in g.vgpus]
+            uuids = [v.uuid for g in scan(running.root, catalog=CATALOG).gpus for v in g.vgpus]
             assert len(uuids) == len(set(uuids)) == 4
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
@@ -418,11 +421,12 @@ def test_an_unreachable_api_server_leaves_the_host_alone_and_the_agent_reports_o
         try:
             wait_for("the first reconcile", lambda: running.state() == "success", proc)
             proxy.down()
-            before = scan(running.root).fingerprint()
+            before = scan(running.root, catalog=CATALOG).fingerprint()
             # While the API server is away the config asks for a change: nothing happens.
             running.edit_config(CONFIG.replace("a2-4g:", "old:").replace("grow:", "a2-4g:"))
             time.sleep(3)
-            assert scan(running.root).fingerprint() == before, "no host change without the API"
+            after = scan(running.root, catalog=CATALOG).fingerprint()
+            assert after == before, "no host change without the API"
             assert proc.poll() is None, "the agent keeps running"
             assert running.get("/readyz")[0] == 503
             assert running.get("/healthz")[0] == 200

@@ -21,6 +21,8 @@ from vgpu_state.reconcile import Ports, Settings
 from vgpu_state.sim.node import open_sim
 from vgpu_state.testing import FakeCluster, RecordingDevicePlugin, RecordingHost
 
+CATALOG = default_catalog()
+
 REPO = Path(__file__).resolve().parent.parent
 A2_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
 HELD = "f715f63c-0d00-4007-9c5a-b07b0c6c05de"  # A2-4C, held by vm default/win-1
@@ -63,7 +65,7 @@ class Node:
             "a2-node", {"nvidia.com/vgpu.config": label}, {HELD: "vm default/win-1"}
         )
         self.plugin = RecordingDevicePlugin()
-        self.source = FileConfigSource(self.config_path)
+        self.source = FileConfigSource(self.config_path, catalog=CATALOG)
         self.ports = Ports(self.host, self.cluster, self.source, self.plugin)
         self.metrics = AgentMetrics()
 
@@ -183,10 +185,13 @@ CONFIGS = "vgpu-configs: {a: [{devices: all, vgpu-devices: {A2-4Q: 1}}]}\n"
 
 
 def test_max_unavailable_is_a_policy_key() -> None:
-    doc = load_text("version: v1\npolicy: {max-unavailable: 3}\n" + CONFIGS)
+    doc = load_text("version: v1\npolicy: {max-unavailable: 3}\n" + CONFIGS, catalog=CATALOG)
     assert doc.policy_for("a").max_unavailable == 3
-    assert load_text("version: v1\n" + CONFIGS).policy_for("a").max_unavailable == 1
+    plain = load_text("version: v1\n" + CONFIGS, catalog=CATALOG)
+    assert plain.policy_for("a").max_unavailable == 1
     for bad in ("0", "two", "1.5"):
         with pytest.raises(ConfigError) as err:
-            load_text(f"version: v1\npolicy: {{max-unavailable: {bad}}}\n" + CONFIGS)
+            load_text(
+                f"version: v1\npolicy: {{max-unavailable: {bad}}}\n" + CONFIGS, catalog=CATALOG
+            )
         assert str(err.value).startswith("<config>:2:27: max-unavailable must be a whole number")

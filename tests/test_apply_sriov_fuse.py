@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import mounted
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,7 +44,7 @@ def test_apply_enables_sriov_through_sriov_manage(tmp_path: Path) -> None:
     config.write_text(LAYOUT)
     with mounted(REPO / "configs" / "sim" / "a16-board.yaml", tmp_path / "mnt") as m:
         root = str(m.root)
-        before = scan(root)
+        before = scan(root, catalog=CATALOG)
         off = [g.address for g in before.gpus if g.sriov_numvfs == 0]
         assert off, "the example board has a GPU with its VFs off"
         common = [
@@ -54,7 +57,7 @@ def test_apply_enables_sriov_through_sriov_manage(tmp_path: Path) -> None:
         command = shlex.join(m.sriov_manage_command())
         done = cli("apply", *common, "--auto-approve", "--sriov-manage", command)
         assert done.returncode == 0, done.stdout + done.stderr
-        after = scan(root)
+        after = scan(root, catalog=CATALOG)
         for address in off:
             g = after.gpu(address)
             assert g is not None and g.sriov_numvfs == g.sriov_totalvfs

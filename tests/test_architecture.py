@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -115,3 +116,51 @@ def test_only_the_reconcile_goes_from_config_to_a_plan() -> None:
             if resolve.search(text) and planner.search(text):
                 offenders.append(str(rel))
     assert offenders == []
+
+
+# The composition roots that choose the catalog: the command line, the agent's
+# assembly and the simulator's own entry points (a simulated node, the FUSE server).
+CATALOG_ROOTS = ("cli/", "agent/assemble.py", "sim/host.py", "sim/server.py", "catalog/")
+
+
+def default_catalog_calls(package: Path) -> list[str]:
+    """``file:line`` of every ``default_catalog()`` call outside the composition roots."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel.startswith(CATALOG_ROOTS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")
+            if name == "default_catalog":
+                found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_the_catalog_is_passed_down_from_the_shells() -> None:
+    """Below the CLI, the agent's assembly and the simulator's entry points, every
+    layer gets its catalog from its caller (``Settings.catalog``), never implicitly."""
+    assert default_catalog_calls(REPO / "vgpu_state") == []
+
+
+@pytest.mark.parametrize(
+    ("module", "line"),
+    [
+        ("planner/plan.py", "_ = default_catalog()"),
+        ("config/resolution.py", "_ = catalog_module.default_catalog()"),
+    ],
+)
+def test_an_implicit_catalog_below_the_shells_is_caught(
+    tmp_path: Path, module: str, line: str
+) -> None:
+    shutil.copytree(
+        REPO / "vgpu_state", tmp_path / "vgpu_state", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    target = tmp_path / "vgpu_state" / module
+    text = target.read_text()
+    target.write_text(text + f"\n{line}  # noqa\n")
+    lineno = text.count("\n") + 2
+    assert default_catalog_calls(tmp_path / "vgpu_state") == [f"{module}:{lineno}"]

@@ -77,13 +77,13 @@ def test_config_check_and_planner_apply_the_rule(layout: dict[str, int], fits: b
         f"    - devices: all\n      vgpu-devices: {{{devices}}}\n"
     )
     try:
-        load_text(text, "c.yaml")
+        load_text(text, "c.yaml", catalog=CATALOG)
         config_ok = True
     except ConfigError:
         config_ok = False
     snapshot = build_snapshot(build_gpu("0000:3b:00.0", "T4"))
     try:
-        plan(desired({"0000:3b:00.0": layout}, snapshot), snapshot)
+        plan(desired({"0000:3b:00.0": layout}, snapshot), snapshot, catalog=CATALOG)
         planner_ok = True
     except PlanningError:
         planner_ok = False

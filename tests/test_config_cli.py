@@ -13,8 +13,11 @@ import pytest
 from click.testing import CliRunner
 from ruamel.yaml import YAML
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.config import json_schema_text, load_file
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "vgpu-state-config.schema.json"
@@ -83,7 +86,7 @@ def test_default_config_is_current() -> None:
 def test_default_config_covers_every_model_with_q_types() -> None:
     from vgpu_state.catalog import default_catalog
 
-    doc = load_file(REPO / "configs" / "default.yaml")
+    doc = load_file(REPO / "configs" / "default.yaml", catalog=CATALOG)
     listed = {name for e in doc.configs["default"].entries for name in e.vgpu_devices}
     for model in default_catalog().models:
         if any(t.series == "Q" and not t.is_mig for t in model.types):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.config import load_text
 from vgpu_state.model import ConfigError
+
+CATALOG = default_catalog()
 
 H = "version: v1\nvgpu-configs:\n"
 
@@ -528,13 +531,13 @@ CASES: list[tuple[str, str, list[str]]] = [
 @pytest.mark.parametrize(("text", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_invalid_document(text: str, expected: list[str]) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_text(text, "f.yaml")
+        load_text(text, "f.yaml", catalog=CATALOG)
     assert [str(issue) for issue in caught.value.issues] == [f"f.yaml:{m}" for m in expected]
 
 
 def test_error_has_no_traceback_text() -> None:
     with pytest.raises(ConfigError) as caught:
-        load_text("version: v1\nvgpu-configs: [\n", "f.yaml")
+        load_text("version: v1\nvgpu-configs: [\n", "f.yaml", catalog=CATALOG)
     assert "Traceback" not in str(caught.value)
     assert str(caught.value).startswith("f.yaml:3:1: not valid YAML")
 
@@ -542,7 +545,7 @@ def test_error_has_no_traceback_text() -> None:
 def test_a_config_with_errors_still_counts_as_defined() -> None:
     text = "version: v1\ndefault: a\nvgpu-configs:\n  a:\n    - devices: all\n      vgpu-devices: {A10-4W: 1}\n"
     with pytest.raises(ConfigError) as err:
-        load_text(text, "f.yaml")
+        load_text(text, "f.yaml", catalog=CATALOG)
     assert [str(i) for i in err.value.issues] == [
         "f.yaml:6:22: unknown vGPU type 'A10-4W'; did you mean A10-4Q? "
         "(vgpu-configs.a[0].vgpu-devices.A10-4W)"

@@ -15,6 +15,8 @@ from vgpu_state.catalog import default_catalog
 from vgpu_state.config import ConfigDocument, dump, load_text
 from vgpu_state.model import ConfigError, InUsePolicy, Policy, SriovPolicy
 
+CATALOG = default_catalog()
+
 H = "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n      vgpu-devices: "
 
 
@@ -60,17 +62,17 @@ H = "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n      vgpu-devices: "
     ],
 )
 def test_valid_document(text: str, check: Any) -> None:
-    assert check(load_text(text, "f.yaml"))
+    assert check(load_text(text, "f.yaml", catalog=CATALOG))
 
 
 def test_positions_are_recorded() -> None:
-    doc = load_text(H + "{A10-4Q: 6}\n", "f.yaml")
+    doc = load_text(H + "{A10-4Q: 6}\n", "f.yaml", catalog=CATALOG)
     assert doc.entry_ref("c", 0) == "f.yaml:4:7 (vgpu-configs.c[0])"
 
 
 def test_documents_compare_by_content_only() -> None:
-    a = load_text(H + "{A10-4Q: 6}\n", "a.yaml")
-    b = load_text("# comment\n\n" + H + "{A10-4Q: 6}\n", "b.yaml")
+    a = load_text(H + "{A10-4Q: 6}\n", "a.yaml", catalog=CATALOG)
+    b = load_text("# comment\n\n" + H + "{A10-4Q: 6}\n", "b.yaml", catalog=CATALOG)
     assert a == b
 
 
@@ -159,9 +161,9 @@ def to_yaml(data: dict[str, Any]) -> str:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents())
 def test_load_dump_load_is_identity(data: dict[str, Any]) -> None:
-    first = load_text(to_yaml(data), "gen.yaml")
+    first = load_text(to_yaml(data), "gen.yaml", catalog=CATALOG)
     text = dump(first)
-    second = load_text(text, "dumped.yaml")
+    second = load_text(text, "dumped.yaml", catalog=CATALOG)
     assert second == first
     assert dump(second) == text
 
@@ -194,7 +196,7 @@ def mutated(draw: st.DrawFn) -> str:
 @given(mutated())
 def test_mutations_raise_only_config_error(text: str) -> None:
     try:
-        result = load_text(text, "mutated.yaml")
+        result = load_text(text, "mutated.yaml", catalog=CATALOG)
     except ConfigError as exc:
         assert exc.issues
         for issue in exc.issues:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.config import load_text, resolve, select
 from vgpu_state.model import ConfigError, Gpu, SelectionError
+
+CATALOG = default_catalog()
 
 DOC = """\
 version: v1
@@ -95,7 +98,7 @@ GPUS = (a2(0, "0000:08:00.0"), a16(1, "0000:09:00.0"), l40s(2, "0000:41:00.0"))
 
 @pytest.fixture(scope="module")
 def doc():
-    return load_text(DOC, "pools.yaml")
+    return load_text(DOC, "pools.yaml", catalog=CATALOG)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +135,9 @@ def test_custom_label_key(doc) -> None:
 
 def test_no_config_selected_is_an_outcome() -> None:
     plain = load_text(
-        "version: v1\nvgpu-configs:\n  a:\n    - devices: all\n      vgpu-devices: {}\n", "p.yaml"
+        "version: v1\nvgpu-configs:\n  a:\n    - devices: all\n      vgpu-devices: {}\n",
+        "p.yaml",
+        catalog=CATALOG,
     )
     selection = select(plain, "n1", {"pool": "x"})
     assert selection.config is None and selection.source == "none"
@@ -148,7 +153,7 @@ def test_label_naming_unknown_config_suggests(doc) -> None:
 
 
 def test_a2_and_a16_share_a_device_id_types_decide(doc) -> None:
-    state = resolve(doc, "vdi", GPUS, "n1", "label")
+    state = resolve(doc, "vdi", GPUS, "n1", "label", catalog=CATALOG)
     assert [(g.address, g.types) for g in state.gpus] == [
         ("0000:08:00.0", (("A2-4Q", 4),)),
         ("0000:09:00.0", (("A16-2Q", 8),)),
@@ -160,13 +165,13 @@ def test_a2_and_a16_share_a_device_id_types_decide(doc) -> None:
 
 
 def test_a2_and_a16_by_subsystem_filter(doc) -> None:
-    state = resolve(doc, "by-subsystem", GPUS, "n1", "label")
+    state = resolve(doc, "by-subsystem", GPUS, "n1", "label", catalog=CATALOG)
     assert [g.types for g in state.gpus] == [(("A2-2Q", 8),), (("A16-4Q", 4),)]
     assert state.gpus[0].model == "A2"
 
 
 def test_index_and_address(doc) -> None:
-    state = resolve(doc, "lab", GPUS, "n1", "node-selector[2]")
+    state = resolve(doc, "lab", GPUS, "n1", "node-selector[2]", catalog=CATALOG)
     assert [(g.index, g.types) for g in state.gpus] == [
         (0, (("A2-8Q", 2),)),
         (1, (("A16-1Q", 16),)),
@@ -176,7 +181,7 @@ def test_index_and_address(doc) -> None:
 
 def test_overlapping_entries_name_both_lines(doc) -> None:
     with pytest.raises(ConfigError) as caught:
-        resolve(doc, "overlap", GPUS, "n1", "label")
+        resolve(doc, "overlap", GPUS, "n1", "label", catalog=CATALOG)
     assert [str(i) for i in caught.value.issues] == [
         "pools.yaml:36:7: GPU 0000:08:00.0 (index 0) matches two entries of config 'overlap': "
         "[0] on line 34 and [1] on line 36; make their devices or device-filter disjoint "
@@ -185,10 +190,10 @@ def test_overlapping_entries_name_both_lines(doc) -> None:
 
 
 def test_unmanaged_and_empty_layout(doc) -> None:
-    state = resolve(doc, "compute", GPUS, "n1", "node-selector[1]")
+    state = resolve(doc, "compute", GPUS, "n1", "node-selector[1]", catalog=CATALOG)
     assert [g.address for g in state.gpus] == ["0000:41:00.0"]
     assert state.unmanaged == ("0000:08:00.0", "0000:09:00.0")
-    empty = resolve(doc, "fallback", GPUS, "n1", "default")
+    empty = resolve(doc, "fallback", GPUS, "n1", "default", catalog=CATALOG)
     assert [g.types for g in empty.gpus] == [(), (), ()]
 
 
@@ -196,9 +201,10 @@ def test_unknown_model_accepts_types_as_is() -> None:
     doc = load_text(
         "version: v1\nvgpu-configs:\n  m:\n    - devices: all\n      vgpu-devices: {M60-0Q: 16}\n",
         "m.yaml",
+        catalog=CATALOG,
     )
     gpu = Gpu(index=0, address="0000:05:00.0", vendor_id=0x10DE, device_id=0x13F2)
-    state = resolve(doc, "m", [gpu], "n1", "default")
+    state = resolve(doc, "m", [gpu], "n1", "default", catalog=CATALOG)
     assert state.gpus[0].types == (("M60-0Q", 16),) and state.gpus[0].model is None
 
 
@@ -207,9 +213,12 @@ def test_gfx_alias_resolves_to_sysfs_name() -> None:
         "version: v1\nvgpu-configs:\n  m:\n    - devices: all\n"
         "      vgpu-devices: {GRID DC-1-24CGFX: 4}\n",
         "m.yaml",
+        catalog=CATALOG,
     )
     gpu = Gpu(index=0, address="0000:05:00.0", vendor_id=0x10DE, device_id=0x2BB5)
-    assert resolve(doc, "m", [gpu], "n1", "default").gpus[0].types == (("DC-1-24C", 4),)
+    assert resolve(doc, "m", [gpu], "n1", "default", catalog=CATALOG).gpus[0].types == (
+        ("DC-1-24C", 4),
+    )
 
 
 def test_policy_flows_into_desired_state() -> None:
@@ -218,14 +227,15 @@ def test_policy_flows_into_desired_state() -> None:
         "    policy: {in-use: ignore}\n    entries:\n      - devices: all\n"
         "        vgpu-devices: {}\n",
         "m.yaml",
+        catalog=CATALOG,
     )
-    state = resolve(doc, "m", [], "n1", "default")
+    state = resolve(doc, "m", [], "n1", "default", catalog=CATALOG)
     assert state.policy.prune is True and state.policy.in_use == "ignore"
 
 
 def test_resolve_unknown_config(doc) -> None:
     with pytest.raises(SelectionError, match="did you mean compute"):
-        resolve(doc, "comptue", GPUS, "n1", "flag")
+        resolve(doc, "comptue", GPUS, "n1", "flag", catalog=CATALOG)
 
 
 @pytest.mark.parametrize("empty", ['""', "[]", "null", "''", "~"])
@@ -237,10 +247,10 @@ def test_empty_device_filter_means_every_gpu(empty: str) -> None:
         "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n"
         f"      device-filter: {empty}\n      vgpu-devices: {{A2-4Q: 4}}\n"
     )
-    doc = load_text(text, "f.yaml")
+    doc = load_text(text, "f.yaml", catalog=CATALOG)
     assert doc.configs["c"].entries[0].device_filter == ()
     snapshot = build_snapshot(build_gpu("0000:08:00.0", "A2"), build_gpu("0000:09:00.0", "A2"))
-    state = resolve(doc, "c", snapshot.gpus, NODE, "flag")
+    state = resolve(doc, "c", snapshot.gpus, NODE, "flag", catalog=CATALOG)
     assert [g.address for g in state.gpus] == ["0000:08:00.0", "0000:09:00.0"]
     assert state.unmanaged == ()
 
@@ -252,7 +262,7 @@ def test_resolution_covers_gpus_with_a_newer_drivers_type() -> None:
     text = (
         "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n      vgpu-devices: {L40S-5Q: 2}\n"
     )
-    doc = load_text(text, "f.yaml")
+    doc = load_text(text, "f.yaml", catalog=CATALOG)
     snapshot = build_snapshot(build_gpu("0000:26:00.0", "L40S", layout="vendor-vfio"))
-    state = resolve(doc, "c", snapshot.gpus, NODE, "flag")
+    state = resolve(doc, "c", snapshot.gpus, NODE, "flag", catalog=CATALOG)
     assert [g.types for g in state.gpus] == [(("L40S-5Q", 2),)]

@@ -10,6 +10,10 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from vgpu_state.catalog import default_catalog
+
+CATALOG = default_catalog()
+
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 # Oldest and newest Kubernetes minor versions the manifests are checked against.
@@ -182,7 +186,7 @@ def test_configmap_carries_the_default_config_and_it_validates(
     assert set(data) == {"config.yaml"}
     shipped = (REPO / "configs" / "default.yaml").read_text(encoding="utf-8")
     assert data["config.yaml"] == shipped
-    load_text(data["config.yaml"], "deploy/config.yaml")
+    load_text(data["config.yaml"], "deploy/config.yaml", catalog=CATALOG)
 
 
 def test_dockerfile_installs_the_package_and_runs_the_command() -> None:

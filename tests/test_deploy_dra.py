@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.dra.slices import DRIVER, build_pool
 from vgpu_state.sim.host import SimHost
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 DRA_MOUNTS = {
@@ -106,7 +109,7 @@ def test_the_base_alone_has_no_dra(tmp_path: Path) -> None:
 )
 def test_published_slices_are_valid_resource_slices(version: str, api: str) -> None:
     with SimHost(REPO / "configs" / "sim" / "mixed.yaml", in_memory=True) as host:
-        manifests = build_pool(host.scan()).manifests(3, api)
+        manifests = build_pool(host.scan(), catalog=CATALOG).manifests(3, api)
     assert len(manifests) == 3
     assert _validate(manifests, version) == []
 
@@ -134,5 +137,5 @@ def test_the_examples_in_the_dra_page_are_valid() -> None:
     from vgpu_state.config import load_text
 
     (config,) = [b for b in blocks if b.startswith("version: v1")]
-    entry = load_text(config, "dra.md").configs["render-nodes"].entries[0]
+    entry = load_text(config, "dra.md", catalog=CATALOG).configs["render-nodes"].entries[0]
     assert entry.publish is not None and entry.publish.value == "dra"

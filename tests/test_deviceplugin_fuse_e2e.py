@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.deviceplugin import DevicePluginManager
 from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import mounted
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,7 +61,7 @@ def test_apply_then_kubelet_sees_new_devices_and_allocates_them(
         root = str(m.root)
         plugins = DevicePluginManager(str(plugin_dir), poll_interval=0.02, iommufd=False)
         try:
-            before = scan(root)
+            before = scan(root, catalog=CATALOG)
             plugins.refresh(before)
             old = {v.key for g in before.gpus for v in g.vgpus}
             kubelet.wait_for(resource, lambda d: {x.id for x in d} == old)
@@ -88,7 +91,7 @@ def test_apply_then_kubelet_sees_new_devices_and_allocates_them(
             )
             assert applied.returncode == 0, applied.stdout + applied.stderr
 
-            after = scan(root)
+            after = scan(root, catalog=CATALOG)
             now = {v.key for g in after.gpus for v in g.vgpus}
             new = sorted(now - old)
             assert new and old <= now

@@ -29,6 +29,8 @@ from vgpu_state.reconcile import Mode, Ports, Report, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster
 
+CATALOG = default_catalog()
+
 SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
 NODE = "l40s-node"
 
@@ -38,7 +40,7 @@ def _reconcile(
 ) -> Report:
     config = tmp / "layout.yaml"
     config.write_text("version: v1\nvgpu-configs:\n  layout:\n" + layout)
-    ports = Ports(host, FakeCluster(NODE, in_use=in_use), FileConfigSource(config))
+    ports = Ports(host, FakeCluster(NODE, in_use=in_use), FileConfigSource(config, catalog=CATALOG))
     settings = Settings(catalog=default_catalog())
     return reconcile_once(ports, settings, mode=mode, config_name="layout")
 
@@ -75,7 +77,7 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
         assert len(plugin) == 2 and plugin.isdisjoint(live)
 
         # 2. the node's slices list exactly the live DRA vGPUs, with the key KubeVirt reads.
-        pool = build_pool(channels.dra)
+        pool = build_pool(channels.dra, catalog=CATALOG)
         SlicePublisher(client, NODE).publish(pool)
         objs = api.list(slices("v1"))
         devices = {d["name"]: d for o in objs for d in o["spec"]["devices"]}

@@ -15,12 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.dra.claims import AllocatedDevice, Claim, Consumer, MemoryClaims
 from vgpu_state.dra.fakekubelet import FakeKubelet
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
 from vgpu_state.sim.host import SimHost
+
+CATALOG = default_catalog()
 
 MIXED = Path(__file__).resolve().parent.parent / "configs" / "sim" / "mixed.yaml"
 NODE = "gpu-node-1"
@@ -71,7 +74,7 @@ def claim(name: str, uid: str, *devices: tuple[str, str], template: str | None =
 def rig() -> Iterator[Rig]:
     base = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # unix socket paths stay short
     host = SimHost(MIXED)
-    pool = build_pool(host.scan())
+    pool = build_pool(host.scan(), catalog=CATALOG)
     paths = DraPaths(
         plugin_dir=base / "plugins" / DRIVER,
         registry_dir=base / "plugins_registry",

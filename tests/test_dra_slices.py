@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.dra.slices import (
     DRIVER,
     MAX_DEVICES_PER_SLICE,
@@ -21,6 +22,8 @@ from vgpu_state.dra.slices import (
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
 from vgpu_state.sim.host import SimHost
 
+CATALOG = default_catalog()
+
 MIXED = Path(__file__).resolve().parent.parent / "configs" / "sim" / "mixed.yaml"
 
 
@@ -31,7 +34,7 @@ def mixed() -> NodeSnapshot:
 
 
 def test_one_device_per_live_vgpu_with_the_attributes_kubevirt_reads(mixed: NodeSnapshot) -> None:
-    pool = build_pool(mixed)
+    pool = build_pool(mixed, catalog=CATALOG)
     live = {v.key: (g, v) for g in mixed.gpus for v in g.vgpus}
     assert len(live) == 4
     assert {d.key for d in pool.devices.values()} == set(live)
@@ -56,7 +59,7 @@ def test_one_device_per_live_vgpu_with_the_attributes_kubevirt_reads(mixed: Node
 
 
 def test_manifests_are_valid_v1_slices_of_one_pool(mixed: NodeSnapshot) -> None:
-    manifests = build_pool(mixed).manifests(generation=7, api_version="v1")
+    manifests = build_pool(mixed, catalog=CATALOG).manifests(generation=7, api_version="v1")
     assert len(manifests) == 3  # one per GPU that has vGPUs
     names = [m["metadata"]["name"] for m in manifests]
     assert len(set(names)) == 3 and all(n.startswith("gpu-node-1-vgpu-") for n in names)
@@ -75,7 +78,7 @@ def test_manifests_are_valid_v1_slices_of_one_pool(mixed: NodeSnapshot) -> None:
 
 
 def test_only_the_vgpus_chosen_for_dra_are_published(mixed: NodeSnapshot) -> None:
-    pool = build_pool(mixed, selected=lambda g, v: g.model == "L40S")
+    pool = build_pool(mixed, selected=lambda g, v: g.model == "L40S", catalog=CATALOG)
     assert list(pool.devices) == ["vf-0000-81-00-6"]
     assert [s.gpu for s in pool.slices] == ["0000:81:00.0"]
 
@@ -104,7 +107,7 @@ def _big_gpu(count: int, model: str | None = "A2") -> Gpu:
 
 def test_a_slice_never_holds_more_devices_than_the_api_allows() -> None:
     snapshot = NodeSnapshot(node="big", gpus=(_big_gpu(300),))
-    pool = build_pool(snapshot)
+    pool = build_pool(snapshot, catalog=CATALOG)
     assert [len(s.devices) for s in pool.slices] == [128, 128, 44]
     assert max(len(s.devices) for s in pool.slices) <= MAX_DEVICES_PER_SLICE
     assert len({s.name for s in pool.slices}) == 3
@@ -119,7 +122,7 @@ def test_a_slice_never_holds_more_devices_than_the_api_allows() -> None:
 def test_values_over_the_api_limit_are_left_out_and_reported() -> None:
     long_model = "NVIDIA Hypothetical Accelerator With A Very Long Marketing Name 96GB"
     snapshot = NodeSnapshot(node="n", gpus=(_big_gpu(1, model=long_model),))
-    pool = build_pool(snapshot)
+    pool = build_pool(snapshot, catalog=CATALOG)
     (dev,) = pool.devices.values()
     assert "productName" not in dev.attributes
     assert len(pool.problems) == 1 and "productName" in pool.problems[0]
@@ -136,4 +139,4 @@ def test_device_names_map_back_to_vgpu_keys() -> None:
 
 def test_a_pool_needs_a_node_name() -> None:
     with pytest.raises(ValueError, match="node name"):
-        build_pool(NodeSnapshot(node="", gpus=(_big_gpu(1),)))
+        build_pool(NodeSnapshot(node="", gpus=(_big_gpu(1),)), catalog=CATALOG)

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.builders import NODE, build_gpu, build_snapshot
+from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.config import load_text
 from vgpu_state.model.desired import DesiredGpu, DesiredState
@@ -23,6 +24,8 @@ from vgpu_state.model.plan import ActionKind
 from vgpu_state.model.snapshot import CreatableType, OfferedType
 from vgpu_state.planner import plan, render_text
 from vgpu_state.sim.spec import SpecError, parse_spec
+
+CATALOG = default_catalog()
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -133,7 +136,7 @@ def test_what_stays_an_error_without_strict(
 
 
 def test_product_prefixes_still_load_without_warning() -> None:
-    doc = load_text(one_entry('{"NVIDIA A2-4Q": 1}'), "f.yaml")
+    doc = load_text(one_entry('{"NVIDIA A2-4Q": 1}'), "f.yaml", catalog=CATALOG)
     assert doc.warnings == ()
 
 
@@ -176,18 +179,18 @@ def test_type_the_catalog_lacks_plans_with_the_drivers_id_size_and_count() -> No
         OfferedType(type_id=9001, name="T4-1B", framebuffer_mib=1024, max_instances=16),
     )
     snapshot = _t4_with(offered)
-    p = plan(_desired("0000:3b:00.0", {"T4-1B": 16}), snapshot)  # type: ignore[arg-type]
+    p = plan(_desired("0000:3b:00.0", {"T4-1B": 16}), snapshot, catalog=CATALOG)  # type: ignore[arg-type]
     creates = [a for a in p.actions if a.kind is ActionKind.CREATE]
     assert len(creates) == 16
     assert {a.type_id for a in creates} == {9001}
     with pytest.raises(PlanningError, match="one GPU holds at most 16"):
-        plan(_desired("0000:3b:00.0", {"T4-1B": 17}), snapshot)  # type: ignore[arg-type]
+        plan(_desired("0000:3b:00.0", {"T4-1B": 17}), snapshot, catalog=CATALOG)  # type: ignore[arg-type]
 
 
 def test_type_the_host_does_not_offer_names_what_it_offers_by_size_then_name() -> None:
     snapshot = _t4_with(T4_LISTS)
     with pytest.raises(PlanningError) as caught:
-        plan(_desired("0000:3b:00.0", {"T4-1B": 16}), snapshot)  # type: ignore[arg-type]
+        plan(_desired("0000:3b:00.0", {"T4-1B": 16}), snapshot, catalog=CATALOG)  # type: ignore[arg-type]
     assert str(caught.value) == (
         "gpu[0000:3b:00.0] (Tesla T4): the driver does not offer T4-1B []; "
         "it offers: T4-1Q, T4-2Q, T4-16Q"
@@ -199,7 +202,7 @@ def test_never_a_type_id_that_neither_host_nor_catalog_gave() -> None:
     snapshot = build_snapshot(
         build_gpu("0000:26:00.0", "L40S", layout="vendor-vfio", sriov_on=False)
     )
-    p = plan(_desired("0000:26:00.0", {"L40S-12C": 2}), snapshot)
+    p = plan(_desired("0000:26:00.0", {"L40S-12C": 2}), snapshot, catalog=CATALOG)
     creates = [a for a in p.actions if a.kind is ActionKind.CREATE]
     assert [a.type_id for a in creates] == [None, None]
     text = render_text(p)
@@ -296,16 +299,16 @@ def test_host_without_the_type_fails_the_plan_naming_what_it_offers(tmp_path: Pa
 def test_sim_extra_types_are_checked(tmp_path: Path, types: str, message: str) -> None:
     from vgpu_state.sim.driver_model import SimDriver
 
-    spec = parse_spec(f"driver:\n  extra-types: {types}\ngpus: []\n")
+    spec = parse_spec(f"driver:\n  extra-types: {types}\ngpus: []\n", catalog=CATALOG)
     with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        SimDriver(spec)
+        SimDriver(spec, catalog=CATALOG)
 
 
 def test_sim_extra_type_needs_a_type_name() -> None:
     with pytest.raises(SpecError, match="is not a vGPU type name"):
         parse_spec(
             "driver:\n  extra-types: [{name: 'L40S 5Q', id: 1, framebuffer-mib: 5120, "
-            "max-instances: 9}]\n"
+            "max-instances: 9}]\n", catalog=CATALOG
         )
 
 

@@ -22,11 +22,13 @@ from vgpu_state.model.errors import DeviceBusyError, InterfaceMissingError, Type
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.ports import HostPort
-from vgpu_state.reconcile import Ports, Settings, reconcile_once, replan_deferred
+from vgpu_state.reconcile import Ports, Settings, deferred_replanner, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.node import held_vgpus
 from vgpu_state.sim.spec import load_spec
 from vgpu_state.testing import FakeCluster
+
+CATALOG = default_catalog()
 
 SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
 HOSTS = ["sim", pytest.param("fuse", marks=[pytest.mark.fuse])]
@@ -45,13 +47,22 @@ def open_host(kind: str, spec: Path, tmp_path: Path) -> Iterator[HostPort]:
     if reason:
         pytest.skip(f"FUSE unusable: {reason}")
     with mounted(spec, tmp_path / "mnt") as m:
-        yield SysfsHost(str(m.root), load_spec(spec).node, m.sriov_manage_command())
+        yield SysfsHost(
+            str(m.root),
+            load_spec(spec, catalog=CATALOG).node,
+            m.sriov_manage_command(),
+            catalog=CATALOG,
+        )
 
 
 def plan_for(host: HostPort, layout: str, tmp_path: Path, in_use: dict[str, str]) -> Plan:
     config = tmp_path / "layout.yaml"
     config.write_text("version: v1\npolicy: {prune: true}\nvgpu-configs:\n  layout:\n" + layout)
-    ports = Ports(host, FakeCluster(host.scan().node, in_use=in_use), FileConfigSource(config))
+    ports = Ports(
+        host,
+        FakeCluster(host.scan().node, in_use=in_use),
+        FileConfigSource(config, catalog=CATALOG),
+    )
     return reconcile_once(ports, Settings(catalog=default_catalog()), config_name="layout").plan
 
 
@@ -102,7 +113,7 @@ def test_apply_converges_verifies_and_is_idempotent(
         p = plan_for(host, layout, tmp_path, in_use)
         assert p.actions and not p.blocked
 
-        first = apply(p, host, journal=journal, in_use=in_use, replan=replan_deferred)
+        first = apply(p, host, journal=journal, in_use=in_use, replan=deferred_replanner(CATALOG))
         assert set(first.counts) == {"ok"}
         after = host.scan()
         for address, types in want.items():
@@ -113,7 +124,7 @@ def test_apply_converges_verifies_and_is_idempotent(
         for key in in_use:
             assert any(v.key == key for g in after.gpus for v in g.vgpus)
 
-        second = apply(p, host, journal=journal, in_use=in_use, replan=replan_deferred)
+        second = apply(p, host, journal=journal, in_use=in_use, replan=deferred_replanner(CATALOG))
         assert second.steps and set(second.counts) == {"skipped"}
         assert host.scan() == after
         assert not plan_for(host, layout, tmp_path, in_use).has_changes
@@ -197,7 +208,7 @@ def test_a_driver_error_stops_the_apply_cleanly(name: str, tmp_path: Path) -> No
         before = host.scan()
         p = plan_for(host, FAULT_LAYOUT, tmp_path, {})
         with pytest.raises(ApplyError) as info:
-            apply(p, host, journal=journal, replan=replan_deferred)
+            apply(p, host, journal=journal, replan=deferred_replanner(CATALOG))
         e = info.value
         after = host.scan()
 

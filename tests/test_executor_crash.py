@@ -18,12 +18,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.executor import Journal
 from vgpu_state.host import scan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.tree import RESET_CONTROL
+
+CATALOG = default_catalog()
 
 pytestmark = [pytest.mark.fuse, pytest.mark.usefixtures("require_fuse")]
 
@@ -156,7 +159,7 @@ def test_sigkill_at_every_action_boundary_then_reapply_converges(tmp_path: Path)
                 and "1 × T4-4C not wanted" in again.output
             ), again.output
             assert again.exit_code == 1, again.output
-            _assert_converged(scan(str(m.root), NODE), f"killed after step {done}")
+            _assert_converged(scan(str(m.root), NODE, catalog=CATALOG), f"killed after step {done}")
             assert Journal(journal).unfinished() == []
     # Every boundary was hit (a slow poll may land one step late, never early).
     assert all(d >= k for k, d in zip(range(1, ACTIONS + 1), killed_after, strict=True))

@@ -17,11 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.config import load_text
 from vgpu_state.executor import Journal
 from vgpu_state.host.scan import parse_creatable_vgpu_types, scan
 from vgpu_state.model.errors import ConfigError
 from vgpu_state.planner.saved import SavedPlanError, parse_saved_plan
+
+CATALOG = default_catalog()
 
 pytestmark = pytest.mark.fuzz
 
@@ -51,7 +54,7 @@ yaml_text = st.one_of(st.lists(_TOKENS, max_size=40).map("".join), st.text(max_s
 @given(yaml_text)
 def test_config_loader_raises_only_config_errors(text: str) -> None:
     try:
-        load_text(text, "fuzz.yaml")
+        load_text(text, "fuzz.yaml", catalog=CATALOG)
     except ConfigError as e:
         for issue in e.issues:
             assert issue.line >= 1 and issue.column >= 1
@@ -181,7 +184,7 @@ def test_scan_of_a_random_tree_never_raises_and_never_writes(
             else:
                 target.write_text(value, encoding="latin-1")
         before = _tree(root)
-        snapshot = scan(str(root), "fuzz")
+        snapshot = scan(str(root), "fuzz", catalog=CATALOG)
         assert _tree(root) == before
         assert snapshot.node == "fuzz"
 

@@ -8,10 +8,13 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from tests.builders import V, build_gpu, build_snapshot, desired
+from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.model.plan import ActionKind
 from vgpu_state.model.snapshot import Vgpu
 from vgpu_state.planner import plan
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "examples" / "mixed-node.yaml"
@@ -32,7 +35,7 @@ def test_a_vgpu_whose_type_cannot_be_read_is_never_destroyed() -> None:
         }
     )
     snap = build_snapshot(g)
-    p = plan(desired({g.address: {"T4-8C": 1}}, snap), snap)
+    p = plan(desired({g.address: {"T4-8C": 1}}, snap), snap, catalog=CATALOG)
     assert not [a for a in p.actions if a.kind is ActionKind.DESTROY]
     [blocked] = p.blocked
     assert blocked.address == f"gpu[{g.address}].vgpu[{unknown}]"

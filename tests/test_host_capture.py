@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
 from vgpu_state.model.pci import vf_address
 from vgpu_state.model.snapshot import SysfsInterface
+
+CATALOG = default_catalog()
 
 PF = "0000:08:00.0"
 BRIDGE = "devices/pci0000:00/0000:00:03.0"
@@ -91,7 +94,7 @@ def build_a2_capture(root: Path) -> None:
 
 def test_a2_capture_scans_to_the_expected_snapshot(fast_tmp_path: Path) -> None:
     build_a2_capture(fast_tmp_path)
-    snap = scan(str(fast_tmp_path), "a2-node")
+    snap = scan(str(fast_tmp_path), "a2-node", catalog=CATALOG)
     assert snap.problems == ()
     assert len(snap.gpus) == 1
     gpu = snap.gpus[0]
@@ -125,6 +128,6 @@ def test_a2_capture_scans_to_the_expected_snapshot(fast_tmp_path: Path) -> None:
 def test_mdev_type_name_falls_back_to_catalog_when_type_dir_unreadable(fast_tmp_path: Path) -> None:
     build_a2_capture(fast_tmp_path)
     (fast_tmp_path / BRIDGE / "0000:08:00.4/mdev_supported_types/nvidia-754/name").unlink()
-    gpu = scan(str(fast_tmp_path)).gpus[0]
+    gpu = scan(str(fast_tmp_path), catalog=CATALOG).gpus[0]
     found = [v for v in gpu.vgpus if v.parent == "0000:08:00.4"]
     assert found[0].type_id == 754 and found[0].type_name == "A2-4C"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host import SysfsHost, driver
 from vgpu_state.model.errors import (
     AlreadyExistsError,
@@ -18,6 +19,8 @@ from vgpu_state.model.errors import (
     TypeNotCreatableError,
 )
 from vgpu_state.ports import HostPort
+
+CATALOG = default_catalog()
 
 
 def _attr(path: Path, text: str = "") -> Path:
@@ -33,7 +36,7 @@ def test_operations_write_the_documented_files(tmp_path: Path) -> None:
     cur = _attr(tmp_path / "bus/pci/devices/0000:26:00.4/nvidia/current_vgpu_type", "0\n")
     _attr(tmp_path / "bus/pci/devices/0000:26:00.0/sriov_totalvfs", "32\n")
     numvfs = _attr(tmp_path / "bus/pci/devices/0000:26:00.0/sriov_numvfs", "0\n")
-    host = SysfsHost(r, "n", sriov_manage="")
+    host = SysfsHost(r, "n", sriov_manage="", catalog=CATALOG)
     assert isinstance(host, HostPort)
     host.create_mdev("0000:08:00.5", 746, "c728e022-f16f-434b-ad2c-9665ee634d3d")
     assert create.read_text() == "c728e022-f16f-434b-ad2c-9665ee634d3d"
@@ -91,7 +94,7 @@ def _script(tmp_path: Path, body: str) -> str:
 def test_sriov_manage_is_run_with_flag_and_address(tmp_path: Path) -> None:
     log = tmp_path / "log"
     tool = _script(tmp_path, f'echo "$@" >> {log}\n')
-    host = SysfsHost(str(tmp_path), sriov_manage=tool)
+    host = SysfsHost(str(tmp_path), sriov_manage=tool, catalog=CATALOG)
     host.enable_sriov("0000:08:00.0")
     host.disable_sriov("0000:08:00.0")
     assert log.read_text().splitlines() == ["-e 0000:08:00.0", "-d 0000:08:00.0"]
@@ -100,7 +103,42 @@ def test_sriov_manage_is_run_with_flag_and_address(tmp_path: Path) -> None:
 def test_sriov_manage_failure_is_a_driver_error(tmp_path: Path) -> None:
     tool = _script(tmp_path, 'echo "Cannot obtain unbindLock for $2" >&2\nexit 1\n')
     with pytest.raises(DeviceBusyError) as info:
-        SysfsHost(str(tmp_path), sriov_manage=tool).disable_sriov("0000:08:00.0")
+        SysfsHost(str(tmp_path), sriov_manage=tool, catalog=CATALOG).disable_sriov("0000:08:00.0")
     assert "unbindLock" in str(info.value)
     with pytest.raises(InterfaceMissingError):
-        SysfsHost(str(tmp_path), sriov_manage=str(tmp_path / "absent")).enable_sriov("0000:08:00.0")
+        SysfsHost(
+            str(tmp_path), sriov_manage=str(tmp_path / "absent"), catalog=CATALOG
+        ).enable_sriov("0000:08:00.0")
+
+
+def test_the_sriov_manage_setting_is_what_the_host_runs(tmp_path: Path) -> None:
+    """``--sriov-manage`` becomes ``Settings.sriov_manage``; the command's host uses that."""
+    from vgpu_state.cli.session import open_host, settings
+
+    log = tmp_path / "log"
+    tool = _script(tmp_path, f'echo "$@" >> {log}\n')
+    s = settings("nvidia.com/vgpu.config", None, sriov_manage=f"{tool} --verbose")
+    assert s.sriov_manage == (tool, "--verbose")
+    target = open_host(str(tmp_path), None, "n", s)
+    target.host.enable_sriov("0000:08:00.0")
+    assert log.read_text().splitlines() == ["--verbose -e 0000:08:00.0"]
+
+
+def test_an_empty_sriov_manage_setting_writes_sriov_numvfs(tmp_path: Path) -> None:
+    from vgpu_state.cli.session import open_host, settings
+
+    numvfs = _attr(tmp_path / "bus/pci/devices/0000:26:00.0/sriov_numvfs", "0\n")
+    _attr(tmp_path / "bus/pci/devices/0000:26:00.0/sriov_totalvfs", "32\n")
+    s = settings("nvidia.com/vgpu.config", None, sriov_manage="")
+    assert s.sriov_manage == ()
+    open_host(str(tmp_path), None, "n", s).host.enable_sriov("0000:26:00.0")
+    assert numvfs.read_text() == "32"
+
+
+def test_sriov_manage_is_refused_for_a_simulated_node() -> None:
+    from vgpu_state.cli.session import open_host, settings
+    from vgpu_state.model.errors import SelectionError
+
+    s = settings("nvidia.com/vgpu.config", "node.yaml", sriov_manage="/bin/true")
+    with pytest.raises(SelectionError, match="--sriov-manage applies to a real sysfs"):
+        open_host(None, "node.yaml", None, s)

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host.holders import ProcessHolder, find_holders, qemu_guest_name, vfio_nodes
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.proc import open_proc
 from vgpu_state.sim.spec import parse_spec
+
+CATALOG = default_catalog()
 
 SPEC = """
 node: n1
@@ -47,7 +50,7 @@ EXPECTED = {
 
 @pytest.mark.parametrize("on_disk", [False, True], ids=["in-memory", "directory"])
 def test_reader_finds_the_processes_the_spec_marks(on_disk: bool, tmp_path: Path) -> None:
-    spec = parse_spec(SPEC)
+    spec = parse_spec(SPEC, catalog=CATALOG)
     if on_disk:
         host = SimHost(spec, tmp_path / "sys")
         proc_root, proc_fs = open_proc(host, str(tmp_path / "proc"))
@@ -66,7 +69,7 @@ def test_reader_finds_the_processes_the_spec_marks(on_disk: bool, tmp_path: Path
 
 
 def test_vfio_nodes_cover_group_and_cdev(tmp_path: Path) -> None:
-    host = SimHost(parse_spec(SPEC), in_memory=True)
+    host = SimHost(parse_spec(SPEC, catalog=CATALOG), in_memory=True)
     nodes = vfio_nodes(host.scan(), host.root, host.filesystem)
     # The L40S is the third GPU: its VFs are in groups 228 + index (the spec default).
     assert nodes["/dev/vfio/devices/vfio229"] == "0000:81:00.5"
@@ -76,7 +79,9 @@ def test_vfio_nodes_cover_group_and_cdev(tmp_path: Path) -> None:
 
 
 def test_a_vgpu_nobody_holds_is_free(tmp_path: Path) -> None:
-    host = SimHost(parse_spec(SPEC.replace(', in-use: "vm lab/cad"', "")), in_memory=True)
+    host = SimHost(
+        parse_spec(SPEC.replace(', in-use: "vm lab/cad"', ""), catalog=CATALOG), in_memory=True
+    )
     proc_root, proc_fs = open_proc(host)
     held = find_holders(
         host.scan(), proc_root, sysfs_root=host.root, proc_fs=proc_fs, sysfs_fs=host.filesystem
@@ -87,7 +92,7 @@ def test_a_vgpu_nobody_holds_is_free(tmp_path: Path) -> None:
 
 def test_unreadable_processes_are_skipped(tmp_path: Path) -> None:
     """A process that exits between listdir and readlink, or an fd dir we may not read."""
-    host = SimHost(parse_spec(SPEC), in_memory=True)
+    host = SimHost(parse_spec(SPEC, catalog=CATALOG), in_memory=True)
     proc_root, proc_fs = open_proc(host)
 
     class Flaky:

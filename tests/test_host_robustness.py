@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan, scan_with_stats
 from vgpu_state.model.snapshot import SysfsInterface
 from vgpu_state.sim.dirtree import materialize
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.spec import parse_spec
 from vgpu_state.sim.tree import render
+
+CATALOG = default_catalog()
 
 SPEC = """
 node: n
@@ -26,12 +29,12 @@ gpus:
 
 def _tree(fast_tmp_path: Path, text: str = SPEC) -> Path:
     root = fast_tmp_path / "sys"
-    materialize(render(SimDriver(parse_spec(text))), str(root))
+    materialize(render(SimDriver(parse_spec(text, catalog=CATALOG), catalog=CATALOG)), str(root))
     return root
 
 
 def test_missing_root_is_a_node_problem(fast_tmp_path: Path) -> None:
-    snap = scan(str(fast_tmp_path / "nothing"))
+    snap = scan(str(fast_tmp_path / "nothing"), catalog=CATALOG)
     assert snap.gpus == () and "not found" in snap.problems[0]
 
 
@@ -40,7 +43,7 @@ def test_missing_optional_files(fast_tmp_path: Path) -> None:
     pf = root / "bus/pci/devices/0000:08:00.0"
     for name in ("numa_node", "subsystem_vendor", "subsystem_device", "iommu_group", "driver"):
         os.unlink(pf / name)
-    gpu = scan(str(root)).gpus[0]
+    gpu = scan(str(root), catalog=CATALOG).gpus[0]
     assert gpu.numa_node is None and gpu.iommu_group is None and gpu.driver is None
     assert gpu.layout is SysfsInterface.UNAVAILABLE and "not bound" in gpu.layout_reason
     assert gpu.model is None and any("catalog" in p for p in gpu.problems)
@@ -53,7 +56,7 @@ def test_broken_symlinks_are_problems(fast_tmp_path: Path) -> None:
     os.symlink("../../../../kernel/iommu_groups/9999", vf / "iommu_group")
     os.symlink("../0000:ff:00.0", root / "bus/pci/devices/0000:08:00.0/virtfn99")
     os.symlink("../../../devices/gone", root / "bus/pci/devices/0000:ff:1f.7")
-    snap = scan(str(root))
+    snap = scan(str(root), catalog=CATALOG)
     gpu = snap.gpu("0000:08:00.0")
     assert gpu is not None
     assert gpu.vfs[0].iommu_group is None
@@ -81,7 +84,7 @@ def test_unreadable_files_and_enxio(fast_tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(os, "open", fake_open)
     monkeypatch.setattr(os, "read", fake_read)
-    snap = scan(str(root))
+    snap = scan(str(root), catalog=CATALOG)
     l40s = snap.gpu("0000:26:00.0")
     assert l40s is not None and l40s.layout is SysfsInterface.VENDOR_VFIO
     assert l40s.numa_node is None
@@ -97,7 +100,7 @@ def test_garbage_values(fast_tmp_path: Path) -> None:
     os.chmod(pf / "numa_node", 0o644)
     (pf / "numa_node").write_text("banana\n")
     (root / "bus/pci/devices/0000:08:00.0/nvidia-junk").mkdir()
-    gpu = scan(str(root)).gpu("0000:3b:00.0")
+    gpu = scan(str(root), catalog=CATALOG).gpu("0000:3b:00.0")
     assert gpu is not None and gpu.numa_node is None
     assert any("not a number" in p for p in gpu.problems)
 
@@ -105,10 +108,10 @@ def test_garbage_values(fast_tmp_path: Path) -> None:
 def test_many_unrelated_devices_are_skipped_cheaply(fast_tmp_path: Path) -> None:
     text = SPEC + "extra-pci-devices: 2000\n"
     root = _tree(fast_tmp_path, text)
-    snap, stats = scan_with_stats(str(root))
+    snap, stats = scan_with_stats(str(root), catalog=CATALOG)
     assert [g.address for g in snap.gpus] == ["0000:08:00.0", "0000:26:00.0", "0000:3b:00.0"]
     assert [g.index for g in snap.gpus] == [0, 1, 2]
-    _, small_stats = scan_with_stats(str(_tree(fast_tmp_path / "b")))
+    _, small_stats = scan_with_stats(str(_tree(fast_tmp_path / "b")), catalog=CATALOG)
     # Each unrelated device costs exactly one read (its vendor file).
     assert stats.files_read - small_stats.files_read == 2000
 
@@ -120,7 +123,7 @@ def test_nvidia_non_gpu_functions_and_vfs_are_not_gpus(fast_tmp_path: Path) -> N
     (audio / "vendor").write_text("0x10de\n")
     (audio / "class").write_text("0x040300\n")
     os.symlink("../../../devices/pci0000:00/0000:3b:00.1", root / "bus/pci/devices/0000:3b:00.1")
-    snap = scan(str(root))
+    snap = scan(str(root), catalog=CATALOG)
     assert len(snap.gpus) == 3
 
 
@@ -132,7 +135,7 @@ gpus:
   - {address: "0000:3b:00.0", model: T4}
 """
     root = _tree(fast_tmp_path, text)
-    snap = scan(str(root))
+    snap = scan(str(root), catalog=CATALOG)
     layouts = [(g.address, g.layout) for g in snap.gpus]
     assert layouts == [
         ("0000:08:00.0", SysfsInterface.SRIOV_DISABLED),
@@ -145,5 +148,5 @@ gpus:
     import shutil
 
     shutil.rmtree(vfio)
-    gpu = scan(str(root)).gpus[2]
+    gpu = scan(str(root), catalog=CATALOG).gpus[2]
     assert gpu.layout is SysfsInterface.UNAVAILABLE and "vGPU Manager" in gpu.layout_reason

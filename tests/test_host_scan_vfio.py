@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
 from vgpu_state.sim.host import SimHost
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 SIM = REPO / "configs" / "sim"
@@ -46,5 +49,10 @@ def test_a_vf_without_cdev_directory_has_no_cdev(tmp_path: Path) -> None:
         vfio_dev = os.path.join(host.root, "bus/pci/devices", v.parent, "vfio-dev")
         for name in os.listdir(vfio_dev):
             os.rmdir(os.path.join(vfio_dev, name))
-        again = next(x for g in scan(host.root).gpus for x in g.vgpus if x.parent == v.parent)
+        again = next(
+            x
+            for g in scan(host.root, catalog=CATALOG).gpus
+            for x in g.vgpus
+            if x.parent == v.parent
+        )
         assert again.vfio_cdev is None and again.iommu_group == v.iommu_group

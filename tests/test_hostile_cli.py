@@ -17,9 +17,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.executor import HostLock, Journal
 from vgpu_state.host.scan import parse_creatable_vgpu_types, scan
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "examples" / "mixed-node.yaml"
@@ -181,7 +184,7 @@ class _DeadMount:
 
 
 def test_a_dead_mount_is_a_scan_error() -> None:
-    snap = scan("/mnt/dead", "n", _DeadMount())
+    snap = scan("/mnt/dead", "n", _DeadMount(), catalog=CATALOG)
     assert snap.error is not None and "Transport endpoint is not connected" in snap.error
 
 
@@ -271,7 +274,7 @@ def test_a_5000_digit_type_id_never_raises(tmp_path: Path) -> None:
     (gpu / "mdev_supported_types" / f"nvidia-{huge[:240]}").mkdir(parents=True)
     for name, value in (("vendor", "0x10de"), ("class", "0x030200"), ("device", "0x25b6")):
         (gpu / name).write_text(value + "\n")
-    snap = scan(str(tmp_path), "n")
+    snap = scan(str(tmp_path), "n", catalog=CATALOG)
     assert len(snap.gpus) == 1
 
 

@@ -11,6 +11,7 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 
 from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
+from vgpu_state.catalog import default_catalog
 from vgpu_state.dra.slices import DRIVER, MDEV_UUID, PCI_BUS_ID, build_pool
 from vgpu_state.kube.dra import (
     DraUnsupportedError,
@@ -22,6 +23,8 @@ from vgpu_state.kube.dra import (
 )
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.host import SimHost
+
+CATALOG = default_catalog()
 
 MIXED = Path(__file__).resolve().parent.parent / "configs" / "sim" / "mixed.yaml"
 NODE = "gpu-node-1"
@@ -71,7 +74,7 @@ def test_the_newest_served_resource_version_is_used(serve: Any) -> None:
 def test_published_slices_list_exactly_the_live_vgpus(serve: Any, mixed: NodeSnapshot) -> None:
     server, client = serve()
     publisher = SlicePublisher(client, NODE)
-    result = publisher.publish(build_pool(mixed))
+    result = publisher.publish(build_pool(mixed, catalog=CATALOG))
     assert result.generation == 1 and len(result.created) == 3
 
     objs = server.list(slices("v1"))
@@ -91,7 +94,7 @@ def test_published_slices_list_exactly_the_live_vgpus(serve: Any, mixed: NodeSna
 
     # Publishing the same pool writes nothing and keeps the generation.
     writes = len(server.server.writes)
-    assert publisher.publish(build_pool(mixed)).generation == 1
+    assert publisher.publish(build_pool(mixed, catalog=CATALOG)).generation == 1
     assert len(server.server.writes) == writes
 
 
@@ -100,9 +103,9 @@ def test_a_change_bumps_the_generation_of_every_slice_and_drops_obsolete_ones(
 ) -> None:
     server, client = serve()
     publisher = SlicePublisher(client, NODE)
-    publisher.publish(build_pool(mixed))
+    publisher.publish(build_pool(mixed, catalog=CATALOG))
     # The T4's only vGPU is destroyed: its slice goes, the others move to generation 2.
-    fewer = build_pool(mixed, selected=lambda g, v: g.model != "Tesla T4")
+    fewer = build_pool(mixed, selected=lambda g, v: g.model != "Tesla T4", catalog=CATALOG)
     result = publisher.publish(fewer)
     assert result.generation == 2
     assert result.deleted == ("gpu-node-1-vgpu-0000-3b-00-0",)
@@ -117,7 +120,7 @@ def test_a_change_bumps_the_generation_of_every_slice_and_drops_obsolete_ones(
 def test_slices_the_kubelet_deletes_come_back(serve: Any, mixed: NodeSnapshot) -> None:
     server, client = serve()
     publisher = SlicePublisher(client, NODE)
-    publisher.publish(build_pool(mixed))
+    publisher.publish(build_pool(mixed, catalog=CATALOG))
     for o in server.list(slices("v1")):  # the kubelet wipes the node's slices at its start
         server.delete(slices("v1"), o["metadata"]["name"])
     assert server.list(slices("v1")) == []
@@ -156,7 +159,7 @@ def test_shutdown_removes_only_this_nodes_slices(serve: Any, mixed: NodeSnapshot
     }
     server.put(slices("v1"), other)
     publisher = SlicePublisher(client, NODE)
-    publisher.publish(build_pool(mixed))
+    publisher.publish(build_pool(mixed, catalog=CATALOG))
     assert len(publisher.current()) == 3
     assert len(publisher.remove_all()) == 3
     assert [o["metadata"]["name"] for o in server.list(slices("v1"))] == ["other-node-gpu"]
@@ -167,7 +170,7 @@ def test_a_v1beta2_cluster_gets_v1beta2_slices(serve: Any, mixed: NodeSnapshot) 
     server, client = serve(("v1beta2",))
     publisher = SlicePublisher(client, NODE)
     assert publisher.version == "v1beta2"
-    publisher.publish(build_pool(mixed))
+    publisher.publish(build_pool(mixed, catalog=CATALOG))
     objs = server.list(slices("v1beta2"))
     assert len(objs) == 3 and {o["apiVersion"] for o in objs} == {"resource.k8s.io/v1beta2"}
     assert server.server.rejected == []
@@ -251,7 +254,8 @@ def test_512_vgpus_fit_the_api_limits(serve: Any) -> None:
         for i in range(2)
     )
     server, client = serve()
-    SlicePublisher(client, NODE).publish(build_pool(NodeSnapshot(node=NODE, gpus=gpus)))
+    pool = build_pool(NodeSnapshot(node=NODE, gpus=gpus), catalog=CATALOG)
+    SlicePublisher(client, NODE).publish(pool)
     objs = server.list(slices("v1"))
     assert server.server.rejected == []
     assert sorted(len(o["spec"]["devices"]) for o in objs) == [128] * 4

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import Mount, mounted
+
+CATALOG = default_catalog()
 
 pytestmark = [pytest.mark.fuse, pytest.mark.usefixtures("require_fuse")]
 
@@ -71,7 +74,7 @@ def test_mdevctl_list_agrees_with_scan(sim_sys: Mount) -> None:
         for device in devices
         for uuid, body in device.items()
     }
-    snapshot = scan(str(sim_sys.root), "n")
+    snapshot = scan(str(sim_sys.root), "n", catalog=CATALOG)
     scanned = {
         v.uuid: (v.parent, f"nvidia-{v.type_id}")
         for g in snapshot.gpus
@@ -84,7 +87,7 @@ def test_mdevctl_list_agrees_with_scan(sim_sys: Mount) -> None:
 def test_mdevctl_types_agree_with_scan(sim_sys: Mount) -> None:
     done = mdevctl(sim_sys, "types")
     assert done.returncode == 0, done.stderr
-    snapshot = scan(str(sim_sys.root), "n")
+    snapshot = scan(str(sim_sys.root), "n", catalog=CATALOG)
     t4 = snapshot.gpu("0000:3b:00.0")
     assert t4 is not None
     text = done.stdout
@@ -99,7 +102,7 @@ def test_mdevctl_start_and_stop_get_the_drivers_answers(sim_sys: Mount) -> None:
     free_vf = "0000:08:00.6"
     started = mdevctl(sim_sys, "start", "-u", NEW, "-p", free_vf, "-t", "nvidia-746")
     assert started.returncode == 0, started.stderr
-    snapshot = scan(str(sim_sys.root), "n")
+    snapshot = scan(str(sim_sys.root), "n", catalog=CATALOG)
     assert any(v.uuid == NEW and v.parent == free_vf for g in snapshot.gpus for v in g.vgpus)
 
     busy = mdevctl(sim_sys, "stop", "-u", HELD)
@@ -113,5 +116,5 @@ def test_mdevctl_start_and_stop_get_the_drivers_answers(sim_sys: Mount) -> None:
 
     stopped = mdevctl(sim_sys, "stop", "-u", NEW)
     assert stopped.returncode == 0, stopped.stderr
-    snapshot = scan(str(sim_sys.root), "n")
+    snapshot = scan(str(sim_sys.root), "n", catalog=CATALOG)
     assert all(v.uuid != NEW for g in snapshot.gpus for v in g.vgpus)

@@ -13,6 +13,8 @@ from vgpu_state.model.plan import ActionKind
 from vgpu_state.model.policy import Policy
 from vgpu_state.planner import expected_snapshot, plan, render_json
 
+CATALOG = default_catalog()
+
 MODELS = {
     "A2": ("0000:08:00.0", "mdev"),
     "T4": ("0000:3b:00.0", "mdev"),
@@ -73,9 +75,9 @@ def scenario(draw: st.DrawFn) -> tuple[Any, Any, dict[str, str]]:
 def test_applying_the_plan_reaches_the_layout(data: tuple[Any, Any, dict[str, str]]) -> None:
     snapshot, layouts, _ = data
     d = desired(layouts, snapshot, Policy(prune=True))
-    first = plan(d, snapshot)
+    first = plan(d, snapshot, catalog=CATALOG)
     after = expected_snapshot(first, snapshot)
-    again = plan(d, after)
+    again = plan(d, after, catalog=CATALOG)
     assert not again.has_changes, again.actions
     for address, counts in layouts.items():
         g = after.gpu(address)
@@ -92,7 +94,7 @@ def test_never_destroys_an_in_use_vgpu_under_protect(
     data: tuple[Any, Any, dict[str, str]],
 ) -> None:
     snapshot, layouts, in_use = data
-    p = plan(desired(layouts, snapshot, Policy(prune=True)), snapshot, in_use)
+    p = plan(desired(layouts, snapshot, Policy(prune=True)), snapshot, in_use, catalog=CATALOG)
     destroyed = {a.uuid or a.vf for a in p.actions if a.kind is ActionKind.DESTROY}
     assert not destroyed & set(in_use)
     held_unwanted = {b.address for b in p.blocked if b.holder}
@@ -105,6 +107,10 @@ def test_never_destroys_an_in_use_vgpu_under_protect(
 def test_plan_is_deterministic(data: tuple[Any, Any, dict[str, str]]) -> None:
     snapshot, layouts, in_use = data
     d = desired(layouts, snapshot, Policy(prune=True))
-    assert render_json(plan(d, snapshot, in_use)) == render_json(plan(d, snapshot, dict(in_use)))
+    assert render_json(plan(d, snapshot, in_use, catalog=CATALOG)) == render_json(
+        plan(d, snapshot, dict(in_use), catalog=CATALOG)
+    )
     copy = snapshot.model_validate_json(snapshot.model_dump_json())
-    assert render_json(plan(d, copy, in_use)) == render_json(plan(d, snapshot, in_use))
+    assert render_json(plan(d, copy, in_use, catalog=CATALOG)) == render_json(
+        plan(d, snapshot, in_use, catalog=CATALOG)
+    )

@@ -15,8 +15,11 @@ import jsonschema
 import pytest
 
 from tests.builders import V, build_gpu, build_snapshot, desired
+from vgpu_state.catalog import default_catalog
 from vgpu_state.model.policy import Policy
 from vgpu_state.planner import plan, render_json, render_text
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -66,13 +69,13 @@ def check_golden(name: str, text: str) -> None:
 @pytest.mark.parametrize("name", ["mixed", "nochange", "noprune"])
 def test_text_rendering_matches_golden(name: str) -> None:
     d, s, held = scenarios()[name]
-    check_golden(f"plan-{name}.txt", render_text(plan(d, s, held)))  # type: ignore[arg-type]
+    check_golden(f"plan-{name}.txt", render_text(plan(d, s, held, catalog=CATALOG)))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", ["mixed", "nochange", "noprune"])
 def test_json_rendering_matches_golden_and_schema(name: str) -> None:
     d, s, held = scenarios()[name]
-    text = render_json(plan(d, s, held))  # type: ignore[arg-type]
+    text = render_json(plan(d, s, held, catalog=CATALOG))  # type: ignore[arg-type]
     check_golden(f"plan-{name}.json", text)
     schema = json.loads((REPO / "schemas" / "plan.schema.json").read_text())
     jsonschema.validate(json.loads(text), schema)
@@ -90,5 +93,5 @@ def test_json_round_trips_to_the_same_plan() -> None:
     from vgpu_state.model.plan import Plan
 
     d, s, held = scenarios()["mixed"]
-    p = plan(d, s, held)  # type: ignore[arg-type]
+    p = plan(d, s, held, catalog=CATALOG)  # type: ignore[arg-type]
     assert Plan.model_validate_json(render_json(p)) == p

@@ -14,10 +14,12 @@ from vgpu_state.model.plan import ActionKind
 from vgpu_state.model.policy import InUsePolicy, Policy
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import expected_snapshot, plan, render_json
-from vgpu_state.reconcile import replan_deferred
+from vgpu_state.reconcile import deferred_replanner
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.node import held_vgpus
 from vgpu_state.sim.spec import GpuSpec, NodeSpec, VgpuSpec
+
+CATALOG = default_catalog()
 
 # Models the simulator offers, with the layouts valid for them (no SR-IOV: mdev on the PF).
 MODELS = {"A2": ("mdev",), "A16": ("mdev",), "T4": ("mdev",), "A40": ("mdev", "vendor-vfio"),
@@ -104,8 +106,8 @@ def _scan(s: Scenario) -> tuple[NodeSnapshot, dict[str, str]]:
 def test_expected_snapshot_needs_no_further_changes(s: Scenario) -> None:
     snapshot, _ = _scan(s)
     d = desired(s.layouts, snapshot, Policy(prune=True, in_use=InUsePolicy.IGNORE))
-    after = expected_snapshot(plan(d, snapshot), snapshot)
-    again = plan(d, after)
+    after = expected_snapshot(plan(d, snapshot, catalog=CATALOG), snapshot)
+    again = plan(d, after, catalog=CATALOG)
     assert not again.has_changes, (again.actions, again.blocked)
 
 
@@ -113,7 +115,7 @@ def test_expected_snapshot_needs_no_further_changes(s: Scenario) -> None:
 @given(scenarios())
 def test_never_destroys_an_in_use_vgpu_under_protect(s: Scenario) -> None:
     snapshot, in_use = _scan(s)
-    p = plan(desired(s.layouts, snapshot, Policy(prune=True)), snapshot, in_use)
+    p = plan(desired(s.layouts, snapshot, Policy(prune=True)), snapshot, in_use, catalog=CATALOG)
     destroyed = {a.uuid or a.vf for a in p.actions if a.kind is ActionKind.DESTROY}
     assert not destroyed & set(in_use)
     assert all(b.holder in in_use.values() for b in p.blocked if b.holder)
@@ -124,9 +126,13 @@ def test_never_destroys_an_in_use_vgpu_under_protect(s: Scenario) -> None:
 def test_plan_is_deterministic(s: Scenario) -> None:
     snapshot, in_use = _scan(s)
     d = desired(s.layouts, snapshot, Policy(prune=True))
-    assert render_json(plan(d, snapshot, in_use)) == render_json(plan(d, snapshot, dict(in_use)))
+    assert render_json(plan(d, snapshot, in_use, catalog=CATALOG)) == render_json(
+        plan(d, snapshot, dict(in_use), catalog=CATALOG)
+    )
     again, _ = _scan(s)
-    assert render_json(plan(d, again, in_use)) == render_json(plan(d, snapshot, in_use))
+    assert render_json(plan(d, again, in_use, catalog=CATALOG)) == render_json(
+        plan(d, snapshot, in_use, catalog=CATALOG)
+    )
 
 
 @SETTINGS
@@ -135,14 +141,17 @@ def test_applying_to_the_simulator_converges_except_blocked(s: Scenario) -> None
     with SimHost(s.spec) as host:
         snapshot, in_use = host.scan(), held_vgpus(host).as_dict()
         d = desired(s.layouts, snapshot, Policy(prune=True))
-        first = plan(d, snapshot, in_use)
+        first = plan(d, snapshot, in_use, catalog=CATALOG)
         result = apply(
-            first, host, in_use=in_use, skip_blocked=True, snapshot=snapshot, replan=replan_deferred
+            first,
+            host,
+            in_use=in_use,
+            skip_blocked=True,
+            snapshot=snapshot,
+            replan=deferred_replanner(CATALOG),
         )
-        again = plan(d, result.snapshot, in_use)
-    assert again.summary.create == again.summary.destroy == again.summary.sriov == 0, (
-        again.actions
-    )
+        again = plan(d, result.snapshot, in_use, catalog=CATALOG)
+    assert again.summary.create == again.summary.destroy == again.summary.sriov == 0, again.actions
     assert {b.address for b in again.blocked} <= {b.address for b in first.blocked} | {
         b.address for b in again.blocked if b.kind is ActionKind.CREATE
     }

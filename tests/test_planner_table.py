@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 
 from tests.builders import NODE, V, build_gpu, build_snapshot, desired
+from vgpu_state.catalog import default_catalog
 from vgpu_state.model.errors import PlanningError
 from vgpu_state.model.plan import ActionKind, Plan
 from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
 from vgpu_state.planner import derived_uuid, plan
+
+CATALOG = default_catalog()
 
 A2 = "0000:08:00.0"
 T4 = "0000:3b:00.0"
@@ -331,7 +334,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_plan_case(case: Case) -> None:
     snapshot = build_snapshot(*(build_gpu(**g) for g in case.gpus))
-    p = plan(desired(case.layouts, snapshot, case.policy), snapshot, case.in_use)
+    p = plan(desired(case.layouts, snapshot, case.policy), snapshot, case.in_use, catalog=CATALOG)
     assert compact(p) == case.expected
     # Summary agrees with the steps.
     s = p.summary
@@ -362,13 +365,13 @@ def test_infeasible_layout_is_a_planning_error(
 ) -> None:
     snapshot = build_snapshot(*(build_gpu(**g) for g in gpus))
     with pytest.raises(PlanningError) as err:
-        plan(desired(layouts, snapshot), snapshot)
+        plan(desired(layouts, snapshot), snapshot, catalog=CATALOG)
     assert message in str(err.value)
 
 
 def test_new_uuids_are_derived_from_node_gpu_and_slot() -> None:
     snapshot = build_snapshot(build_gpu(**a2()))
-    p = plan(desired({A2: {"A2-4Q": 2}}, snapshot), snapshot)
+    p = plan(desired({A2: {"A2-4Q": 2}}, snapshot), snapshot, catalog=CATALOG)
     assert [a.uuid for a in p.actions] == [derived_uuid(NODE, A2, 0), derived_uuid(NODE, A2, 1)]
     assert p.actions[0].address == f"gpu[{A2}].vgpu[{derived_uuid(NODE, A2, 0)}]"
 
@@ -376,7 +379,7 @@ def test_new_uuids_are_derived_from_node_gpu_and_slot() -> None:
 def test_derived_uuid_in_use_on_host_is_skipped() -> None:
     slot0 = derived_uuid(NODE, A2, 0)
     snapshot = build_snapshot(build_gpu(**a2(V("A2-4Q", 0, uuid=slot0))))
-    p = plan(desired({A2: {"A2-4C": 1}}, snapshot), snapshot)
+    p = plan(desired({A2: {"A2-4C": 1}}, snapshot), snapshot, catalog=CATALOG)
     assert [(a.kind.value, a.uuid) for a in p.actions] == [
         ("destroy", slot0),
         ("create", derived_uuid(NODE, A2, 1)),
@@ -385,7 +388,7 @@ def test_derived_uuid_in_use_on_host_is_skipped() -> None:
 
 def test_vendor_vfio_addresses_name_the_vf() -> None:
     snapshot = build_snapshot(build_gpu(**l40s(V("L40S-4Q", 0))))
-    p = plan(desired({L40S: {"L40S-8Q": 1}}, snapshot), snapshot)
+    p = plan(desired({L40S: {"L40S-8Q": 1}}, snapshot), snapshot, catalog=CATALOG)
     assert [a.address for a in p.actions] == [
         f"gpu[{L40S}].vf[{vf(L40S, 0)}]",
         f"gpu[{L40S}].vf[{vf(L40S, 0)}]",
@@ -395,7 +398,8 @@ def test_vendor_vfio_addresses_name_the_vf() -> None:
 
 def test_blocked_item_names_holder_and_reason() -> None:
     snapshot = build_snapshot(build_gpu(**a2(V("A2-4Q", 0))))
-    p = plan(desired({A2: {"A2-8Q": 1}}, snapshot), snapshot, {held_uuid(0): "vm default/win-1"})
+    held = {held_uuid(0): "vm default/win-1"}
+    p = plan(desired({A2: {"A2-8Q": 1}}, snapshot), snapshot, held, catalog=CATALOG)
     first = p.blocked[0]
     assert first.holder == "vm default/win-1"
     assert "in use by vm default/win-1" in first.reason
@@ -404,7 +408,7 @@ def test_blocked_item_names_holder_and_reason() -> None:
 
 def test_plan_carries_snapshot_fingerprint() -> None:
     snapshot = build_snapshot(build_gpu(**a2()))
-    p = plan(desired({A2: {"A2-4Q": 1}}, snapshot), snapshot)
+    p = plan(desired({A2: {"A2-4Q": 1}}, snapshot), snapshot, catalog=CATALOG)
     assert p.snapshot_fingerprint == snapshot.fingerprint()
 
 
@@ -418,6 +422,6 @@ def test_gpu_without_vgpu_manager_blocks_creates_with_the_reason() -> None:
         }
     )
     snapshot = build_snapshot(g)
-    p = plan(desired({T4: {"T4-4Q": 2}}, snapshot), snapshot)
+    p = plan(desired({T4: {"T4-4Q": 2}}, snapshot), snapshot, catalog=CATALOG)
     assert compact(p) == ["!create T4-4Q", "!create T4-4Q"]
     assert p.blocked[0].reason == "no vGPU manager on this GPU: bound to vfio-pci, not nvidia"

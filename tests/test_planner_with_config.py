@@ -12,6 +12,8 @@ from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import Ports, Report, Settings, reconcile_once
 from vgpu_state.testing import FakeCluster, FixedHost
 
+CATALOG = default_catalog()
+
 # A2 and A16 share device id 0x25b6; the subsystem id tells them apart.
 MULTI_MODEL = """\
 version: v1
@@ -43,7 +45,11 @@ vgpu-configs:
 
 def planned(text: str, snapshot: NodeSnapshot, config: str) -> Report:
     """Plan ``config`` of ``text`` for a node that scans as ``snapshot``."""
-    ports = Ports(FixedHost(snapshot), FakeCluster(NODE), StaticConfigSource(load_text(text, "m")))
+    ports = Ports(
+        FixedHost(snapshot),
+        FakeCluster(NODE),
+        StaticConfigSource(load_text(text, "m", catalog=CATALOG)),
+    )
     return reconcile_once(ports, Settings(catalog=default_catalog()), config_name=config)
 
 

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.config import dump, load_text, resolve
 from vgpu_state.dra.slices import build_pool
@@ -18,6 +19,8 @@ from vgpu_state.model.publish import split
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner.render import render_text
 from vgpu_state.sim.host import SimHost
+
+CATALOG = default_catalog()
 
 MIXED = Path(__file__).resolve().parent.parent / "configs" / "sim" / "mixed.yaml"
 
@@ -45,13 +48,13 @@ def mixed() -> NodeSnapshot:
 
 
 def test_entry_then_config_then_top_level_then_the_default(mixed: NodeSnapshot) -> None:
-    doc = load_text(CONFIG, "c.yaml")
-    top = resolve(doc, "top", mixed.gpus, "n", "flag")
+    doc = load_text(CONFIG, "c.yaml", catalog=CATALOG)
+    top = resolve(doc, "top", mixed.gpus, "n", "flag", catalog=CATALOG)
     assert top.policy.publish is Publish.DRA
     assert [g.publish for g in top.gpus] == [Publish.DRA]
     assert top.publish_for("0000:81:00.0") is Publish.DRA  # unmanaged: the policy's
 
-    m = resolve(doc, "mixed", mixed.gpus, "n", "flag")
+    m = resolve(doc, "mixed", mixed.gpus, "n", "flag", catalog=CATALOG)
     assert m.policy.publish is Publish.DEVICE_PLUGIN
     assert {g.address: g.publish for g in m.gpus} == {
         "0000:08:00.0": Publish.DEVICE_PLUGIN,
@@ -59,9 +62,12 @@ def test_entry_then_config_then_top_level_then_the_default(mixed: NodeSnapshot) 
     }
     assert m.publish_for("0000:81:00.0") is Publish.DEVICE_PLUGIN
 
-    plain = load_text(CONFIG.replace("policy: {publish: dra}\n", ""), "c.yaml")
-    assert resolve(plain, "top", mixed.gpus, "n", "flag").gpus[0].publish is Publish.DEVICE_PLUGIN
-    assert load_text(dump(doc), "again.yaml") == doc
+    plain = load_text(CONFIG.replace("policy: {publish: dra}\n", ""), "c.yaml", catalog=CATALOG)
+    assert (
+        resolve(plain, "top", mixed.gpus, "n", "flag", catalog=CATALOG).gpus[0].publish
+        is Publish.DEVICE_PLUGIN
+    )
+    assert load_text(dump(doc), "again.yaml", catalog=CATALOG) == doc
 
 
 @pytest.mark.parametrize(
@@ -80,7 +86,7 @@ def test_entry_then_config_then_top_level_then_the_default(mixed: NodeSnapshot) 
 )
 def test_a_bad_choice_names_file_line_column_and_value(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as e:
-        load_text(text, "c.yaml")
+        load_text(text, "c.yaml", catalog=CATALOG)
     assert any(str(i).startswith(message) for i in e.value.issues), [str(i) for i in e.value.issues]
 
 
@@ -96,7 +102,7 @@ def test_every_vgpu_is_offered_through_exactly_one_channel(
     assert plugin.isdisjoint(dra)
     assert plugin | dra == {v.key for g in mixed.gpus for v in g.vgpus}
     # ResourceSlices are built from the DRA side only.
-    published = {d.key for d in build_pool(channels.dra).devices.values()}
+    published = {d.key for d in build_pool(channels.dra, catalog=CATALOG).devices.values()}
     assert published == dra
     for g in mixed.gpus:
         keys = {v.key for v in g.vgpus}
@@ -112,7 +118,7 @@ def test_the_plan_and_validate_show_the_choice(tmp_path: Path) -> None:
     ports = Ports(
         SimHost(MIXED, in_memory=True),
         FakeCluster("gpu-node-1"),
-        StaticConfigSource(load_text(CONFIG, "c.yaml")),
+        StaticConfigSource(load_text(CONFIG, "c.yaml", catalog=CATALOG)),
     )
     report = reconcile_once(ports, Settings(catalog=default_catalog()), config_name="mixed")
     text = render_text(report.plan)
@@ -144,12 +150,12 @@ def test_the_reconcile_never_hands_dra_vgpus_to_the_device_plugin(tmp_path: Path
         '    - devices: ["0000:3b:00.0"]\n      vgpu-devices: {T4-4Q: 4}\n'
         '    - devices: ["0000:af:00.0"]\n      vgpu-devices: {T4-8Q: 2}\n      publish: dra\n'
     )
-    sim = open_sim(parse_spec(spec))
+    sim = open_sim(parse_spec(spec, catalog=CATALOG))
     plugin = RecordingDevicePlugin()
     ports = Ports(
         RecordingHost(sim.host),
         FakeCluster(sim.cluster.node_name(), sim.cluster.labels()),
-        StaticConfigSource(load_text(config, "c.yaml")),
+        StaticConfigSource(load_text(config, "c.yaml", catalog=CATALOG)),
         plugin,
     )
     settings = Settings(catalog=default_catalog(), journal_path=tmp_path / "j.jsonl")
@@ -159,7 +165,7 @@ def test_the_reconcile_never_hands_dra_vgpus_to_the_device_plugin(tmp_path: Path
     assert [len(g.vgpus) for g in report.final.gpus] == [4, 2]
     assert [len(g.vgpus) for g in advertised.gpus] == [4, 0]
     dra = split(report.final, report.inputs.desired.publish_for).dra
-    assert {d.key for d in build_pool(dra).devices.values()} == {
+    assert {d.key for d in build_pool(dra, catalog=CATALOG).devices.values()} == {
         v.key for v in report.final.gpus[1].vgpus
     }
 
@@ -182,7 +188,7 @@ def test_the_agent_in_plan_only_mode_advertises_no_dra_vgpu(tmp_path: Path) -> N
         ports = Ports(
             RecordingHost(sim.host),
             FakeCluster("gpu-node-1", {"nvidia.com/vgpu.config": "mixed"}),
-            StaticConfigSource(load_text(CONFIG, "c.yaml")),
+            StaticConfigSource(load_text(CONFIG, "c.yaml", catalog=CATALOG)),
             plugin,
         )
         reconciler = NodeReconciler(

@@ -32,6 +32,8 @@ from vgpu_state.sim.node import open_sim
 from vgpu_state.sim.spec import parse_spec
 from vgpu_state.testing import FakeCluster, RecordingDevicePlugin, RecordingHost
 
+CATALOG = default_catalog()
+
 SPEC = """\
 node: n1
 labels: {nvidia.com/vgpu.config: small}
@@ -62,11 +64,11 @@ Node = tuple[RecordingHost, FakeCluster, RecordingDevicePlugin, Ports]
 
 @pytest.fixture
 def node() -> Node:
-    sim = open_sim(parse_spec(SPEC))
+    sim = open_sim(parse_spec(SPEC, catalog=CATALOG))
     host = RecordingHost(sim.host)
     cluster = FakeCluster(sim.cluster.node_name(), sim.cluster.labels())
     plugin = RecordingDevicePlugin()
-    config = StaticConfigSource(load_text(CONFIG, "c.yaml"))
+    config = StaticConfigSource(load_text(CONFIG, "c.yaml", catalog=CATALOG))
     return host, cluster, plugin, Ports(host, cluster, config, plugin)
 
 
@@ -151,7 +153,7 @@ def test_a_driver_failure_is_a_host_error_reported_with_its_reason(
     node: Node, tmp_path: Path
 ) -> None:
     _host, cluster, plugin, ports = node
-    sim = open_sim(parse_spec(SPEC + "faults:\n  - {op: remove, errno: EBUSY}\n"))
+    sim = open_sim(parse_spec(SPEC + "faults:\n  - {op: remove, errno: EBUSY}\n", catalog=CATALOG))
     ports = Ports(RecordingHost(sim.host), cluster, ports.config, plugin)
     with pytest.raises(ApplyError) as e:
         reconcile_once(ports, settings(tmp_path), mode=Mode.APPLY)
@@ -177,7 +179,7 @@ def test_a_bad_config_edit_keeps_the_last_good_document(node: Node, tmp_path: Pa
     _host, cluster, plugin, ports = node
     path = tmp_path / "config.yaml"
     path.write_text(CONFIG)
-    source = FileConfigSource(path)
+    source = FileConfigSource(path, catalog=CATALOG)
     ports = Ports(ports.host, cluster, source, plugin)
     first = reconcile_once(ports, settings())
     assert first.config_warning is None
@@ -186,7 +188,7 @@ def test_a_bad_config_edit_keeps_the_last_good_document(node: Node, tmp_path: Pa
     assert second.plan == first.plan
     assert second.config_warning is not None and "config.yaml:" in second.config_warning
     assert source.error is not None and source.error.reason is Reason.CONFIG_INVALID
-    fresh = FileConfigSource(path)
+    fresh = FileConfigSource(path, catalog=CATALOG)
     with pytest.raises(Exception) as e:
         fresh.document()
     assert getattr(e.value, "kind", None) is ErrorKind.USER

@@ -6,10 +6,13 @@ import errno
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.spec import SpecError, dump_spec, parse_spec
 from vgpu_state.sim.sysfs import SimSysfs
 from vgpu_state.sim.tree import creatable_text
+
+CATALOG = default_catalog()
 
 U1 = "f715f63c-0d00-4007-9c5a-b07b0c6c05de"
 U2 = "c728e022-f16f-434b-ad2c-9665ee634d3d"
@@ -17,7 +20,11 @@ U2 = "c728e022-f16f-434b-ad2c-9665ee634d3d"
 
 def a2(extra: str = "", vgpus: str = "[]") -> SimDriver:
     return SimDriver(
-        parse_spec(f'gpus: [{{address: "0000:08:00.0", model: A2, vgpus: {vgpus}}}]\n{extra}')
+        parse_spec(
+            f'gpus: [{{address: "0000:08:00.0", model: A2, vgpus: {vgpus}}}]\n{extra}',
+            catalog=CATALOG,
+        ),
+        catalog=CATALOG,
     )
 
 
@@ -67,7 +74,9 @@ def test_create_unavailable_errno_is_configurable() -> None:
 
 
 def test_pf_parent_counts_on_non_sriov_gpu() -> None:
-    d = SimDriver(parse_spec('gpus: [{address: "0000:3b:00.0", model: T4}]'))
+    d = SimDriver(
+        parse_spec('gpus: [{address: "0000:3b:00.0", model: T4}]', catalog=CATALOG), catalog=CATALOG
+    )
     g = d.gpus[0]
     t = g.model.type("T4-4Q")
     assert t is not None and g.numvfs == 0
@@ -80,8 +89,10 @@ def test_vendor_vfio_errnos_and_catalog_text() -> None:
     d = SimDriver(
         parse_spec(
             "driver: {flavour: graphics}\n"
-            'gpus: [{address: "0000:26:00.0", model: L40S, layout: vendor-vfio}]'
-        )
+            'gpus: [{address: "0000:26:00.0", model: L40S, layout: vendor-vfio}]',
+            catalog=CATALOG,
+        ),
+        catalog=CATALOG,
     )
     g = d.gpus[0]
     vf0 = g.vf_addresses()[0]
@@ -117,7 +128,11 @@ def test_sriov_numvfs_and_sriov_manage() -> None:
 
 def test_sriov_numvfs_on_pf_without_nvidia_driver() -> None:
     d = SimDriver(
-        parse_spec('gpus: [{address: "0000:08:00.0", model: A2, sriov: false, driver: vfio-pci}]')
+        parse_spec(
+            'gpus: [{address: "0000:08:00.0", model: A2, sriov: false, driver: vfio-pci}]',
+            catalog=CATALOG,
+        ),
+        catalog=CATALOG,
     )
     pf = "0000:08:00.0"
     d.sriov_numvfs_write(pf, b"4")
@@ -128,9 +143,10 @@ def test_sriov_numvfs_on_pf_without_nvidia_driver() -> None:
 def test_faults_fail_nth_write_and_persist_what_is_left() -> None:
     spec = parse_spec(
         'gpus: [{address: "0000:3b:00.0", model: T4}]\n'
-        "faults: [{op: create, nth: 2, errno: EIO}, {op: remove, nth: 5, errno: EBUSY}]"
+        "faults: [{op: create, nth: 2, errno: EIO}, {op: remove, nth: 5, errno: EBUSY}]",
+        catalog=CATALOG,
     )
-    s = SimSysfs(spec)
+    s = SimSysfs(spec, catalog=CATALOG)
     create = "bus/pci/devices/0000:3b:00.0/mdev_supported_types/nvidia-232/create"
     s.write(create, U1.encode())
     with pytest.raises(OSError) as info:
@@ -145,9 +161,10 @@ def test_faults_fail_nth_write_and_persist_what_is_left() -> None:
 def test_fault_path_glob() -> None:
     spec = parse_spec(
         'gpus: [{address: "0000:3b:00.0", model: T4}]\n'
-        'faults: [{op: any, errno: EAGAIN, path: "*nvidia-233/create"}]'
+        'faults: [{op: any, errno: EAGAIN, path: "*nvidia-233/create"}]',
+        catalog=CATALOG,
     )
-    s = SimSysfs(spec)
+    s = SimSysfs(spec, catalog=CATALOG)
     s.write("bus/pci/devices/0000:3b:00.0/mdev_supported_types/nvidia-232/create", U1.encode())
     with pytest.raises(OSError) as info:
         s.write("bus/pci/devices/0000:3b:00.0/mdev_supported_types/nvidia-233/create", U2.encode())
@@ -177,7 +194,7 @@ def test_fault_path_glob() -> None:
 )
 def test_spec_errors_are_clear(text: str, message: str) -> None:
     with pytest.raises(SpecError) as info:
-        SimDriver(parse_spec(text, "node.yaml"))
+        SimDriver(parse_spec(text, "node.yaml", catalog=CATALOG), catalog=CATALOG)
     assert message in str(info.value)
 
 
@@ -186,7 +203,7 @@ def test_spec_round_trip() -> None:
         "labels: {a: b}", f"[{{type: A2-4Q, uuid: {U1}, vf: 3, in-use: vm x/y}}, {{type: A2-4C}}]"
     )
     spec = d.to_spec()
-    again = SimDriver(parse_spec(dump_spec(spec)))
+    again = SimDriver(parse_spec(dump_spec(spec), catalog=CATALOG), catalog=CATALOG)
     assert again.to_spec() == spec
     first = again.gpus[0].vgpus[0]
     assert (first.vf, first.uuid, first.in_use) == (3, U1, "vm x/y")

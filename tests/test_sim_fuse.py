@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.host import SysfsHost, scan
 from vgpu_state.model.errors import DeviceBusyError, DriverError
 from vgpu_state.ports import HostPort
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import load_spec
+
+CATALOG = default_catalog()
 
 pytestmark = [pytest.mark.fuse, pytest.mark.usefixtures("require_fuse")]
 
@@ -46,7 +49,7 @@ def test_every_example_spec_scans_equal_through_fuse(
         with SimHost(path) as host:
             expected = host.scan()
         with mounted(path, tmp_path / f"m{i}") as m:
-            got = scan(str(m.root), expected.node)
+            got = scan(str(m.root), expected.node, catalog=CATALOG)
         assert got.model_copy(update={"sysfs_root": expected.sysfs_root}) == expected, path.name
 
 
@@ -86,14 +89,16 @@ def test_driver_operations_match_in_process(sim_spec_paths: list[Path], tmp_path
     work = tmp_path / "node.yaml"
     work.write_text(spec_path.read_text())
     with mounted(work, tmp_path / "mnt", save=True) as m:
-        host = SysfsHost(str(m.root), expected.node, sriov_manage=m.sriov_manage_command())
+        host = SysfsHost(
+            str(m.root), expected.node, sriov_manage=m.sriov_manage_command(), catalog=CATALOG
+        )
         outcomes = _apply_sequence(host)
         got = host.scan()
     assert outcomes == expected_outcomes
     assert "remove busy: DeviceBusyError EBUSY" in outcomes
     assert "A2 sriov disable (in use): DeviceBusyError EBUSY" in outcomes
     assert got.model_copy(update={"sysfs_root": expected.sysfs_root}) == expected
-    assert load_spec(work) == expected_spec  # --save wrote the final state back
+    assert load_spec(work, catalog=CATALOG) == expected_spec  # --save wrote the final state back
 
 
 def test_errno_values_through_plain_system_calls(
@@ -151,7 +156,7 @@ def test_typed_error_from_sysfs_host(sim_spec_paths: list[Path], tmp_path: Path)
     spec_path = next(p for p in sim_spec_paths if p.name == "a2-host.yaml")
     with mounted(spec_path, tmp_path / "mnt") as m:
         with pytest.raises(DeviceBusyError) as info:
-            SysfsHost(str(m.root)).remove_mdev(U_BUSY)
+            SysfsHost(str(m.root), catalog=CATALOG).remove_mdev(U_BUSY)
         assert info.value.path.endswith(f"{U_BUSY}/remove") and info.value.value == "1"
     assert not os.path.ismount(tmp_path / "mnt")
     assert sys.executable

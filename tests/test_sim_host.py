@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.model.errors import DeviceBusyError, TypeNotCreatableError
 from vgpu_state.model.snapshot import Gpu, SysfsInterface
 from vgpu_state.ports import HostPort
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import load_spec, parse_spec
+
+CATALOG = default_catalog()
 
 U_BUSY = "f715f63c-0d00-4007-9c5a-b07b0c6c05de"
 U_FREE = "c728e022-f16f-434b-ad2c-9665ee634d3d"
@@ -29,7 +32,7 @@ def test_every_example_spec_scans_cleanly(
         host = sim_host_factory(path)
         assert isinstance(host, HostPort)
         snap = host.scan()
-        spec = load_spec(path)
+        spec = load_spec(path, catalog=CATALOG)
         assert snap.node == spec.node
         assert [g.address for g in snap.gpus] == sorted(g.address for g in spec.gpus)
         for gpu, g in zip(snap.gpus, sorted(spec.gpus, key=lambda g: g.address), strict=True):
@@ -92,7 +95,8 @@ def test_mdev_operations(sim_host_factory: Factory, sim_spec_paths: list[Path]) 
 def test_vfio_operations_and_sriov(sim_host_factory: Factory) -> None:
     spec = parse_spec(
         "node: n\ndriver: {flavour: graphics}\n"
-        'gpus: [{address: "0000:26:00.0", model: L40S, layout: vendor-vfio, sriov: false}]'
+        'gpus: [{address: "0000:26:00.0", model: L40S, layout: vendor-vfio, sriov: false}]',
+        catalog=CATALOG,
     )
     host = sim_host_factory(spec)
     assert host.scan().gpus[0].layout is SysfsInterface.SRIOV_DISABLED
@@ -114,7 +118,8 @@ def test_vfio_operations_and_sriov(sim_host_factory: Factory) -> None:
 
 def test_sriov_numvfs_path_without_sriov_manage(sim_host_factory: Factory) -> None:
     spec = parse_spec(
-        'sriov-manage: false\ngpus: [{address: "0000:08:00.0", model: A2, sriov: false}]'
+        'sriov-manage: false\ngpus: [{address: "0000:08:00.0", model: A2, sriov: false}]',
+        catalog=CATALOG,
     )
     host = sim_host_factory(spec)
     from vgpu_state.model.errors import InterfaceMissingError

@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.executor import Journal
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import SpecError, parse_spec
+
+CATALOG = default_catalog()
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "examples" / "mixed-node.yaml"
@@ -170,7 +173,8 @@ def test_a_failed_spec_save_is_never_journalled_as_converged(tmp_path: Path) -> 
 
 def test_a_shared_device_id_as_model_names_both_models() -> None:
     with pytest.raises(SpecError) as info:
-        parse_spec("node: n\ngpus:\n  - {address: '08:00.0', model: '0x25b6'}\n", "s.yaml")
+        text = "node: n\ngpus:\n  - {address: '08:00.0', model: '0x25b6'}\n"
+        parse_spec(text, "s.yaml", catalog=CATALOG)
     message = str(info.value)
     assert "0x25b6 is the device id of A2 and A16" in message
     assert "model: A2 or model: A16" in message
@@ -180,8 +184,16 @@ def test_extra_pci_devices_look_like_real_pci_functions(tmp_path: Path) -> None:
     with SimHost(REPO / "configs" / "sim" / "a2-host.yaml", tmp_path / "sys") as host:
         devices = Path(host.root) / "bus" / "pci" / "devices"
         for device in sorted(devices.iterdir()):
-            for attribute in ("vendor", "device", "class", "numa_node", "resource",
-                              "subsystem_vendor", "subsystem_device", "config"):
+            for attribute in (
+                "vendor",
+                "device",
+                "class",
+                "numa_node",
+                "resource",
+                "subsystem_vendor",
+                "subsystem_device",
+                "config",
+            ):
                 assert (device / attribute).exists(), f"{device.name} lacks {attribute}"
             config = (device / "config").read_bytes()
             vendor = int((device / "vendor").read_text(), 16)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.sim.spec import SpecError, parse_spec
+
+CATALOG = default_catalog()
 
 BAD = """\
 node: x
@@ -19,7 +22,7 @@ gpus:
 
 def test_every_problem_is_reported_with_its_position() -> None:
     with pytest.raises(SpecError) as err:
-        parse_spec(BAD, "node.yaml")
+        parse_spec(BAD, "node.yaml", catalog=CATALOG)
     assert str(err.value).splitlines() == [
         "node.yaml:4:12: gpus.0.model: unknown GPU model 'A3'; did you mean 'A30'? (found 'A3')",
         "node.yaml:5:13: gpus.0.layout: Input should be 'mdev' or 'vendor-vfio' (found 'mdevv')",
@@ -29,7 +32,7 @@ def test_every_problem_is_reported_with_its_position() -> None:
 
 def test_bad_address_and_missing_key() -> None:
     with pytest.raises(SpecError) as err:
-        parse_spec('node: x\ngpus:\n  - address: "08:00"\n', "n.yaml")
+        parse_spec('node: x\ngpus:\n  - address: "08:00"\n', "n.yaml", catalog=CATALOG)
     lines = str(err.value).splitlines()
     assert lines[0].startswith("n.yaml:3:14: gpus.0.address: '08:00' is not a PCI address")
     assert lines[1] == "n.yaml:3:5: gpus.0.model: Field required"
@@ -37,10 +40,12 @@ def test_bad_address_and_missing_key() -> None:
 
 def test_not_yaml() -> None:
     with pytest.raises(SpecError) as err:
-        parse_spec("node: [x\n", "n.yaml")
+        parse_spec("node: [x\n", "n.yaml", catalog=CATALOG)
     assert str(err.value).startswith("n.yaml: not valid YAML")
 
 
 def test_an_empty_vgpus_key_means_no_vgpus() -> None:
-    spec = parse_spec('node: x\ngpus:\n  - {address: "3b:00.0", model: T4, vgpus: }\n', "n.yaml")
+    spec = parse_spec(
+        'node: x\ngpus:\n  - {address: "3b:00.0", model: T4, vgpus: }\n', "n.yaml", catalog=CATALOG
+    )
     assert spec.gpus[0].vgpus == ()

@@ -7,10 +7,13 @@ from pathlib import Path
 import pytest
 
 from tests.builders import V, build_gpu, build_snapshot, desired
+from vgpu_state.catalog import default_catalog
 from vgpu_state.executor import Journal, VerificationError, apply
 from vgpu_state.model.errors import HostUnreadableError
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import plan
+
+CATALOG = default_catalog()
 
 
 class _Host:
@@ -37,7 +40,7 @@ class _Host:
 def _setup() -> tuple[NodeSnapshot, object]:
     g = build_gpu("0000:3b:00.0", "T4", vgpus=[V("T4-8C")])
     snap = build_snapshot(g)
-    p = plan(desired({g.address: {"T4-8C": 2}}, snap), snap)
+    p = plan(desired({g.address: {"T4-8C": 2}}, snap), snap, catalog=CATALOG)
     assert p.actions
     return snap, p
 

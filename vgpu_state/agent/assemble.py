@@ -75,7 +75,7 @@ def build(flags: AgentFlags) -> Agent:
             cdi_dir=flags.cdi_dir,
             sysfs_root=Path(flags.sysfs_root),
         )
-        dra_node = DraNode(api.client, flags.node, paths)
+        dra_node = DraNode(api.client, flags.node, paths, catalog=default_catalog())
         port_cluster = ClaimsHoldVgpus(cluster, dra_node)
         dra = dra_node
         watches.append(dra_node.starter())
@@ -83,14 +83,15 @@ def build(flags: AgentFlags) -> Agent:
     shutdown: list[tuple[str, Callable[[], None]]] = []
     sink = ClusterSink(cluster, plugin, manage_kubevirt=flags.manage_kubevirt)
     flags.state_dir.mkdir(parents=True, exist_ok=True)
+    catalog = default_catalog()
     settings = Settings(
-        catalog=default_catalog(),
+        catalog=catalog,
         journal_path=flags.state_dir / "journal.jsonl",
         lock_path=flags.state_dir / "apply.lock",
         command=f"vgpu-state agent --node {flags.node}",
     )
     ports = Ports(
-        host, port_cluster, FileConfigSource(flags.config_dir / CONFIG_FILE), sink, dra
+        host, port_cluster, FileConfigSource(flags.config_dir / CONFIG_FILE, catalog), sink, dra
     )
     slots = RolloutSlots(api.client, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
     if after is not None:
@@ -125,7 +126,7 @@ def _host(flags: AgentFlags) -> tuple[HostPort, InUseSource | None, Callable[[],
         return _SavingHost(sim.host, sim.save), held, save_and_close
     from vgpu_state.host import SysfsHost
 
-    return SysfsHost(flags.sysfs_root, flags.node), None, None
+    return SysfsHost(flags.sysfs_root, flags.node, catalog=default_catalog()), None, None
 
 
 class _SavingHost:

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from vgpu_state.catalog import Catalog
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, DraDevice, PoolSpec, build_pool
@@ -43,11 +44,13 @@ class DraNode:
         node: str,
         paths: DraPaths,
         *,
+        catalog: Catalog,
         driver: str = DRIVER,
         resync_seconds: float = 10.0,
         version: str | None = None,
     ) -> None:
         self.node = node
+        self.catalog = catalog
         self.driver = driver
         self.publisher = SlicePublisher(api_client, node, driver=driver, version=version)
         self.claims = KubeClaims(api_client, version=self.publisher.version)
@@ -66,7 +69,7 @@ class DraNode:
 
     def refresh(self, snapshot: NodeSnapshot) -> None:
         """The DRA side of a fresh scan: rebuild the pool and publish it."""
-        pool = build_pool(snapshot, node=self.node, driver=self.driver)
+        pool = build_pool(snapshot, node=self.node, driver=self.driver, catalog=self.catalog)
         for problem in pool.problems:
             log.warning("%s", problem)
         with self._lock:

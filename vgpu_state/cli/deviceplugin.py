@@ -160,9 +160,11 @@ class _Source:
 
 class _SysfsSource(_Source):
     def __init__(self, root: str) -> None:
+        from vgpu_state.catalog import default_catalog
         from vgpu_state.host import scan
 
-        self.scan = lambda: scan(root, os.uname().nodename)
+        catalog = default_catalog()
+        self.scan = lambda: scan(root, os.uname().nodename, catalog=catalog)
 
 
 class _SimSource(_Source):

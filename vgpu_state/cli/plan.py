@@ -40,6 +40,7 @@ from vgpu_state.reconcile import (
     Mode,
     QuietReporter,
     Report,
+    Settings,
     apply_saved,
     reconcile_once,
 )
@@ -48,18 +49,18 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-def _open(args: SessionArgs, sriov_manage: str | None = None) -> Target:
+def _open(args: SessionArgs, s: Settings) -> Target:
     if not args.config_file:
         raise SelectionError("missing the config file: pass -f FILE or set VGPU_STATE_CONFIG_FILE")
     if args.config_file == "-" and args.in_use_file == "-":
         raise click.UsageError("-f - and --in-use-file - cannot both read standard input")
-    return open_host(args.sysfs_root, args.sim_spec, args.node, sriov_manage)
+    return open_host(args.sysfs_root, args.sim_spec, args.node, s)
 
 
 def _reconcile(
     args: SessionArgs,
     target: Target,
-    journal_file: str | None,
+    s: Settings,
     mode: Mode = Mode.PLAN,
     **kwargs: Any,
 ) -> Report:
@@ -70,6 +71,7 @@ def _reconcile(
         args.config_file,
         parse_labels(args.labels),
         parse_in_use(args.in_use, args.in_use_file),
+        s,
     )
     reporter = kwargs.pop("reporter", None) or _Warnings()
     cluster = None
@@ -82,7 +84,7 @@ def _reconcile(
             kwargs["gate"] = cluster.gate(kwargs["gate"], bool(kwargs.get("skip_blocked")))
     report = reconcile_once(
         node_ports,
-        settings(args.label_key, args.sim_spec, journal_file, **kwargs.pop("settings", {})),
+        s,
         mode=mode,
         config_name=args.config_name,
         reporter=reporter,
@@ -129,10 +131,11 @@ def plan_cmd(
     journal_file: str | None,
 ) -> None:
     """Show what apply would change: the minimal, safe diff. Changes nothing."""
-    target = _open(session)
+    s = settings(session.label_key, session.sim_spec, journal_file)
+    target = _open(session, s)
     try:
         _warn_unfinished(journal_for(journal_file, session.sim_spec))
-        report = _reconcile(session, target, journal_file)
+        report = _reconcile(session, target, s)
         p = report.plan
         if output == "json":
             sys.stdout.write(render_json(p))
@@ -298,7 +301,10 @@ def apply_cmd(
             sriov_manage,
         )
         return
-    target = _open(session, sriov_manage)
+    s = settings(
+        session.label_key, session.sim_spec, journal_file, lock_file, lock_timeout, sriov_manage
+    )
+    target = _open(session, s)
     output = _ApplyOutput(console())
     try:
         _warn_unfinished(journal_for(journal_file, session.sim_spec))
@@ -306,9 +312,8 @@ def apply_cmd(
             report = _reconcile(
                 session,
                 target,
-                journal_file,
+                s,
                 Mode.APPLY,
-                settings={"lock_file": lock_file, "lock_timeout": lock_timeout},
                 skip_blocked=skip_blocked,
                 gate=_confirm(auto_approve, skip_blocked),
                 reporter=output,
@@ -349,9 +354,9 @@ def _apply_saved(
     if not sim_spec and not sysfs_root:
         sim_spec, sysfs_root = saved.sim, saved.sysfs_root
     flagged = parse_in_use(args.in_use, args.in_use_file)
-    s = settings(args.label_key, sim_spec, journal_file, lock_file, lock_timeout)
+    s = settings(args.label_key, sim_spec, journal_file, lock_file, lock_timeout, sriov_manage)
     output = _ApplyOutput(console())
-    target = open_host(sysfs_root, sim_spec, saved.plan.node, sriov_manage)
+    target = open_host(sysfs_root, sim_spec, saved.plan.node, s)
     try:
         try:
             p, result = apply_saved(
@@ -388,10 +393,11 @@ def _apply_saved(
 @handle_errors
 def assert_cmd(session: SessionArgs, journal_file: str | None) -> None:
     """Exit 0 when the node matches the selected config, 1 otherwise (listing differences)."""
-    target = _open(session)
+    s = settings(session.label_key, session.sim_spec, journal_file)
+    target = _open(session, s)
     try:
         _warn_unfinished(journal_for(journal_file, session.sim_spec))
-        report = _reconcile(session, target, journal_file)
+        report = _reconcile(session, target, s)
     finally:
         target.close()
     config = report.inputs.desired.config
@@ -456,7 +462,7 @@ def export_cmd(
     The config is also the document's default, and takes the name the node's config
     label gives, so planning against the document says "No changes".
     """
-    target = open_host(sysfs_root, sim_spec, node)
+    target = open_host(sysfs_root, sim_spec, node, settings(label_key, sim_spec))
     try:
         snapshot = target.host.scan()
         labels = target.cluster.labels()

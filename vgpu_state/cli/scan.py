@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from vgpu_state.catalog import type_sort_key
+from vgpu_state.catalog import default_catalog, type_sort_key
 from vgpu_state.host import scan as scan_sysfs
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
@@ -92,7 +92,7 @@ def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
             finally:
                 sim.close()
         else:
-            snapshot = scan_sysfs(sysfs_root, node)
+            snapshot = scan_sysfs(sysfs_root, node, catalog=default_catalog())
     except VgpuStateError as e:
         if output == "json":
             click.echo(json.dumps({"error": {"reason": e.reason.value, "message": str(e)}}))

@@ -63,36 +63,44 @@ def open_host(
     sysfs_root: str | None,
     sim_spec: str | None,
     node: str | None,
-    sriov_manage: str | None = None,
+    settings: Settings,
 ) -> Target:
     """The node: a simulated one, or sysfs at ``sysfs_root`` (default ``/sys``).
 
-    ``sriov_manage``: the sriov-manage command line (split like a shell would);
-    ``None`` uses ``/usr/lib/nvidia/sriov-manage`` when installed, ``""`` always
-    writes ``sriov_numvfs``. ``node`` overrides the node's name.
+    A real host takes the catalog and the sriov-manage command from ``settings``.
+    ``node`` overrides the node's name.
     """
     if sim_spec and sysfs_root:
         raise SelectionError("give either --sim or --sysfs-root, not both")
-    if sim_spec and sriov_manage is not None:
+    if sim_spec and settings.sriov_manage is not None:
         raise SelectionError("--sriov-manage applies to a real sysfs, not to --sim")
     if sim_spec:
         from vgpu_state.sim.node import open_sim
 
-        sim = open_sim(sim_spec, autosave=True)
+        sim = open_sim(sim_spec, autosave=True, catalog=settings.catalog)
         cluster = sim.cluster.with_overrides(node=node)
         return Target(sim.host, cluster, sim.save, sim.close)
-    command = None if sriov_manage is None else shlex.split(sriov_manage)
     name = node or os.uname().nodename
-    host = SysfsHost(sysfs_root or "/sys", name, command)
+    host = SysfsHost(
+        sysfs_root or "/sys", name, settings.sriov_manage, catalog=settings.catalog
+    )
     return Target(host, MemoryCluster(name), _nothing, _nothing)
 
 
-def config_source(config_file: str) -> ConfigSource:
+def config_source(config_file: str, settings: Settings) -> ConfigSource:
     """The config file (``-``: standard input, read once)."""
     if config_file == "-":
         data = read_stream(getattr(sys.stdin, "buffer", sys.stdin), MAX_CONFIG_BYTES, "config")
-        return StaticConfigSource(load_text(decode_utf8(data, "<stdin>", "config"), "<stdin>"))
-    return FileConfigSource(config_file)
+        text = decode_utf8(data, "<stdin>", "config")
+        return StaticConfigSource(load_text(text, "<stdin>", catalog=settings.catalog))
+    return FileConfigSource(config_file, settings.catalog)
+
+
+def sriov_manage_command(flag: str | None) -> tuple[str, ...] | None:
+    """``--sriov-manage``: a command line split as a shell would; ``None`` when not given
+    (the installed ``/usr/lib/nvidia/sriov-manage`` if any), ``()`` for ``""`` (always
+    write ``sriov_numvfs``)."""
+    return None if flag is None else tuple(shlex.split(flag))
 
 
 def settings(
@@ -101,13 +109,16 @@ def settings(
     journal_file: str | None = None,
     lock_file: str | None = None,
     lock_timeout: float = 30.0,
+    sriov_manage: str | None = None,
 ) -> Settings:
+    """The settings of one command, from its flags and the environment."""
     return Settings(
         catalog=default_catalog(),
         journal_path=default_state_path(journal_file, sim_spec, "journal"),
         lock_path=default_state_path(lock_file, sim_spec, "lock"),
         lock_timeout=lock_timeout,
         label_key=label_key,
+        sriov_manage=sriov_manage_command(sriov_manage),
         command=" ".join(sys.argv),
     )
 
@@ -117,7 +128,8 @@ def ports(
     config_file: str,
     labels: Mapping[str, str],
     in_use: Mapping[str, str],
+    settings: Settings,
 ) -> Ports:
     """The ports of one command: the node's, with the labels and holders given by flags."""
     cluster = target.cluster.with_overrides(labels=labels, in_use=in_use)
-    return Ports(target.host, cluster, config_source(config_file))
+    return Ports(target.host, cluster, config_source(config_file, settings))

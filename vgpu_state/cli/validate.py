@@ -38,11 +38,12 @@ def load_document(path: str, strict: bool = False) -> ConfigDocument:
 
     Warnings are printed to stderr; ``strict`` makes them errors.
     """
+    catalog = default_catalog()
     try:
         if path == "-":
-            document = load_text(sys.stdin.read(), "<stdin>", strict=strict)
+            document = load_text(sys.stdin.read(), "<stdin>", catalog=catalog, strict=strict)
         else:
-            document = load_file(path, strict=strict)
+            document = load_file(path, catalog=catalog, strict=strict)
     except ConfigError as exc:
         _fail([str(issue) for issue in exc.issues])
         raise  # unreachable: _fail exits
@@ -233,7 +234,9 @@ def select_cmd(
         return
     click.echo(f"node {node_name}: config {selection.config} from {selection.detail}")
     try:
-        state = resolve(document, selection.config, gpus, node_name, selection.source)
+        state = resolve(
+            document, selection.config, gpus, node_name, selection.source, default_catalog()
+        )
     except ConfigError as exc:
         _fail([str(issue) for issue in exc.issues])
         return

@@ -2,11 +2,11 @@
 
 Public API::
 
-    load_file(path) -> ConfigDocument
-    load_text(text, filename) -> ConfigDocument
+    load_file(path, *, catalog) -> ConfigDocument
+    load_text(text, filename, *, catalog) -> ConfigDocument
     dump(document) -> str
     select(document, node_name, labels, label_key="nvidia.com/vgpu.config") -> ConfigChoice
-    resolve(document, config_name, gpus, node_name, source) -> DesiredState
+    resolve(document, config_name, gpus, node_name, source, catalog) -> DesiredState
     json_schema() -> dict
 
 ``docs/config.md`` is the language reference.

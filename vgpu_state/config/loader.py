@@ -14,7 +14,7 @@ from typing import Any
 
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from vgpu_state.catalog import Catalog, default_catalog, suggest
+from vgpu_state.catalog import Catalog, suggest
 from vgpu_state.config.document import (
     LABEL_OPERATORS,
     ConfigDocument,
@@ -61,9 +61,10 @@ EXPRESSION_KEYS = ("key", "operator", "values")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
-def load_file(path: str | Path, *, strict: bool = False) -> ConfigDocument:
+def load_file(path: str | Path, *, catalog: Catalog, strict: bool = False) -> ConfigDocument:
     """Load and check the config file at ``path`` (``-`` is not special here).
 
+    ``catalog``: the GPU models and vGPU types the checks use.
     ``strict``: warnings (type names the catalog does not know) are errors too.
     """
     name = str(path)
@@ -76,10 +77,12 @@ def load_file(path: str | Path, *, strict: bool = False) -> ConfigDocument:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(_single(name, f"not a UTF-8 text file: {exc.reason}")) from None
-    return load_text(text, name, strict=strict)
+    return load_text(text, name, catalog=catalog, strict=strict)
 
 
-def load_text(text: str, filename: str = "<config>", *, strict: bool = False) -> ConfigDocument:
+def load_text(
+    text: str, filename: str = "<config>", *, catalog: Catalog, strict: bool = False
+) -> ConfigDocument:
     """Load and check config ``text``; ``filename`` is used in messages.
 
     The document's ``warnings`` list what the catalog cannot vouch for (the node's
@@ -91,7 +94,7 @@ def load_text(text: str, filename: str = "<config>", *, strict: bool = False) ->
         root = compose(text, issues)
         if not issues.items:
             try:
-                document = _Loader(issues, default_catalog()).document(root)
+                document = _Loader(issues, catalog).document(root)
             except (RecursionError, ValueError, TypeError) as exc:
                 issues.at_position(1, 1, "", f"cannot read the config: {exc}")
     if strict:

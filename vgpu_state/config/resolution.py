@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vgpu_state.catalog import Catalog, GpuModel, default_catalog, suggest
+from vgpu_state.catalog import Catalog, GpuModel, suggest
 from vgpu_state.config.document import ConfigDocument, Entry
 from vgpu_state.config.filters import parse_device_filter
 from vgpu_state.config.semantics import family_model
@@ -25,9 +25,9 @@ from vgpu_state.model.errors import ConfigError, ConfigIssue, SelectionError
 from vgpu_state.model.snapshot import Gpu
 
 
-def gpu_model(gpu: Gpu, catalog: Catalog | None = None) -> GpuModel | None:
+def gpu_model(gpu: Gpu, catalog: Catalog) -> GpuModel | None:
     """The catalog model of a GPU: its recorded model name, else its PCI ids."""
-    cat = catalog or default_catalog()
+    cat = catalog
     if gpu.model:
         found = cat.model(gpu.model) or cat.find_model(gpu.model)
         if found is not None:
@@ -63,16 +63,13 @@ def type_fits(name: str, gpu: Gpu, model: GpuModel | None, catalog: Catalog) -> 
     return family is not None and family.name == model.name
 
 
-def entry_applies(
-    entry: Entry, gpu: Gpu, model: GpuModel | None, catalog: Catalog | None = None
-) -> bool:
-    cat = catalog or default_catalog()
+def entry_applies(entry: Entry, gpu: Gpu, model: GpuModel | None, catalog: Catalog) -> bool:
     return entry_selects(entry, gpu) and all(
-        type_fits(name, gpu, model, cat) for name in entry.vgpu_devices
+        type_fits(name, gpu, model, catalog) for name in entry.vgpu_devices
     )
 
 
-def entry_types(entry: Entry, catalog: Catalog | None = None) -> tuple[tuple[str, int], ...]:
+def entry_types(entry: Entry, catalog: Catalog) -> tuple[tuple[str, int], ...]:
     counts: dict[str, int] = {}
     for name, count in entry.vgpu_devices.items():
         canon = canonical_type_name(name, catalog)
@@ -86,13 +83,13 @@ def resolve(
     gpus: Sequence[Gpu],
     node_name: str,
     source: str,
+    catalog: Catalog,
 ) -> DesiredState:
     """The desired layout of node ``node_name`` under config ``config_name``."""
     if config_name not in document.configs:
         hint = suggest(config_name, document.config_names)
         tail = f"; did you mean {hint}?" if hint else ""
         raise SelectionError(f"config {config_name!r} is not defined in {document.file}{tail}")
-    catalog = default_catalog()
     entries = document.configs[config_name].entries
     policy = document.policy_for(config_name)
     desired: list[DesiredGpu] = []

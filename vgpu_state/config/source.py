@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vgpu_state.catalog import Catalog
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.config.loader import load_file
 from vgpu_state.model.errors import ConfigError
@@ -18,8 +19,9 @@ class FileConfigSource:
     :attr:`error` holds the failure. Before any good read it raises.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, catalog: Catalog) -> None:
         self.path = Path(path)
+        self.catalog = catalog
         self._good: ConfigDocument | None = None
         self._error: ConfigError | None = None
 
@@ -30,7 +32,7 @@ class FileConfigSource:
 
     def document(self) -> ConfigDocument:
         try:
-            self._good = load_file(self.path)
+            self._good = load_file(self.path, catalog=self.catalog)
             self._error = None
         except ConfigError as e:
             self._error = e

@@ -22,16 +22,15 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from vgpu_state.catalog import Catalog, default_catalog, parse_type_name, short_type_name, suggest
+from vgpu_state.catalog import Catalog, parse_type_name, short_type_name, suggest
 
 _LEGACY_B4 = re.compile(r"^[A-Za-z0-9]+(?:-[A-Za-z][A-Za-z0-9]*)*-\d+B4$")
 _LOOKALIKE = str.maketrans({"O": "0", "I": "1"})
 
 
-def canonical_type_name(name: str, catalog: Catalog | None = None) -> str:
+def canonical_type_name(name: str, catalog: Catalog) -> str:
     """The name as sysfs shows it: last token, ``GFX`` alias removed, catalog spelling."""
-    cat = catalog or default_catalog()
-    found = cat.type(name)
+    found = catalog.type(name)
     if found is not None:
         return found.name
     short = short_type_name(name)
@@ -101,9 +100,9 @@ def _spacing_problem(name: str, cat: Catalog) -> str | None:
     return None
 
 
-def type_name_note(name: str, catalog: Catalog | None = None) -> TypeNameNote | None:
+def type_name_note(name: str, catalog: Catalog) -> TypeNameNote | None:
     """Why ``name`` cannot be used, or should be looked at; ``None`` when it is known."""
-    cat = catalog or default_catalog()
+    cat = catalog
     spacing = _spacing_problem(name, cat)
     if spacing is not None:
         return TypeNameNote(spacing, warning=False)
@@ -145,7 +144,7 @@ def type_name_note(name: str, catalog: Catalog | None = None) -> TypeNameNote | 
     )
 
 
-def type_name_problem(name: str, catalog: Catalog | None = None) -> str | None:
+def type_name_problem(name: str, catalog: Catalog) -> str | None:
     """Why ``name`` cannot be used in ``vgpu-devices`` (an error), or ``None`` when it can."""
     note = type_name_note(name, catalog)
     return None if note is None or note.warning else note.message

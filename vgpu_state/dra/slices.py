@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpu_state.catalog import Catalog, VgpuType, default_catalog
+from vgpu_state.catalog import Catalog, VgpuType
 from vgpu_state.dra.names import (
     DOMAIN,
     DRIVER,
@@ -214,10 +214,10 @@ def build_pool(
     node: str | None = None,
     driver: str = DRIVER,
     selected: Callable[[Gpu, Vgpu], bool] = lambda g, v: True,
-    catalog: Catalog | None = None,
+    catalog: Catalog,
 ) -> PoolSpec:
     """The pool of ``node`` (default: the snapshot's node) for the vGPUs ``selected`` allows."""
-    cat = catalog or default_catalog()
+    cat = catalog
     node_name = node or snapshot.node
     if not node_name:
         raise ValueError("a ResourceSlice pool needs a node name; the snapshot has none")

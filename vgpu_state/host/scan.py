@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from vgpu_state.catalog import default_catalog, short_type_name
+from vgpu_state.catalog import Catalog, short_type_name
 from vgpu_state.host.reader import Filesystem, OsFilesystem, Reader
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID, UUID_PATTERN
 from vgpu_state.model.snapshot import (
@@ -70,31 +70,34 @@ def _creatable_lines(text: str) -> tuple[tuple[int, str], ...]:
     return tuple(found)
 
 
-def scan(root: str = "/sys", node: str = "", fs: Filesystem | None = None) -> NodeSnapshot:
+def scan(
+    root: str = "/sys", node: str = "", fs: Filesystem | None = None, *, catalog: Catalog
+) -> NodeSnapshot:
     """Scan the sysfs tree at ``root``; never raises on an unexpected tree.
 
-    ``fs`` replaces the real file system (the simulator's in-memory tree).
+    ``fs`` replaces the real file system (the simulator's in-memory tree);
+    ``catalog`` names GPU models and types the driver lists only by id.
     """
-    return scan_with_stats(root, node, fs)[0]
+    return scan_with_stats(root, node, fs, catalog=catalog)[0]
 
 
 def scan_with_stats(
-    root: str = "/sys", node: str = "", fs: Filesystem | None = None
+    root: str = "/sys", node: str = "", fs: Filesystem | None = None, *, catalog: Catalog
 ) -> tuple[NodeSnapshot, ScanStats]:
     import time
 
     started = time.perf_counter()
     reader = Reader(fs if fs is not None else OsFilesystem())
-    snapshot = _Scanner(root, reader).run(node)
+    snapshot = _Scanner(root, reader, catalog).run(node)
     return snapshot, ScanStats(reader.files_read, time.perf_counter() - started)
 
 
 class _Scanner:
-    def __init__(self, root: str, reader: Reader) -> None:
+    def __init__(self, root: str, reader: Reader, catalog: Catalog) -> None:
         self.root = root
         self.read = reader
         self.devices = os.path.join(root, "bus", "pci", "devices")
-        self.catalog = default_catalog()
+        self.catalog = catalog
         # Free VFs of one GPU list identical types; share the frozen values.
         self._listings: dict[str, tuple[CreatableType, ...]] = {}
         # The driver's full type names (mdev ``name`` files) by type id.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vgpu_state.catalog import Catalog
 from vgpu_state.host import driver
 from vgpu_state.host.scan import scan
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -14,14 +15,21 @@ class SysfsHost:
 
     ``sriov_manage``: the sriov-manage command (a path or an argv prefix). ``None``
     uses ``/usr/lib/nvidia/sriov-manage`` when it is installed; an empty string or
-    sequence always writes ``sriov_numvfs`` instead.
+    sequence always writes ``sriov_numvfs`` instead. ``catalog`` names the GPU
+    models and the types the driver lists only by id.
     """
 
     def __init__(
-        self, root: str = "/sys", node: str = "", sriov_manage: str | Sequence[str] | None = None
+        self,
+        root: str = "/sys",
+        node: str = "",
+        sriov_manage: str | Sequence[str] | None = None,
+        *,
+        catalog: Catalog,
     ) -> None:
         self.root = root
         self.node = node
+        self.catalog = catalog
         if sriov_manage is None:
             self.sriov_manage = driver.default_sriov_manage()
         elif isinstance(sriov_manage, str):
@@ -30,7 +38,7 @@ class SysfsHost:
             self.sriov_manage = tuple(sriov_manage) or None
 
     def scan(self) -> NodeSnapshot:
-        return scan(self.root, self.node)
+        return scan(self.root, self.node, catalog=self.catalog)
 
     def enable_sriov(self, pf: str) -> None:
         driver.enable_sriov(self.root, pf, self.sriov_manage)

@@ -10,7 +10,6 @@ from vgpu_state.catalog import (
     Catalog,
     GpuModel,
     VgpuType,
-    default_catalog,
     parse_type_name,
     type_sort_key,
 )
@@ -573,12 +572,14 @@ def plan(
     snapshot: NodeSnapshot,
     in_use: Mapping[str, str] | None = None,
     policy: Policy | None = None,
-    catalog: Catalog | None = None,
+    *,
+    catalog: Catalog,
 ) -> Plan:
     """Compute the plan. Pure and deterministic: same inputs, same plan.
 
     ``in_use`` maps a vGPU key (mdev UUID or VF address) to its holder, e.g.
     ``pod default/virt-launcher-vm1``. ``policy`` defaults to ``desired.policy``.
+    ``catalog`` advises on types the GPU's driver does not describe.
     Raises :class:`PlanningError` when a layout cannot fit, stating the numbers.
     """
     return _Planner(
@@ -586,5 +587,5 @@ def plan(
         snapshot,
         in_use or {},
         policy if policy is not None else desired.policy,
-        catalog or default_catalog(),
+        catalog,
     ).run()

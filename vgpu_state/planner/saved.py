@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from vgpu_state.catalog import default_catalog
+from vgpu_state.catalog import Catalog
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import Reason, UserError
 from vgpu_state.model.ids import is_canonical_uuid, is_pci_address, is_type_id
@@ -223,18 +223,18 @@ def action_form_problem(a: Action) -> str | None:
 # checking against the host ----------------------------------------------------------
 
 
-def _offered_ids(g: Gpu) -> set[int]:
+def _offered_ids(g: Gpu, catalog: Catalog) -> set[int]:
     ids = {t.type_id for t in g.pf_creatable}
     for vf in g.vfs:
         ids.update(t.type_id for t in vf.creatable)
     ids.update(v.type_id for v in g.vgpus if v.type_id is not None)
-    model = default_catalog().model(g.model) if g.model else None
+    model = catalog.model(g.model) if g.model else None
     if model is not None:
         ids.update(t.type_id for t in model.types)
     return ids
 
 
-def action_host_problem(a: Action, snapshot: NodeSnapshot) -> str | None:
+def action_host_problem(a: Action, snapshot: NodeSnapshot, catalog: Catalog) -> str | None:
     """Why ``a`` does not fit the scanned host (its GPU, parent, VF, vGPU, type), or ``None``."""
     g = snapshot.gpu(a.gpu)
     if g is None:
@@ -255,7 +255,7 @@ def action_host_problem(a: Action, snapshot: NodeSnapshot) -> str | None:
             return "parent: missing, but SR-IOV is already on"
         if a.uuid is not None and any(v.uuid == a.uuid for v in snapshot_vgpus(snapshot)):
             return f"uuid {a.uuid} already exists on this host"
-        if a.type_id is not None and a.type_id not in _offered_ids(g):
+        if a.type_id is not None and a.type_id not in _offered_ids(g, catalog):
             return f"type_id {a.type_id} is not a vGPU type gpu {a.gpu} offers"
     return None
 
@@ -265,7 +265,7 @@ def snapshot_vgpus(snapshot: NodeSnapshot) -> list[Any]:
 
 
 def check_saved_plan(
-    saved: SavedPlan, snapshot: NodeSnapshot, in_use: Mapping[str, str]
+    saved: SavedPlan, snapshot: NodeSnapshot, in_use: Mapping[str, str], catalog: Catalog
 ) -> Plan:
     """The plan to run: ``saved.plan`` re-derived against ``snapshot`` and the in-use set.
 
@@ -274,7 +274,7 @@ def check_saved_plan(
     """
     p = saved.plan
     for i, a in enumerate(p.actions):
-        problem = action_host_problem(a, snapshot)
+        problem = action_host_problem(a, snapshot, catalog)
         if problem:
             raise _fail(
                 saved.source, f"plan.actions[{i}] ({a.kind.value} {a.address}): {problem}"
@@ -288,7 +288,7 @@ def check_saved_plan(
                 f"{in_use[key]}; the saved plan is stale, run `vgpu-state plan` again",
             )
     held = {**saved.in_use, **in_use}
-    fresh = make_plan(saved.desired, snapshot, held)
+    fresh = make_plan(saved.desired, snapshot, held, catalog=catalog)
     if fresh.node != p.node or fresh.selection != p.selection or fresh.policy != p.policy:
         raise _fail(saved.source, "plan: node, selection or policy differ from its desired layout")
     if fresh.actions != p.actions or fresh.blocked != p.blocked or fresh.gpus != p.gpus:

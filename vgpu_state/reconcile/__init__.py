@@ -6,7 +6,7 @@ with a fresh scan and reports to the cluster and the device plugin. The CLI
 and the agent both call it; neither holds its own copy of this path.
 """
 
-from vgpu_state.reconcile.deferred import replan_deferred
+from vgpu_state.reconcile.deferred import deferred_replanner, replan_deferred
 from vgpu_state.reconcile.once import (
     Gate,
     Mode,
@@ -33,6 +33,7 @@ __all__ = [
     "Reporter",
     "Settings",
     "apply_saved",
+    "deferred_replanner",
     "gather",
     "node_status",
     "plan_inputs",

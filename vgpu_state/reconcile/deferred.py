@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from vgpu_state.catalog import Catalog
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.plan import Action, GpuPlan, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -17,6 +18,8 @@ def replan_deferred(
     deferred: tuple[Action, ...],
     live: NodeSnapshot,
     in_use: Mapping[str, str],
+    *,
+    catalog: Catalog,
 ) -> Plan:
     """After SR-IOV is on, plan the creates whose parents the plan could not know yet.
 
@@ -41,4 +44,21 @@ def replan_deferred(
             ),
         ),
     )
-    return make_plan(desired, live, in_use, desired.policy)
+    return make_plan(desired, live, in_use, desired.policy, catalog=catalog)
+
+
+def deferred_replanner(
+    catalog: Catalog,
+) -> Callable[[Plan, GpuPlan, tuple[Action, ...], NodeSnapshot, Mapping[str, str]], Plan]:
+    """:func:`replan_deferred` with its catalog, as the executor's ``replan`` hook."""
+
+    def replan(
+        plan: Plan,
+        header: GpuPlan,
+        deferred: tuple[Action, ...],
+        live: NodeSnapshot,
+        in_use: Mapping[str, str],
+    ) -> Plan:
+        return replan_deferred(plan, header, deferred, live, in_use, catalog=catalog)
+
+    return replan

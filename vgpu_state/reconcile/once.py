@@ -26,7 +26,7 @@ from vgpu_state.planner import plan as make_plan
 from vgpu_state.planner.inuse import normalise_in_use
 from vgpu_state.planner.saved import SavedPlan, check_saved_plan
 from vgpu_state.ports import ClusterPort, ConfigSource, DevicePluginSink, HostPort, NoDevicePlugin
-from vgpu_state.reconcile.deferred import replan_deferred
+from vgpu_state.reconcile.deferred import deferred_replanner
 from vgpu_state.reconcile.report import Inputs, QuietReporter, Report, Reporter
 from vgpu_state.reconcile.settings import Settings
 from vgpu_state.reconcile.status import applied_events, failed_event, failed_status, node_status
@@ -83,7 +83,7 @@ def gather(ports: Ports, settings: Settings, config_name: str | None = None) -> 
         chosen, source, detail = sel.config, sel.source, sel.detail
     snapshot = ports.host.scan()
     require_readable(snapshot)
-    desired = resolve(document, chosen, snapshot.gpus, node, source)
+    desired = resolve(document, chosen, snapshot.gpus, node, source, settings.catalog)
     held, warnings = normalise_in_use(ports.cluster.in_use(), snapshot)
     prefixes = (f"vgpu-configs.{chosen}[", f"vgpu-configs.{chosen}.")
     warnings = [str(i) for i in document.warnings if i.path.startswith(prefixes)] + list(warnings)
@@ -229,7 +229,7 @@ def _apply(
         progress=progress,
         snapshot=inputs.snapshot,
         clock=settings.clock,
-        replan=replan_deferred,
+        replan=deferred_replanner(settings.catalog),
         desired=inputs.desired,
     )
     hear.applied(plan, result)
@@ -305,7 +305,7 @@ def apply_saved(
         held, warnings = normalise_in_use(cluster.in_use(), live)
         for message in warnings:
             hear.warning(message)
-        plan = check_saved_plan(saved, live, held)
+        plan = check_saved_plan(saved, live, held, settings.catalog)
         hear.planned(plan)
         if plan.is_converged:
             return plan, None
@@ -329,7 +329,7 @@ def apply_saved(
             progress=progress,
             snapshot=live,
             clock=settings.clock,
-            replan=replan_deferred,
+            replan=deferred_replanner(settings.catalog),
             desired=saved.desired,
         )
         hear.applied(plan, result)

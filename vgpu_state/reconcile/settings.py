@@ -30,7 +30,10 @@ class Settings:
     label_key: str = DEFAULT_LABEL_KEY
     """The node label that names a config."""
     sriov_manage: tuple[str, ...] | None = None
-    """The sriov-manage command a real host uses (``None``: write ``sriov_numvfs``)."""
+    """The sriov-manage command line a real host runs to turn SR-IOV on and off.
+    ``None``: ``/usr/lib/nvidia/sriov-manage`` when installed, else write
+    ``sriov_numvfs``; ``()``: always write ``sriov_numvfs``. The shell builds the
+    host port from this value (``SysfsHost(..., settings.sriov_manage)``)."""
     clock: Callable[[], float] = time.time
     """Wall-clock time (Unix seconds) for journal records."""
     command: str = ""

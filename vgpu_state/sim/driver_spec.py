@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import uuid as uuid_mod
 
-from vgpu_state.catalog import VgpuType, default_catalog, parse_type_name
+from vgpu_state.catalog import Catalog, VgpuType, parse_type_name, suggest
 from vgpu_state.sim.faults import FaultState
 from vgpu_state.sim.gpu_state import (
     SimGpu,
@@ -21,9 +21,8 @@ from vgpu_state.sim.spec import (
 )
 
 
-def _extra_types(driver: DriverSpec) -> dict[str, tuple[VgpuType, ...]]:
+def _extra_types(driver: DriverSpec, catalog: Catalog) -> dict[str, tuple[VgpuType, ...]]:
     """The spec's ``driver.extra-types`` as catalog-shaped types, by GPU model name."""
-    catalog = default_catalog()
     found: dict[str, list[VgpuType]] = {}
     for i, x in enumerate(driver.extra_types):
         where = f"driver.extra-types[{i}]"
@@ -55,10 +54,7 @@ def _extra_types(driver: DriverSpec) -> dict[str, tuple[VgpuType, ...]]:
     return {name: tuple(ts) for name, ts in found.items()}
 
 
-def _suggest_model(text: str) -> str:
-    from vgpu_state.catalog import suggest
-
-    catalog = default_catalog()
+def _suggest_model(text: str, catalog: Catalog) -> str:
     names = [m.short_name for m in catalog.models] + [m.name for m in catalog.models]
     found = suggest(text, names)
     return f"; did you mean {found!r}?" if found else ""
@@ -67,7 +63,8 @@ def _suggest_model(text: str) -> str:
 class _SpecDriver:
     """The driver's GPUs as a spec describes them; lookups by address and UUID."""
 
-    def __init__(self, spec: NodeSpec) -> None:
+    def __init__(self, spec: NodeSpec, catalog: Catalog) -> None:
+        self.catalog = catalog
         self.node = spec.node
         self.labels = dict(spec.labels)
         self.driver_spec: DriverSpec = spec.driver
@@ -77,13 +74,12 @@ class _SpecDriver:
         self.faults = [FaultState(f) for f in spec.faults]
         self.gpus: list[SimGpu] = []
         self.sriov_manage_output = ""
-        catalog = default_catalog()
-        extras = _extra_types(spec.driver)
+        extras = _extra_types(spec.driver, catalog)
         seen: set[str] = set()
         for i, g in enumerate(sorted(spec.gpus, key=lambda g: g.address)):
             model = catalog.find_model(g.model)
             if model is None:
-                hint = _suggest_model(g.model)
+                hint = _suggest_model(g.model, catalog)
                 raise SpecError(f"gpus[{i}].model: unknown GPU model {g.model!r}{hint}")
             if g.address in seen:
                 raise SpecError(f"gpus[{i}].address: {g.address} is listed twice")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vgpu_state.catalog import Catalog
 from vgpu_state.sim.spec import NodeSpec, save_spec
 from vgpu_state.sim.sysfs import SimSysfs
 from vgpu_state.sim.tree import Dir, File, Link
@@ -165,7 +166,9 @@ fails with ENOENT. With no caching, every path component of every open is a
 round trip to this process, which made a scan of 8 GPUs × 32 VFs take seconds."""
 
 
-def serve(spec: NodeSpec, mountpoint: str, save_to: str | Path | None = None) -> None:
+def serve(
+    spec: NodeSpec, mountpoint: str, catalog: Catalog, save_to: str | Path | None = None
+) -> None:
     """Mount the simulated tree at ``mountpoint`` and serve it until unmounted.
 
     SIGINT/SIGTERM unmount cleanly (libfuse's handlers); with ``save_to`` the
@@ -173,7 +176,7 @@ def serve(spec: NodeSpec, mountpoint: str, save_to: str | Path | None = None) ->
     """
     import mfusepy
 
-    sysfs = SimSysfs(spec)
+    sysfs = SimSysfs(spec, catalog)
     ops = make_operations(sysfs)
     try:
         mfusepy.FUSE(

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
+from vgpu_state.catalog import Catalog, default_catalog
 from vgpu_state.host import driver
 from vgpu_state.host.paths import SysfsPaths
 from vgpu_state.host.reader import Filesystem, OsFilesystem
@@ -45,6 +46,9 @@ class SimHost:
     in memory through the same file system calls, and writes go straight to the
     simulated driver. The CLI's ``--sim`` uses this; the directory tree is for
     tools that read the files themselves.
+
+    ``catalog``: the GPU models the simulated driver knows (the packaged
+    catalog when omitted: a simulated node is an entry point of its own).
     """
 
     def __init__(
@@ -54,14 +58,16 @@ class SimHost:
         *,
         in_memory: bool = False,
         autosave: bool = False,
+        catalog: Catalog | None = None,
     ) -> None:
+        self.catalog = catalog if catalog is not None else default_catalog()
         if isinstance(spec, NodeSpec):
             self.spec_path: Path | None = None
             loaded = spec
         else:
             self.spec_path = Path(spec)
-            loaded = load_spec(self.spec_path)
-        self.sysfs = SimSysfs(loaded)
+            loaded = load_spec(self.spec_path, catalog=self.catalog)
+        self.sysfs = SimSysfs(loaded, self.catalog)
         self.in_memory = in_memory
         self.autosave = autosave and self.spec_path is not None
         self._own_root = root is None and not in_memory
@@ -87,7 +93,7 @@ class SimHost:
 
     # HostPort ------------------------------------------------------------------
     def scan(self) -> NodeSnapshot:
-        return scan(self.root, self.node, self._fs)
+        return scan(self.root, self.node, self._fs, catalog=self.catalog)
 
     def enable_sriov(self, pf: str) -> None:
         self._sriov("-e", pf)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from vgpu_state.catalog import Catalog
 from vgpu_state.model.inuse import InUse
 from vgpu_state.ports.cluster import MemoryCluster
 from vgpu_state.sim.host import SimHost
@@ -59,7 +60,9 @@ class SimNode:
         self.host.close()
 
 
-def open_sim(spec: NodeSpec | str | Path, *, autosave: bool = False) -> SimNode:
+def open_sim(
+    spec: NodeSpec | str | Path, *, autosave: bool = False, catalog: Catalog | None = None
+) -> SimNode:
     """Open a simulated node from a spec (file or value), its sysfs served in memory.
 
     ``autosave``: write the spec back after every change the simulated driver
@@ -67,5 +70,5 @@ def open_sim(spec: NodeSpec | str | Path, *, autosave: bool = False) -> SimNode:
     verification) then never loses what was done, and a failed save fails the
     write that needed it.
     """
-    host = SimHost(spec, in_memory=True, autosave=autosave)
+    host = SimHost(spec, in_memory=True, autosave=autosave, catalog=catalog)
     return SimNode(host, sim_cluster(host))

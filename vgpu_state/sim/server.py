@@ -18,6 +18,7 @@ from vgpu_state.model.errors import VgpuStateError
 
 def mount(spec_path: str, mountpoint: str, save: bool, foreground: bool) -> int:
     """Serve the spec at ``mountpoint`` (forks to the background unless ``foreground``)."""
+    from vgpu_state.catalog import default_catalog
     from vgpu_state.sim.fuse import fuse_unavailable_reason, serve
     from vgpu_state.sim.spec import load_spec
     from vgpu_state.sim.sysfs import SimSysfs
@@ -27,15 +28,16 @@ def mount(spec_path: str, mountpoint: str, save: bool, foreground: bool) -> int:
         print(f"error: cannot mount: {reason}", file=sys.stderr)
         return 1
     try:
-        spec = load_spec(spec_path)
-        SimSysfs(spec)
+        catalog = default_catalog()
+        spec = load_spec(spec_path, catalog=catalog)
+        SimSysfs(spec, catalog)
     except VgpuStateError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     os.makedirs(mountpoint, exist_ok=True)
     if not foreground and os.fork() != 0:
         return 0
-    serve(spec, mountpoint, save_to=spec_path if save else None)
+    serve(spec, mountpoint, catalog, save_to=spec_path if save else None)
     return 0
 
 

@@ -10,12 +10,12 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 
-from vgpu_state.catalog import default_catalog, parse_type_name, suggest
+from vgpu_state.catalog import Catalog, parse_type_name, suggest
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.files import InputFileError, decode_utf8, read_input
 from vgpu_state.model.pci import parse_pci_address
@@ -63,13 +63,20 @@ class GpuSpec(_Spec):
 
     @field_validator("model")
     @classmethod
-    def _model(cls, v: str) -> str:
-        return _check_model(v)
+    def _model(cls, v: str, info: ValidationInfo) -> str:
+        catalog = _context_catalog(info)
+        return _check_model(v, catalog) if catalog is not None else v
 
 
-def _check_model(v: str) -> str:
-    catalog = default_catalog()
-    shared = _shared_device_id(v)
+def _context_catalog(info: ValidationInfo) -> Catalog | None:
+    """The catalog :func:`parse_spec` validates with. A spec built in code has none;
+    the simulated driver checks its models when it is built (with its own catalog)."""
+    found = info.context.get("catalog") if isinstance(info.context, dict) else None
+    return found if isinstance(found, Catalog) else None
+
+
+def _check_model(v: str, catalog: Catalog) -> str:
+    shared = _shared_device_id(v, catalog)
     if shared:
         raise ValueError(shared)
     if catalog.find_model(v) is None:
@@ -104,8 +111,9 @@ class DriverTypeSpec(_Spec):
 
     @field_validator("model")
     @classmethod
-    def _model(cls, v: str | None) -> str | None:
-        return None if v is None else _check_model(v)
+    def _model(cls, v: str | None, info: ValidationInfo) -> str | None:
+        catalog = _context_catalog(info)
+        return _check_model(v, catalog) if v is not None and catalog is not None else v
 
 
 class DriverSpec(_Spec):
@@ -146,7 +154,7 @@ class NodeSpec(_Spec):
     extra_pci_devices: int = Field(default=0, alias="extra-pci-devices", ge=0, le=4096)
 
 
-def _shared_device_id(text: str) -> str | None:
+def _shared_device_id(text: str, catalog: Catalog) -> str | None:
     """What to say when ``text`` is a PCI device id that more than one model has."""
     wanted = text.strip().lower()
     if not wanted.startswith("0x"):
@@ -155,7 +163,7 @@ def _shared_device_id(text: str) -> str | None:
         device_id = int(wanted, 16)
     except ValueError:
         return None
-    models = default_catalog().models_for_device(device_id)
+    models = catalog.models_for_device(device_id)
     if len(models) < 2:
         return None
     names = [m.short_name for m in models]
@@ -225,7 +233,8 @@ def _expanded_size(root: Node) -> int:
     return size(root, 0)
 
 
-def parse_spec(text: str, source: str = "<spec>") -> NodeSpec:
+def parse_spec(text: str, source: str = "<spec>", *, catalog: Catalog) -> NodeSpec:
+    """Read a node spec; ``catalog`` holds the GPU models a spec may name."""
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(f"{source}: larger than {MAX_SPEC_BYTES // 2**20} MiB: not a node spec")
     try:
@@ -243,7 +252,7 @@ def parse_spec(text: str, source: str = "<spec>") -> NodeSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping with 'node' and 'gpus'")
     try:
-        return NodeSpec.model_validate(data)
+        return NodeSpec.model_validate(data, context={"catalog": catalog})
     except ValidationError as e:
         root = _loader().compose(text)
         lines = []
@@ -285,14 +294,14 @@ def _position(root: Node | None, loc: tuple[int | str, ...], key: bool) -> tuple
     return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
 
 
-def load_spec(path: str | Path) -> NodeSpec:
+def load_spec(path: str | Path, *, catalog: Catalog) -> NodeSpec:
     p = Path(path)
     try:
         data = read_input(str(p), MAX_SPEC_BYTES, "node spec")
         text = decode_utf8(data, str(p), "node spec")
     except InputFileError as e:
         raise SpecError(str(e)) from None
-    return parse_spec(text, str(p))
+    return parse_spec(text, str(p), catalog=catalog)
 
 
 def dump_spec(spec: NodeSpec) -> str:

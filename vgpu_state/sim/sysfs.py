@@ -6,6 +6,7 @@ import errno
 import threading
 import time
 
+from vgpu_state.catalog import Catalog
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.spec import NodeSpec
 from vgpu_state.sim.tree import Dir, Entry, File, Link, Renderer, Tree, WriteTarget
@@ -29,9 +30,10 @@ class SimSysfs:
     ``available_instances`` synchronously).
     """
 
-    def __init__(self, spec: NodeSpec) -> None:
+    def __init__(self, spec: NodeSpec, catalog: Catalog) -> None:
         self.initial = spec
-        self.driver = SimDriver(spec)
+        self.catalog = catalog
+        self.driver = SimDriver(spec, catalog)
         self.lock = threading.RLock()
         self.renderer = Renderer()
         self.tree: Tree = self.renderer.render(self.driver)
@@ -84,7 +86,7 @@ class SimSysfs:
     def reset(self) -> None:
         """Back to the spec this node was loaded from: vGPUs, SR-IOV and fault counters."""
         with self.lock:
-            self.driver = SimDriver(self.initial)
+            self.driver = SimDriver(self.initial, self.catalog)
             self.renderer = Renderer()
             self.tree = self.renderer.render(self.driver)
             self.generation += 1
