@@ -24,14 +24,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "scan": ("vgpu_state.cli.scan", "scan", "Show the node's GPUs, vGPUs and creatable types."),
     "sim": ("vgpu_state.cli.sim", "sim", "Run the NVIDIA vGPU driver simulator (FUSE mount)."),
     "plan": ("vgpu_state.cli.plan", "plan_cmd", "Show the changes apply would make (dry run)."),
-    "apply": ("vgpu_state.cli.plan", "apply_cmd", "Plan, confirm, apply; or apply a saved plan."),
+    "apply": ("vgpu_state.cli.apply", "apply_cmd", "Plan, confirm, apply; or apply a saved plan."),
     "assert": (
-        "vgpu_state.cli.plan",
+        "vgpu_state.cli.assert_",
         "assert_cmd",
         "Exit 0 when the node matches its config, 1 otherwise.",
     ),
-    "export": ("vgpu_state.cli.plan", "export_cmd", "Print a config that reproduces the node."),
-    "history": ("vgpu_state.cli.plan", "history_cmd", "Show the journal of past applies."),
+    "export": ("vgpu_state.cli.export", "export_cmd", "Print a config that reproduces the node."),
+    "history": ("vgpu_state.cli.history", "history_cmd", "Show the journal of past applies."),
     "agent": ("vgpu_state.cli.agent", "agent", "Run the per-node agent: watch, reconcile, report."),
     "deviceplugin": (
         "vgpu_state.cli.deviceplugin",

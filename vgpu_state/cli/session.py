@@ -1,15 +1,24 @@
-"""One CLI invocation's node: its ports and settings, built from flags and environment."""
+"""One CLI invocation's node: its ports and settings, built from flags and environment.
+
+Also the pieces ``plan``, ``apply`` and ``assert`` share: opening the node named
+by the selection options, one reconcile of it, and the journal's warnings.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import click
 
 from vgpu_state.catalog import default_catalog
+from vgpu_state.cli.common import SessionArgs, parse_in_use, parse_labels
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.config.loader import MAX_CONFIG_BYTES
 from vgpu_state.config.source import FileConfigSource
@@ -18,7 +27,7 @@ from vgpu_state.host import SysfsHost
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.files import decode_utf8, read_stream
 from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster
-from vgpu_state.reconcile import Ports, Settings
+from vgpu_state.reconcile import Mode, Ports, QuietReporter, Report, Settings, reconcile_once
 
 ENV_JOURNAL = "VGPU_STATE_JOURNAL"
 ENV_LOCK = "VGPU_STATE_LOCK_FILE"
@@ -133,3 +142,68 @@ def ports(
     """The ports of one command: the node's, with the labels and holders given by flags."""
     cluster = target.cluster.with_overrides(labels=labels, in_use=in_use)
     return Ports(target.host, cluster, config_source(config_file, settings))
+
+
+def open_target(args: SessionArgs, settings: Settings) -> Target:
+    """The node of ``plan``, ``apply`` or ``assert``; they need a config file."""
+    if not args.config_file:
+        raise SelectionError("missing the config file: pass -f FILE or set VGPU_STATE_CONFIG_FILE")
+    if args.config_file == "-" and args.in_use_file == "-":
+        raise click.UsageError("-f - and --in-use-file - cannot both read standard input")
+    return open_host(args.sysfs_root, args.sim_spec, args.node, settings)
+
+
+class Warnings(QuietReporter):
+    """Prints the reconcile's warnings on stderr."""
+
+    def warning(self, message: str) -> None:
+        click.echo(f"warning: {message}", err=True)
+
+
+def reconcile(
+    args: SessionArgs,
+    target: Target,
+    settings: Settings,
+    mode: Mode = Mode.PLAN,
+    **kwargs: Any,
+) -> Report:
+    """One reconcile of the node named by the selection options."""
+    assert args.config_file is not None
+    node_ports = ports(
+        target,
+        args.config_file,
+        parse_labels(args.labels),
+        parse_in_use(args.in_use, args.in_use_file),
+        settings,
+    )
+    reporter = kwargs.pop("reporter", None) or Warnings()
+    cluster = None
+    if args.kubeconfig or args.in_cluster:
+        from vgpu_state.cli.kube import kube_ports
+
+        node_ports, cluster = kube_ports(node_ports, target, args, mode, reporter.warning)
+        reporter = cluster.reporter(reporter)
+        if kwargs.get("gate") is not None:
+            kwargs["gate"] = cluster.gate(kwargs["gate"], bool(kwargs.get("skip_blocked")))
+    report = reconcile_once(
+        node_ports,
+        settings,
+        mode=mode,
+        config_name=args.config_name,
+        reporter=reporter,
+        **kwargs,
+    )
+    if cluster is None:
+        return report
+    for action in cluster.applied:
+        click.echo(f"  {action.op} {action.address}   resource: {action.resource}")
+    return dataclasses.replace(report, plan=cluster.decorate(report.plan))
+
+
+def warn_unfinished(journal: Journal) -> None:
+    """The journal's unreadable lines and the applies that never finished, on stderr."""
+    unfinished = journal.unfinished()
+    for warning in journal.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for u in unfinished:
+        click.echo(f"warning: {u.describe()}", err=True)

@@ -8,7 +8,13 @@ from vgpu_state.executor.apply import (
     VerificationError,
     apply,
 )
-from vgpu_state.executor.journal import DEFAULT_JOURNAL, Journal, UnfinishedPlan
+from vgpu_state.executor.journal import (
+    DEFAULT_JOURNAL,
+    Journal,
+    JournalStep,
+    PastApply,
+    UnfinishedPlan,
+)
 from vgpu_state.executor.lock import DEFAULT_LOCK, HostLock, LockTimeoutError
 from vgpu_state.ports.host import HostPort
 
@@ -20,8 +26,10 @@ __all__ = [
     "HostLock",
     "HostPort",
     "Journal",
+    "JournalStep",
     "LockTimeoutError",
     "Outcome",
+    "PastApply",
     "StepResult",
     "UnfinishedPlan",
     "VerificationError",

@@ -165,6 +165,53 @@ class Journal:
             if record_problem(value) is None:
                 yield value
 
+    def applies(self) -> list[PastApply]:
+        """Every apply of the journal's tail, in the order each first appears.
+
+        Records group by plan id. An apply whose ``plan-start`` is not in the tail
+        takes its start fields from its first record; one without ``plan-end``
+        is unfinished (:attr:`PastApply.ended` is false).
+        """
+        starts: dict[str, dict[str, Any]] = {}
+        steps: dict[str, list[JournalStep]] = {}
+        ends: dict[str, dict[str, Any]] = {}
+        for r in self.records():
+            pid = str(r.get("plan_id"))
+            starts.setdefault(pid, r)
+            steps.setdefault(pid, [])
+            event = r.get("event")
+            if event == "plan-start":
+                starts[pid] = r
+            elif event == "action":
+                steps[pid].append(
+                    JournalStep(
+                        kind=r.get("kind"),
+                        address=r.get("address"),
+                        outcome=r.get("outcome"),
+                        errno=r.get("errno"),
+                    )
+                )
+            elif event == "plan-end":
+                ends[pid] = r
+        out: list[PastApply] = []
+        for pid, start in starts.items():
+            end = ends.get(pid)
+            out.append(
+                PastApply(
+                    plan_id=pid,
+                    started=start.get("ts", 0),
+                    node=start.get("node"),
+                    config=start.get("config"),
+                    selection=start.get("selection"),
+                    total=start.get("actions"),
+                    steps=tuple(steps[pid]),
+                    ended=end is not None,
+                    outcome=end.get("outcome") if end is not None else None,
+                    seconds=end.get("seconds") if end is not None else None,
+                )
+            )
+        return out
+
     def unfinished(self) -> list[UnfinishedPlan]:
         """Plans that started but never recorded their end (the process died)."""
         open_plans: dict[str, UnfinishedPlan] = {}
@@ -212,3 +259,34 @@ class UnfinishedPlan:
             f"{self.done} of {self.total} steps done{last}. Re-planning against the live "
             "state resumes it."
         )
+
+
+@dataclass(frozen=True)
+class JournalStep:
+    """One ``action`` record: a step of an apply and how it ended."""
+
+    kind: str | None
+    address: str | None
+    outcome: str | None
+    """``ok``, ``skipped`` or ``failed``."""
+    errno: int | None
+
+
+@dataclass(frozen=True)
+class PastApply:
+    """One apply as the journal tells it (see :meth:`Journal.applies`)."""
+
+    plan_id: str
+    started: float | None
+    """Unix time of the ``plan-start`` record (0 when it has none, ``None`` when null)."""
+    node: str | None
+    config: str | None
+    selection: str | None
+    total: int | None
+    """How many actions the plan had."""
+    steps: tuple[JournalStep, ...]
+    ended: bool
+    """Whether the ``plan-end`` record is there; an apply without it did not finish."""
+    outcome: str | None
+    """``converged``, ``partial`` or ``failed`` (of an ended apply)."""
+    seconds: float | None

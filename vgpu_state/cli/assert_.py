@@ -1,0 +1,38 @@
+"""``vgpu-state assert``: exit 0 when the node matches its config, 1 otherwise."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from vgpu_state.cli.common import SessionArgs, handle_errors, selection_options
+from vgpu_state.cli.session import (
+    journal_for,
+    open_target,
+    reconcile,
+    settings,
+    warn_unfinished,
+)
+
+
+@click.command("assert")
+@selection_options
+@click.option("--journal", "journal_file", help="Journal file (to report unfinished applies).")
+@handle_errors
+def assert_cmd(session: SessionArgs, journal_file: str | None) -> None:
+    """Exit 0 when the node matches the selected config, 1 otherwise (listing differences)."""
+    s = settings(session.label_key, session.sim_spec, journal_file)
+    target = open_target(session, s)
+    try:
+        warn_unfinished(journal_for(journal_file, session.sim_spec))
+        report = reconcile(session, target, s)
+    finally:
+        target.close()
+    config = report.inputs.desired.config
+    if report.differences:
+        click.echo(f'Assertion failure: the node does not match configuration "{config}":')
+        for line in report.differences:
+            click.echo(f"  {line}")
+        sys.exit(1)
+    click.echo(f'The node matches configuration "{config}" ({report.inputs.detail}).')
