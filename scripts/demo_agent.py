@@ -3,7 +3,8 @@
 Starts a Kubernetes API server emulator (kmock, the suite's), creates the
 Node, runs `vgpu-state agent` as a real process against a simulated node, then
 changes the Node's label the way `kubectl label` does and shows the agent
-converging the node, the KubeVirt CR and the state label.
+converging the node, the device plugin (a stand-in kubelet shows what it is
+told), the KubeVirt CR and the state label.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from vgpu_state.deviceplugin.fakekubelet import FakeKubelet  # noqa: E402
 from vgpu_state.kube.api import KubeApi  # noqa: E402
 
 NODE_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
@@ -65,6 +67,8 @@ def main() -> int:
     # The test suite's API server emulator (kmock); loaded by name, it is test code.
     kube: Any = importlib.import_module("tests.kube_emulator").RunningEmulator().start()
     proc: subprocess.Popen[bytes] | None = None
+    kubelet = FakeKubelet(str(work / "device-plugins"))
+    kubelet.start()
     try:
         kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
         kube.put(
@@ -85,6 +89,7 @@ def main() -> int:
             "agent", "--node", NODE, "--config-dir", str(config_dir),
             "--kubeconfig", str(kubeconfig), "--sim", str(spec),
             "--state-dir", str(work / "state"), "--listen", "", "--resync", "300",
+            "--device-plugin-dir", kubelet.plugin_dir,
         ]  # fmt: skip
         print("\n=== 9. The agent: a simulated node in a cluster emulator")
         print(f"$ vgpu-state {' '.join(args)}")
@@ -96,6 +101,12 @@ def main() -> int:
         )
         wait_for("its first reconcile", lambda: state() == "success", proc)
         print(f"   node {NODE}: {STATE}={state()} (layout a2-4g: nothing to change)")
+
+        def advertised() -> dict[str, int]:
+            return {r: len(d) for r, d in sorted(kubelet.resources().items()) if d}
+
+        wait_for("the kubelet", lambda: advertised().get("nvidia.com/NVIDIA_A2-4Q") == 1, proc)
+        print(f"   kubelet sees: {_devices(advertised())}")
 
         print(f"\n$ kubectl label node {NODE} nvidia.com/vgpu.config=a2-4q --overwrite")
         api.patch(
@@ -116,14 +127,20 @@ def main() -> int:
         permitted = cr.get("spec", {}).get("configuration", {}).get("permittedHostDevices", {})
         names = sorted(e["resourceName"] for e in permitted.get("mediatedDevices", []))
         print(f"   KubeVirt CR permits: {', '.join(names)}")
+        wait_for("the kubelet", lambda: advertised().get("nvidia.com/NVIDIA_A2-4Q") == 3, proc)
+        print(f"   kubelet sees: {_devices(advertised())}")
         print(f"   node {NODE}: {STATE}={state()}")
         proc.send_signal(signal.SIGTERM)
         if proc.wait(30) != 0:
             raise SystemExit("demo failed: the agent did not exit 0 on SIGTERM")
-        print("   SIGTERM: the agent stopped cleanly (exit 0)")
+        print(
+            "   SIGTERM: the agent stopped cleanly (exit 0); "
+            f"kubelet sees: {_devices(advertised())}"
+        )
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
+        kubelet.stop()
         kube.stop()
     scan = subprocess.run(
         [sys.executable, "-m", "vgpu_state.cli.main", "scan", "--sim", str(spec)],
@@ -131,6 +148,10 @@ def main() -> int:
     )  # fmt: skip
     print(f"\n$ vgpu-state scan --sim node.yaml\n{scan.stdout}")
     return 0
+
+
+def _devices(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} x {r}" for r, n in counts.items()) or "no devices"
 
 
 if __name__ == "__main__":

@@ -161,7 +161,6 @@ def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(base: Path) -> Non
     import json
 
     from vgpu_state.agent.assemble import AgentFlags, build
-    from vgpu_state.ports import NoDevicePlugin
 
     api = RunningDraApiServer().start()
     try:
@@ -187,9 +186,10 @@ def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(base: Path) -> Non
             listen="",
             state_dir=base / "state",
             in_use_file=str(base / "held"),
+            device_plugin=False,
         )
         plain = build(AgentFlags(**common))  # type: ignore[arg-type]
-        assert isinstance(plain.parts.ports.dra, NoDevicePlugin)
+        assert plain.parts.ports.dra.inner is None  # type: ignore[attr-defined]
         assert not isinstance(plain.parts.ports.cluster, ClaimsHoldVgpus)
 
         flags = AgentFlags(
@@ -201,6 +201,7 @@ def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(base: Path) -> Non
         )
         agent = build(flags)
         dra = agent.parts.ports.dra
+        dra = dra.inner  # type: ignore[attr-defined]
         assert isinstance(dra, DraNode) and dra.publisher.version == "v1"
         assert isinstance(agent.parts.ports.cluster, ClaimsHoldVgpus)
         stop = agent.parts.watches[-1](lambda reason: None)  # what Agent.run does

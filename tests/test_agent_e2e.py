@@ -1,8 +1,10 @@
 """The agent as a real process: an API server, a FUSE-simulated sysfs, a ConfigMap directory.
 
-What a cluster operator sees: label a node and its vGPUs follow; edit the
-ConfigMap and they follow again; break the config and nothing on the host
-changes while the node says why; stop the agent and it exits cleanly.
+What a cluster operator sees: label a node and its vGPUs follow, and the
+kubelet is told (a fake kubelet on a unix socket records every device list);
+edit the ConfigMap and they follow again; break the config and nothing on the
+host changes while the node says why; stop the agent and it exits cleanly,
+having withdrawn its devices.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -25,6 +29,7 @@ import pytest
 
 from tests.kube_emulator import RunningEmulator
 from vgpu_state.catalog import default_catalog
+from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import mounted
 
@@ -93,6 +98,9 @@ class Running:
         self.generation = 1
         self.port = free_port()
         self.log = tmp / "agent.log"
+        # A short directory: unix socket paths have a length limit the pytest one exceeds.
+        self.plugin_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+        self.kubelet: FakeKubelet | None = None
         in_use = tmp / "in-use.json"
         in_use.write_text(json.dumps({"f715f63c-0d00-4007-9c5a-b07b0c6c05de": "vm default/win-1"}))
         kubeconfig = kube.write_kubeconfig(tmp / "kubeconfig")
@@ -102,7 +110,7 @@ class Running:
             "--kubeconfig", str(kubeconfig), "--sysfs-root", root,
             "--state-dir", str(tmp / "state"), "--in-use-file", str(in_use),
             "--listen", f"127.0.0.1:{self.port}", "--resync", "300",
-            "--namespace", "vgpu-state",
+            "--namespace", "vgpu-state", "--device-plugin-dir", str(self.plugin_dir),
         ]  # fmt: skip
         self.proc: subprocess.Popen[str] | None = None
 
@@ -116,6 +124,14 @@ class Running:
         found = self.kube.get("v1/nodes", NODE)
         assert found is not None
         return found
+
+    def advertised(self) -> dict[str, set[str]]:
+        """What the kubelet was last told: resource -> healthy device IDs (empty lists too)."""
+        assert self.kubelet is not None
+        return {
+            r: {d.id for d in devices if d.health == "Healthy"}
+            for r, devices in self.kubelet.resources().items()
+        }
 
     def state(self) -> str | None:
         return self.node()["metadata"].get("labels", {}).get(STATE_LABEL)
@@ -172,13 +188,24 @@ def agent(kube: RunningEmulator, tmp_path: Path, require_fuse: None) -> Iterator
     )
     with mounted(A2_SPEC, tmp_path / "sys") as m:
         running = Running(kube, tmp_path, str(m.root))
+        running.kubelet = FakeKubelet(str(running.plugin_dir))
+        running.kubelet.start()
         try:
             yield running
         finally:
             if running.proc is not None and running.proc.poll() is None:
                 running.proc.kill()
                 running.proc.wait(10)
+            running.kubelet.stop()
+            shutil.rmtree(running.plugin_dir, ignore_errors=True)
             print(running.log.read_text() if running.log.exists() else "(no agent log)")
+
+
+def uuids(root: str, type_name: str) -> set[str]:
+    return {v.uuid or "" for g in scan(root, catalog=CATALOG).gpus for v in g.vgpus if v.type_name == type_name}
+
+
+A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
 
 
 def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> None:
@@ -186,11 +213,18 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     wait_for("the first reconcile", lambda: agent.state() == "success", proc)
     assert layout(agent.root) == {"A2-4C": 1, "A2-4Q": 1, "A2-4A": 1}
     assert agent.get("/readyz")[0] == 200
+    told = lambda: agent.advertised().get(A2_4Q) == uuids(agent.root, "A2-4Q")  # noqa: E731
+    wait_for("the kubelet told", told, proc)
+    assert set(agent.advertised()) == {A2_4Q, "nvidia.com/NVIDIA_A2-4C", "nvidia.com/NVIDIA_A2-4A"}
 
-    # A label change: the layout is created, the state label says success.
+    # A label change: the layout is created, the state label says success, and the
+    # kubelet's ListAndWatch stream carries the new vGPU.
     agent.label("grow")
     wait_for("the grown layout", lambda: layout(agent.root).get("A2-4Q") == 2, proc)
     wait_for("success", lambda: agent.state() == "success", proc)
+    grown = uuids(agent.root, "A2-4Q")
+    assert len(grown) == 2
+    wait_for("the kubelet told", lambda: agent.advertised().get(A2_4Q) == grown, proc)
     cr = agent.kube.get("kubevirt.io/v1/kubevirts", "kubevirt", "kubevirt")
     assert cr is not None
     mdevs = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
@@ -204,6 +238,16 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     agent.edit_config(CONFIG.replace("{A2-4C: 1, A2-4Q: 2, A2-4A: 1}", "{A2-4C: 1, A2-4Q: 3}"))
     wait_for("the edited layout", lambda: layout(agent.root) == {"A2-4C": 1, "A2-4Q": 3}, proc)
     wait_for("success", lambda: agent.state() == "success", proc)
+    a2_4a = "nvidia.com/NVIDIA_A2-4A"
+    wait_for("A2-4A withdrawn", lambda: agent.advertised().get(a2_4a) == set(), proc)
+    wait_for("the kubelet told", told, proc)
+
+    # A kubelet restart (a new kubelet.sock, every socket gone): the plugins register
+    # again, the devices are listed again, and the agent re-reads the node.
+    assert agent.kubelet is not None
+    agent.kubelet.restart()
+    wait_for("re-registration", told, proc)
+    wait_for("a reconcile", lambda: "reconcile (kubelet" in agent.log.read_text(), proc)
 
     # The config made invalid: the node says where; the host is left as it is.
     before = scan(agent.root, catalog=CATALOG).fingerprint()
@@ -221,9 +265,10 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     assert 'vgpu_state_reconciles_total{result="degraded"}' in metrics
     assert "vgpu_state_config_generation 2.0" in metrics, "the invalid one does not count"
 
-    # SIGTERM: exit 0.
+    # SIGTERM: exit 0, every resource withdrawn first.
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+    assert agent.advertised() and all(not ids for ids in agent.advertised().values())
 
 
 SLOW_SPEC = A2_SPEC.read_text() + "faults:\n  - {op: any, delay-ms: 400}\n"

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink, InUseSource, in_use_from_file
 from vgpu_state.agent.rollout import LeaseRolloutGate
@@ -17,8 +18,11 @@ from vgpu_state.kube.kubevirt import KubeVirtRef
 from vgpu_state.kube.rollout import RolloutSlots
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.ports import ClusterPort, DevicePluginSink, HostPort, NoDevicePlugin
+from vgpu_state.ports import ClusterPort, DevicePluginSink, HostPort
 from vgpu_state.reconcile import Ports, Settings
+
+if TYPE_CHECKING:
+    from vgpu_state.deviceplugin import DevicePluginManager
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,8 @@ class AgentFlags:
     dra_plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     dra_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     cdi_dir: Path = Path("/var/run/cdi")
+    device_plugin: bool = True
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
 
 
 def build(flags: AgentFlags) -> Agent:
@@ -62,7 +68,7 @@ def build(flags: AgentFlags) -> Agent:
         in_use_source=in_use,
     )
     port_cluster: ClusterPort = cluster
-    dra: DevicePluginSink = NoDevicePlugin()
+    dra_sink: DevicePluginSink | None = None
     watches = [node_watch_starter(api.client, flags.node)]
     if flags.dra:
         from vgpu_state.agent.dra import ClaimsHoldVgpus, DraNode
@@ -77,11 +83,17 @@ def build(flags: AgentFlags) -> Agent:
         )
         dra_node = DraNode(api.client, flags.node, paths, catalog=default_catalog())
         port_cluster = ClaimsHoldVgpus(cluster, dra_node)
-        dra = dra_node
+        dra_sink = dra_node
         watches.append(dra_node.starter())
-    plugin = None
     shutdown: list[tuple[str, Callable[[], None]]] = []
+    plugin = None
+    if flags.device_plugin:
+        plugin = _device_plugin(flags)
+        watches.append(_kubelet_restarts(plugin))
+        # Last of all: every resource advertises an empty list, then the servers stop.
+        shutdown.append(("device plugin", plugin.stop))
     sink = ClusterSink(cluster, plugin, manage_kubevirt=flags.manage_kubevirt)
+    dra: DevicePluginSink = sink.dra_channel(dra_sink)
     flags.state_dir.mkdir(parents=True, exist_ok=True)
     catalog = default_catalog()
     settings = Settings(
@@ -108,6 +120,32 @@ def build(flags: AgentFlags) -> Agent:
         shutdown=shutdown,
     )
     return Agent(parts)
+
+
+def _device_plugin(flags: AgentFlags) -> DevicePluginManager:
+    from vgpu_state.deviceplugin import DevicePluginManager
+
+    if flags.sim_spec:
+        # A simulated node changes only through this agent's applies, and every
+        # reconcile refreshes the plugin from a fresh scan; there is no sysfs to probe.
+        return DevicePluginManager(flags.device_plugin_dir, present=lambda device: True)
+    return DevicePluginManager(flags.device_plugin_dir)
+
+
+def _kubelet_restarts(
+    plugin: DevicePluginManager,
+) -> Callable[[Callable[[str], None]], Callable[[], None]]:
+    """A trigger source: the kubelet restarted (a new ``kubelet.sock``); re-read the node."""
+
+    def start(trigger: Callable[[str], None]) -> Callable[[], None]:
+        plugin.on_kubelet_restart = lambda: trigger("kubelet")
+
+        def stop() -> None:
+            plugin.on_kubelet_restart = None
+
+        return stop
+
+    return start
 
 
 def _host(flags: AgentFlags) -> tuple[HostPort, InUseSource | None, Callable[[], None] | None]:

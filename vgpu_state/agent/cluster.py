@@ -22,8 +22,9 @@ from typing import Any, Protocol
 from vgpu_state.kube.cluster import KubeCluster
 from vgpu_state.kube.errors import ClusterError, PodResourcesUnavailableError
 from vgpu_state.model.inuse import InUse
+from vgpu_state.model.publish import join
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.model.status import ConditionType, NodeStatus
+from vgpu_state.model.status import ConditionType, EventType, NodeStatus
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,14 @@ class PluginSink(Protocol):
 
 
 class ClusterSink:
-    """The :class:`~vgpu_state.ports.DevicePluginSink`: device plugin, status, KubeVirt CR."""
+    """The device-plugin channel (``Ports.device_plugin``): the device plugin, the status,
+    the KubeVirt CR.
+
+    The status describes every vGPU of the node, so the DRA channel is passed
+    through :meth:`dra_channel`, which lets the sink see both halves of the
+    same fresh scan (a reconcile refreshes the device plugin first, then DRA,
+    then reports the status).
+    """
 
     def __init__(
         self,
@@ -106,12 +114,14 @@ class ClusterSink:
         self.plugin = plugin
         self._manage = manage_kubevirt
         self._warned: str | None = None
+        self._advertised: NodeSnapshot | None = None
+        self._plugin_failed: str | None = None
 
     def refresh(self, snapshot: NodeSnapshot) -> None:
         if self.plugin is not None:
-            self.plugin.refresh(snapshot)
-        held: Mapping[str, str] | None = self.cluster.last_in_use
-        self.cluster.observe(snapshot, held, in_use_known=held is not None)
+            self._refresh_plugin(self.plugin, snapshot)
+        self._advertised = snapshot
+        self._observe(snapshot)
         if not self._manage:
             return
         try:
@@ -124,3 +134,40 @@ class ClusterSink:
         self._warned = None
         for problem in result.problems:
             log.warning("%s", problem)
+
+    def _refresh_plugin(self, plugin: PluginSink, snapshot: NodeSnapshot) -> None:
+        """A device plugin that cannot serve never stops the status and the KubeVirt CR."""
+        try:
+            plugin.refresh(snapshot)
+        except (RuntimeError, OSError) as e:
+            message = f"the device plugin could not advertise the node's vGPUs: {e}"
+            if self._plugin_failed != message:
+                log.error("%s", message)
+                self.cluster.event("DevicePluginFailed", message[:1000], EventType.WARNING)
+                self._plugin_failed = message
+            return
+        self._plugin_failed = None
+
+    def dra_channel(self, inner: PluginSink | None = None) -> _DraChannel:
+        """The ``Ports.dra`` sink: ``inner`` (the DRA publisher, if any) gets the DRA
+        vGPUs, and the status gets them joined with the device plugin's."""
+        return _DraChannel(self, inner)
+
+    def _observe(self, snapshot: NodeSnapshot) -> None:
+        held: Mapping[str, str] | None = self.cluster.last_in_use
+        self.cluster.observe(snapshot, held, in_use_known=held is not None)
+
+    def _dra_refreshed(self, snapshot: NodeSnapshot) -> None:
+        if self._advertised is not None and snapshot.gpus:
+            self._observe(join(self._advertised, snapshot))
+
+
+class _DraChannel:
+    def __init__(self, sink: ClusterSink, inner: PluginSink | None) -> None:
+        self._sink = sink
+        self.inner = inner
+
+    def refresh(self, snapshot: NodeSnapshot) -> None:
+        if self.inner is not None:
+            self.inner.refresh(snapshot)
+        self._sink._dra_refreshed(snapshot)

@@ -80,6 +80,18 @@ from vgpu_state.cli.common import handle_errors
 )
 @click.option("--no-kubevirt", is_flag=True, help="Leave the KubeVirt CR alone.")
 @click.option(
+    "--device-plugin-dir",
+    default="/var/lib/kubelet/device-plugins",
+    show_default=True,
+    help="The kubelet's device-plugins directory: the agent registers one device plugin "
+    "per vGPU type through its kubelet.sock.",
+)
+@click.option(
+    "--no-device-plugin",
+    is_flag=True,
+    help="Serve no device plugin (another component advertises the vGPUs to the kubelet).",
+)
+@click.option(
     "--dra",
     is_flag=True,
     help="Serve the kubelet DRA plugin and publish ResourceSlices for the vGPUs of GPUs whose "
@@ -128,6 +140,8 @@ def agent(
     in_use_file: str | None,
     kubevirt: str | None,
     no_kubevirt: bool,
+    device_plugin_dir: str,
+    no_device_plugin: bool,
     dra: bool,
     dra_plugins_dir: Path,
     dra_registry_dir: Path,
@@ -158,6 +172,8 @@ def agent(
         pod_resources=pod_resources,
         kubevirt=kubevirt,
         manage_kubevirt=not no_kubevirt,
+        device_plugin=not no_device_plugin,
+        device_plugin_dir=device_plugin_dir,
         dra=dra,
         dra_plugins_dir=dra_plugins_dir,
         dra_registry_dir=dra_registry_dir,

@@ -27,6 +27,7 @@ from vgpu_state.deviceplugin.inventory import Device, ResourceInventory, invento
 from vgpu_state.deviceplugin.server import FileIdentity, ResourceServer, file_identity
 from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from vgpu_state.model.errors import UserError
 from vgpu_state.model.resources import DEFAULT_DOMAIN
 from vgpu_state.model.snapshot import NodeSnapshot
 
@@ -103,6 +104,13 @@ class DevicePluginManager:
         register_timeout: float = 5.0,
     ) -> None:
         self.plugin_dir = os.path.abspath(plugin_dir)
+        # The longest socket name is a hashed one: vgpu-state-<16 hex digits>.sock.
+        room = _SUN_PATH_MAX - len(SOCKET_PREFIX) - 16 - len(".sock") - 1
+        if len(os.fsencode(self.plugin_dir)) > room:
+            raise UserError(
+                f"device plugin directory {self.plugin_dir}: too long for the unix sockets "
+                f"served in it (at most {room} bytes)"
+            )
         self.kubelet_socket = os.path.join(self.plugin_dir, KUBELET_SOCKET)
         self.domain = domain
         self.iommufd = os.path.exists("/dev/iommu") if iommufd is None else iommufd
@@ -117,6 +125,10 @@ class DevicePluginManager:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._kubelet_seen: FileIdentity | None = None
+        self.on_kubelet_restart: Callable[[], None] | None = None
+        """Called (from the supervisor thread) when a new ``kubelet.sock`` appears after
+        the first: the kubelet restarted, and the caller may want to re-read the node."""
 
     # public API ----------------------------------------------------------------
     def refresh(self, snapshot: NodeSnapshot) -> None:
@@ -210,6 +222,7 @@ class DevicePluginManager:
             with self._lock:
                 plugins = list(self._plugins.values())
             kubelet = file_identity(self.kubelet_socket)
+            self._notice_kubelet(kubelet)
             for plugin in plugins:
                 try:
                     self._check(plugin, kubelet)
@@ -219,6 +232,18 @@ class DevicePluginManager:
                 next_health = time.monotonic() + self.health_interval
                 for plugin in plugins:
                     self._check_health(plugin)
+
+    def _notice_kubelet(self, kubelet: FileIdentity | None) -> None:
+        if kubelet is None or kubelet == self._kubelet_seen:
+            return
+        restarted = self._kubelet_seen is not None
+        self._kubelet_seen = kubelet
+        hook = self.on_kubelet_restart
+        if restarted and hook is not None:
+            try:
+                hook()
+            except Exception:  # the supervisor keeps going whatever the hook does
+                log.exception("the kubelet-restart hook failed")
 
     def _check(self, plugin: _Plugin, kubelet: FileIdentity | None) -> None:
         with plugin.lock:

@@ -38,3 +38,16 @@ def split(snapshot: NodeSnapshot, publish_for: Callable[[str], Publish]) -> Chan
         device_plugin=snapshot.model_copy(update={"gpus": tuple(plugin_gpus)}),
         dra=snapshot.model_copy(update={"gpus": tuple(dra_gpus)}),
     )
+
+
+def join(device_plugin: NodeSnapshot, dra: NodeSnapshot) -> NodeSnapshot:
+    """The node again from its two channels (the inverse of :func:`split`).
+
+    GPUs are matched by address; a GPU only one channel knows keeps its vGPUs.
+    """
+    dra_vgpus = {g.address: g.vgpus for g in dra.gpus}
+    gpus = []
+    for g in device_plugin.gpus:
+        extra = dra_vgpus.get(g.address, ())
+        gpus.append(g.model_copy(update={"vgpus": g.vgpus + extra}) if extra else g)
+    return device_plugin.model_copy(update={"gpus": tuple(gpus)})
