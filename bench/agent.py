@@ -2,9 +2,10 @@
 """Benchmark: the agent as a real process against the API server emulator and a simulated node.
 
 Prints
-* the latency from a Node label change, and from a ConfigMap swap, to the node
-  converged (the agent's state label back at ``success``; the device plugin is
-  not part of the agent yet, so its advertisement is not what is timed);
+* the latency from a Node label change, and from a ConfigMap swap, to the
+  device plugin advertising the new devices (a stand-in kubelet on a unix
+  socket receives the agent's ListAndWatch updates; timed until it has the new
+  list), and to the node converged (the state label back at ``success``);
 * idle CPU and RSS over a stretch of resyncs (``--idle`` seconds, default 60;
   the goal is stated for 10 minutes: pass ``--idle 600``);
 * threads, file descriptors and sockets after 100 and after 1,000 reconciles
@@ -28,12 +29,14 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from vgpu_state.deviceplugin.fakekubelet import FakeKubelet  # noqa: E402
 from vgpu_state.kube.api import KubeApi  # noqa: E402
 
 NODE = "a2-node"
@@ -51,6 +54,7 @@ vgpu-configs:
 """
 LATENCY_GOAL = 1.0  # seconds, plus driver time
 RSS_GOAL_MB = 80.0
+A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
 
 
 def swap(directory: Path, generation: int, text: str) -> None:
@@ -74,6 +78,8 @@ def free_port() -> int:
 class Agent:
     def __init__(self, kube: Any, work: Path, resync: float) -> None:
         self.kube = kube
+        self.kubelet = FakeKubelet(str(work / f"dp-{resync}"))
+        self.kubelet.start()
         self.work = work
         self.config = work / f"config-{resync}"
         self.config.mkdir()
@@ -98,6 +104,8 @@ class Agent:
             "--resync",
             str(resync),
             "--no-kubevirt",
+            "--device-plugin-dir",
+            self.kubelet.plugin_dir,
             "--log-level",
             "warning",
         ]
@@ -158,9 +166,19 @@ class Agent:
                 continue
         return sorted(targets)
 
+    def advertised(self, resource: str) -> int:
+        """Healthy devices the kubelet was last told of."""
+        return sum(d.health == "Healthy" for d in self.kubelet.devices(resource) or ())
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(30)
+        code = self.proc.wait(30)
+        self.kubelet.stop()
+        return code
+
+
+def has_devices(agent: Agent, n: int) -> bool:
+    return agent.advertised(A2_4Q) == n
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 30) -> None:
@@ -199,8 +217,10 @@ def main() -> int:
         agent = Agent(kube, work, 600.0)
         wait_for(lambda: state() == "success" and config_name() == "small")
         label_times: list[float] = []
+        label_kubelet: list[float] = []
         for i in range(opts.rounds):
             want = "large" if i % 2 == 0 else "small"
+            devices = 3 if want == "large" else 1
             done = agent.metric("vgpu_state_reconciles_total")
             start = time.perf_counter()
             api.patch(
@@ -216,9 +236,12 @@ def main() -> int:
                     and agent.metric("vgpu_state_reconciles_total") > done
                 )
 
+            wait_for(partial(has_devices, agent, devices))
+            label_kubelet.append(time.perf_counter() - start)
             wait_for(switched)
             label_times.append(time.perf_counter() - start)
         swap_times: list[float] = []
+        swap_kubelet: list[float] = []
         text = CONFIG
         for i in range(opts.rounds):
             # The label stays; the layout it names changes (A2-4Q 3 <-> 2).
@@ -227,9 +250,12 @@ def main() -> int:
                 if i % 2 == 0
                 else text.replace("A2-4Q: 2", "A2-4Q: 3")
             )
+            devices = 2 if i % 2 == 0 else 3
             done = agent.metric("vgpu_state_reconciles_total")
             start = time.perf_counter()
             swap(agent.config, i + 2, text)
+            wait_for(partial(has_devices, agent, devices))
+            swap_kubelet.append(time.perf_counter() - start)
 
             def applied(done: float = done) -> bool:
                 return agent.metric("vgpu_state_reconciles_total") > done and state() == "success"
@@ -263,6 +289,15 @@ def main() -> int:
     def ms(values: list[float]) -> str:
         return f"median {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
 
+    print(
+        f"label change -> kubelet has the new devices:   {ms(label_kubelet)} "
+        f"over {len(label_kubelet)} (goal <= {LATENCY_GOAL:.0f} s + driver time; "
+        f"ratio {statistics.median(label_kubelet) / LATENCY_GOAL:.2f})"
+    )
+    print(
+        f"ConfigMap swap -> kubelet has the new devices: {ms(swap_kubelet)} "
+        f"over {len(swap_kubelet)} (ratio {statistics.median(swap_kubelet) / LATENCY_GOAL:.2f})"
+    )
     print(
         f"label change -> converged:   {ms(label_times)} over {len(label_times)} "
         f"(goal <= {LATENCY_GOAL:.0f} s + driver time; "
