@@ -217,3 +217,47 @@ def test_kubevirt_entries_added_by_any_node_removed_only_by_the_lease_holder(
     ]
     assert json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION]) == []
     assert apiserver.get(LEASES, lease.LEASE_NAME, lease.DEFAULT_NAMESPACE) is not None
+
+
+def test_a_steady_node_costs_no_write(
+    apiserver: RunningApiServer, kubeconfig: str, sim_spec_paths: list[Path]
+) -> None:
+    """Reconciling an unchanged node every minute must not rewrite the Node or its status
+    (every write is an etcd write and a watch event for every controller watching Nodes)."""
+    snapshot = _mixed(sim_spec_paths).scan()
+    status = NodeStatus(
+        node="gpu-node-1",
+        config="mixed",
+        state=ConfigState.SUCCESS,
+        conditions=(Condition(type=ConditionType.SYNCED, status=True, reason="Converged"),),
+    )
+
+    def versions() -> tuple[str, str]:
+        node = apiserver.get(NODES, "gpu-node-1")
+        stored = apiserver.get(NODESTATES, "gpu-node-1")
+        assert node is not None and stored is not None
+        return node["metadata"]["resourceVersion"], stored["metadata"]["resourceVersion"]
+
+    def reconcile(clock: datetime.datetime) -> None:
+        cluster = _cluster(kubeconfig, "gpu-node-1")
+        cluster.clock = lambda: clock
+        cluster.labels()  # every reconcile reads the Node first
+        cluster.observe(snapshot, {})
+        cluster.report_status(status)
+
+    reconcile(T0)
+    first = versions()
+    reconcile(T0 + datetime.timedelta(minutes=1))
+    assert versions() == first, "an unchanged node was written again"
+
+    # A change is still written: one more vGPU held.
+    cluster = _cluster(kubeconfig, "gpu-node-1")
+    cluster.labels()
+    cluster.observe(snapshot, {"f715f63c-0d00-4007-9c5a-b07b0c6c05de": "vm default/win-1"})
+    cluster.report_status(status)
+    node_rv, status_rv = versions()
+    assert node_rv == first[0] and status_rv != first[1]
+    # And the state label is written when it differs.
+    cluster.report_status(status.model_copy(update={"state": ConfigState.PENDING}))
+    node = apiserver.get(NODES, "gpu-node-1")
+    assert node is not None and node["metadata"]["labels"][STATE_LABEL] == "pending"

@@ -208,14 +208,17 @@ class KubeCluster:
         config_hash: str | None = None,
         plan_summary: str | None = None,
     ) -> None:
-        node_api.write_state(
+        written = node_api.write_state(
             self.api,
             self.node,
             state,
             applied_config=applied_config,
             config_hash=config_hash,
             plan_summary=plan_summary,
+            current=self._node_obj,
         )
+        if written is not None:
+            self._node_obj = written
 
     # Events -----------------------------------------------------------------------
     def event(self, reason: str, message: str, type: EventType = EventType.NORMAL) -> None:
@@ -244,7 +247,8 @@ class KubeCluster:
     ) -> VGPUNodeStateStatus:
         """Write the node's ``VGPUNodeState`` status; conditions keep their transition times."""
         snap = snapshot or self._snapshot
-        previous = nodestate.status_of(nodestate.read(self.api, self.node))
+        found = nodestate.read(self.api, self.node)
+        previous = nodestate.status_of(found)
         gpus, capacity = nodestate.layout_status(snap, self._in_use) if snap else ((), ())
         wanted = list(conditions or [])
         if snap is not None and not any(k == "Degraded" for k, *_ in wanted):
@@ -271,6 +275,10 @@ class KubeCluster:
             conditions=merged,
             last_apply=last_apply or self._last_apply,
         )
+        if found is not None and previous is not None:
+            generation = int((found.get("metadata") or {}).get("generation") or 0)
+            if previous == status.model_copy(update={"observed_generation": generation}):
+                return status  # nothing changed: no write, no watch event for anyone
         nodestate.write_status(self.api, self.node, status, self.node_uid())
         return status
 

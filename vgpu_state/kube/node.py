@@ -82,11 +82,26 @@ def write_state(
     applied_config: str | None = None,
     config_hash: str | None = None,
     plan_summary: str | None = None,
+    current: Mapping[str, Any] | None = None,
 ) -> JsonObject | None:
-    """Merge-patch the state label and annotations onto the Node; returns the Node."""
+    """Merge-patch the state label and annotations onto the Node; returns the Node.
+
+    ``current``: the Node as last read; when it already carries every value,
+    nothing is sent (``None`` is returned), so a steady node costs no write.
+    """
     patch = state_patch(
         state, applied_config=applied_config, config_hash=config_hash, plan_summary=plan_summary
     )
-    if not patch:
+    if not patch or (current is not None and already_holds(current, patch)):
         return None
     return api.patch(node_path(name), patch, "merge")
+
+
+def already_holds(node: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """``node`` already carries every label and annotation of a :func:`state_patch`."""
+    metadata = patch.get("metadata") or {}
+    labels = labels_of(node)
+    annotations = annotations_of(node)
+    return all(labels.get(k) == v for k, v in (metadata.get("labels") or {}).items()) and all(
+        annotations.get(k) == v for k, v in (metadata.get("annotations") or {}).items()
+    )
