@@ -202,7 +202,8 @@ def agent(kube: RunningEmulator, tmp_path: Path, require_fuse: None) -> Iterator
 
 
 def uuids(root: str, type_name: str) -> set[str]:
-    return {v.uuid or "" for g in scan(root, catalog=CATALOG).gpus for v in g.vgpus if v.type_name == type_name}
+    gpus = scan(root, catalog=CATALOG).gpus
+    return {v.uuid or "" for g in gpus for v in g.vgpus if v.type_name == type_name}
 
 
 A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
