@@ -36,6 +36,7 @@ from vgpu_state.dra.fakekubelet import FakeKubelet
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
+from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.dra import KubeClaims, SlicePublisher
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
@@ -80,10 +81,10 @@ def apply_layout(host: SimHost, type_name: str, count: int) -> None:
     assert report.converged, report.differences
 
 
-def client(url: str) -> ApiClient:
+def client(url: str) -> KubeApi:
     cfg = Configuration()
     cfg.host = url
-    return ApiClient(cfg)
+    return KubeApi(ApiClient(cfg), url, (5.0, 10.0))
 
 
 def apply_to_slices(vgpus: int) -> tuple[float, float, float, PoolSpec, SimHost]:

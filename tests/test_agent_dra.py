@@ -23,6 +23,7 @@ from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.dra.fakekubelet import FakeKubelet
 from vgpu_state.dra.prepare import DraPaths
 from vgpu_state.dra.slices import DRIVER, PCI_BUS_ID, device_key
+from vgpu_state.kube.api import KubeApi
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster, RecordingDevicePlugin
@@ -72,7 +73,8 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
             sysfs_root=Path(host.root),
             dev_root=base / "dev",
         )
-        dra = DraNode(ApiClient(cfg), NODE, paths, resync_seconds=3600, catalog=CATALOG).start()
+        kube = KubeApi(ApiClient(cfg), api.url, (5.0, 10.0))
+        dra = DraNode(kube, NODE, paths, resync_seconds=3600, catalog=CATALOG).start()
         plugin = RecordingDevicePlugin()
 
         def ports(config: str) -> Ports:

@@ -23,6 +23,7 @@ from vgpu_state.dra.fakekubelet import FakeKubelet
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, MDEV_UUID, PCI_BUS_ID, build_pool
+from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.dra import KubeClaims, SlicePublisher, claims_in_use
 from vgpu_state.model.publish import split
 from vgpu_state.reconcile import Mode, Ports, Report, Settings, reconcile_once
@@ -61,7 +62,7 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
         api.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         cfg = Configuration()
         cfg.host = api.url
-        client = ApiClient(cfg)
+        client = KubeApi(ApiClient(cfg), api.url, (5.0, 10.0))
 
         # 1. apply: four 12Q vGPUs on the second L40S, published through DRA; the first
         #    L40S is not in the layout and keeps its two 4Q on the device plugin.

@@ -13,6 +13,7 @@ from kubernetes.client import ApiClient, Configuration
 from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
 from vgpu_state.catalog import default_catalog
 from vgpu_state.dra.slices import DRIVER, MDEV_UUID, PCI_BUS_ID, build_pool
+from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.dra import (
     DraUnsupportedError,
     KubeClaims,
@@ -30,17 +31,17 @@ MIXED = Path(__file__).resolve().parent.parent / "configs" / "sim" / "mixed.yaml
 NODE = "gpu-node-1"
 
 
-def _client(url: str) -> ApiClient:
+def _client(url: str) -> KubeApi:
     cfg = Configuration()
     cfg.host = url
-    return ApiClient(cfg)
+    return KubeApi(ApiClient(cfg), url, (5.0, 10.0))
 
 
 @pytest.fixture
 def serve() -> Iterator[Any]:
     running: list[RunningDraApiServer] = []
 
-    def start(versions: tuple[str, ...] = ("v1",)) -> tuple[RunningDraApiServer, ApiClient]:
+    def start(versions: tuple[str, ...] = ("v1",)) -> tuple[RunningDraApiServer, KubeApi]:
         server = RunningDraApiServer(versions).start()
         running.append(server)
         server.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
@@ -260,3 +261,20 @@ def test_512_vgpus_fit_the_api_limits(serve: Any) -> None:
     assert server.server.rejected == []
     assert sorted(len(o["spec"]["devices"]) for o in objs) == [128] * 4
     assert len(_devices(objs)) == 512
+
+
+def test_dra_requests_fail_like_every_other_cluster_request(mixed: NodeSnapshot) -> None:
+    """An API server that does not answer is a transient cluster error naming the request,
+    the same error the rest of the agent retries on (no DRA-only error type)."""
+    from vgpu_state.kube.errors import ClusterUnreachableError
+    from vgpu_state.model.errors import TransientError
+
+    api = _client("http://127.0.0.1:9")  # the discard port: nothing listens
+    api.timeout = (0.5, 0.5)
+    publisher = SlicePublisher(api, NODE, version="v1")
+    request = r"GET /apis/resource\.k8s\.io/v1/resourceslices"
+    with pytest.raises(ClusterUnreachableError, match=request) as e:
+        publisher.publish(build_pool(mixed, catalog=CATALOG))
+    assert isinstance(e.value, TransientError)
+    with pytest.raises(ClusterUnreachableError, match="resourceclaims"):
+        KubeClaims(api, version="v1").list_claims()

@@ -81,7 +81,7 @@ def build(flags: AgentFlags) -> Agent:
             cdi_dir=flags.cdi_dir,
             sysfs_root=Path(flags.sysfs_root),
         )
-        dra_node = DraNode(api.client, flags.node, paths, catalog=default_catalog())
+        dra_node = DraNode(api, flags.node, paths, catalog=default_catalog())
         port_cluster = ClaimsHoldVgpus(cluster, dra_node)
         dra_sink = dra_node
         watches.append(dra_node.starter())

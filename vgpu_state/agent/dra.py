@@ -14,19 +14,20 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from vgpu_state.catalog import Catalog
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, DraDevice, PoolSpec, build_pool
+from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.dra import (
-    DraApiError,
     KubeClaims,
     SlicePublisher,
     SliceResync,
     claims_in_use,
 )
+from vgpu_state.kube.errors import ClusterError
+from vgpu_state.model.errors import TransientError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import NodeEvent, NodeStatus
@@ -40,7 +41,7 @@ class DraNode:
 
     def __init__(
         self,
-        api_client: Any,
+        api: KubeApi,
         node: str,
         paths: DraPaths,
         *,
@@ -52,8 +53,8 @@ class DraNode:
         self.node = node
         self.catalog = catalog
         self.driver = driver
-        self.publisher = SlicePublisher(api_client, node, driver=driver, version=version)
-        self.claims = KubeClaims(api_client, version=self.publisher.version)
+        self.publisher = SlicePublisher(api, node, driver=driver, version=version)
+        self.claims = KubeClaims(api, version=self.publisher.version)
         self._pool: PoolSpec | None = None
         self._lock = threading.Lock()
         self.preparer = Preparer(
@@ -76,7 +77,7 @@ class DraNode:
             self._pool = pool
         try:
             self.publisher.publish(pool)
-        except DraApiError as e:  # the host is done; the resync publishes this pool later
+        except (ClusterError, TransientError) as e:  # the resync publishes this pool later
             log.warning("ResourceSlices not published yet: %s", e)
 
     def holders(self) -> dict[str, str]:

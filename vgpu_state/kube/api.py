@@ -165,9 +165,15 @@ class KubeApi:
     def get(self, path: str) -> JsonObject:
         return self.request("GET", path)
 
-    def list(self, path: str, label_selector: str | None = None) -> list[JsonObject]:
-        query = {"labelSelector": label_selector} if label_selector else None
-        items = self.request("GET", path, query=query).get("items") or []
+    def list(
+        self, path: str, label_selector: str | None = None, field_selector: str | None = None
+    ) -> list[JsonObject]:
+        query = {
+            key: value
+            for key, value in (("labelSelector", label_selector), ("fieldSelector", field_selector))
+            if value
+        }
+        items = self.request("GET", path, query=query or None).get("items") or []
         return [i for i in items if isinstance(i, dict)]
 
     def create(self, path: str, body: Mapping[str, Any]) -> JsonObject:

@@ -14,11 +14,15 @@
 * :func:`claims_in_use`: vGPUs allocated to claims in this node's pool, as the
   planner's in-use mapping (key -> "ResourceClaim ns/name (pod ns/p)").
 
-The official client is imported lazily, so importing this module costs nothing.
+Every request goes through :class:`~vgpu_state.kube.api.KubeApi`, so DRA
+requests fail with the same errors as every other cluster request
+(:mod:`vgpu_state.kube.errors`): unreachable or overloaded servers are
+transient, refusals name the request and the status.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -28,7 +32,10 @@ from typing import Any, Protocol
 
 from vgpu_state.dra.claims import Claim, claim_holders
 from vgpu_state.dra.names import DRIVER
-from vgpu_state.model.errors import TransientError, UserError
+from vgpu_state.kube.api import KubeApi, path_of
+from vgpu_state.kube.errors import ClusterError, NotFoundError
+from vgpu_state.kube.node import read_node
+from vgpu_state.model.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -53,35 +60,21 @@ class SlicePool(Protocol):
     def manifests(self, generation: int, api_version: str) -> list[dict[str, Any]]: ...
 
 
-class DraApiError(TransientError):
-    """The API server did not answer a DRA request as expected; retry later."""
-
-
 class DraUnsupportedError(UserError):
     """The cluster serves no ResourceSlice version vgpu-state can write."""
 
 
-def _status(e: BaseException) -> int:
-    return int(getattr(e, "status", 0) or 0)
-
-
-def _custom(api_client: Any) -> Any:
-    from kubernetes.client import CustomObjectsApi
-
-    return CustomObjectsApi(api_client)
-
-
-def resource_api_version(api_client: Any) -> str:
+def resource_api_version(api: KubeApi) -> str:
     """``v1`` or ``v1beta2``: the newest ``resource.k8s.io`` version the server serves."""
-    from kubernetes.client import ResourceApi
-
     try:
-        group = ResourceApi(api_client).get_api_group()
-    except Exception as e:
-        if _status(e) != 404:
-            raise DraApiError(f"cannot read the API group {GROUP}: {_reason(e)}") from e
-        group = None
-    served = {v.version for v in (group.versions or [])} if group is not None else set()
+        group = api.get(f"/apis/{GROUP}")
+    except NotFoundError:
+        group = {}
+    served = {
+        str(v.get("version"))
+        for v in group.get("versions") or []
+        if isinstance(v, dict) and v.get("version")
+    }
     for version in VERSIONS:
         if version in served:
             return version
@@ -109,17 +102,16 @@ class SlicePublisher:
 
     def __init__(
         self,
-        api_client: Any,
+        api: KubeApi,
         node: str,
         *,
         driver: str = DRIVER,
         version: str | None = None,
     ) -> None:
-        self.api = _custom(api_client)
-        self.api_client = api_client
+        self.api = api
         self.node = node
         self.driver = driver
-        self.version = version or resource_api_version(api_client)
+        self.version = version or resource_api_version(api)
         self._lock = threading.Lock()
         self._pool: SlicePool | None = None
         self._owner: dict[str, Any] | None = None
@@ -129,13 +121,7 @@ class SlicePublisher:
     def current(self) -> list[dict[str, Any]]:
         """This node's slices of our driver, as the API server has them now."""
         selector = f"spec.nodeName={self.node},spec.driver={self.driver}"
-        try:
-            found = self.api.list_cluster_custom_object(
-                GROUP, self.version, SLICES, field_selector=selector
-            )
-        except Exception as e:
-            raise DraApiError(f"cannot list ResourceSlices of node {self.node}: {e}") from e
-        items = [i for i in found.get("items") or [] if isinstance(i, dict)]
+        items = self.api.list(self._path(), field_selector=selector)
         # The field selector is the server's job; filter again so a lax server is harmless.
         return [
             i
@@ -147,14 +133,12 @@ class SlicePublisher:
     def _node_owner(self) -> dict[str, Any] | None:
         """The Node as controller owner, so deleting the Node garbage-collects its slices."""
         if self._owner is None:
-            from kubernetes.client import CoreV1Api
-
             try:
-                meta = CoreV1Api(self.api_client).read_node(self.node).metadata
-            except Exception as e:
+                node = read_node(self.api, self.node)
+            except ClusterError as e:
                 log.warning("node %s not readable (%s); slices get no owner", self.node, e)
                 return None
-            uid = meta.uid if meta is not None else None
+            uid = (node.get("metadata") or {}).get("uid")
             if not uid:
                 return None
             self._owner = {
@@ -228,18 +212,17 @@ class SlicePublisher:
         )
         return PublishResult(generation, tuple(created), tuple(replaced), tuple(deleted))
 
+    def _path(self, name: str | None = None) -> str:
+        return path_of(GROUP, self.version, SLICES, name)
+
     def _write(self, verb: str, name: str, body: dict[str, Any] | None = None) -> None:
-        try:
-            if verb == "delete":
-                self.api.delete_cluster_custom_object(GROUP, self.version, SLICES, name)
-            elif verb == "replace":
-                self.api.replace_cluster_custom_object(GROUP, self.version, SLICES, name, body)
-            else:
-                self.api.create_cluster_custom_object(GROUP, self.version, SLICES, body)
-        except Exception as e:
-            if verb == "delete" and _status(e) == 404:
-                return
-            raise DraApiError(f"cannot {verb} ResourceSlice {name}: {_reason(e)}") from e
+        if verb == "delete":
+            with contextlib.suppress(NotFoundError):  # gone already: what a delete wants
+                self.api.delete(self._path(name))
+        elif verb == "replace":
+            self.api.replace(self._path(name), body or {})
+        else:
+            self.api.create(self._path(), body or {})
 
     def remove_all(self) -> tuple[str, ...]:
         """Delete every slice of this node and driver (on shutdown); their names."""
@@ -261,13 +244,6 @@ def _content(spec: dict[str, Any]) -> str:
 
 def _annotation(obj: dict[str, Any]) -> str | None:
     return ((obj.get("metadata") or {}).get("annotations") or {}).get(CONTENT_ANNOTATION)
-
-
-def _reason(e: BaseException) -> str:
-    body = getattr(e, "body", None)
-    status = _status(e)
-    text = str(body or e).splitlines()[0][:300]
-    return f"HTTP {status}: {text}" if status else text
 
 
 class SliceResync:
@@ -307,27 +283,19 @@ class SliceResync:
 class KubeClaims:
     """Reads ResourceClaims from the API server (a :class:`~vgpu_state.dra.claims.ClaimSource`)."""
 
-    def __init__(self, api_client: Any, version: str | None = None) -> None:
-        self.api = _custom(api_client)
-        self.version = version or resource_api_version(api_client)
+    def __init__(self, api: KubeApi, version: str | None = None) -> None:
+        self.api = api
+        self.version = version or resource_api_version(api)
 
     def get_claim(self, namespace: str, name: str) -> Claim | None:
         try:
-            obj = self.api.get_namespaced_custom_object(
-                GROUP, self.version, namespace, CLAIMS, name
-            )
-        except Exception as e:
-            if _status(e) == 404:
-                return None
-            raise DraApiError(f"cannot read ResourceClaim {namespace}/{name}: {_reason(e)}") from e
+            obj = self.api.get(path_of(GROUP, self.version, CLAIMS, name, namespace))
+        except NotFoundError:
+            return None
         return Claim.from_api(obj)
 
     def list_claims(self) -> list[Claim]:
-        try:
-            found = self.api.list_cluster_custom_object(GROUP, self.version, CLAIMS)
-        except Exception as e:
-            raise DraApiError(f"cannot list ResourceClaims: {_reason(e)}") from e
-        return [Claim.from_api(i) for i in found.get("items") or [] if isinstance(i, dict)]
+        return [Claim.from_api(i) for i in self.api.list(path_of(GROUP, self.version, CLAIMS))]
 
 
 def claims_in_use(claims: KubeClaims, node: str, driver: str = DRIVER) -> dict[str, str]:
