@@ -32,6 +32,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "export": ("vgpu_state.cli.export", "export_cmd", "Print a config that reproduces the node."),
     "history": ("vgpu_state.cli.history", "history_cmd", "Show the journal of past applies."),
+    "fleet": (
+        "vgpu_state.cli.fleet",
+        "fleet",
+        "Cluster-wide: fleet plan shows every node's plan for a config (dry run).",
+    ),
     "agent": ("vgpu_state.cli.agent", "agent", "Run the per-node agent: watch, reconcile, report."),
     "deviceplugin": (
         "vgpu_state.cli.deviceplugin",

@@ -100,6 +100,7 @@ class KubeCluster:
         self.clock = clock
         self._node_obj: JsonObject | None = None
         self._snapshot: NodeSnapshot | None = None
+        self._snapshot_at: datetime.datetime | None = None
         self._in_use: Mapping[str, str] = {}
         self._in_use_known = True
         self._selected: SelectedConfig | None = None
@@ -174,6 +175,8 @@ class KubeCluster:
         blocked: int | None = None,
     ) -> None:
         """Remember the newest scan (and selection, apply, blocked count) for the status."""
+        if snapshot is not self._snapshot:
+            self._snapshot_at = self.clock()
         self._snapshot = snapshot
         self._in_use = dict(in_use or {})
         self._in_use_known = in_use_known
@@ -247,6 +250,7 @@ class KubeCluster:
     ) -> VGPUNodeStateStatus:
         """Write the node's ``VGPUNodeState`` status; conditions keep their transition times."""
         snap = snapshot or self._snapshot
+        scanned_at = self._snapshot_at if snap is self._snapshot else None
         found = nodestate.read(self.api, self.node)
         previous = nodestate.status_of(found)
         gpus, capacity = nodestate.layout_status(snap, self._in_use) if snap else ((), ())
@@ -274,6 +278,13 @@ class KubeCluster:
             in_use_known=self._in_use_known,
             conditions=merged,
             last_apply=last_apply or self._last_apply,
+            snapshot=(
+                nodestate.reported_snapshot(
+                    snap, scanned_at or self.clock(), previous.snapshot if previous else None
+                )
+                if snap is not None
+                else None
+            ),
         )
         if found is not None and previous is not None:
             generation = int((found.get("metadata") or {}).get("generation") or 0)

@@ -9,7 +9,11 @@ the ``status`` subresource, so writing it never races a change of the spec.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
+import gzip
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -96,6 +100,103 @@ class LastApply(_Model):
     message: str = ""
 
 
+SNAPSHOT_ENCODING: Literal["gzip+base64"] = "gzip+base64"
+MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
+"""A reported scan larger than this, decompressed, is refused (8 GPUs × 32 VFs: ~80 KiB)."""
+
+
+class ReportedSnapshot(_Model):
+    """The scan a status describes, whole: what ``vgpu-state fleet plan`` plans against.
+
+    ``gpus`` shows the layout for people; this is the planner's input (every
+    VF, every type the driver offers or can create), compressed so that a
+    status stays small and a list of a thousand nodes stays fast.
+    """
+
+    encoding: Literal["gzip+base64"] = Field(
+        default=SNAPSHOT_ENCODING, description="How data is encoded: gzip, then base64."
+    )
+    fingerprint: str = Field(description="sha256 of the scan's vGPU state, as plans record it.")
+    scanned_at: str = Field(description="When the node's host was scanned (RFC 3339).")
+    data: str = Field(description="The scan as JSON, gzip-compressed, base64-encoded.")
+
+
+class SnapshotDecodeError(ValueError):
+    """A reported scan cannot be read back (bad encoding, truncated, too large, invalid)."""
+
+
+def encode_snapshot(snapshot: NodeSnapshot, scanned_at: datetime.datetime) -> ReportedSnapshot:
+    """``snapshot`` for the status; equal scans give equal text (no gzip timestamp)."""
+    raw = snapshot.model_dump_json(exclude_defaults=True).encode()
+    packed = gzip.compress(raw, compresslevel=6, mtime=0)
+    return ReportedSnapshot(
+        fingerprint=snapshot.fingerprint(),
+        scanned_at=rfc3339(scanned_at),
+        data=base64.b64encode(packed).decode("ascii"),
+    )
+
+
+SNAPSHOT_REFRESH = datetime.timedelta(minutes=10)
+"""How old ``scannedAt`` may grow before an unchanged scan is written again. A steady
+node's status changes (and is written) only this often, and a reader can tell a
+node whose agent stopped reporting: its ``scannedAt`` falls behind."""
+
+
+def parse_time(text: str) -> datetime.datetime | None:
+    """An RFC 3339 time as the status holds it (``None`` when it is not one)."""
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.UTC)
+
+
+def reported_snapshot(
+    snapshot: NodeSnapshot,
+    scanned_at: datetime.datetime,
+    previous: ReportedSnapshot | None,
+    refresh: datetime.timedelta = SNAPSHOT_REFRESH,
+) -> ReportedSnapshot:
+    """The status's ``snapshot``: ``previous`` while it holds the same scan and is younger
+    than ``refresh`` (so an unchanged host does not change the status), else this scan."""
+    new = encode_snapshot(snapshot, scanned_at)
+    if previous is not None and (previous.data, previous.fingerprint) == (
+        new.data,
+        new.fingerprint,
+    ):
+        before = parse_time(previous.scanned_at)
+        if before is not None and datetime.timedelta(0) <= scanned_at - before < refresh:
+            return previous
+    return new
+
+
+def decode_snapshot(reported: ReportedSnapshot) -> NodeSnapshot:
+    """The scan back from the status. Raises :class:`SnapshotDecodeError` saying what is wrong."""
+    try:
+        packed = base64.b64decode(reported.data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise SnapshotDecodeError(f"snapshot data is not base64: {e}") from None
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        raw = inflate.decompress(packed, MAX_SNAPSHOT_BYTES + 1)
+    except zlib.error as e:
+        raise SnapshotDecodeError(f"snapshot data is not gzip: {e}") from None
+    if len(raw) > MAX_SNAPSHOT_BYTES or inflate.unconsumed_tail:
+        raise SnapshotDecodeError(
+            f"snapshot is larger than {MAX_SNAPSHOT_BYTES // (1024 * 1024)} MiB decompressed"
+        )
+    if not inflate.eof:
+        raise SnapshotDecodeError("snapshot data is truncated")
+    try:
+        snapshot = NodeSnapshot.model_validate_json(raw)
+    except ValueError as e:
+        first = str(e).splitlines()
+        raise SnapshotDecodeError(f"snapshot is not a valid scan: {'; '.join(first[:3])}") from None
+    if snapshot.fingerprint() != reported.fingerprint:
+        raise SnapshotDecodeError("snapshot does not match its fingerprint")
+    return snapshot
+
+
 class VGPUNodeStateStatus(_Model):
     """The status of one node's ``VGPUNodeState``."""
 
@@ -113,6 +214,10 @@ class VGPUNodeStateStatus(_Model):
     conditions: tuple[Condition, ...] = ()
     last_apply: LastApply | None = None
     observed_generation: int | None = Field(default=None, ge=0)
+    snapshot: ReportedSnapshot | None = Field(
+        default=None,
+        description="The last scan of the host, whole (what the layout and capacity describe).",
+    )
 
     def condition(self, kind: ConditionKind) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)

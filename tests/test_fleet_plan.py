@@ -1,0 +1,383 @@
+"""``vgpu-state fleet plan``: every node planned from its reported status, against the emulator.
+
+The cluster is the test API server (kmock's emulator, extended: real HTTP, the
+official client). Every ``VGPUNodeState`` status here is written by the real
+status writer (:class:`~vgpu_state.kube.cluster.KubeCluster`) from a scan of a
+simulated node, and one by a real reconcile of the agent's cluster port, so
+what ``fleet plan`` reads is what nodes report.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.apiserver import NODES, NODESTATES, RunningApiServer, closed_port_url, crd_validator
+from vgpu_state.agent.cluster import AgentCluster, ClusterSink
+from vgpu_state.catalog import default_catalog
+from vgpu_state.cli.main import cli
+from vgpu_state.config import StaticConfigSource, load_text
+from vgpu_state.kube import crd
+from vgpu_state.kube.api import KubeApi
+from vgpu_state.kube.cluster import KubeCluster
+from vgpu_state.kube.nodestate import decode_snapshot, status_of
+from vgpu_state.model.inuse import InUse
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.reconcile import Mode, Ports, Settings, node_status, reconcile_once
+from vgpu_state.sim.host import SimHost
+from vgpu_state.sim.spec import parse_spec
+
+REPO = Path(__file__).resolve().parent.parent
+HELD_A2 = "f715f63c-0d00-4007-9c5a-b07b0c6c05de"
+HELD_T4 = "7c2a4d2f-3e5c-4d2b-8e1f-2a3b4c5d6e7f"
+
+CONFIG = """\
+version: v1
+policy:
+  in-use: protect
+  prune: true
+  sriov: auto
+node-selectors:
+  - match-labels:
+      pool: t4
+    config: t4-quarters
+vgpu-configs:
+  mixed:
+    - devices: all
+      device-filter: "0x25B610DE:0x157E10DE"
+      vgpu-devices:
+        A2-4Q: 4
+    - devices: all
+      device-filter: "0x1EB810DE"
+      vgpu-devices:
+        T4-8C: 1
+    - devices: all
+      device-filter: "0x26B910DE"
+      vgpu-devices:
+        L40S-12Q: 1
+  t4-quarters:
+    - devices: all
+      vgpu-devices:
+        T4-4Q: 4
+  t4-as-is:
+    - devices: [0]
+      vgpu-devices:
+        T4-4Q: 2
+"""
+
+
+def _spec(name: str, node: str) -> str:
+    text = (REPO / "configs" / "sim" / name).read_text()
+    lines = [f"node: {node}" if line.startswith("node:") else line for line in text.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def _scan(spec_name: str, node: str) -> NodeSnapshot:
+    with SimHost(parse_spec(_spec(spec_name, node)), in_memory=True) as host:
+        return host.scan()
+
+
+class Fleet:
+    """The test cluster, and nodes that report through the real status writer."""
+
+    def __init__(self, apiserver: RunningApiServer, tmp_path: Path) -> None:
+        self.server = apiserver
+        self.kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+        self.config = tmp_path / "fleet.yaml"
+        self.config.write_text(CONFIG)
+        self.api = KubeApi.connect(str(self.kubeconfig))
+
+    def node(self, name: str, labels: Mapping[str, str]) -> None:
+        self.server.put(
+            NODES, name, {"apiVersion": "v1", "kind": "Node", "metadata": {"labels": dict(labels)}}
+        )
+
+    def report(
+        self,
+        name: str,
+        snapshot: NodeSnapshot,
+        held: Mapping[str, str] | None = None,
+        *,
+        scanned: datetime.datetime | None = None,
+        in_use_known: bool = True,
+    ) -> None:
+        """Write the node's status as its agent does after a scan."""
+        moment = scanned or datetime.datetime.now(tz=datetime.UTC)
+        kube = KubeCluster(self.api, name, pod_resources=None, clock=lambda: moment)
+        kube.observe(snapshot, held, in_use_known=in_use_known)
+        kube.write_status(state=None)
+
+    def raw_state(self, name: str, status: dict[str, Any] | None) -> None:
+        body: dict[str, Any] = {
+            "apiVersion": "vgpu-state.io/v1alpha1",
+            "kind": "VGPUNodeState",
+            "metadata": {},
+            "spec": {"nodeName": name},
+        }
+        if status is not None:
+            body["status"] = status
+        self.server.put(NODESTATES, name, body)
+
+    def run(self, *args: str | Path, config: Path | None = None) -> Result:
+        argv = ["fleet", "plan", "-f", str(config or self.config), "--kubeconfig"]
+        return CliRunner().invoke(cli, [*argv, str(self.kubeconfig), *map(str, args)])
+
+    def requests(self) -> int:
+        return len(self.server._call(lambda s: list(s)))
+
+
+@pytest.fixture
+def fleet(apiserver: RunningApiServer, tmp_path: Path) -> Fleet:
+    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
+    f = Fleet(apiserver, tmp_path)
+    # node-a: A2 + T4 + L40S; the A2-4C is held by a VM and the new layout does not want it.
+    f.node("node-a", {"nvidia.com/vgpu.config": "mixed"})
+    f.report("node-a", _scan("mixed.yaml", "node-a"), {HELD_A2: "vm default/win-1"})
+    # node-b: two T4, picked by a node-selector; grows from 2 to 4 vGPUs per GPU.
+    f.node("node-b", {"pool": "t4", "zone": "b"})
+    f.report("node-b", _scan("t4-pair.yaml", "node-b"), {HELD_T4: "vm default/cad-1"})
+    # node-c: two T4 that already match their config.
+    f.node("node-c", {"nvidia.com/vgpu.config": "t4-as-is"})
+    f.report("node-c", _scan("t4-pair.yaml", "node-c"))
+    return f
+
+
+def _by_node(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n["node"]: n for n in doc["nodes"]}
+
+
+def test_json_plans_each_node_from_its_labels_and_reported_layout(fleet: Fleet) -> None:
+    done = fleet.run("-o", "json")
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout)
+    assert (doc["kind"], doc["format_version"]) == ("vgpu-state-fleet-plan", "1.0")
+    nodes = _by_node(doc)
+    assert sorted(nodes) == ["node-a", "node-b", "node-c"]
+
+    a = nodes["node-a"]
+    assert (a["outcome"], a["config"], a["selected_by"]) == ("changes", "mixed", "label")
+    held = [b for b in a["plan"]["blocked"] if b["kind"] == "destroy"]
+    assert [(b["type_name"], b["holder"], b["code"]) for b in held] == [
+        ("A2-4C", "vm default/win-1", "InUse")
+    ]
+    # The T4 (T4-8C) and the L40S (L40S-12Q) keep what they have.
+    assert {x["gpu"] for x in a["plan"]["actions"]} == {"0000:08:00.0"}
+
+    b = nodes["node-b"]
+    assert (b["outcome"], b["config"], b["selected_by"]) == (
+        "changes",
+        "t4-quarters",
+        "node-selector[0]",
+    )
+    creates = [x for x in b["plan"]["actions"] if x["kind"] == "create"]
+    assert len(creates) == 6 and {x["type_name"] for x in creates} == {"T4-4Q"}
+    assert b["plan"]["blocked"] == [] and b["plan"]["summary"]["destroy"] == 0
+
+    c = nodes["node-c"]
+    assert (c["outcome"], c["plan"]["summary"]["create"]) == ("no-changes", 0)
+
+    totals = doc["totals"]
+    assert totals == {
+        "nodes": 3,
+        "changed": 2,
+        "unchanged": 1,
+        "unknown": 0,
+        "errors": 0,
+        "create": totals["create"],
+        "destroy": a["plan"]["summary"]["destroy"],
+        "sriov": 0,
+        "blocked": len(a["plan"]["blocked"]),
+    }
+    assert totals["create"] == 6 + a["plan"]["summary"]["create"]
+    assert doc["complete"] is True
+
+
+def test_table_shows_each_changed_node_with_its_holders_and_the_totals(fleet: Fleet) -> None:
+    done = fleet.run()
+    assert done.exit_code == 0, done.output
+    out = done.stdout
+    assert 'node-a: config "mixed" (by node label)' in out
+    assert 'node-b: config "t4-quarters" (by node-selector[0])' in out
+    # A table only for nodes that change; node-c is in the fleet table.
+    assert "node-c: config" not in out
+    assert "cannot be destroyed" in out and "vm default/win-1" in out
+    assert "T4-4Q" in out
+    fleet_lines = {line.split("│")[1].strip(): line for line in out.splitlines() if "│" in line}
+    assert "no-changes" in fleet_lines["node-c"]
+    assert "changes" in fleet_lines["node-b"]
+    assert "Fleet: 3 node(s): 2 with changes, 1 unchanged, 0 unknown, 0 error(s)." in out
+
+
+def test_fleet_plan_never_writes_to_the_cluster(fleet: Fleet) -> None:
+    before = fleet.requests()
+    for args in ((), ("-o", "json"), ("--detailed-exitcode",)):
+        fleet.run(*args)
+    assert fleet.requests() > before  # it did read
+    seen = fleet.server._call(lambda s: list(s))[before:]
+    assert [str(r.method.value).upper() for r in seen if str(r.method.value).upper() != "GET"] == []
+    # Two list requests per run, whatever the number of nodes.
+    assert len(seen) == 6
+
+
+def test_detailed_exitcode(fleet: Fleet, tmp_path: Path) -> None:
+    assert fleet.run("--detailed-exitcode").exit_code == 2
+    # Every node's layout as it is: nothing to change anywhere.
+    converged = tmp_path / "converged.yaml"
+    converged.write_text(
+        CONFIG.replace("A2-4Q: 4", "A2-4Q: 1\n        A2-4C: 1").replace(
+            "config: t4-quarters", "config: t4-as-is"
+        )
+    )
+    done = fleet.run("--detailed-exitcode", "-o", "json", config=converged)
+    doc = json.loads(done.stdout)
+    assert [n["outcome"] for n in doc["nodes"]] == ["no-changes"] * 3, doc
+    assert done.exit_code == 0
+    assert fleet.run("-o", "json", config=converged).exit_code == 0
+
+
+def test_nodes_without_a_usable_report_are_unknown_with_the_reason(fleet: Fleet) -> None:
+    fleet.node("node-d", {"nvidia.com/vgpu.config": "mixed"})
+    fleet.raw_state("node-d", None)
+    # An agent from before reported scans: layout but no snapshot.
+    fleet.node("node-e", {"nvidia.com/vgpu.config": "mixed"})
+    fleet.raw_state("node-e", {"state": "success", "vgpuCount": 0})
+    # A damaged snapshot.
+    fleet.node("node-f", {"nvidia.com/vgpu.config": "mixed"})
+    fleet.report("node-f", _scan("t4-pair.yaml", "node-f"))
+    damaged = fleet.server.get(NODESTATES, "node-f")
+    assert damaged is not None
+    damaged["status"]["snapshot"]["data"] = damaged["status"]["snapshot"]["data"][:40]
+    fleet.server.put(NODESTATES, "node-f", damaged)
+    # A node whose agent last scanned two days ago.
+    fleet.node("node-g", {"nvidia.com/vgpu.config": "t4-as-is"})
+    long_ago = datetime.datetime.now(tz=datetime.UTC) - datetime.timedelta(days=2)
+    fleet.report("node-g", _scan("t4-pair.yaml", "node-g"), scanned=long_ago)
+    # A VGPUNodeState whose Node is gone.
+    fleet.node("node-h", {"nvidia.com/vgpu.config": "t4-as-is"})
+    fleet.report("node-h", _scan("t4-pair.yaml", "node-h"))
+    fleet.api.delete("/api/v1/nodes/node-h")
+
+    done = fleet.run("-o", "json")
+    assert done.exit_code == 0, done.output
+    nodes = _by_node(json.loads(done.stdout))
+    unknown = {
+        n: (v["reason"], v["message"]) for n, v in nodes.items() if v["outcome"] == "unknown"
+    }
+    assert {n: r for n, (r, _) in unknown.items()} == {
+        "node-d": "NoStatus",
+        "node-e": "NoSnapshot",
+        "node-f": "SnapshotUnreadable",
+        "node-g": "Stale",
+        "node-h": "NodeMissing",
+    }
+    assert "truncated" in unknown["node-f"][1] or "gzip" in unknown["node-f"][1]
+    assert "2d old" in unknown["node-g"][1]
+    assert nodes["node-e"]["reported_state"] == "success"
+    assert nodes["node-a"]["outcome"] == "changes"
+
+    # --max-age 0 accepts the old scan.
+    nodes = _by_node(json.loads(fleet.run("-o", "json", "--max-age", "0").stdout))
+    assert nodes["node-g"]["outcome"] == "no-changes"
+
+    # Unknown nodes make a detailed exit code 1: the fleet plan is not complete.
+    assert fleet.run("--detailed-exitcode").exit_code == 1
+    table = fleet.run().stdout
+    assert "NoStatus" in table and "Stale" in table
+    assert "3 unchanged" not in table and "5 unknown" in table
+
+
+def test_a_node_nothing_selects_is_reported_as_an_error(fleet: Fleet) -> None:
+    fleet.node("node-x", {"zone": "c"})
+    fleet.report("node-x", _scan("t4-pair.yaml", "node-x"))
+    done = fleet.run("-o", "json")
+    assert done.exit_code == 1
+    x = _by_node(json.loads(done.stdout))["node-x"]
+    assert (x["outcome"], x["reason"]) == ("error", "NoConfigSelected")
+    assert "no node-selector matches and the file has no default" in x["message"]
+    # The other nodes are still planned.
+    assert _by_node(json.loads(done.stdout))["node-b"]["outcome"] == "changes"
+    table = fleet.run()
+    assert table.exit_code == 1
+    assert "NoConfigSelected" in table.stdout and "1 error(s)" in table.stdout
+
+
+def test_holders_unknown_at_the_report_is_a_warning(fleet: Fleet) -> None:
+    fleet.report("node-a", _scan("mixed.yaml", "node-a"), None, in_use_known=False)
+    a = _by_node(json.loads(fleet.run("-o", "json").stdout))["node-a"]
+    assert a["outcome"] == "changes"
+    assert any("held" in w for w in a["warnings"]), a["warnings"]
+    # Without holders the A2-4C is planned for destruction; its agent would check again.
+    assert any(x["kind"] == "destroy" for x in a["plan"]["actions"])
+
+
+def test_config_error_names_the_place_and_reads_nothing_from_the_cluster(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CONFIG.replace("T4-8C: 1", "T4-8C: many"))
+    before = fleet.requests()
+    done = fleet.run(config=bad)
+    assert done.exit_code == 1
+    assert f"{bad}:19:16:" in done.stderr and "many" in done.stderr, done.stderr
+    assert "Traceback" not in done.output
+    # Not even a read: the config is checked before the cluster is asked.
+    assert fleet.requests() == before
+
+
+def test_an_unreachable_cluster_is_an_error(fleet: Fleet, tmp_path: Path) -> None:
+    kubeconfig = fleet.server.write_kubeconfig(tmp_path / "closed", closed_port_url())
+    done = CliRunner().invoke(
+        cli, ["fleet", "plan", "-f", str(fleet.config), "--kubeconfig", str(kubeconfig)]
+    )
+    assert done.exit_code == 1
+    assert "unreachable" in done.stderr and "Traceback" not in done.output
+
+
+def test_bad_max_age_is_a_usage_error(fleet: Fleet) -> None:
+    done = fleet.run("--max-age", "soon")
+    assert done.exit_code == 1 and "--max-age" in done.output
+
+
+def test_the_reported_snapshot_round_trips(fleet: Fleet) -> None:
+    snapshot = _scan("mixed.yaml", "node-a")
+    status = status_of(fleet.server.get(NODESTATES, "node-a"))
+    assert status is not None and status.snapshot is not None
+    assert decode_snapshot(status.snapshot) == snapshot
+    assert status.snapshot.fingerprint == snapshot.fingerprint()
+
+
+def test_fleet_plan_agrees_with_the_agents_own_reconcile(fleet: Fleet) -> None:
+    """A real reconcile (the agent's cluster port and sink) writes the status fleet plan reads."""
+    fleet.node("node-r", {"nvidia.com/vgpu.config": "t4-quarters"})
+    document = load_text(CONFIG, "fleet.yaml")
+    held = InUse({HELD_T4: "vm default/cad-1"})
+    with SimHost(parse_spec(_spec("t4-pair.yaml", "node-r")), in_memory=True) as host:
+        agent = AgentCluster(fleet.api, "node-r", pod_resources=None, in_use_source=lambda: held)
+        ports = Ports(
+            host,
+            agent,
+            StaticConfigSource(document),
+            ClusterSink(agent, manage_kubevirt=False),
+        )
+        settings = Settings(catalog=default_catalog())
+        # The agent in plan-only mode: plan, hand the scan to its sink, report.
+        report = reconcile_once(ports, settings, mode=Mode.PLAN)
+        ports.device_plugin.refresh(report.advertised)
+        agent.report_status(node_status(report))
+        nodes = _by_node(json.loads(fleet.run("-o", "json").stdout))
+        assert report.plan.actions and not report.plan.blocked
+        assert nodes["node-r"]["plan"]["actions"] == [
+            a.model_dump(mode="json") for a in report.plan.actions
+        ]
+        # The agent applies; its status now shows the converged layout.
+        reconcile_once(ports, settings, mode=Mode.APPLY)
+    nodes = _by_node(json.loads(fleet.run("-o", "json").stdout))
+    assert nodes["node-r"]["outcome"] == "no-changes"
+    assert nodes["node-r"]["reported_config"] == "t4-quarters"
+

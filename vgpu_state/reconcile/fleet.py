@@ -1,0 +1,287 @@
+"""The fleet-wide dry run: every node's plan against what its agent last reported (pure).
+
+For each :class:`~vgpu_state.model.fleet.ReportedNode` the plan is made by
+:func:`~vgpu_state.reconcile.reconcile_once` in :attr:`~vgpu_state.reconcile.Mode.PLAN`,
+the same path the node's agent takes, over ports that hold the report: the
+Node's live labels select the config, the reported scan stands for the host
+(it refuses every write) and the reported holders are the in-use vGPUs. So a
+fleet plan shows what each agent will plan once it reads the new config, as
+long as its host is still as it last reported.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from vgpu_state.config import StaticConfigSource
+from vgpu_state.config.document import ConfigDocument
+from vgpu_state.model.errors import HostError, Reason, VgpuStateError
+from vgpu_state.model.fleet import ReportedNode, Unknown, UnknownReason
+from vgpu_state.model.plan import Plan
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.planner.render import plan_document
+from vgpu_state.ports import MemoryCluster
+from vgpu_state.reconcile.once import Mode, Ports, reconcile_once
+from vgpu_state.reconcile.settings import Settings
+
+FLEET_PLAN_KIND = "vgpu-state-fleet-plan"
+FLEET_FORMAT_VERSION = "1.0"
+
+
+class Outcome(StrEnum):
+    """What a fleet plan says about one node."""
+
+    CHANGES = "changes"
+    """The node does not match its config: steps to take, or blocked items."""
+    NO_CHANGES = "no-changes"
+    """The node, as last reported, matches its config."""
+    UNKNOWN = "unknown"
+    """Nothing can be planned: the cluster holds no usable report of the node."""
+    ERROR = "error"
+    """Planning failed (no config selected, a layout the node cannot hold, …)."""
+
+
+class ReportedHostWriteError(HostError):
+    """A fleet plan's host is a report: it can be read, never changed."""
+
+    default_reason = Reason.HOST_UNREADABLE
+
+
+class ReportedHost:
+    """A :class:`~vgpu_state.ports.HostPort` that is a node's reported scan; writes raise."""
+
+    def __init__(self, snapshot: NodeSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def scan(self) -> NodeSnapshot:
+        return self.snapshot
+
+    def _refuse(self, *args: object) -> None:
+        raise ReportedHostWriteError(
+            f"node {self.snapshot.node}: a reported scan cannot be changed "
+            "(fleet plan is read-only)"
+        )
+
+    def enable_sriov(self, pf: str) -> None:
+        self._refuse(pf)
+
+    def disable_sriov(self, pf: str) -> None:
+        self._refuse(pf)
+
+    def create_mdev(self, parent: str, type_id: int, uuid: str) -> None:
+        self._refuse(parent, type_id, uuid)
+
+    def remove_mdev(self, uuid: str) -> None:
+        self._refuse(uuid)
+
+    def set_vf_type(self, vf: str, type_id: int) -> None:
+        self._refuse(vf, type_id)
+
+    def clear_vf_type(self, vf: str) -> None:
+        self._refuse(vf)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node's line of a fleet plan."""
+
+    node: str
+    outcome: Outcome
+    plan: Plan | None = None
+    """The node's plan (outcomes ``changes`` and ``no-changes``)."""
+    reason: str = ""
+    """For ``unknown`` and ``error``: a stable CamelCase code."""
+    message: str = ""
+    """For ``unknown`` and ``error``: what is wrong, in words."""
+    warnings: tuple[str, ...] = ()
+    scanned_at: datetime.datetime | None = None
+    reported_config: str | None = None
+    """The config the node's agent last selected (before this config file)."""
+    reported_state: str | None = None
+
+
+@dataclass(frozen=True)
+class Totals:
+    nodes: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    unknown: int = 0
+    errors: int = 0
+    create: int = 0
+    destroy: int = 0
+    sriov: int = 0
+    blocked: int = 0
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    nodes: tuple[NodePlan, ...]
+    now: datetime.datetime
+    max_age: datetime.timedelta | None = None
+    totals: Totals = field(init=False)
+
+    def __post_init__(self) -> None:
+        count = {o: 0 for o in Outcome}
+        create = destroy = sriov = blocked = 0
+        for n in self.nodes:
+            count[n.outcome] += 1
+            if n.plan is not None:
+                s = n.plan.summary
+                create, destroy = create + s.create, destroy + s.destroy
+                sriov, blocked = sriov + s.sriov, blocked + s.blocked
+        totals = Totals(
+            nodes=len(self.nodes),
+            changed=count[Outcome.CHANGES],
+            unchanged=count[Outcome.NO_CHANGES],
+            unknown=count[Outcome.UNKNOWN],
+            errors=count[Outcome.ERROR],
+            create=create,
+            destroy=destroy,
+            sriov=sriov,
+            blocked=blocked,
+        )
+        object.__setattr__(self, "totals", totals)
+
+    @property
+    def complete(self) -> bool:
+        """Every node was planned: none unknown, none failed."""
+        return not (self.totals.unknown or self.totals.errors)
+
+    @property
+    def has_changes(self) -> bool:
+        """Some node has a step to take or a blocked item."""
+        return self.totals.changed > 0
+
+
+def _age(delta: datetime.timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d"
+
+
+def plan_node(
+    document: ConfigDocument,
+    node: ReportedNode,
+    settings: Settings,
+    now: datetime.datetime,
+    max_age: datetime.timedelta | None = None,
+) -> NodePlan:
+    """``node``'s plan under ``document``, made as its agent would make it from its report."""
+    common: dict[str, Any] = {
+        "scanned_at": node.scanned_at,
+        "reported_config": node.reported_config,
+        "reported_state": node.reported_state,
+    }
+    unknown = node.unknown
+    snapshot = node.snapshot
+    if unknown is None and (snapshot is None or node.labels is None):
+        unknown = Unknown(UnknownReason.NO_SNAPSHOT, "the node reported no scan of its host")
+    if unknown is None and snapshot is not None and snapshot.error is not None:
+        unknown = Unknown(
+            UnknownReason.HOST_UNREADABLE,
+            f"the last scan could not read the host: {snapshot.error}",
+        )
+    if unknown is None and max_age is not None and node.scanned_at is not None:
+        age = now - node.scanned_at
+        if age > max_age:
+            unknown = Unknown(
+                UnknownReason.STALE,
+                f"the last scan is {_age(age)} old ({node.scanned_at:%Y-%m-%dT%H:%M:%SZ}), "
+                f"more than the {_age(max_age)} accepted; is the node's agent running?",
+            )
+    if unknown is not None or snapshot is None or node.labels is None:
+        assert unknown is not None
+        return NodePlan(
+            node.name,
+            Outcome.UNKNOWN,
+            reason=unknown.reason.value,
+            message=unknown.message,
+            **common,
+        )
+    ports = Ports(
+        ReportedHost(snapshot),
+        MemoryCluster(node.name, node.labels, node.in_use),
+        StaticConfigSource(document),
+    )
+    try:
+        report = reconcile_once(ports, settings, mode=Mode.PLAN)
+    except VgpuStateError as e:
+        return NodePlan(node.name, Outcome.ERROR, reason=e.reason.value, message=str(e), **common)
+    warnings = list(report.inputs.warnings)
+    if not node.in_use_known:
+        warnings.append(
+            "when the node last reported, which vGPUs pods hold was unknown: a vGPU shown "
+            "here as destroyed may be held, and its agent will then block that destroy"
+        )
+    plan = report.plan
+    outcome = Outcome.NO_CHANGES if plan.is_converged else Outcome.CHANGES
+    return NodePlan(node.name, outcome, plan=plan, warnings=tuple(warnings), **common)
+
+
+def plan_fleet(
+    document: ConfigDocument,
+    nodes: Iterable[ReportedNode],
+    settings: Settings,
+    now: datetime.datetime,
+    max_age: datetime.timedelta | None = None,
+) -> FleetPlan:
+    """Every node's plan under ``document`` (see :func:`plan_node`), in the order given."""
+    planned = tuple(plan_node(document, n, settings, now, max_age) for n in nodes)
+    return FleetPlan(planned, now, max_age)
+
+
+def _time(moment: datetime.datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def fleet_document(fleet: FleetPlan, config_file: str) -> dict[str, Any]:
+    """The fleet plan as JSON (``fleet plan -o json``); the shape is in docs/cluster.md."""
+    t = fleet.totals
+    return {
+        "kind": FLEET_PLAN_KIND,
+        "format_version": FLEET_FORMAT_VERSION,
+        "config_file": config_file,
+        "generated_at": _time(fleet.now),
+        "max_age_seconds": (
+            int(fleet.max_age.total_seconds()) if fleet.max_age is not None else None
+        ),
+        "complete": fleet.complete,
+        "totals": {
+            "nodes": t.nodes,
+            "changed": t.changed,
+            "unchanged": t.unchanged,
+            "unknown": t.unknown,
+            "errors": t.errors,
+            "create": t.create,
+            "destroy": t.destroy,
+            "sriov": t.sriov,
+            "blocked": t.blocked,
+        },
+        "nodes": [
+            {
+                "node": n.node,
+                "outcome": n.outcome.value,
+                "config": n.plan.selection.config if n.plan is not None else None,
+                "selected_by": n.plan.selection.source if n.plan is not None else None,
+                "reported_config": n.reported_config,
+                "reported_state": n.reported_state,
+                "scanned_at": _time(n.scanned_at),
+                "reason": n.reason or None,
+                "message": n.message or None,
+                "warnings": list(n.warnings),
+                "plan": plan_document(n.plan) if n.plan is not None else None,
+            }
+            for n in fleet.nodes
+        ],
+    }
