@@ -208,7 +208,7 @@ def test_table_shows_each_changed_node_with_its_holders_and_the_totals(fleet: Fl
     assert "node-c: config" not in out
     assert "cannot be destroyed" in out and "vm default/win-1" in out
     assert "T4-4Q" in out
-    fleet_lines = {line.split("│")[1].strip(): line for line in out.splitlines() if "│" in line}
+    fleet_lines = {line.split("│")[0].strip(): line for line in out.splitlines() if "│" in line}
     assert "no-changes" in fleet_lines["node-c"]
     assert "changes" in fleet_lines["node-b"]
     assert "Fleet: 3 node(s): 2 with changes, 1 unchanged, 0 unknown, 0 error(s)." in out

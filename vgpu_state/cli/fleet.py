@@ -8,24 +8,22 @@ its agent last reported (see :mod:`vgpu_state.reconcile.fleet`).
 from __future__ import annotations
 
 import datetime
-import json
+import gc
 import os
 import re
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TextIO
 
 import click
+from pydantic_core import to_json
 
 from vgpu_state.cli.common import handle_errors
 from vgpu_state.model.plan import ActionKind, Blocked, GpuPlan, Plan
 from vgpu_state.reconcile.fleet import FleetPlan, NodePlan, Outcome, fleet_document
 
-if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.table import Table
-
-DEFAULT_MAX_AGE = "30m"
+DEFAULT_MAX_AGE = "15m"
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -98,20 +96,39 @@ def plan_cmd(
     from vgpu_state.reconcile.settings import Settings
 
     limit = parse_duration(max_age)
-    settings = Settings(catalog=default_catalog())
-    document = config_source(config_file, settings).document()
+    document = config_source(config_file).document()
     api = KubeApi.connect(kubeconfig, context)
-    try:
-        nodes = read_fleet(api)
-    finally:
-        api.close()
-    now = datetime.datetime.now(tz=datetime.UTC)
-    result = plan_fleet(document, nodes, Settings(catalog=default_catalog()), now, limit)
-    if output == "json":
-        sys.stdout.write(json.dumps(fleet_document(result, config_file), indent=2) + "\n")
-    else:
-        render_table(result, config_file, _console())
+    with gc_paused():
+        try:
+            nodes = read_fleet(api)
+        finally:
+            api.close()
+        now = datetime.datetime.now(tz=datetime.UTC)
+        result = plan_fleet(document, nodes, Settings(catalog=default_catalog()), now, limit)
+        if output == "json":
+            # pydantic's serializer: a thousand plans in a tenth of the time of json.dumps.
+            text = to_json(fleet_document(result, config_file), indent=2).decode()
+            sys.stdout.write(text + "\n")
+        else:
+            colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+            render_table(result, config_file, sys.stdout, colour=colour)
     sys.exit(exit_code(result, detailed_exitcode))
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a fleet is read and planned.
+
+    A thousand decoded scans and plans are hundreds of thousands of objects, none
+    of them cyclic garbage; the collector's full passes over them doubled the time.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def exit_code(result: FleetPlan, detailed: bool) -> int:
@@ -126,6 +143,18 @@ def exit_code(result: FleetPlan, detailed: bool) -> int:
 
 
 # rendering ---------------------------------------------------------------------------------
+# Plain aligned tables with ANSI colours on a terminal. A thousand nodes print in a few
+# hundredths of a second; rich's tables took seconds for the same output.
+ANSI = {
+    "green": "32",
+    "red": "31",
+    "yellow": "33",
+    "magenta": "35",
+    "bold": "1",
+    "bold red": "1;31",
+    "bold magenta": "1;35",
+    "dim": "2",
+}
 OUTCOME_STYLE = {
     Outcome.CHANGES: "yellow",
     Outcome.NO_CHANGES: "green",
@@ -134,14 +163,48 @@ OUTCOME_STYLE = {
 }
 MARK_STYLE = {"+": "green", "-": "red", "~": "yellow", "!": "bold magenta"}
 
+Cell = str | tuple[str, str]
+"""A table cell: text, or (text, style name)."""
 
-def _console() -> Console:
-    from rich.console import Console
 
-    if sys.stdout.isatty():
-        return Console(highlight=False)
-    width = int(os.environ.get("COLUMNS", "0") or 0)
-    return Console(file=sys.stdout, highlight=False, width=max(width, 120))
+def _paint(text: str, style: str, colour: bool) -> str:
+    if not colour or not style or not text:
+        return text
+    return f"\x1b[{ANSI[style]}m{text}\x1b[0m"
+
+
+def format_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Cell]],
+    *,
+    right: frozenset[int] = frozenset(),
+    colour: bool = False,
+) -> list[str]:
+    """Aligned columns with a header rule; the last column is not padded."""
+    plain = [[c if isinstance(c, str) else c[0] for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in plain:
+        for i, text in enumerate(row):
+            if len(text) > widths[i]:
+                widths[i] = len(text)
+    last = len(headers) - 1
+
+    def line(cells: Sequence[Cell], texts: Sequence[str]) -> str:
+        out = []
+        for i, (cell, text) in enumerate(zip(cells, texts, strict=True)):
+            pad = widths[i] - len(text)
+            style = "" if isinstance(cell, str) else cell[1]
+            shown = _paint(text, style, colour)
+            if i in right:
+                out.append(" " * pad + shown)
+            else:
+                out.append(shown if i == last else shown + " " * pad)
+        return " │ ".join(out).rstrip()
+
+    lines = [_paint(line(headers, headers), "bold", colour)]
+    lines.append("─┼─".join("─" * w for w in widths))
+    lines.extend(line(cells, texts) for cells, texts in zip(rows, plain, strict=True))
+    return lines
 
 
 def _source(source: str) -> str:
@@ -150,17 +213,20 @@ def _source(source: str) -> str:
     return source
 
 
+def _time(moment: datetime.datetime | None) -> str:
+    return "" if moment is None else moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _heading(n: NodePlan) -> str:
-    parts = [n.node]
+    text = n.node
     if n.plan is not None:
         sel = n.plan.selection
-        text = f'config "{sel.config}" (by {_source(sel.source)})'
+        text += f': config "{sel.config}" (by {_source(sel.source)})'
         if n.reported_config and n.reported_config != sel.config:
             text += f', was "{n.reported_config}"'
-        parts.append(text)
     if n.scanned_at is not None:
-        parts.append(f"scanned {n.scanned_at:%Y-%m-%dT%H:%M:%SZ}")
-    return ": ".join(parts[:2]) + (f", {parts[2]}" if len(parts) > 2 else "")
+        text += f", scanned {_time(n.scanned_at)}"
+    return text
 
 
 def _gpu_name(g: GpuPlan) -> str:
@@ -184,57 +250,45 @@ def _grouped_blocked(items: tuple[Blocked, ...]) -> Iterator[tuple[int, Blocked]
         i += n
 
 
-def _rows(plan: Plan) -> Iterator[tuple[str, str, str, str, str]]:
-    """(GPU, mark, count, vGPU type, detail) rows: actions counted by kind and type."""
+def node_rows(plan: Plan) -> Iterator[tuple[Cell, ...]]:
+    """(GPU, mark, count, vGPU type, detail) rows: actions counted by kind and type,
+    blocked items with their reason (a held vGPU names its holder)."""
     for g in plan.gpus:
-        name = _gpu_name(g)
+        blocked = plan.gpu_blocked(g.address)
+        actions = plan.gpu_actions(g.address)
+        if not actions and not blocked:
+            continue
         counts: dict[tuple[ActionKind, str], int] = {}
         sriov: list[str] = []
-        for a in plan.gpu_actions(g.address):
+        for a in actions:
             if a.kind is ActionKind.ENABLE_SRIOV:
                 after = (a.after or {}).get("sriov_numvfs")
                 sriov.append(f"enable SR-IOV: {after} virtual functions")
                 continue
             key = (a.kind, a.type_name or f"type id {a.type_id}")
             counts[key] = counts.get(key, 0) + 1
-        blocked = plan.gpu_blocked(g.address)
-        if not counts and not sriov and not blocked:
-            continue
-        kept = f"{g.kept} vGPU(s) unchanged" if g.managed else "not managed by this config"
+        name = _gpu_name(g)
+        rows: list[tuple[str, str, str, str]] = []
         for (kind, type_name), n in counts.items():
             if kind is ActionKind.DESTROY:
-                yield name, "-", str(n), type_name, "destroy"
-                name = ""
-        for line in sriov:
-            yield name, "~", "", "", line
-            name = ""
+                rows.append(("-", str(n), type_name, "destroy"))
+        rows.extend(("~", "", "", line) for line in sriov)
         for (kind, type_name), n in counts.items():
             if kind is ActionKind.CREATE:
-                yield name, "+", str(n), type_name, "create"
-                name = ""
+                rows.append(("+", str(n), type_name, "create"))
         for n, b in _grouped_blocked(blocked):
             what = "cannot be destroyed" if b.kind is ActionKind.DESTROY else "cannot be created"
-            yield name, "!", str(n), b.type_name or "", f"{what}: {b.reason}"
+            rows.append(("!", str(n), b.type_name or "", f"{what}: {b.reason}"))
+        for mark, count, type_name, detail in rows:
+            style = MARK_STYLE[mark]
+            yield name, (mark, style), count, type_name, (detail, style)
             name = ""
-        yield "", "", "", "", kept
+        kept = f"{g.kept} vGPU(s) unchanged" if g.managed else "not managed by this config"
+        yield "", "", "", "", (kept, "dim")
 
 
-def node_table(n: NodePlan) -> Table:
-    """One node's table: what would be destroyed, enabled, created and what is blocked."""
-    from rich.table import Table
-    from rich.text import Text
-
-    assert n.plan is not None
-    table = Table(expand=False)
-    table.add_column("GPU", no_wrap=True)
-    table.add_column("", no_wrap=True)
-    table.add_column("count", justify="right")
-    table.add_column("vGPU type", no_wrap=True)
-    table.add_column("detail")
-    for gpu, mark, count, type_name, detail in _rows(n.plan):
-        style = MARK_STYLE.get(mark, "dim" if not mark else "")
-        table.add_row(gpu, Text(mark, style=style), count, type_name, Text(detail, style=style))
-    return table
+NODE_HEADERS = ("GPU", " ", "count", "vGPU type", "detail")
+FLEET_HEADERS = ("node", "config", "outcome", "create", "destroy", "SR-IOV", "blocked", "note")
 
 
 def _summary(plan: Plan | None) -> tuple[str, str, str, str]:
@@ -244,31 +298,15 @@ def _summary(plan: Plan | None) -> tuple[str, str, str, str]:
     return str(s.create), str(s.destroy), str(s.sriov), str(s.blocked)
 
 
-def fleet_table(result: FleetPlan) -> Table:
+def fleet_rows(result: FleetPlan) -> Iterator[tuple[Cell, ...]]:
     """Every node on one line: config, outcome, counts, and why for unknown and errors."""
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title="Fleet", title_justify="left", title_style="bold")
-    table.add_column("node", no_wrap=True)
-    table.add_column("config")
-    table.add_column("outcome", no_wrap=True)
-    for head in ("create", "destroy", "SR-IOV", "blocked"):
-        table.add_column(head, justify="right")
-    table.add_column("note")
     for n in result.nodes:
         config = n.plan.selection.config if n.plan is not None else ""
         if n.reported_config and n.plan is not None and n.reported_config != config:
             config = f"{config} (was {n.reported_config})"
         note = f"{n.reason}: {n.message}" if n.reason else "; ".join(n.warnings)
-        table.add_row(
-            n.node,
-            config,
-            Text(n.outcome.value, style=OUTCOME_STYLE[n.outcome]),
-            *_summary(n.plan),
-            note,
-        )
-    return table
+        outcome = (n.outcome.value, OUTCOME_STYLE[n.outcome])
+        yield (n.node, config, outcome, *_summary(n.plan), note.replace("\n", " "))
 
 
 def totals_line(result: FleetPlan) -> str:
@@ -281,22 +319,23 @@ def totals_line(result: FleetPlan) -> str:
     )
 
 
-def render_table(result: FleetPlan, config_file: str, out: Console) -> None:
-    """A table per node that would change, the fleet table, the totals."""
-    from rich.text import Text
-
-    out.print(
+def render_table(result: FleetPlan, config_file: str, out: TextIO, colour: bool = False) -> None:
+    """A table per node that would change, then every node on a line, then the totals."""
+    lines = [
         f"Fleet plan of {config_file}: {result.totals.nodes} node(s) with a VGPUNodeState, "
         "each planned against the scan and holders it last reported. Nothing is changed."
-    )
+    ]
     for n in result.nodes:
-        if n.outcome is Outcome.CHANGES:
-            out.print()
-            out.print(Text(_heading(n), style="bold"))
-            out.print(node_table(n))
-            for warning in n.warnings:
-                out.print(Text(f"  warning: {warning}", style="yellow"))
-    out.print()
-    out.print(fleet_table(result))
-    out.print()
-    out.print(Text(totals_line(result), style="bold"))
+        if n.outcome is not Outcome.CHANGES or n.plan is None:
+            continue
+        lines += ["", _paint(_heading(n), "bold", colour)]
+        lines += format_table(
+            NODE_HEADERS, list(node_rows(n.plan)), right=frozenset({2}), colour=colour
+        )
+        lines += [_paint(f"  warning: {w}", "yellow", colour) for w in n.warnings]
+    lines.append("")
+    lines += format_table(
+        FLEET_HEADERS, list(fleet_rows(result)), right=frozenset({3, 4, 5, 6}), colour=colour
+    )
+    lines += ["", _paint(totals_line(result), "bold", colour)]
+    out.write("\n".join(lines) + "\n")
