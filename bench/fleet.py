@@ -410,7 +410,8 @@ def main() -> int:
         sizes = build_fleet(root)
         print(
             f"fleet: {NODES} nodes, {sizes['gpus']} GPUs; lists "
-            f"{sizes['nodes_bytes'] / 1e6:.1f} MB (Nodes) + {sizes['states_bytes'] / 1e6:.1f} MB (VGPUNodeStates); "
+            f"{sizes['nodes_bytes'] / 1e6:.1f} MB (Nodes) + "
+            f"{sizes['states_bytes'] / 1e6:.1f} MB (VGPUNodeStates); "
             f"built in {time.perf_counter() - started:.1f} s"
         )
         config = root / "fleet.yaml"
