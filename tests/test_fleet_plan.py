@@ -9,7 +9,9 @@ what ``fleet plan`` reads is what nodes report.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import gzip
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +20,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.apiserver import NODES, NODESTATES, RunningApiServer, closed_port_url, crd_validator
+from tests.apiserver import (
+    KUBEVIRT,
+    NODES,
+    NODESTATES,
+    RunningApiServer,
+    closed_port_url,
+    crd_validator,
+)
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
@@ -26,7 +35,12 @@ from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.kube import crd
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.cluster import KubeCluster
-from vgpu_state.kube.nodestate import decode_snapshot, status_of
+from vgpu_state.kube.nodestate import (
+    SnapshotDecodeError,
+    decode_snapshot,
+    encode_snapshot,
+    status_of,
+)
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import Mode, Ports, Settings, node_status, reconcile_once
@@ -381,3 +395,74 @@ def test_fleet_plan_agrees_with_the_agents_own_reconcile(fleet: Fleet) -> None:
     assert nodes["node-r"]["outcome"] == "no-changes"
     assert nodes["node-r"]["reported_config"] == "t4-quarters"
 
+
+def test_apply_with_kubeconfig_reports_what_fleet_plan_needs(fleet: Fleet, tmp_path: Path) -> None:
+    """``apply --kubeconfig`` writes the scan and the holders it found; fleet plan reads both."""
+    fleet.server.put(
+        KUBEVIRT,
+        "kubevirt",
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "spec": {
+                "configuration": {
+                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]}
+                }
+            },
+        },
+        namespace="kubevirt",
+    )
+    fleet.node("node-k", {"nvidia.com/vgpu.config": "t4-as-is"})
+    spec = tmp_path / "node-k.yaml"
+    spec.write_text(_spec("t4-pair.yaml", "node-k"))
+    applied = CliRunner().invoke(
+        cli,
+        [
+            "apply",
+            "-f",
+            str(fleet.config),
+            "--sim",
+            str(spec),
+            "--node",
+            "node-k",
+            "--kubeconfig",
+            str(fleet.kubeconfig),
+            "--auto-approve",
+        ],
+    )
+    assert applied.exit_code == 0, applied.output
+    status = status_of(fleet.server.get(NODESTATES, "node-k"))
+    assert status is not None and status.snapshot is not None
+    holders = {v.id: v.holder for g in status.gpus for v in g.vgpus if v.holder}
+    assert holders == {HELD_T4: "vm default/cad-1"}
+
+    eighths = tmp_path / "eighths.yaml"
+    eighths.write_text(CONFIG.replace("T4-4Q: 2", "T4-8Q: 2"))
+    k = _by_node(json.loads(fleet.run("-o", "json", config=eighths).stdout))["node-k"]
+    assert k["outcome"] == "changes"
+    held = [b for b in k["plan"]["blocked"] if b["kind"] == "destroy"]
+    assert [(b["address"], b["holder"]) for b in held] == [
+        (f"gpu[0000:3b:00.0].vgpu[{HELD_T4}]", "vm default/cad-1")
+    ]
+
+
+def test_a_reported_scan_that_is_damaged_is_refused_with_the_reason() -> None:
+    snapshot = _scan("t4-pair.yaml", "node-z")
+    good = encode_snapshot(snapshot, datetime.datetime(2026, 11, 23, tzinfo=datetime.UTC))
+    assert good.scanned_at == "2026-11-23T00:00:00Z"
+    # Equal scans give equal text: a status rewrite of an unchanged host changes nothing.
+    assert encode_snapshot(snapshot, datetime.datetime(2026, 11, 23, tzinfo=datetime.UTC)) == good
+    cases = {
+        "not base64": good.model_copy(update={"data": "%%%"}),
+        "not gzip": good.model_copy(update={"data": base64.b64encode(b"plain").decode()}),
+        "larger than": good.model_copy(
+            update={"data": base64.b64encode(gzip.compress(b" " * (17 << 20))).decode()}
+        ),
+        "not a valid scan": good.model_copy(
+            update={"data": base64.b64encode(gzip.compress(b'{"gpus": 3}')).decode()}
+        ),
+        "fingerprint": good.model_copy(update={"fingerprint": "sha256:" + "0" * 64}),
+    }
+    for expected, reported in cases.items():
+        with pytest.raises(SnapshotDecodeError, match=expected):
+            decode_snapshot(reported)

@@ -85,6 +85,8 @@ class KubeNodeCluster:
     started: datetime.datetime | None = None
     in_use_known: bool = True
     snapshot: NodeSnapshot | None = None
+    held: dict[str, str] = field(default_factory=dict)
+    """The holders the last :meth:`in_use` found (the status reports them)."""
     plan: Plan | None = None
     applied: tuple[ClusterAction, ...] = ()
 
@@ -110,6 +112,7 @@ class KubeNodeCluster:
                 self.in_use_known = False
                 self.warn(f"{e}. The plan protects only the vGPUs the host shows in use")
         held.update(self.extra_in_use)
+        self.held = dict(held)
         return InUse(held)
 
     def report_status(self, status: NodeStatus) -> None:
@@ -135,6 +138,7 @@ class KubeNodeCluster:
             )
             self.kube.observe(
                 self.kube.last_snapshot or self.snapshot or NodeSnapshot(),
+                self.held,
                 selected=SelectedConfig(
                     name=plan.selection.config,
                     source=_source(plan.selection.source),

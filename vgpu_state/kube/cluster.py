@@ -344,7 +344,7 @@ class KubeCluster:
 
     def apply_cluster(self, final: NodeSnapshot) -> tuple[ClusterAction, ...]:
         """After the host's actions: the KubeVirt CR for ``final`` (a fresh scan)."""
-        self._snapshot = final
+        self._snapshot, self._snapshot_at = final, self.clock()
         result = self.sync_kubevirt(final)
         return tuple(c.action(result.ref) for c in result.changes)
 
