@@ -184,6 +184,7 @@ def node_object(name: str, labels: dict[str, str], gpus: int) -> dict[str, Any]:
 
 def build_fleet(directory: Path) -> dict[str, int]:
     """Write ``nodes.json`` and ``states.json`` (the two list responses); return counts."""
+    from vgpu_state.catalog import default_catalog
     from vgpu_state.kube.nodestate import (
         API_VERSION,
         KIND,
@@ -197,7 +198,9 @@ def build_fleet(directory: Path) -> dict[str, int]:
 
     scans = {}
     for pool, gpus in shapes():
-        with SimHost(parse_spec(spec_text(pool, gpus)), in_memory=True) as host:
+        with SimHost(
+            parse_spec(spec_text(pool, gpus), catalog=default_catalog()), in_memory=True
+        ) as host:
             scans[(pool.name, gpus)] = host.scan()
     scanned = datetime.datetime.now(tz=datetime.UTC)
     nodes: list[dict[str, Any]] = []
@@ -368,7 +371,8 @@ def in_process(config: Path, kube: Path) -> dict[str, float]:
     from vgpu_state.reconcile.settings import Settings
 
     t0 = time.perf_counter()
-    document = load_file(config)
+    settings = Settings(catalog=default_catalog())
+    document = load_file(config, catalog=settings.catalog)
     t1 = time.perf_counter()
     api = KubeApi.connect(str(kube))
     t_connect = time.perf_counter()
@@ -376,7 +380,7 @@ def in_process(config: Path, kube: Path) -> dict[str, float]:
         nodes = read_fleet(api)
         t2 = time.perf_counter()
         now = datetime.datetime.now(tz=datetime.UTC)
-        result = plan_fleet(document, nodes, Settings(catalog=default_catalog()), now, None)
+        result = plan_fleet(document, nodes, settings, now, None)
         t3 = time.perf_counter()
         render_table(result, str(config), io.StringIO())
         t4 = time.perf_counter()

@@ -48,6 +48,7 @@ from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
+CATALOG = default_catalog()
 HELD_A2 = "f715f63c-0d00-4007-9c5a-b07b0c6c05de"
 HELD_T4 = "7c2a4d2f-3e5c-4d2b-8e1f-2a3b4c5d6e7f"
 
@@ -93,7 +94,7 @@ def _spec(name: str, node: str) -> str:
 
 
 def _scan(spec_name: str, node: str) -> NodeSnapshot:
-    with SimHost(parse_spec(_spec(spec_name, node)), in_memory=True) as host:
+    with SimHost(parse_spec(_spec(spec_name, node), catalog=CATALOG), in_memory=True) as host:
         return host.scan()
 
 
@@ -369,9 +370,11 @@ def test_the_reported_snapshot_round_trips(fleet: Fleet) -> None:
 def test_fleet_plan_agrees_with_the_agents_own_reconcile(fleet: Fleet) -> None:
     """A real reconcile (the agent's cluster port and sink) writes the status fleet plan reads."""
     fleet.node("node-r", {"nvidia.com/vgpu.config": "t4-quarters"})
-    document = load_text(CONFIG, "fleet.yaml")
+    document = load_text(CONFIG, "fleet.yaml", catalog=CATALOG)
     held = InUse({HELD_T4: "vm default/cad-1"})
-    with SimHost(parse_spec(_spec("t4-pair.yaml", "node-r")), in_memory=True) as host:
+    with SimHost(
+        parse_spec(_spec("t4-pair.yaml", "node-r"), catalog=CATALOG), in_memory=True
+    ) as host:
         agent = AgentCluster(fleet.api, "node-r", pod_resources=None, in_use_source=lambda: held)
         ports = Ports(
             host,
@@ -466,3 +469,33 @@ def test_a_reported_scan_that_is_damaged_is_refused_with_the_reason() -> None:
     for expected, reported in cases.items():
         with pytest.raises(SnapshotDecodeError, match=expected):
             decode_snapshot(reported)
+
+
+def test_a_steady_node_rewrites_its_scan_only_every_ten_minutes(fleet: Fleet) -> None:
+    """An unchanged scan changes nothing in the status until its time is 10 minutes old;
+    a changed scan is written at once."""
+    t0 = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
+    now = [t0]
+    fleet.node("node-s", {"nvidia.com/vgpu.config": "t4-as-is"})
+    kube = KubeCluster(fleet.api, "node-s", pod_resources=None, clock=lambda: now[0])
+
+    def report(snapshot: NodeSnapshot, minutes: int) -> str | None:
+        now[0] = t0 + datetime.timedelta(minutes=minutes)
+        kube.observe(snapshot)
+        kube.write_status(state=None)
+        status = status_of(fleet.server.get(NODESTATES, "node-s"))
+        assert status is not None and status.snapshot is not None
+        return status.snapshot.scanned_at
+
+    def puts() -> int:
+        return fleet.server.counts["PUT"]
+
+    assert report(_scan("t4-pair.yaml", "node-s"), 0) == "2026-11-23T12:00:00Z"
+    written = puts()
+    assert report(_scan("t4-pair.yaml", "node-s"), 1) == "2026-11-23T12:00:00Z"
+    assert report(_scan("t4-pair.yaml", "node-s"), 9) == "2026-11-23T12:00:00Z"
+    assert puts() == written
+    assert report(_scan("t4-pair.yaml", "node-s"), 10) == "2026-11-23T12:10:00Z"
+    assert puts() == written + 1
+    assert report(_scan("mixed.yaml", "node-s"), 11) == "2026-11-23T12:11:00Z"
+    assert puts() == written + 2

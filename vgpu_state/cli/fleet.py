@@ -23,7 +23,7 @@ from vgpu_state.cli.common import handle_errors
 from vgpu_state.model.plan import ActionKind, Blocked, GpuPlan, Plan
 from vgpu_state.reconcile.fleet import FleetPlan, NodePlan, Outcome, fleet_document
 
-DEFAULT_MAX_AGE = "15m"
+DEFAULT_MAX_AGE = "30m"
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -96,7 +96,8 @@ def plan_cmd(
     from vgpu_state.reconcile.settings import Settings
 
     limit = parse_duration(max_age)
-    document = config_source(config_file).document()
+    settings = Settings(catalog=default_catalog())
+    document = config_source(config_file, settings).document()
     api = KubeApi.connect(kubeconfig, context)
     with gc_paused():
         try:
@@ -104,7 +105,7 @@ def plan_cmd(
         finally:
             api.close()
         now = datetime.datetime.now(tz=datetime.UTC)
-        result = plan_fleet(document, nodes, Settings(catalog=default_catalog()), now, limit)
+        result = plan_fleet(document, nodes, settings, now, limit)
         if output == "json":
             # pydantic's serializer: a thousand plans in a tenth of the time of json.dumps.
             text = to_json(fleet_document(result, config_file), indent=2).decode()
