@@ -30,15 +30,15 @@ def board(per_gpu: int, gpus: int) -> ResourceInventory:
 
 
 def test_inventory_groups_vgpus_by_resource_and_skips_illegal_names() -> None:
-    full = "NVIDIA A16-4Q"
+    full, pf = "NVIDIA A16-4Q", "0000:41:00.0"
     vgpus = (
-        Vgpu(kind="mdev", parent="a", uuid="u2", type_name="A16-4Q", type_sysfs_name=full),
-        Vgpu(kind="mdev", parent="a", uuid="u1", type_name="A16-4Q", type_sysfs_name=full),
+        Vgpu(kind="mdev", parent=pf, uuid="u2", type_name="A16-4Q", type_sysfs_name=full),
+        Vgpu(kind="mdev", parent=pf, uuid="u1", type_name="A16-4Q", type_sysfs_name=full),
         Vgpu(kind="vf", parent="0000:41:00.4", type_name="A16-2Q"),
-        Vgpu(kind="mdev", parent="a", uuid="u3", type_name="bad name-"),
-        Vgpu(kind="mdev", parent="a", uuid="u4"),
+        Vgpu(kind="mdev", parent=pf, uuid="u3", type_name="bad name-"),
+        Vgpu(kind="mdev", parent=pf, uuid="u4"),
     )  # fmt: skip
-    gpu = Gpu(index=0, address="a", vendor_id=0x10DE, device_id=1, numa_node=1,
+    gpu = Gpu(index=0, address=pf, vendor_id=0x10DE, device_id=1, numa_node=1,
               layout=SysfsInterface.MDEV, vgpus=vgpus)  # fmt: skip
     inv = inventory(NodeSnapshot(gpus=(gpu,)))
     assert list(inv.resources) == ["nvidia.com/A16-2Q", R]

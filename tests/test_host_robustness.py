@@ -150,3 +150,17 @@ gpus:
     shutil.rmtree(vfio)
     gpu = scan(str(root), catalog=CATALOG).gpus[2]
     assert gpu.layout is SysfsInterface.UNAVAILABLE and "vGPU Manager" in gpu.layout_reason
+
+
+def test_a_gpu_or_vf_not_named_by_a_pci_address_is_skipped(fast_tmp_path: Path) -> None:
+    root = _tree(fast_tmp_path)
+    devices = root / "bus/pci/devices"
+    os.rename(devices / "0000:3b:00.0", devices / "0000:3B:00.0")
+    (Path(os.path.realpath(devices / "0000:08:00.0")).parent / "not-a-vf").mkdir()
+    os.symlink("../not-a-vf", devices / "0000:08:00.0/virtfn98")
+    snap = scan(str(root), catalog=CATALOG)
+    assert [g.address for g in snap.gpus] == ["0000:08:00.0", "0000:26:00.0"]
+    assert any("0000:3B:00.0: not a PCI address; this GPU is skipped" in p for p in snap.problems)
+    a2 = snap.gpus[0]
+    assert len(a2.vfs) == 16
+    assert any("virtfn98 -> not-a-vf: not a PCI address; VF skipped" in p for p in a2.problems)

@@ -85,7 +85,7 @@ def test_a_destroy_whose_uuid_is_a_path_is_refused(saved: tuple[Path, Path]) -> 
 def test_a_create_whose_parent_is_an_absolute_path_is_refused(saved: tuple[Path, Path]) -> None:
     spec, plan = saved
     edit(plan, set_action("create", parent="/etc"))
-    refused(spec, plan, "plan.actions[0]", "parent '/etc' is not a PCI address")
+    refused(spec, plan, "plan.actions[0].parent: '/etc' is not a PCI address")
 
 
 def test_a_vf_create_with_a_path_and_any_type_is_refused(saved: tuple[Path, Path]) -> None:

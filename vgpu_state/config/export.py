@@ -26,7 +26,7 @@ def export_document(snapshot: NodeSnapshot, name: str) -> ConfigDocument:
         if g.layout is SysfsInterface.UNAVAILABLE:
             continue
         counts: Counter[str] = Counter(v.type_name for v in g.vgpus if v.type_name)
-        layouts.append((g.address, dict(sorted(counts.items()))))
+        layouts.append((str(g.address), dict(sorted(counts.items()))))
     if not layouts:
         what = "no NVIDIA GPUs" if not snapshot.gpus else "no GPU with a vGPU manager"
         raise NothingToExportError(f"nothing to export: the node has {what}")

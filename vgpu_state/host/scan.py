@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from vgpu_state.catalog import Catalog, short_type_name
 from vgpu_state.host.reader import Filesystem, OsFilesystem, Reader
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID, UUID_PATTERN
+from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.snapshot import (
     CreatableType,
     Gpu,
@@ -143,6 +144,9 @@ class _Scanner:
                 continue
             if self.read.fs.lexists(os.path.join(path, "physfn")):
                 continue
+            if not is_canonical_address(name):
+                self.read.problems.append(f"{path}: not a PCI address; this GPU is skipped")
+                continue
             pfs.append(name)
         node_problems = self.read.take_problems()
         pfs.sort(key=lambda a: int(a.replace(":", "").replace(".", ""), 16) if _is_hex(a) else -1)
@@ -176,8 +180,11 @@ class _Scanner:
         vf_entries: list[tuple[int, str]] = []
         for entry in rd.listdir(path) or []:
             if entry.startswith("virtfn") and entry[6:].isdigit():
-                target = rd.link_name(os.path.join(path, entry))
-                if target is not None:
+                link = os.path.join(path, entry)
+                target = rd.link_name(link)
+                if target is not None and not is_canonical_address(target):
+                    rd.problems.append(f"{link} -> {target}: not a PCI address; VF skipped")
+                elif target is not None:
                     vf_entries.append((int(entry[6:]), target))
         vf_entries.sort()
 
@@ -429,6 +436,14 @@ class _Scanner:
     def _catalog_name(self, type_id: int) -> str | None:
         t = self.catalog.type_by_id(type_id)
         return t.name if t else None
+
+
+def is_canonical_address(name: str) -> bool:
+    """True when ``name`` is a PCI address exactly as sysfs spells it (``0000:3b:00.0``)."""
+    try:
+        return PciAddress(name) == name
+    except ValueError:
+        return False
 
 
 def _is_hex(address: str) -> bool:

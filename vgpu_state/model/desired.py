@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.policy import Policy, Publish
 
 
 class DesiredGpu(Frozen):
     """The target multiset of vGPU types for one managed GPU."""
 
-    address: str
+    address: PciAddress
     index: int
     model: str | None = None
     types: tuple[tuple[str, int], ...] = ()
@@ -30,7 +31,7 @@ class DesiredState(Frozen):
     """``label``, ``node-selector[N]``, ``default`` or ``flag``."""
     policy: Policy = Policy()
     gpus: tuple[DesiredGpu, ...] = ()
-    unmanaged: tuple[str, ...] = ()
+    unmanaged: tuple[PciAddress, ...] = ()
     """Addresses of GPUs that no entry covers; they are never touched."""
 
     def publish_for(self, address: str) -> Publish:

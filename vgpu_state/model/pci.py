@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Any
 
-from pydantic import AfterValidator
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import CoreSchema, core_schema
 
 _FULL = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
 _SHORT = re.compile(r"^([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
@@ -53,5 +54,30 @@ def vf_address(pf: str, offset: int, stride: int, index: int) -> str:
     return address_from_routing_id(domain, rid + offset + index * stride)
 
 
-PciAddress = Annotated[str, AfterValidator(parse_pci_address)]
-"""A pydantic field type that normalises to the canonical form."""
+class PciAddress(str):
+    """A PCI address (GPU or virtual function), validated and in canonical form.
+
+    ``PciAddress("3B:00.0") == "0000:3b:00.0"``; text that is not an address raises
+    ``ValueError``. It is a ``str``: it serialises, compares and hashes as the plain
+    string, so plans, snapshots and status read and write the same JSON as before.
+    As a pydantic field type it accepts a string and validates it.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, text: str) -> PciAddress:
+        if type(text) is cls:
+            return text
+        return super().__new__(cls, parse_pci_address(text))
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            cls,
+            core_schema.str_schema(),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                str, return_schema=core_schema.str_schema()
+            ),
+        )

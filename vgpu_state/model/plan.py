@@ -9,6 +9,7 @@ from pydantic import Field
 
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.policy import Policy, Publish
 from vgpu_state.model.snapshot import SysfsInterface
 
@@ -27,14 +28,14 @@ class Action(Frozen):
     kind: ActionKind
     address: str
     """``gpu[<pci>].vgpu[<uuid>]``, ``gpu[<pci>].vf[<pci>]`` or ``gpu[<pci>].sriov``."""
-    gpu: str
+    gpu: PciAddress
     layout: SysfsInterface
     type_name: str | None = None
     type_id: int | None = None
-    parent: str | None = None
+    parent: PciAddress | None = None
     """mdev parent (PF or VF) or the VF that takes the type; ``None`` until SR-IOV is on."""
     uuid: str | None = None
-    vf: str | None = None
+    vf: PciAddress | None = None
     before: dict[str, Any] | None = None
     after: dict[str, Any] | None = None
     reason: str = ""
@@ -44,7 +45,8 @@ class Blocked(Frozen):
     """A step the plan will not take, and why (a holder, a policy, or capacity)."""
 
     address: str
-    gpu: str
+    gpu: PciAddress | Literal[""]
+    """The GPU the step is on; empty for an item of the cluster (the KubeVirt CR)."""
     kind: ActionKind
     type_name: str | None = None
     holder: str | None = None
@@ -72,7 +74,7 @@ class ClusterAction(Frozen):
 class GpuPlan(Frozen):
     """Per-GPU header of a plan: what it is and how many vGPUs stay unchanged."""
 
-    address: str
+    address: PciAddress
     index: int
     model: str | None
     layout: SysfsInterface

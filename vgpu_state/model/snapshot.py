@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.pci import PciAddress
 
 
 class SysfsInterface(StrEnum):
@@ -62,7 +63,8 @@ class Vgpu(Frozen):
     """
 
     kind: Literal["mdev", "vf"]
-    parent: str
+    parent: PciAddress
+    """The mdev's parent (PF or VF), or the VF that holds the type."""
     uuid: str | None = None
     type_id: int | None = None
     type_name: str | None = None
@@ -80,7 +82,7 @@ class Vgpu(Frozen):
 
 class VirtualFunction(Frozen):
     index: int
-    address: str
+    address: PciAddress
     driver: str | None = None
     iommu_group: int | None = None
     device_id: int | None = None
@@ -91,7 +93,7 @@ class VirtualFunction(Frozen):
 
 class Gpu(Frozen):
     index: int
-    address: str
+    address: PciAddress
     vendor_id: int
     device_id: int
     subsystem_vendor_id: int = 0

@@ -30,9 +30,11 @@ def _apply(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
             vgpus[a.vf] = Vgpu(kind="vf", parent=a.vf, type_id=a.type_id, type_name=a.type_name)
             vf_types[a.vf] = a.type_id
         else:
+            # A create that waits for SR-IOV has no parent yet: it stands on the GPU
+            # until the apply places it on a VF.
             v = Vgpu(
                 kind="mdev",
-                parent=a.parent or "",
+                parent=a.parent or a.gpu,
                 uuid=a.uuid,
                 type_id=a.type_id,
                 type_name=a.type_name,

@@ -17,6 +17,7 @@ from vgpu_state.catalog.capacity import check_fit, size_key
 from vgpu_state.catalog.capacity import remaining as room
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import BlockedReason, PlanningError
+from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.plan import (
     Action,
     ActionKind,
@@ -370,8 +371,8 @@ class _Planner:
         return vfs_off
 
     def choose_parent(
-        self, g: Gpu, name: str, occupied: set[str], has_destroys: bool
-    ) -> str | None:
+        self, g: Gpu, name: str, occupied: set[PciAddress], has_destroys: bool
+    ) -> PciAddress | None:
         """The PF (no SR-IOV), else the lowest free VF whose creatable set allows the type."""
         if not g.sriov_capable:
             return g.address
@@ -522,9 +523,9 @@ def _create(
     name: str,
     type_id: int | None,
     *,
-    parent: str | None,
+    parent: PciAddress | None,
     uuid: str | None = None,
-    vf: str | None = None,
+    vf: PciAddress | None = None,
     slot: int = 0,
 ) -> Action:
     """A create step: on a VF (vendor-VFIO), or an mdev (parent ``None`` until SR-IOV is on).

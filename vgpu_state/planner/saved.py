@@ -115,6 +115,8 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
 def _location(prefix: str, loc: tuple[int | str, ...]) -> str:
     out = prefix
     for part in loc:
+        if isinstance(part, str) and part.startswith(("function-", "literal[")):
+            continue  # the member of a union (``gpu``: an address or empty), not a field
         out += f"[{part}]" if isinstance(part, int) else f".{part}"
     return out
 
@@ -127,7 +129,8 @@ def _validated(source: str, model: type[BaseModel], data: Any, prefix: str) -> A
         where = _location(prefix, tuple(err["loc"]))
         found = "" if err["type"] == "missing" else f" (found {str(err['input'])[:80]!r})"
         more = f" and {e.error_count() - 1} more problem(s)" if e.error_count() > 1 else ""
-        raise _fail(source, f"{where}: {err['msg']}{found}{more}") from None
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise _fail(source, f"{where}: {message}{found}{more}") from None
 
 
 def _minor_newer(version: str) -> bool:
