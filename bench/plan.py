@@ -3,7 +3,7 @@
 
 Two measurements, medians:
 
-* ``plan(catalog=CATALOG)`` itself on a snapshot scanned from the simulator, for a layout
+* ``plan()`` itself on a snapshot scanned from the simulator, for a layout
   change that touches every GPU (target 20 ms). Two nodes: 8 x L40S with the
   vendor-specific VFIO layout (32 vGPUs per GPU, 16 swapped for another series
   of the same size) and 8 x A40 with the mdev layout on 32 VFs each (12 vGPUs
@@ -170,7 +170,7 @@ def main() -> int:
         good = ms <= PLAN_TARGET_MS
         ok = ok and good
         print(
-            f"plan(catalog=CATALOG) {case.name}: median {ms:.1f} ms of {PLAN_RUNS} "
+            f"plan() {case.name}: median {ms:.1f} ms of {PLAN_RUNS} "
             f"({destroyed} destroy, {created} create); target {PLAN_TARGET_MS:.0f} ms, "
             f"ratio {ms / PLAN_TARGET_MS:.2f} {'OK' if good else 'SLOW'}"
         )
