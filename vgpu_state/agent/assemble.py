@@ -13,6 +13,8 @@ from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
+from vgpu_state.executor.drivertypes import DRIVER_TYPES_FILE, DriverTypesFile
+from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.kubevirt import KubeVirtRef
 from vgpu_state.kube.rollout import RolloutSlots
@@ -55,7 +57,8 @@ class AgentFlags:
 def build(flags: AgentFlags) -> Agent:
     """Connect to the cluster and assemble an :class:`Agent` (nothing runs yet)."""
     api = KubeApi.connect(flags.kubeconfig)
-    host, sim_in_use, after = _host(flags)
+    flags.state_dir.mkdir(parents=True, exist_ok=True)
+    host, sim_in_use, after = _host(flags, _driver_types(flags.state_dir / DRIVER_TYPES_FILE))
     in_use: InUseSource | None = sim_in_use
     if flags.in_use_file:
         in_use = in_use_from_file(flags.in_use_file)
@@ -94,11 +97,11 @@ def build(flags: AgentFlags) -> Agent:
         shutdown.append(("device plugin", plugin.stop))
     sink = ClusterSink(cluster, plugin, manage_kubevirt=flags.manage_kubevirt)
     dra: DevicePluginSink = sink.dra_channel(dra_sink)
-    flags.state_dir.mkdir(parents=True, exist_ok=True)
     catalog = default_catalog()
     settings = Settings(
         catalog=catalog,
         journal_path=flags.state_dir / "journal.jsonl",
+        driver_types_path=flags.state_dir / DRIVER_TYPES_FILE,
         lock_path=flags.state_dir / "apply.lock",
         command=f"vgpu-state agent --node {flags.node}",
     )
@@ -148,11 +151,22 @@ def _kubelet_restarts(
     return start
 
 
-def _host(flags: AgentFlags) -> tuple[HostPort, InUseSource | None, Callable[[], None] | None]:
+def _driver_types(path: Path) -> DriverTypeMemory:
+    """The node's remembered driver types, kept in ``path``; problems are logged warnings."""
+    store = DriverTypesFile(path)
+    table, problem = store.load()
+    if problem is not None:
+        log.warning("%s", problem)
+    return DriverTypeMemory(table, store.saver(lambda message: log.warning("%s", message)))
+
+
+def _host(
+    flags: AgentFlags, driver_types: DriverTypeMemory
+) -> tuple[HostPort, InUseSource | None, Callable[[], None] | None]:
     if flags.sim_spec:
         from vgpu_state.sim.node import held_vgpus, open_sim
 
-        sim = open_sim(flags.sim_spec)
+        sim = open_sim(flags.sim_spec, driver_types=driver_types)
 
         def held() -> InUse:
             return held_vgpus(sim.host)
@@ -164,7 +178,10 @@ def _host(flags: AgentFlags) -> tuple[HostPort, InUseSource | None, Callable[[],
         return _SavingHost(sim.host, sim.save), held, save_and_close
     from vgpu_state.host import SysfsHost
 
-    return SysfsHost(flags.sysfs_root, flags.node, catalog=default_catalog()), None, None
+    host = SysfsHost(
+        flags.sysfs_root, flags.node, catalog=default_catalog(), driver_types=driver_types
+    )
+    return host, None, None
 
 
 class _SavingHost:

@@ -61,7 +61,7 @@ from vgpu_state.cli.common import handle_errors
     default="/var/lib/vgpu-state",
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Journal and host lock.",
+    help="Journal, host lock and the vGPU types the driver listed (driver-types.json).",
 )
 @click.option(
     "--pod-resources",

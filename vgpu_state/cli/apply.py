@@ -172,7 +172,7 @@ def apply_cmd(
     s = settings(
         session.label_key, session.sim_spec, journal_file, lock_file, lock_timeout, sriov_manage
     )
-    target = open_target(session, s)
+    target = open_target(session, s, record=True)
     output = _ApplyOutput(console())
     try:
         warn_unfinished(journal_for(journal_file, session.sim_spec))
@@ -224,7 +224,7 @@ def _apply_saved(
     flagged = parse_in_use(args.in_use, args.in_use_file)
     s = settings(args.label_key, sim_spec, journal_file, lock_file, lock_timeout, sriov_manage)
     output = _ApplyOutput(console())
-    target = open_host(sysfs_root, sim_spec, saved.plan.node, s)
+    target = open_host(sysfs_root, sim_spec, saved.plan.node, s, record=True)
     try:
         try:
             p, result = apply_saved(

@@ -23,7 +23,8 @@ from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.config.loader import MAX_CONFIG_BYTES
 from vgpu_state.config.source import FileConfigSource
 from vgpu_state.executor import DEFAULT_JOURNAL, DEFAULT_LOCK, Journal
-from vgpu_state.host import SysfsHost
+from vgpu_state.executor.drivertypes import DRIVER_TYPES_FILE, DriverTypesFile
+from vgpu_state.host import DriverTypeMemory, SysfsHost
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.files import decode_utf8, read_stream
 from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster
@@ -52,7 +53,18 @@ def _nothing() -> None:
 
 
 def default_state_path(explicit: str | None, sim_spec: str | None, kind: str) -> Path:
-    """Journal and lock: flag, then env, then beside the sim spec, then the host default."""
+    """Journal and lock: flag, then env, then beside the sim spec, then the host default.
+
+    ``driver-types``: beside the journal (``explicit`` is the journal's flag).
+    """
+    if kind == "driver-types":
+        journal = explicit or os.environ.get(ENV_JOURNAL)
+        if journal:
+            return Path(journal).with_name(DRIVER_TYPES_FILE)
+        if sim_spec:
+            spec = Path(sim_spec)
+            return spec.with_name(f"{spec.name}.{DRIVER_TYPES_FILE}")
+        return Path(DEFAULT_JOURNAL).with_name(DRIVER_TYPES_FILE)
     env = ENV_JOURNAL if kind == "journal" else ENV_LOCK
     chosen = explicit or os.environ.get(env)
     if chosen:
@@ -68,16 +80,39 @@ def journal_for(explicit: str | None, sim_spec: str | None) -> Journal:
     return Journal(default_state_path(explicit, sim_spec, "journal"))
 
 
+def _warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+def driver_type_memory(settings: Settings, record: bool) -> DriverTypeMemory:
+    """The node's remembered driver types, read from ``settings.driver_types_path``.
+
+    ``record``: write what a scan newly sees back to the file (commands that
+    change the host); other commands only read it. A file that cannot be used
+    is a warning, never an error.
+    """
+    if settings.driver_types_path is None:
+        return DriverTypeMemory()
+    store = DriverTypesFile(settings.driver_types_path)
+    table, problem = store.load()
+    if problem is not None:
+        _warn(problem)
+    return DriverTypeMemory(table, store.saver(_warn) if record else None)
+
+
 def open_host(
     sysfs_root: str | None,
     sim_spec: str | None,
     node: str | None,
     settings: Settings,
+    *,
+    record: bool = False,
 ) -> Target:
     """The node: a simulated one, or sysfs at ``sysfs_root`` (default ``/sys``).
 
     A real host takes the catalog and the sriov-manage command from ``settings``.
-    ``node`` overrides the node's name.
+    ``node`` overrides the node's name. ``record``: keep what the driver lists
+    in the driver-types file (see :func:`driver_type_memory`).
     """
     if sim_spec and sysfs_root:
         raise SelectionError("give either --sim or --sysfs-root, not both")
@@ -86,12 +121,17 @@ def open_host(
     if sim_spec:
         from vgpu_state.sim.node import open_sim
 
-        sim = open_sim(sim_spec, autosave=True, catalog=settings.catalog)
+        memory = driver_type_memory(settings, record)
+        sim = open_sim(sim_spec, autosave=True, catalog=settings.catalog, driver_types=memory)
         cluster = sim.cluster.with_overrides(node=node)
         return Target(sim.host, cluster, sim.save, sim.close)
     name = node or os.uname().nodename
     host = SysfsHost(
-        sysfs_root or "/sys", name, settings.sriov_manage, catalog=settings.catalog
+        sysfs_root or "/sys",
+        name,
+        settings.sriov_manage,
+        catalog=settings.catalog,
+        driver_types=driver_type_memory(settings, record),
     )
     return Target(host, MemoryCluster(name), _nothing, _nothing)
 
@@ -124,6 +164,7 @@ def settings(
     return Settings(
         catalog=default_catalog(),
         journal_path=default_state_path(journal_file, sim_spec, "journal"),
+        driver_types_path=default_state_path(journal_file, sim_spec, "driver-types"),
         lock_path=default_state_path(lock_file, sim_spec, "lock"),
         lock_timeout=lock_timeout,
         label_key=label_key,
@@ -144,13 +185,16 @@ def ports(
     return Ports(target.host, cluster, config_source(config_file, settings))
 
 
-def open_target(args: SessionArgs, settings: Settings) -> Target:
-    """The node of ``plan``, ``apply`` or ``assert``; they need a config file."""
+def open_target(args: SessionArgs, settings: Settings, *, record: bool = False) -> Target:
+    """The node of ``plan``, ``apply`` or ``assert``; they need a config file.
+
+    ``record``: see :func:`open_host`.
+    """
     if not args.config_file:
         raise SelectionError("missing the config file: pass -f FILE or set VGPU_STATE_CONFIG_FILE")
     if args.config_file == "-" and args.in_use_file == "-":
         raise click.UsageError("-f - and --in-use-file - cannot both read standard input")
-    return open_host(args.sysfs_root, args.sim_spec, args.node, settings)
+    return open_host(args.sysfs_root, args.sim_spec, args.node, settings, record=record)
 
 
 class Warnings(QuietReporter):

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from vgpu_state.catalog import Catalog
 from vgpu_state.host import driver
+from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.host.scan import scan
 from vgpu_state.model.snapshot import NodeSnapshot
 
@@ -16,7 +17,9 @@ class SysfsHost:
     ``sriov_manage``: the sriov-manage command (a path or an argv prefix). ``None``
     uses ``/usr/lib/nvidia/sriov-manage`` when it is installed; an empty string or
     sequence always writes ``sriov_numvfs`` instead. ``catalog`` names the GPU
-    models and the types the driver lists only by id.
+    models and the types the driver lists only by id. ``driver_types`` remembers
+    the types the driver listed, to name vGPUs once a full GPU lists none (a
+    memory of this object only when omitted).
     """
 
     def __init__(
@@ -26,8 +29,10 @@ class SysfsHost:
         sriov_manage: str | Sequence[str] | None = None,
         *,
         catalog: Catalog,
+        driver_types: DriverTypeMemory | None = None,
     ) -> None:
         self.root = root
+        self.driver_types = driver_types if driver_types is not None else DriverTypeMemory()
         self.node = node
         self.catalog = catalog
         if sriov_manage is None:
@@ -38,7 +43,7 @@ class SysfsHost:
             self.sriov_manage = tuple(sriov_manage) or None
 
     def scan(self) -> NodeSnapshot:
-        return scan(self.root, self.node, catalog=self.catalog)
+        return self.driver_types.observe(scan(self.root, self.node, catalog=self.catalog))
 
     def enable_sriov(self, pf: str) -> None:
         driver.enable_sriov(self.root, pf, self.sriov_manage)

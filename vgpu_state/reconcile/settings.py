@@ -23,6 +23,10 @@ class Settings:
     """The GPU models and vGPU types that advise validation and planning."""
     journal_path: Path | None = None
     """The apply journal; ``None`` keeps no journal."""
+    driver_types_path: Path | None = None
+    """The vGPU types the node's driver listed (``driver-types.json`` beside the
+    journal), which name the vGPUs of a full GPU whose types the catalog lacks;
+    ``None`` remembers them only while the host port lives."""
     lock_path: Path | None = None
     """The host lock taken around an apply; ``None`` takes no lock."""
     lock_timeout: float = 30.0

@@ -16,6 +16,7 @@ from types import TracebackType
 
 from vgpu_state.catalog import Catalog, default_catalog
 from vgpu_state.host import driver
+from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.host.paths import SysfsPaths
 from vgpu_state.host.reader import Filesystem, OsFilesystem
 from vgpu_state.host.scan import scan
@@ -49,6 +50,9 @@ class SimHost:
 
     ``catalog``: the GPU models the simulated driver knows (the packaged
     catalog when omitted: a simulated node is an entry point of its own).
+
+    ``driver_types``: what the simulated driver listed, remembered from scan to
+    scan as on a real host (see :class:`~vgpu_state.host.SysfsHost`).
     """
 
     def __init__(
@@ -59,8 +63,10 @@ class SimHost:
         in_memory: bool = False,
         autosave: bool = False,
         catalog: Catalog | None = None,
+        driver_types: DriverTypeMemory | None = None,
     ) -> None:
         self.catalog = catalog if catalog is not None else default_catalog()
+        self.driver_types = driver_types if driver_types is not None else DriverTypeMemory()
         if isinstance(spec, NodeSpec):
             self.spec_path: Path | None = None
             loaded = spec
@@ -93,7 +99,7 @@ class SimHost:
 
     # HostPort ------------------------------------------------------------------
     def scan(self) -> NodeSnapshot:
-        return scan(self.root, self.node, self._fs, catalog=self.catalog)
+        return self.driver_types.observe(scan(self.root, self.node, self._fs, catalog=self.catalog))
 
     def enable_sriov(self, pf: str) -> None:
         self._sriov("-e", pf)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vgpu_state.catalog import Catalog
+from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.model.inuse import InUse
 from vgpu_state.ports.cluster import MemoryCluster
 from vgpu_state.sim.host import SimHost
@@ -61,7 +62,11 @@ class SimNode:
 
 
 def open_sim(
-    spec: NodeSpec | str | Path, *, autosave: bool = False, catalog: Catalog | None = None
+    spec: NodeSpec | str | Path,
+    *,
+    autosave: bool = False,
+    catalog: Catalog | None = None,
+    driver_types: DriverTypeMemory | None = None,
 ) -> SimNode:
     """Open a simulated node from a spec (file or value), its sysfs served in memory.
 
@@ -70,5 +75,7 @@ def open_sim(
     verification) then never loses what was done, and a failed save fails the
     write that needed it.
     """
-    host = SimHost(spec, in_memory=True, autosave=autosave, catalog=catalog)
+    host = SimHost(
+        spec, in_memory=True, autosave=autosave, catalog=catalog, driver_types=driver_types
+    )
     return SimNode(host, sim_cluster(host))

@@ -1,0 +1,119 @@
+"""``driver-types.json``: the vGPU types a node's driver listed, kept in the state directory.
+
+The file is read with the care the journal gets: never through a symlink, only
+a regular file, at most :data:`MAX_DRIVER_TYPES_BYTES`, parsed strictly. A file
+that fails any of that is a warning and is ignored (the node relearns what its
+driver lists). It is written atomically: a fresh temporary file beside it
+(``O_CREAT|O_EXCL``), fsynced, renamed over it; a symlink, FIFO, device or
+directory at its path is left alone and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from vgpu_state.executor.statefile import StateFileError, open_state_file
+from vgpu_state.model.drivertypes import DriverTypes, DriverTypesError
+from vgpu_state.model.files import MiB
+
+DRIVER_TYPES_FILE = "driver-types.json"
+"""The file's name in a state directory."""
+MAX_DRIVER_TYPES_BYTES = 1 * MiB
+_WHAT = "driver-types file"
+
+
+class DriverTypesFile:
+    """The table's file at ``path``."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    def load(self) -> tuple[DriverTypes, str | None]:
+        """The table, or an empty one and why the file was ignored (``None``: no problem).
+
+        A missing file is an empty table without a warning.
+        """
+        if not os.path.lexists(self.path):
+            return DriverTypes(), None
+        try:
+            fd = open_state_file(self.path, os.O_RDONLY, _WHAT)
+        except StateFileError as e:
+            return DriverTypes(), f"{e}; ignored"
+        try:
+            size = os.fstat(fd).st_size
+            data = b"" if size > MAX_DRIVER_TYPES_BYTES else os.read(fd, MAX_DRIVER_TYPES_BYTES + 1)
+        except OSError as e:
+            return DriverTypes(), f"{self.path}: cannot read the {_WHAT}: {e.strerror}; ignored"
+        finally:
+            os.close(fd)
+        if size > MAX_DRIVER_TYPES_BYTES or len(data) > MAX_DRIVER_TYPES_BYTES:
+            return DriverTypes(), (
+                f"{self.path}: the {_WHAT} is larger than {MAX_DRIVER_TYPES_BYTES} bytes; ignored"
+            )
+        try:
+            return DriverTypes.parse(data.decode("utf-8")), None
+        except UnicodeDecodeError:
+            reason = "not valid JSON (not UTF-8)"
+        except DriverTypesError as e:
+            reason = str(e)
+        return DriverTypes(), f"{self.path}: the {_WHAT} is {_article(reason)}; ignored"
+
+    def save(self, table: DriverTypes) -> None:
+        """Replace the file with ``table``; raises :class:`StateFileError` or ``OSError``."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISREG(st.st_mode):
+                kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+                raise StateFileError(
+                    f"{self.path}: the {_WHAT} is {kind}; refusing to replace it "
+                    "(remove it or name another state directory)"
+                )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            os.write(fd, table.dumps().encode())
+            os.fsync(fd)
+            os.fchmod(fd, 0o644)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, self.path)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def saver(self, warn: Callable[[str], None]) -> Callable[[DriverTypes], None]:
+        """A ``save`` that never raises: each distinct failure is passed to ``warn`` once."""
+        said: set[str] = set()
+
+        def save(table: DriverTypes) -> None:
+            try:
+                self.save(table)
+            except StateFileError as e:
+                message = str(e)
+            except OSError as e:
+                why = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+                message = f"{self.path}: cannot write the {_WHAT}: {why}"
+            else:
+                return
+            if message not in said:
+                said.add(message)
+                warn(message)
+
+        return save
+
+
+def _article(reason: str) -> str:
+    """``not valid JSON`` reads as is; anything else as "invalid: <reason>"."""
+    return reason if reason.startswith("not ") else f"invalid: {reason}"
