@@ -26,7 +26,7 @@ from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.executor.drivertypes import MAX_DRIVER_TYPES_BYTES, DriverTypesFile
 from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.model.drivertypes import DriverTypes, DriverTypesError
-from vgpu_state.model.snapshot import CreatableType, Vgpu
+from vgpu_state.model.snapshot import CreatableType, NodeSnapshot, Vgpu
 from vgpu_state.ports import MemoryCluster
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.fuse import mounted
@@ -86,6 +86,10 @@ def test_filling_a_gpu_with_a_newer_drivers_type_applies_asserts_and_plans_no_ch
     code, out, err = run("export", "--sim", str(spec))
     assert code == 0, err
     assert "L40S-5Q: 9" in out
+    code, out, err = run("scan", "--sim", str(spec), "-o", "json")
+    assert code == 0, err
+    names = [v["type_name"] for v in json.loads(out)["gpus"][0]["vgpus"]]
+    assert names == ["L40S-5Q"] * 9
 
 
 def test_without_a_usable_state_file_one_apply_still_verifies(tmp_path: Path) -> None:
@@ -108,9 +112,11 @@ def test_without_a_usable_state_file_one_apply_still_verifies(tmp_path: Path) ->
 def test_one_reconcile_without_a_state_path_names_what_it_created() -> None:
     spec = parse_spec(NEWER_DRIVER, catalog=CATALOG)
     with SimHost(spec, in_memory=True, catalog=CATALOG) as host:
-        ports = Ports(host, MemoryCluster("l40s-node"), StaticConfigSource(
-            load_text(FULL, "c.yaml", catalog=CATALOG)
-        ))
+        ports = Ports(
+            host,
+            MemoryCluster("l40s-node"),
+            StaticConfigSource(load_text(FULL, "c.yaml", catalog=CATALOG)),
+        )
         settings = Settings(catalog=CATALOG)
         report = reconcile_once(ports, settings, mode=Mode.APPLY, config_name="c")
         assert report.differences == ()
@@ -181,6 +187,30 @@ def test_a_symlinked_state_file_is_neither_followed_nor_replaced(tmp_path: Path)
     assert state.is_symlink()
 
 
+def test_the_agent_keeps_the_table_in_its_state_dir_across_restarts(tmp_path: Path) -> None:
+    from vgpu_state.agent.assemble import AgentFlags, _driver_types, _host
+
+    spec, _ = _files(tmp_path)
+    flags = AgentFlags(
+        node="l40s-node", config_dir=tmp_path, sim_spec=str(spec), state_dir=tmp_path / "state"
+    )
+    state = flags.state_dir / "driver-types.json"
+    config = StaticConfigSource(load_text(FULL, "c.yaml", catalog=CATALOG))
+    settings = Settings(catalog=CATALOG, driver_types_path=state)
+    for mode in (Mode.APPLY, Mode.PLAN):  # the agent restarts between the two
+        host, _, close = _host(flags, _driver_types(state))
+        try:
+            ports = Ports(host, MemoryCluster("l40s-node"), config)
+            report = reconcile_once(ports, settings, mode=mode, config_name="c")
+        finally:
+            assert close is not None
+            close()
+        assert report.differences == ()
+        assert [v.type_name for v in report.final.gpus[0].vgpus] == ["L40S-5Q"] * 9
+        assert state.is_file()
+    assert report.plan.is_converged
+
+
 # through the FUSE frontend, one CLI process per command -----------------------------------
 
 
@@ -214,13 +244,13 @@ def test_fuse_filling_a_gpu_with_a_newer_drivers_type(tmp_path: Path) -> None:
 # the lookup itself --------------------------------------------------------------------
 
 
-def _full_l40s(type_id: int, name: str | None) -> object:
+def _full_l40s(type_id: int, name: str | None) -> NodeSnapshot:
     g = build_gpu("0000:26:00.0", "L40S", layout="vendor-vfio")
     vgpu = Vgpu(kind="vf", parent=g.vfs[0].address, type_id=type_id, type_name=name)
     return build_snapshot(g.model_copy(update={"vgpus": (vgpu,)}))
 
 
-def _listing(type_id: int, name: str) -> object:
+def _listing(type_id: int, name: str) -> NodeSnapshot:
     g = build_gpu("0000:26:00.0", "L40S", layout="vendor-vfio")
     listed = (CreatableType(type_id=type_id, name=name, available=1, sysfs_name=f"NVIDIA {name}"),)
     vf = g.vfs[0].model_copy(update={"creatable": listed})
@@ -228,24 +258,25 @@ def _listing(type_id: int, name: str) -> object:
 
 
 def test_a_remembered_name_names_only_what_nothing_else_names() -> None:
-    memory = DriverTypes().learn(_listing(2301, "L40S-5Q"))  # type: ignore[arg-type]
-    named = memory.name_vgpus(_full_l40s(2301, None))  # type: ignore[arg-type]
+    memory = DriverTypes().learn(_listing(2301, "L40S-5Q"))
+    named = memory.name_vgpus(_full_l40s(2301, None))
     assert [(v.type_name, v.type_sysfs_name) for v in named.gpus[0].vgpus] == [
         ("L40S-5Q", "NVIDIA L40S-5Q")
     ]
     # What the scan named (catalog or live listing) stays as it is.
-    kept = memory.name_vgpus(_full_l40s(2301, "L40S-6Q"))  # type: ignore[arg-type]
+    kept = memory.name_vgpus(_full_l40s(2301, "L40S-6Q"))
     assert kept.gpus[0].vgpus[0].type_name == "L40S-6Q"
     # A later listing that names the id differently replaces the remembered name.
-    relearned = memory.learn(_listing(2301, "L40S-5C"))  # type: ignore[arg-type]
-    assert relearned.name_vgpus(_full_l40s(2301, None)).gpus[0].vgpus[0].type_name == "L40S-5C"  # type: ignore[arg-type]
+    relearned = memory.learn(_listing(2301, "L40S-5C"))
+    assert relearned.name_vgpus(_full_l40s(2301, None)).gpus[0].vgpus[0].type_name == "L40S-5C"
     # Another GPU model's listing says nothing about this one.
     other = build_snapshot(build_gpu("0000:08:00.0", "A2", layout="mdev"))
-    assert DriverTypes().learn(other).name_vgpus(_full_l40s(2301, None)).gpus[0].vgpus[0].type_name is None  # type: ignore[arg-type]
+    unnamed = DriverTypes().learn(other).name_vgpus(_full_l40s(2301, None))
+    assert unnamed.gpus[0].vgpus[0].type_name is None
 
 
 def test_the_table_round_trips_and_the_parse_is_strict() -> None:
-    table = DriverTypes().learn(_listing(2301, "L40S-5Q"))  # type: ignore[arg-type]
+    table = DriverTypes().learn(_listing(2301, "L40S-5Q"))
     assert DriverTypes.parse(table.dumps()) == table
     with pytest.raises(DriverTypesError):
         DriverTypes.parse('{"format_version": 2, "gpus": {}}')
@@ -275,7 +306,7 @@ def test_the_file_is_written_atomically_and_read_back(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "driver-types.json"
     store = DriverTypesFile(path)
     assert store.load() == (DriverTypes(), None)
-    table = DriverTypes().learn(_listing(2301, "L40S-5Q"))  # type: ignore[arg-type]
+    table = DriverTypes().learn(_listing(2301, "L40S-5Q"))
     store.save(table)
     assert store.load() == (table, None)
     assert sorted(os.listdir(path.parent)) == ["driver-types.json"]

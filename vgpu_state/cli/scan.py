@@ -11,9 +11,11 @@ from rich.table import Table
 from rich.text import Text
 
 from vgpu_state.catalog import default_catalog, type_sort_key
+from vgpu_state.cli.session import default_state_path, driver_type_memory
 from vgpu_state.host import scan as scan_sysfs
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
+from vgpu_state.reconcile import Settings
 
 
 def _creatable_summary(gpu: Gpu) -> list[str]:
@@ -81,10 +83,19 @@ def render_text(snapshot: NodeSnapshot, console: Console) -> None:
 def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
     """Show the node's NVIDIA GPUs, their vGPU layout, vGPUs and creatable types."""
     try:
+        catalog = default_catalog()
+        # What the driver listed before names the vGPUs of a full GPU (docs/apply.md).
+        memory = driver_type_memory(
+            Settings(
+                catalog=catalog,
+                driver_types_path=default_state_path(None, sim_spec, "driver-types"),
+            ),
+            record=False,
+        )
         if sim_spec is not None:
             from vgpu_state.sim.node import open_sim
 
-            sim = open_sim(sim_spec)
+            sim = open_sim(sim_spec, catalog=catalog, driver_types=memory)
             try:
                 snapshot = sim.host.scan().model_copy(update={"sysfs_root": f"sim:{sim_spec}"})
                 if node:
@@ -92,7 +103,7 @@ def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
             finally:
                 sim.close()
         else:
-            snapshot = scan_sysfs(sysfs_root, node, catalog=default_catalog())
+            snapshot = memory.observe(scan_sysfs(sysfs_root, node, catalog=catalog))
     except VgpuStateError as e:
         if output == "json":
             click.echo(json.dumps({"error": {"reason": e.reason.value, "message": str(e)}}))

@@ -78,7 +78,9 @@ class DriverTypesFile:
                     "(remove it or name another state directory)"
                 )
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
+        )
         try:
             os.write(fd, table.dumps().encode())
             os.fsync(fd)
