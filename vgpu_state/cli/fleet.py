@@ -122,12 +122,17 @@ def gc_paused() -> Iterator[None]:
 
     A thousand decoded scans and plans are hundreds of thousands of objects, none
     of them cyclic garbage; the collector's full passes over them doubled the time.
+    Meant for the end of a command: what exists when it ends is never collected as
+    cyclic garbage afterwards (``gc.freeze``); it is still freed when unreferenced.
     """
     collecting = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        # The command ends right after: freeze what it built, so that re-enabling the
+        # collector does not start with a full pass over all of it (0.4 s for 1,000 nodes).
+        gc.freeze()
         if collecting:
             gc.enable()
 

@@ -75,9 +75,24 @@ class PciAddress(str):
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> CoreSchema:
         return core_schema.no_info_after_validator_function(
-            cls,
+            _known_address,
             core_schema.str_schema(),
             serialization=core_schema.plain_serializer_function_ser_schema(
                 str, return_schema=core_schema.str_schema()
             ),
         )
+
+
+_KNOWN: dict[str, PciAddress] = {}
+_KNOWN_LIMIT = 1 << 16
+
+
+def _known_address(text: str) -> PciAddress:
+    """``PciAddress(text)``, looked up when seen before: addresses repeat (nodes share bus
+    layouts), and a fleet's scans hold about a hundred thousand of them."""
+    found = _KNOWN.get(text)
+    if found is None:
+        found = PciAddress(text)
+        if len(_KNOWN) < _KNOWN_LIMIT:
+            _KNOWN[text] = found
+    return found
