@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from tests.builders import build_gpu, build_snapshot
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.config import StaticConfigSource, load_text
+from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.executor.drivertypes import MAX_DRIVER_TYPES_BYTES, DriverTypesFile
 from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.model.drivertypes import DriverTypes, DriverTypesError
@@ -209,6 +213,39 @@ def test_the_agent_keeps_the_table_in_its_state_dir_across_restarts(tmp_path: Pa
         assert [v.type_name for v in report.final.gpus[0].vgpus] == ["L40S-5Q"] * 9
         assert state.is_file()
     assert report.plan.is_converged
+
+
+def test_the_device_plugin_advertises_a_full_gpu_of_a_newer_drivers_type(tmp_path: Path) -> None:
+    """Started while the GPU lists the type, the plugin still names it once the GPU is full."""
+    spec, config = _files(tmp_path)
+    plugin_dir = Path(tempfile.mkdtemp(prefix="dpm-", dir="/tmp"))
+    resource = "nvidia.com/NVIDIA_L40S-5Q"
+    serve = ["deviceplugin", "--sim", str(spec), "--plugin-dir", str(plugin_dir)]
+    try:
+        with FakeKubelet(str(plugin_dir)) as kubelet:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "vgpu_state.cli.main", *serve],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                assert proc.stderr is not None
+                for line in proc.stderr:  # it has scanned the free GPU once
+                    if "no vGPUs to advertise" in line:
+                        break
+                else:
+                    pytest.fail("the device plugin ended before its first scan")
+                args = ["-f", str(config), "-c", "c", "--sim", str(spec), "--auto-approve"]
+                applied = _cli("apply", *args)
+                assert applied.returncode == 0, applied.stdout + applied.stderr
+                seen = kubelet.wait_for(resource, lambda d: len(d) == 9, timeout=15)
+                assert len(seen) == 9
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.communicate(timeout=10)
+    finally:
+        shutil.rmtree(plugin_dir, ignore_errors=True)
 
 
 # through the FUSE frontend, one CLI process per command -----------------------------------

@@ -25,6 +25,7 @@ from vgpu_state.model.snapshot import NodeSnapshot
 
 if TYPE_CHECKING:
     from vgpu_state.deviceplugin import DevicePluginManager
+    from vgpu_state.host.drivertypes import DriverTypeMemory
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
@@ -120,7 +121,11 @@ def deviceplugin(
             kubelet = FakeKubelet(plugin_dir, on_list=show)
             kubelet.start()
             click.echo(f"fake kubelet serving {kubelet.socket_path}", err=True)
-        source = _SimSource(sim_spec) if sim_spec else _SysfsSource(sysfs_root or "/sys")
+        source = (
+            _SimSource(sim_spec, _driver_types(sim_spec))
+            if sim_spec
+            else _SysfsSource(sysfs_root or "/sys", _driver_types(None))
+        )
         _publish(manager, source.scan())
         while not stop.wait(0.2 if sim_spec else resync):
             snapshot = source.changed()
@@ -148,6 +153,17 @@ def _publish(manager: DevicePluginManager, snapshot: NodeSnapshot) -> None:
         click.echo(f"problem: {problem}", err=True)
 
 
+def _driver_types(sim_spec: str | None) -> DriverTypeMemory:
+    """What the driver listed, read (never written) from the state directory's table:
+    it names the vGPUs of a full GPU whose type the catalog lacks (docs/apply.md)."""
+    from vgpu_state.catalog import default_catalog
+    from vgpu_state.cli.session import default_state_path, driver_type_memory
+    from vgpu_state.reconcile import Settings
+
+    path = default_state_path(None, sim_spec, "driver-types")
+    return driver_type_memory(Settings(default_catalog(), driver_types_path=path), record=False)
+
+
 class _Source:
     scan: Callable[[], NodeSnapshot]
 
@@ -159,23 +175,24 @@ class _Source:
 
 
 class _SysfsSource(_Source):
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, memory: DriverTypeMemory) -> None:
         from vgpu_state.catalog import default_catalog
         from vgpu_state.host import scan
 
         catalog = default_catalog()
-        self.scan = lambda: scan(root, os.uname().nodename, catalog=catalog)
+        self.scan = lambda: memory.observe(scan(root, os.uname().nodename, catalog=catalog))
 
 
 class _SimSource(_Source):
     """A simulated node rendered as a directory tree, rebuilt when its spec file changes."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, memory: DriverTypeMemory) -> None:
         from vgpu_state.sim.host import SimHost
 
         self.spec = spec
+        self.memory = memory
         self._make = SimHost
-        self.host = SimHost(spec)
+        self.host = SimHost(spec, driver_types=memory)
         self.mtime = os.stat(spec).st_mtime_ns
         self.scan = self._scan
 
@@ -187,7 +204,7 @@ class _SimSource(_Source):
         if mtime == self.mtime:
             return None
         self.mtime = mtime
-        old, self.host = self.host, self._make(self.spec)
+        old, self.host = self.host, self._make(self.spec, driver_types=self.memory)
         snapshot = self.host.scan()
         old.close()
         return snapshot
