@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import click
 
@@ -20,14 +21,13 @@ from vgpu_state.config import (
 )
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import ConfigError, SelectionError, VgpuStateError
+from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.model.pci import parse_pci_address
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import Gpu
 
-NVIDIA = 0x10DE
 
-
-def _fail(lines: Sequence[str]) -> None:
+def _fail(lines: Sequence[str]) -> NoReturn:
     for line in lines:
         click.echo(line, err=True)
     sys.exit(1)
@@ -90,9 +90,9 @@ def gpus_from_flags(specs: Sequence[str]) -> tuple[Gpu, ...]:
             Gpu(
                 index=index,
                 address=address,
-                vendor_id=NVIDIA,
+                vendor_id=NVIDIA_VENDOR_ID,
                 device_id=model.device_ids[0],
-                subsystem_vendor_id=NVIDIA,
+                subsystem_vendor_id=NVIDIA_VENDOR_ID,
                 subsystem_device_id=(model.subsystem_device_ids or (0,))[0],
                 model=model.name,
                 sriov_totalvfs=model.sriov_totalvfs,

@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, WithJsonSchema
+from pydantic import ConfigDict, Field, GetJsonSchemaHandler, WithJsonSchema
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from vgpu_state.model.errors import ConfigIssue
+from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.policy import InUsePolicy, Policy, Publish, SriovPolicy
 
 DEVICE_FILTER_PATTERN = r"^0[xX][0-9a-fA-F]{8}(:0[xX][0-9a-fA-F]{8})?$"
@@ -24,8 +25,10 @@ PCI_ADDRESS_PATTERN = r"^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+class _Model(Frozen):
+    """A frozen model whose fields are also set by their YAML key (``vgpu-devices``)."""
+
+    model_config = ConfigDict(populate_by_name=True)
 
 
 PUBLISH_DESCRIPTION = (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from vgpu_state.model.ids import is_canonical_uuid
 from vgpu_state.model.snapshot import Vgpu
 
 DOMAIN = "vgpu-state.io"
@@ -19,7 +20,6 @@ NUMA_NODE = "resource.kubernetes.io/numaNode"
 MDEV_UUID = "mdevUUID"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _VF = re.compile(r"^vf-([0-9a-f]{4})-([0-9a-f]{2})-([0-9a-f]{2})-([0-7])$")
 
 
@@ -32,7 +32,7 @@ def device_name(v: Vgpu) -> str:
 
 def device_key(name: str) -> str | None:
     """The vGPU key (mdev UUID or VF address) a device name stands for, if it is one of ours."""
-    if name.startswith("mdev-") and _UUID.match(name[5:]):
+    if name.startswith("mdev-") and is_canonical_uuid(name[5:]):
         return name[5:]
     m = _VF.match(name)
     if m:

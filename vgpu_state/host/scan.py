@@ -25,9 +25,7 @@ from vgpu_state.model.snapshot import (
     VirtualFunction,
 )
 
-NVIDIA_VENDOR = NVIDIA_VENDOR_ID
 GPU_CLASSES = (0x0300, 0x0302)
-_UUID = UUID_PATTERN
 _CREATABLE_LINE = re.compile(r"^\s*([0-9]{1,10})(?![0-9])\s*:?\s*(.+?)\s*$")
 _TYPE_DIR = re.compile(r"^nvidia-([0-9]{1,10})$")
 """Type ids have at most 10 digits; a longer number is not a type (and ``int()`` of
@@ -137,7 +135,7 @@ class _Scanner:
         pfs: list[str] = []
         for name in names:
             path = os.path.join(self.devices, name)
-            if self.read.integer(os.path.join(path, "vendor"), note=False) != NVIDIA_VENDOR:
+            if self.read.integer(os.path.join(path, "vendor"), note=False) != NVIDIA_VENDOR_ID:
                 continue
             cls = self.read.integer(os.path.join(path, "class"), note=False)
             if cls is None or (cls >> 8) not in GPU_CLASSES:
@@ -274,7 +272,7 @@ class _Scanner:
         return Gpu(
             index=index,
             address=address,
-            vendor_id=NVIDIA_VENDOR,
+            vendor_id=NVIDIA_VENDOR_ID,
             device_id=device_id,
             subsystem_vendor_id=sub_vendor,
             subsystem_device_id=sub_device,
@@ -389,7 +387,7 @@ class _Scanner:
     def _mdevs(self, parent_path: str, parent: str) -> list[Vgpu]:
         found: list[Vgpu] = []
         for entry in self.read.listdir(parent_path) or []:
-            if _UUID.match(entry) is None:
+            if UUID_PATTERN.match(entry) is None:
                 continue
             mdev_path = os.path.join(parent_path, entry)
             group = self.read.link_int(os.path.join(mdev_path, "iommu_group"))

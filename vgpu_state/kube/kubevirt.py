@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from vgpu_state.kube.api import ConflictError, InvalidError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import ClusterConflictError, ClusterError, NotFoundError
+from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.model.plan import ClusterAction
 from vgpu_state.model.resources import DEFAULT_DOMAIN, ResourceNameError, resource_name
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
@@ -48,7 +49,6 @@ from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
 log = logging.getLogger(__name__)
 
 OWNERSHIP_ANNOTATION = "vgpu-state.io/managed-resources"
-NVIDIA_VENDOR_HEX = "10DE"
 DISABLE_MDEV_GATE = "DisableMDEVConfiguration"
 
 ListName = Literal["mediatedDevices", "pciHostDevices"]
@@ -202,7 +202,7 @@ def desired_entries(snapshot: NodeSnapshot, domain: str = DEFAULT_DOMAIN) -> Des
                 vf = gpu.vf(v.parent)
                 device = vf.device_id if vf is not None and vf.device_id else gpu.device_id
                 entry = PermittedEntry(
-                    "pciHostDevices", resource, f"{NVIDIA_VENDOR_HEX}:{device:04X}"
+                    "pciHostDevices", resource, f"{NVIDIA_VENDOR_ID:04X}:{device:04X}"
                 )
             found.setdefault((entry.list, entry.resource), entry)
     return Desired(tuple(sorted(found.values())), tuple(problems))

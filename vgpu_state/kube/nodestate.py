@@ -17,11 +17,12 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import ClusterConflictError, NotFoundError
+from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.resources import ResourceNameError, resource_name
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConfigState
@@ -38,10 +39,10 @@ ConditionKind = Literal["Synced", "Ready", "Blocked", "Degraded"]
 CONDITION_KINDS: tuple[ConditionKind, ...] = ("Synced", "Ready", "Blocked", "Degraded")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
-    )
+class _Model(Frozen):
+    """A frozen model whose JSON keys are camelCase, as Kubernetes writes them."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
     def to_json(self) -> JsonObject:
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)

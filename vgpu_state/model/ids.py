@@ -18,14 +18,17 @@ def is_uuid(text: str) -> bool:
     return UUID_PATTERN.match(text) is not None
 
 
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _CANONICAL_PCI = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]")
 MAX_TYPE_ID = 2**31 - 1
 
 
 def is_canonical_uuid(value: object) -> bool:
     """An mdev UUID in the lower case the scan reports, and nothing else."""
-    return isinstance(value, str) and _CANONICAL_UUID.fullmatch(value) is not None
+    return (
+        isinstance(value, str)
+        and UUID_PATTERN.fullmatch(value) is not None
+        and value == value.lower()
+    )
 
 
 def is_pci_address(value: object) -> bool:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import errno
 import fnmatch
 
+from vgpu_state.model.ids import UUID_PATTERN
 from vgpu_state.sim.driver_spec import _SpecDriver
 from vgpu_state.sim.faults import FaultEffect, FaultState
 from vgpu_state.sim.gpu_state import (
-    _UUID,
     SRIOV_OFFSET,
     SRIOV_STRIDE,
     SimGpu,
@@ -59,7 +59,7 @@ class SimDriver(_SpecDriver):
         if not 36 <= len(data) <= 37:
             raise fail(errno.EINVAL, "UUID must be 36 characters")
         text = data[:36].decode("ascii", "replace")
-        if _UUID.match(text) is None:
+        if UUID_PATTERN.match(text) is None:
             raise fail(errno.EINVAL, "malformed UUID")
         uid = text.lower()
         if self.mdev(uid) is not None:

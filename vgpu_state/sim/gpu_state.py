@@ -8,17 +8,12 @@ from functools import lru_cache
 
 from vgpu_state.catalog import GpuModel, VgpuType
 from vgpu_state.catalog.capacity import remaining as room
-from vgpu_state.model.ids import UUID_PATTERN
 from vgpu_state.model.pci import vf_address
 
 SRIOV_OFFSET = 4
 
 
 SRIOV_STRIDE = 1
-
-
-_UUID = UUID_PATTERN
-
 
 _SERIES = {"graphics": frozenset("QBA"), "compute": frozenset("C"), "all": frozenset("QBAC")}
 

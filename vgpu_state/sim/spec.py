@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
@@ -18,6 +18,7 @@ from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 from vgpu_state.catalog import Catalog, parse_type_name, suggest
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.files import InputFileError, decode_utf8, read_input
+from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.pci import parse_pci_address
 
 
@@ -25,8 +26,8 @@ class SpecError(VgpuStateError):
     """The simulator spec is invalid; the message names the file and the field."""
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+class _Spec(Frozen):
+    model_config = ConfigDict(populate_by_name=True)
 
 
 class VgpuSpec(_Spec):
@@ -146,7 +147,7 @@ class FaultSpec(_Spec):
 
 class NodeSpec(_Spec):
     node: str = "sim-node"
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = Field(default_factory=dict)
     driver: DriverSpec = DriverSpec()
     sriov_manage: bool = Field(default=True, alias="sriov-manage")
     gpus: tuple[GpuSpec, ...] = ()

@@ -11,6 +11,7 @@ import errno
 import posixpath
 from dataclasses import dataclass, field
 
+from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.sim.driver_model import SRIOV_OFFSET, SRIOV_STRIDE, SimDriver, SimGpu, SimVgpu
 
 CONTROL_DIR = ".vgpu-sim"
@@ -220,7 +221,7 @@ def _render_node(drv: SimDriver) -> Tree:
 def _common_attrs(
     t: Tree, path: str, device: int, sub_vendor: int, sub_device: int, numa: int
 ) -> None:
-    t.file(f"{path}/vendor", _hex4(0x10DE))
+    t.file(f"{path}/vendor", _hex4(NVIDIA_VENDOR_ID))
     t.file(f"{path}/device", _hex4(device))
     t.file(f"{path}/class", "0x030200\n")
     t.file(f"{path}/subsystem_vendor", _hex4(sub_vendor))
@@ -228,7 +229,8 @@ def _common_attrs(
     t.file(f"{path}/numa_node", f"{numa}\n")
     t.file(f"{path}/resource", _RESOURCE_LINE * 13)
     t.file(f"{path}/irq", "0\n")
-    t.add(f"{path}/config", File(config_space(0x10DE, device, 0x030200, sub_vendor, sub_device)))
+    config = config_space(NVIDIA_VENDOR_ID, device, 0x030200, sub_vendor, sub_device)
+    t.add(f"{path}/config", File(config))
 
 
 def config_space(vendor: int, device: int, cls: int, sub_vendor: int, sub_device: int) -> bytes:
@@ -251,7 +253,7 @@ def _render_gpu(t: Tree, drv: SimDriver, g: SimGpu) -> None:
     pf = device_dir(g, g.address)
     t.dir(pf)
     t.link(f"bus/pci/devices/{g.address}", pf)
-    _common_attrs(t, pf, g.device_id, 0x10DE, g.subsystem_device_id, g.numa_node)
+    _common_attrs(t, pf, g.device_id, NVIDIA_VENDOR_ID, g.subsystem_device_id, g.numa_node)
     t.file(f"{pf}/reset_method", "flr bus\n")
     if g.driver:
         t.dir(f"bus/pci/drivers/{g.driver}")
@@ -275,7 +277,7 @@ def _render_gpu(t: Tree, drv: SimDriver, g: SimGpu) -> None:
         t.link(f"bus/pci/devices/{vf_addr}", vf)
         t.link(f"{pf}/virtfn{i}", vf)
         t.link(f"{vf}/physfn", pf)
-        _common_attrs(t, vf, g.device_id, 0x10DE, 0x0000, g.numa_node)
+        _common_attrs(t, vf, g.device_id, NVIDIA_VENDOR_ID, 0x0000, g.numa_node)
         t.file(f"{vf}/reset_method", "flr\n")
         t.link(f"{vf}/driver", "bus/pci/drivers/nvidia")
         _group(t, vf, g.vf_iommu_group_base + i)
