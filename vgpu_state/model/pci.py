@@ -9,6 +9,7 @@ from pydantic import GetCoreSchemaHandler
 from pydantic_core import CoreSchema, core_schema
 
 _FULL = re.compile(r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
+_CANONICAL = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]")
 _SHORT = re.compile(r"^([0-9a-fA-F]{2}):([0-1][0-9a-fA-F])\.([0-7])$")
 
 
@@ -68,7 +69,9 @@ class PciAddress(str):
     def __new__(cls, text: str) -> PciAddress:
         if type(text) is cls:
             return text
-        return super().__new__(cls, parse_pci_address(text))
+        if _CANONICAL.fullmatch(text) is None:  # the usual case skips the parser
+            text = parse_pci_address(text)
+        return str.__new__(cls, text)
 
     @classmethod
     def __get_pydantic_core_schema__(
