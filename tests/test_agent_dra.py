@@ -24,6 +24,7 @@ from vgpu_state.dra.fakekubelet import FakeKubelet
 from vgpu_state.dra.prepare import DraPaths
 from vgpu_state.dra.slices import DRIVER, PCI_BUS_ID, device_key
 from vgpu_state.kube.api import KubeApi
+from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster, RecordingDevicePlugin
@@ -215,3 +216,52 @@ def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(base: Path) -> Non
         assert not (base / "registry" / f"{DRIVER}-reg.sock").exists()
     finally:
         api.stop()
+
+
+def test_vgpus_held_by_claims_are_held_in_the_reported_status_too() -> None:
+    """The status (and so ``fleet plan``) must see a claim's vGPU as held, or a reviewer's
+    dry run would plan to destroy it."""
+    from vgpu_state.agent.cluster import ClusterSink
+    from vgpu_state.model.inuse import InUse
+
+    class Inner(FakeCluster):
+        last_in_use: InUse | None = None
+
+        def in_use(self) -> InUse:
+            self.last_in_use = InUse({"pod-held": "pod default/p"})
+            return self.last_in_use
+
+        def __init__(self, node: str) -> None:
+            super().__init__(node)
+            self.observed: list[object] = []
+
+        def observe(self, snapshot: object, held: object, *, in_use_known: bool) -> None:
+            self.observed.append((held, in_use_known))
+
+        def sync_kubevirt(self, snapshot: object) -> None:
+            raise AssertionError("not managed here")
+
+    class Claims:
+        fail = False
+
+        def holders(self) -> dict[str, str]:
+            if self.fail:
+                raise RuntimeError("API server gone")
+            return {"claim-held": "ResourceClaim vms/gpu (pod vms/virt-launcher-x)"}
+
+    inner, claims = Inner(NODE), Claims()
+    port = ClaimsHoldVgpus(inner, claims)  # type: ignore[arg-type]
+    assert dict(port.in_use()) == {
+        "pod-held": "pod default/p",
+        "claim-held": "ResourceClaim vms/gpu (pod vms/virt-launcher-x)",
+    }
+    sink = ClusterSink(inner, None, manage_kubevirt=False)  # type: ignore[arg-type]
+    sink.refresh(NodeSnapshot(node=NODE))
+    held, known = inner.observed[-1]  # type: ignore[misc]
+    assert known and "claim-held" in held  # type: ignore[operator]
+
+    claims.fail = True
+    with pytest.raises(RuntimeError):
+        port.in_use()
+    sink.refresh(NodeSnapshot(node=NODE))
+    assert inner.observed[-1] == (None, False)

@@ -121,9 +121,21 @@ class ClaimsHoldVgpus:
 
     def in_use(self) -> InUse:
         held = dict(self._cluster.in_use())
-        for key, holder in self._dra.holders().items():
+        try:
+            claimed = self._dra.holders()
+        except Exception:
+            self._reported(None)  # holders unknown: the status must not say "none held"
+            raise
+        for key, holder in claimed.items():
             held.setdefault(key, holder)
-        return InUse(held)
+        merged = InUse(held)
+        self._reported(merged)
+        return merged
+
+    def _reported(self, held: InUse | None) -> None:
+        """The holders the status reports are the ones the plan used, claims included."""
+        if hasattr(self._cluster, "last_in_use"):
+            self._cluster.last_in_use = held
 
     def report_status(self, status: NodeStatus) -> None:
         self._cluster.report_status(status)
