@@ -52,17 +52,22 @@ class NodeResult:
     seconds: float
 
 
-def node_entries(i: int) -> list[PermittedEntry]:
+def node_entries(i: int, own_types: int | None = None) -> list[PermittedEntry]:
+    """Node ``i``'s entries: a type of its own (one of ``own_types`` when given, so nodes
+    share them as a real fleet shares its few vGPU types) and one of 8 shared types."""
     shared = i % SHARED_TYPES
+    own = i if own_types is None else i % own_types
     if i % 2 == 0:
         return [
-            PermittedEntry("mediatedDevices", f"nvidia.com/NVIDIA_A16-{i}Q", f"NVIDIA A16-{i}Q"),
+            PermittedEntry(
+                "mediatedDevices", f"nvidia.com/NVIDIA_A16-{own}Q", f"NVIDIA A16-{own}Q"
+            ),
             PermittedEntry(
                 "mediatedDevices", f"nvidia.com/NVIDIA_A2-{shared}Q", f"NVIDIA A2-{shared}Q"
             ),
         ]
     return [
-        PermittedEntry("pciHostDevices", f"nvidia.com/NVIDIA_L40S-{i}Q", "10DE:26B9"),
+        PermittedEntry("pciHostDevices", f"nvidia.com/NVIDIA_L40S-{own}Q", "10DE:26B9"),
         PermittedEntry("pciHostDevices", f"nvidia.com/NVIDIA_L4-{shared}Q", "10DE:27B8"),
     ]
 
@@ -89,7 +94,9 @@ def api_server() -> Iterator[str]:
         proc.wait(30)
 
 
-def run(nodes: int, foreign_writes: int, tmp: Path, backoff: Backoff) -> dict[str, Any]:
+def run(
+    nodes: int, foreign_writes: int, tmp: Path, backoff: Backoff, own_types: int | None = None
+) -> dict[str, Any]:
     with api_server() as url:
         config = str(write_kubeconfig(tmp / f"kubeconfig-{nodes}", url))
         admin = KubeApi.connect(config)
@@ -117,7 +124,7 @@ def run(nodes: int, foreign_writes: int, tmp: Path, backoff: Backoff) -> dict[st
 
         def node(i: int) -> None:
             api = KubeApi.connect(config, pool_size=1)
-            entries = node_entries(i)
+            entries = node_entries(i, own_types)
             barrier.wait()
             started = time.perf_counter()
             try:
@@ -168,7 +175,7 @@ def run(nodes: int, foreign_writes: int, tmp: Path, backoff: Backoff) -> dict[st
             for name in ("mediatedDevices", "pciHostDevices")
             for e in devices.get(name, [])
         ]
-        expected = {e.resource for i in range(nodes) for e in node_entries(i)}
+        expected = {e.resource for i in range(nodes) for e in node_entries(i, own_types)}
         expected |= {"x.io/t4", *foreign_done}
         lost = sorted(expected - set(present))
         return {
@@ -193,10 +200,20 @@ def main() -> int:
     parser.add_argument("--foreign-writes", type=int, default=20)
     parser.add_argument("--base", type=float, default=Backoff().base, help="backoff base, s")
     parser.add_argument("--cap", type=float, default=Backoff().cap, help="backoff cap, s")
+    parser.add_argument(
+        "--own-types",
+        type=int,
+        default=None,
+        help="distinct per-node types (default: one per node, the worst case; a fleet "
+        "shares a few, e.g. 8)",
+    )
     args = parser.parse_args()
     backoff = Backoff(base=args.base, cap=args.cap, attempts=Backoff().attempts)
-    print(f"backoff: full jitter, base {backoff.base} s, cap {backoff.cap} s, "
-          f"{backoff.attempts} attempts")
+    print(
+        f"backoff: full jitter, base {backoff.base} s, cap {backoff.cap} s, "
+        f"{backoff.attempts} attempts; own types per node: "
+        f"{args.own_types or 'one each (worst case)'}"
+    )
     print(
         f"{'nodes':>5} {'entries':>7} {'conflicts':>9} {'foreign 409':>11} {'retries':>7} "
         f"{'max':>4} {'backoff s':>9} {'median s':>8} {'converge s':>10} {'lost':>4} {'dups':>4}"
@@ -204,7 +221,7 @@ def main() -> int:
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.nodes:
-            r = run(n, args.foreign_writes, Path(tmp), backoff)
+            r = run(n, args.foreign_writes, Path(tmp), backoff, args.own_types)
             print(
                 f"{r['nodes']:>5} {r['entries']:>7} {r['conflicts']:>9} {r['foreign_409']:>11} "
                 f"{r['retries']:>7} {r['max_retries']:>4} {r['backoff_s']:>9.2f} "
