@@ -190,3 +190,37 @@ def test_config_commands_never_import_kubernetes_or_grpc() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+REUSED_ANCHOR = (
+    "version: v1\nvgpu-configs:\n  a: &x\n    - devices: all\n      vgpu-devices: {A2-4Q: 4}\n"
+    "  b: &x\n    - devices: all\n      vgpu-devices: {A2-8Q: 2}\ndefault: a\n"
+)
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "apply"])
+def test_a_reused_anchor_is_a_located_config_error(tmp_path: Path, command: str) -> None:
+    """The error names file, line, column and anchor; no library warning, nothing written."""
+    config = tmp_path / "c.yaml"
+    config.write_text(REUSED_ANCHOR)
+    spec = tmp_path / "node.yaml"
+    spec.write_text((REPO / "configs" / "sim" / "a2-host.yaml").read_text())
+    args = {
+        "validate": ["validate", "-f", str(config)],
+        "plan": ["plan", "-f", str(config), "--sim", str(spec)],
+        "apply": ["apply", "-f", str(config), "--sim", str(spec), "--auto-approve"],
+    }[command]
+    # apply takes the host lock (an empty file beside the spec) before it reads the config
+    files = lambda: {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.suffix != ".lock"}  # noqa: E731
+    before = files()
+    done = subprocess.run(
+        [sys.executable, "-c", "from vgpu_state.cli.main import main; main()", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.splitlines() == [
+        f"{config}:6:6: anchor &x is already defined on line 3, column 6; "
+        "give each anchor its own name"
+    ]
+    assert files() == before

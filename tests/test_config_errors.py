@@ -508,6 +508,17 @@ CASES: list[tuple[str, str, list[str]]] = [
         ["2:1: merge keys (<<) are not supported; write the keys out"],
     ),
     (
+        "reused_anchor",
+        H
+        + "  a: &x\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n  b: &x\n    - devices: all\n      vgpu-devices: {A10-4Q: 2}\n",
+        ["6:6: anchor &x is already defined on line 3, column 6; give each anchor its own name"],
+    ),
+    (
+        "reused_anchor_inside_its_own_node",
+        "version: v1\nvgpu-configs: &c {a: &c [1]}\n",
+        ["2:22: anchor &c is already defined on line 2, column 15; give each anchor its own name"],
+    ),
+    (
         "two_documents",
         "version: v1\n---\nversion: v1\n",
         [

@@ -41,7 +41,7 @@ def test_bad_address_and_missing_key() -> None:
 def test_not_yaml() -> None:
     with pytest.raises(SpecError) as err:
         parse_spec("node: [x\n", "n.yaml", catalog=CATALOG)
-    assert str(err.value).startswith("n.yaml: not valid YAML")
+    assert str(err.value).startswith("n.yaml:2:1: not valid YAML")
 
 
 def test_an_empty_vgpus_key_means_no_vgpus() -> None:
@@ -49,3 +49,29 @@ def test_an_empty_vgpus_key_means_no_vgpus() -> None:
         'node: x\ngpus:\n  - {address: "3b:00.0", model: T4, vgpus: }\n', "n.yaml", catalog=CATALOG
     )
     assert spec.gpus[0].vgpus == ()
+
+
+def test_a_reused_anchor_is_a_located_error() -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec("node: &n x\ngpus: &n []\n", "n.yaml", catalog=CATALOG)
+    assert str(err.value) == (
+        "n.yaml:2:7: anchor &n is already defined on line 1, column 7; "
+        "give each anchor its own name"
+    )
+
+
+@pytest.mark.filterwarnings("error")
+def test_without_ruamels_c_parser_no_yaml_warning_escapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on Python builds without ruamel.yaml.clib: ruamel's pure-Python loader only warns
+    about a reused anchor and a YAML 1.1 float without a dot; both are located errors here."""
+    monkeypatch.setattr("ruamel.yaml.main.CParser", None)
+    with pytest.raises(SpecError) as err:
+        parse_spec("node: &n x\ngpus: &n []\n", "n.yaml", catalog=CATALOG)
+    assert str(err.value).startswith("n.yaml:2:7: anchor &n is already defined on line 1")
+    with pytest.raises(SpecError) as err:
+        text = "%YAML 1.1\n---\nnode: x\ngpus: []\nextra-pci-devices: 1e3\n"
+        parse_spec(text, "n.yaml", catalog=CATALOG)
+    assert str(err.value) == (
+        "n.yaml:5:20: not valid YAML: under %YAML 1.1 the float '1e3' needs a dot in its "
+        "mantissa (such as 1.0e3)"
+    )

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.composer import Composer
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from vgpu_state.model.errors import ConfigIssue
@@ -72,41 +74,92 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def compose(text: str, issues: Issues) -> Node | None:
-    """Compose ``text``; a YAML syntax error becomes an issue and ``None``.
+class ReusedAnchorError(MarkedYAMLError):
+    """An anchor named a second time in one document."""
 
-    The node tree is composed by ruamel's C parser (libyaml, about 10x faster
-    than the pure-Python one) when it is installed, with the garbage collector
-    paused. A document the C parser refuses is composed again by the
-    pure-Python parser, whose messages name the problem.
+    def __init__(self, anchor: str, first: Any, second: Any) -> None:
+        super().__init__(problem=f"found duplicate anchor {anchor!r}", problem_mark=second)
+        self.anchor = anchor
+        self.first = first
+        self.second = second
+
+    def message(self) -> str:
+        return (
+            f"anchor &{self.anchor} is already defined on line {int(self.first.line) + 1}, "
+            f"column {int(self.first.column) + 1}; give each anchor its own name"
+        )
+
+
+class _OneAnchorComposer(Composer):
+    """The composer, with an anchor defined twice an error instead of ruamel's
+    ``ReusedAnchorWarning`` (an alias would silently mean the later node)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if not self.parser.check_event(AliasEvent):
+            event = self.parser.peek_event()
+            anchor = event.anchor
+            if anchor is not None and anchor in self.anchors:
+                first = self.anchors[anchor].start_mark
+                raise ReusedAnchorError(str(anchor), first, event.start_mark)
+        return super().compose_node(parent, index)
+
+
+class YamlProblem(Exception):
+    """Why a text is not a usable YAML document; ``line`` and ``column`` are 1-based."""
+
+    def __init__(self, line: int, column: int, message: str) -> None:
+        super().__init__(f"{line}:{column}: {message}")
+        self.line = line
+        self.column = column
+        self.message = message
+
+
+def safe_yaml(*, pure: bool) -> YAML:
+    """ruamel's safe loader that refuses an anchor defined twice (the pure-Python
+    composer only warns; ruamel's C parser refuses it already)."""
+    yaml = YAML(typ="safe", pure=pure)
+    yaml.Composer = _OneAnchorComposer  # used unless ruamel's C parser composes
+    return yaml
+
+
+def compose_text(text: str) -> Node | None:
+    """Compose ``text`` into a node tree, or raise :class:`YamlProblem`.
+
+    The tree is composed by ruamel's C parser (libyaml, about 10x faster than the
+    pure-Python one) when it is installed. A document the C parser refuses is
+    composed again by the pure-Python parser, whose messages name the problem.
+    An anchor defined twice is refused by both.
     """
-    with gc_paused():
-        return _compose(text, issues)
-
-
-def _compose(text: str, issues: Issues) -> Node | None:
     try:
-        fast: Node | None = YAML(typ="safe", pure=False).compose(text)
+        fast: Node | None = safe_yaml(pure=False).compose(text)
         return fast
     except Exception:
         pass
-    yaml = YAML(typ="safe", pure=True)
     try:
-        node: Node | None = yaml.compose(text)
+        node: Node | None = safe_yaml(pure=True).compose(text)
+    except ReusedAnchorError as exc:
+        mark = exc.second
+        raise YamlProblem(int(mark.line) + 1, int(mark.column) + 1, exc.message()) from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
         parts = [p for p in (exc.context, exc.problem) if p]
         problem = ", ".join(parts) or "syntax error"
-        issues.at_position(line, column, "", f"not valid YAML: {problem}")
-        return None
-    except YAMLError as exc:
-        issues.at_position(1, 1, "", f"not valid YAML: {exc}")
-        return None
-    except (ValueError, RecursionError) as exc:
-        issues.at_position(1, 1, "", f"not valid YAML: {exc}")
-        return None
+        raise YamlProblem(line, column, f"not valid YAML: {problem}") from None
+    except (YAMLError, ValueError, RecursionError) as exc:
+        raise YamlProblem(1, 1, f"not valid YAML: {exc}") from None
     return node
+
+
+def compose(text: str, issues: Issues) -> Node | None:
+    """Compose ``text`` (see :func:`compose_text`) with the garbage collector paused;
+    a document that is not usable YAML becomes an issue and ``None``."""
+    with gc_paused():
+        try:
+            return compose_text(text)
+        except YamlProblem as problem:
+            issues.at_position(problem.line, problem.column, "", problem.message)
+            return None
 
 
 def scalar_value(node: ScalarNode) -> Any:

@@ -12,10 +12,12 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
-from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
+from ruamel.yaml.constructor import ConstructorError, SafeConstructor
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from vgpu_state.catalog import Catalog, parse_type_name, suggest
+from vgpu_state.config.yamlnodes import YamlProblem, compose_text, safe_yaml
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.files import InputFileError, decode_utf8, read_input
 from vgpu_state.model.frozen import Frozen
@@ -195,9 +197,31 @@ def _yaml() -> YAML:
     return y
 
 
+class _SpecConstructor(SafeConstructor):
+    """The safe constructor, with a YAML 1.1 float lacking the dot of its mantissa
+    (``1e3`` under ``%YAML 1.1``) an error instead of ruamel's warning."""
+
+    def construct_yaml_float(self, node: ScalarNode) -> float:
+        text = str(node.value).replace("_", "").lower().lstrip("+-")
+        mantissa = text.split("e")[0]
+        if self.resolver.processing_version != (1, 2) and "e" in text and "." not in mantissa:
+            raise ConstructorError(
+                problem=f"under %YAML 1.1 the float {node.value!r} needs a dot in its "
+                "mantissa (such as 1.0e3)",
+                problem_mark=node.start_mark,
+            )
+        value: float = super().construct_yaml_float(node)
+        return value
+
+
+_SpecConstructor.add_constructor("tag:yaml.org,2002:float", _SpecConstructor.construct_yaml_float)
+
+
 def _loader() -> YAML:
     """The safe loader, with ruamel's C parser when it is installed (about 10x faster)."""
-    return YAML(typ="safe")
+    yaml = safe_yaml(pure=False)
+    yaml.Constructor = _SpecConstructor
+    return yaml
 
 
 MAX_SPEC_BYTES = 4 * 1024 * 1024
@@ -239,13 +263,21 @@ def parse_spec(text: str, source: str = "<spec>", *, catalog: Catalog) -> NodeSp
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(f"{source}: larger than {MAX_SPEC_BYTES // 2**20} MiB: not a node spec")
     try:
-        root = _loader().compose(text)
+        root = compose_text(text)
+    except YamlProblem as e:
+        raise SpecError(f"{source}:{e.line}:{e.column}: {e.message}") from None
+    try:
         if root is not None and _expanded_size(root) > MAX_SPEC_NODES:
             raise SpecError(
                 f"{source}: the spec expands to more than {MAX_SPEC_NODES} YAML nodes "
                 "(aliases repeat subtrees); refusing it"
             )
         data = _loader().load(text)
+    except MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f":{int(mark.line) + 1}:{int(mark.column) + 1}" if mark else ""
+        problem = ", ".join(p for p in (e.context, e.problem) if p) or "syntax error"
+        raise SpecError(f"{source}{where}: not valid YAML: {problem}") from e
     except YAMLError as e:
         raise SpecError(f"{source}: not valid YAML: {e}") from e
     except (ValueError, RecursionError) as e:
