@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.kube_emulator import RunningEmulator
+from tests.kubelet_node import KubeletNodeStatus
 from vgpu_state.catalog import default_catalog
 from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.host import scan
@@ -189,6 +190,8 @@ def agent(kube: RunningEmulator, tmp_path: Path, require_fuse: None) -> Iterator
     with mounted(A2_SPEC, tmp_path / "sys") as m:
         running = Running(kube, tmp_path, str(m.root))
         running.kubelet = FakeKubelet(str(running.plugin_dir))
+        # As a real kubelet does, the Node's status.allocatable follows the plugin's lists.
+        KubeletNodeStatus(kube, NODE, running.kubelet)
         running.kubelet.start()
         try:
             yield running
@@ -234,6 +237,14 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     status = agent.nodestate()
     assert status["state"] == "success"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Synced"] == "True"
+    # The kubelet offers what the plugin advertised (the Node's status.allocatable).
+    offered = lambda: any(  # noqa: E731
+        c["type"] == "KubeletAllocatable"
+        and c["status"] == "True"
+        and f"{A2_4Q}: 2" in c["message"]
+        for c in agent.nodestate()["conditions"]
+    )
+    wait_for("KubeletAllocatable True", offered, proc)
 
     # A ConfigMap edit (symlink swap), no label change: re-applied.
     agent.edit_config(CONFIG.replace("{A2-4C: 1, A2-4Q: 2, A2-4A: 1}", "{A2-4C: 1, A2-4Q: 3}"))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vgpu_state.agent.allocatable import AllocatableMonitor
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink, InUseSource, in_use_from_file
 from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
@@ -18,6 +19,7 @@ from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.kubevirt import KubeVirtRef
 from vgpu_state.kube.rollout import RolloutSlots
+from vgpu_state.model.allocatable import DEFAULT_GRACE
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.ports import ClusterPort, DevicePluginSink, HostPort
@@ -52,6 +54,7 @@ class AgentFlags:
     cdi_dir: Path = Path("/var/run/cdi")
     device_plugin: bool = True
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    allocatable_grace: float = DEFAULT_GRACE
 
 
 def build(flags: AgentFlags) -> Agent:
@@ -72,7 +75,15 @@ def build(flags: AgentFlags) -> Agent:
     )
     port_cluster: ClusterPort = cluster
     dra_sink: DevicePluginSink | None = None
-    watches = [node_watch_starter(api.client, flags.node)]
+    plugin = _device_plugin(flags) if flags.device_plugin else None
+    monitor = None
+    if plugin is not None:
+        monitor = allocatable_monitor(cluster, plugin, flags.allocatable_grace)
+    watches = [
+        node_watch_starter(
+            api.client, flags.node, on_node=monitor.node_seen if monitor is not None else None
+        )
+    ]
     if flags.dra:
         from vgpu_state.agent.dra import ClaimsHoldVgpus, DraNode
         from vgpu_state.dra.prepare import DraPaths
@@ -89,9 +100,7 @@ def build(flags: AgentFlags) -> Agent:
         dra_sink = dra_node
         watches.append(dra_node.starter())
     shutdown: list[tuple[str, Callable[[], None]]] = []
-    plugin = None
-    if flags.device_plugin:
-        plugin = _device_plugin(flags)
+    if plugin is not None:
         watches.append(_kubelet_restarts(plugin))
         # Last of all: every resource advertises an empty list, then the servers stop.
         shutdown.append(("device plugin", plugin.stop))
@@ -119,10 +128,26 @@ def build(flags: AgentFlags) -> Agent:
         resync_seconds=flags.resync,
         listen=flags.listen or None,
         rollout=LeaseRolloutGate(slots),
-        watches=watches,
+        watches=[*watches, *([monitor.starter()] if monitor is not None else [])],
         shutdown=shutdown,
+        allocatable=monitor,
     )
     return Agent(parts)
+
+
+def allocatable_monitor(
+    cluster: AgentCluster, plugin: DevicePluginManager, grace: float = DEFAULT_GRACE
+) -> AllocatableMonitor:
+    """Is the kubelet offering what ``plugin`` advertises? A monitor wired to both: the
+    plugin wakes it, its condition goes into every status ``cluster`` writes, and it
+    rewrites the status and records Events through ``cluster``. Feed it the Node watch
+    (``on_node=monitor.node_seen``) and start it with the agent (``monitor.starter()``)."""
+    monitor = AllocatableMonitor(plugin, grace=grace)
+    monitor.publish = cluster.rewrite_status
+    monitor.event = cluster.event
+    plugin.on_change = monitor.wake
+    cluster.allocatable = monitor
+    return monitor
 
 
 def _device_plugin(flags: AgentFlags) -> DevicePluginManager:

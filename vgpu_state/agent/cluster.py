@@ -6,8 +6,11 @@ Kubernetes adapter (labels read fresh, the state label, the ``VGPUNodeState``
 status, aggregated Events, held vGPUs from the kubelet's pod-resources API),
 plus what only the agent reports: the ``Degraded`` condition of a config that
 does not load (with every located error in the status and the Node's
-``vgpu-state.io/last-plan`` annotation), and, where the kubelet cannot be
-asked (a simulated node, a test), held vGPUs from another source.
+``vgpu-state.io/last-plan`` annotation), the ``KubeletAllocatable``
+condition of an :class:`~vgpu_state.agent.allocatable.AllocatableMonitor` on
+every status it writes (and :meth:`AgentCluster.rewrite_status` when only that
+condition changed), and, where the kubelet cannot be asked (a simulated node,
+a test), held vGPUs from another source.
 :class:`ClusterSink` follows every reconcile's fresh scan: the device plugin
 advertises it, the status describes it, the KubeVirt CR permits its types.
 """
@@ -15,16 +18,21 @@ advertises it, the status describes it, the KubeVirt CR permits its types.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vgpu_state.kube.cluster import KubeCluster
 from vgpu_state.kube.errors import ClusterError, PodResourcesUnavailableError
+from vgpu_state.kube.nodestate import ConditionKind, LastApply, SelectedConfig, VGPUNodeStateStatus
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.publish import join
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.model.status import ConditionType, EventType, NodeStatus
+from vgpu_state.model.status import ConditionType, ConfigState, EventType, NodeStatus
+
+if TYPE_CHECKING:
+    from vgpu_state.agent.allocatable import AllocatableMonitor
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,10 @@ class AgentCluster(KubeCluster):
         super().__init__(*args, **kwargs)
         self._in_use_source = in_use_source
         self.last_in_use: InUse | None = None
+        self.allocatable: AllocatableMonitor | None = None
+        """When set, every status carries its ``KubeletAllocatable`` condition."""
+        self._write_lock = threading.RLock()
+        self._last_write: dict[str, Any] | None = None
 
     def in_use(self) -> InUse:
         try:
@@ -61,6 +73,58 @@ class AgentCluster(KubeCluster):
             (c.type.value, c.status, c.reason, c.message) for c in status.conditions
         ]
         self.write_status(state=status.state, conditions=conditions)
+
+    def write_status(
+        self,
+        *,
+        state: ConfigState | None,
+        selected: SelectedConfig | None = None,
+        conditions: list[tuple[ConditionKind, bool | None, str, str]] | None = None,
+        snapshot: NodeSnapshot | None = None,
+        last_apply: LastApply | None = None,
+        blocked: int | None = None,
+    ) -> VGPUNodeStateStatus:
+        """:meth:`KubeCluster.write_status` plus the ``KubeletAllocatable`` condition.
+
+        One writer at a time: the reconcile and the allocatable monitor write from
+        different threads.
+        """
+        with self._write_lock:
+            self._last_write = {
+                "state": state,
+                "selected": selected,
+                "conditions": conditions,
+                "snapshot": snapshot,
+                "last_apply": last_apply,
+                "blocked": blocked,
+            }
+            wanted = [c for c in conditions or [] if c[0] != "KubeletAllocatable"]
+            monitor = self.allocatable
+            verdict = monitor.condition() if monitor is not None else None
+            if verdict is not None:
+                wanted.append(
+                    ("KubeletAllocatable", verdict.status, verdict.reason.value, verdict.message)
+                )
+            written = super().write_status(
+                state=state,
+                selected=selected,
+                conditions=wanted,
+                snapshot=snapshot,
+                last_apply=last_apply,
+                blocked=blocked,
+            )
+            if monitor is not None and verdict is not None:
+                monitor.written(verdict)
+            return written
+
+    def rewrite_status(self) -> bool:
+        """Write the last status again with a fresh ``KubeletAllocatable`` condition (no
+        write when nothing changed); ``False`` when no status was written yet."""
+        with self._write_lock:
+            if self._last_write is None:
+                return False
+            self.write_status(**self._last_write)
+            return True
 
 
 def in_use_from_file(path: str) -> InUseSource:

@@ -61,6 +61,20 @@ class AgentMetrics:
             registry=self.registry,
         )
 
+        self.allocatable_mismatched = Gauge(
+            f"{PREFIX}_kubelet_allocatable_mismatched_resources",
+            "Device-plugin resources whose allocatable on the Node differs from what the "
+            "plugin advertises, past the grace period (0 while the condition is True or Unknown).",
+            registry=self.registry,
+        )
+        self.plugin_reregistrations = Counter(
+            f"{PREFIX}_device_plugin_reregistrations",
+            "Times the agent registered a resource with the kubelet again because the "
+            "kubelet offered none of its advertised devices.",
+            ["resource"],
+            registry=self.registry,
+        )
+
     def set_vgpus(self, counts: Mapping[tuple[str, str], int]) -> None:
         """Replace the vGPU gauge with ``{(type, state): count}`` (types that vanished go)."""
         self.vgpus.clear()

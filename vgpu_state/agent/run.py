@@ -9,11 +9,12 @@ device plugin's gRPC servers run in their own pool.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vgpu_state.agent.allocatable import AllocatableMonitor
 from vgpu_state.agent.configwatch import ConfigDirWatcher
 from vgpu_state.agent.health import HealthServer, HealthState, parse_listen
 from vgpu_state.agent.metrics import AgentMetrics
@@ -45,6 +46,8 @@ class AgentParts:
     )
     # Run after the worker's last reconcile, in order (the device plugin last).
     shutdown: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    # Checks the kubelet's allocatable against the device plugin (started by a watch).
+    allocatable: AllocatableMonitor | None = None
 
 
 class Agent:
@@ -59,6 +62,8 @@ class Agent:
             parts.ports, parts.settings, self.metrics, parts.mode, parts.rollout
         )
         self.worker = Worker(self.queue, self.reconciler, self.health)
+        if parts.allocatable is not None:
+            parts.allocatable.metrics = self.metrics
         self.http: HealthServer | None = None
         self._stops: list[Callable[[], None]] = []
 
@@ -108,9 +113,10 @@ class Agent:
 
 
 def node_watch_starter(
-    api_client: Any, node: str
+    api_client: Any, node: str, on_node: Callable[[Mapping[str, Any]], None] | None = None
 ) -> Callable[[Callable[[str], None]], Callable[[], None]]:
-    """A trigger source: the Node's labels changed."""
+    """A trigger source: the Node's labels changed. ``on_node`` sees every Node object
+    (the allocatable monitor keeps the Node's allocatable from it; no reconcile)."""
 
     def start(trigger: Callable[[str], None]) -> Callable[[], None]:
         from vgpu_state.kube.node import STATE_LABEL
@@ -124,7 +130,9 @@ def node_watch_starter(
                 return
             trigger("node")
 
-        watch = NodeWatch(api_client, node, on_labels, ignore=frozenset({STATE_LABEL})).start()
+        watch = NodeWatch(
+            api_client, node, on_labels, ignore=frozenset({STATE_LABEL}), on_node=on_node
+        ).start()
         return lambda: watch.stop(5)
 
     return start

@@ -92,6 +92,16 @@ from vgpu_state.cli.common import handle_errors
     help="Serve no device plugin (another component advertises the vGPUs to the kubelet).",
 )
 @click.option(
+    "--allocatable-grace",
+    default=40.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="How long the kubelet may take to offer a changed device list before the "
+    "KubeletAllocatable condition turns False and a lost resource is registered again "
+    "(the kubelet posts its node status about every 10 s).",
+)
+@click.option(
     "--dra",
     is_flag=True,
     help="Serve the kubelet DRA plugin and publish ResourceSlices for the vGPUs of GPUs whose "
@@ -142,6 +152,7 @@ def agent(
     no_kubevirt: bool,
     device_plugin_dir: str,
     no_device_plugin: bool,
+    allocatable_grace: float,
     dra: bool,
     dra_plugins_dir: Path,
     dra_registry_dir: Path,
@@ -174,6 +185,7 @@ def agent(
         manage_kubevirt=not no_kubevirt,
         device_plugin=not no_device_plugin,
         device_plugin_dir=device_plugin_dir,
+        allocatable_grace=allocatable_grace,
         dra=dra,
         dra_plugins_dir=dra_plugins_dir,
         dra_registry_dir=dra_registry_dir,

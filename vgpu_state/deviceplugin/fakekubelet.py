@@ -5,7 +5,9 @@ does with a registration: checks the version and the resource name, dials the
 plugin's socket back, calls ``GetDevicePluginOptions`` before answering, then
 opens ``ListAndWatch`` in the background and keeps the latest full list per
 resource. :meth:`FakeKubelet.restart` behaves like a kubelet restart: every
-socket in the directory is removed and ``kubelet.sock`` is created anew.
+socket in the directory is removed and ``kubelet.sock`` is created anew;
+:meth:`FakeKubelet.forget` loses one resource's registration without telling
+the plugin, as a confused kubelet can.
 
 Used by the tests and benchmarks, and by ``vgpu-state deviceplugin
 --fake-kubelet`` to try the plugin on a machine without a kubelet.
@@ -80,6 +82,7 @@ class FakeKubelet:
         self._updates: dict[str, int] = {}
         self._streaming: dict[str, bool] = {}
         self._endpoints: dict[str, _Endpoint] = {}
+        self._forgotten: list[_Endpoint] = []
         self._server: Any = None
 
     # lifecycle -----------------------------------------------------------------
@@ -99,8 +102,9 @@ class FakeKubelet:
         if server is not None:
             server.stop(grace=None)
         with self._cond:
-            endpoints = list(self._endpoints.values())
+            endpoints = list(self._endpoints.values()) + self._forgotten
             self._endpoints.clear()
+            self._forgotten = []
         for ep in endpoints:
             ep.close()
         for ep in endpoints:
@@ -129,6 +133,18 @@ class FakeKubelet:
             ep.close()
             if ep.thread is not None and ep.thread.ident is not None:
                 ep.thread.join(timeout=5)
+
+    def forget(self, resource: str) -> None:
+        """Lose ``resource``'s registration silently: its endpoint and devices are dropped
+        from the kubelet's table, but the plugin is not told (its ``ListAndWatch`` stream
+        stays open and what it sends is ignored). Only a new registration brings the
+        resource back."""
+        with self._cond:
+            ep = self._endpoints.pop(resource, None)
+            self._latest.pop(resource, None)
+            if ep is not None:
+                self._forgotten.append(ep)
+            self._cond.notify_all()
 
     def __enter__(self) -> FakeKubelet:
         self.start()

@@ -129,6 +129,9 @@ class DevicePluginManager:
         self.on_kubelet_restart: Callable[[], None] | None = None
         """Called (from the supervisor thread) when a new ``kubelet.sock`` appears after
         the first: the kubelet restarted, and the caller may want to re-read the node."""
+        self.on_change: Callable[[], None] | None = None
+        """Called after the kubelet was sent a new list or a registration succeeded (from
+        the caller of :meth:`refresh` or the supervisor thread); see :meth:`advertised`."""
 
     # public API ----------------------------------------------------------------
     def refresh(self, snapshot: NodeSnapshot) -> None:
@@ -152,6 +155,48 @@ class DevicePluginManager:
                     log.info("%s: advertising %d device(s)", name, len(res.devices))
             self._ensure_thread()
         self._wake.set()
+        self._changed()
+
+    def advertised(self) -> dict[str, int]:
+        """Healthy devices per resource, as the kubelet was last told them."""
+        with self._lock:
+            plugins = [p for p in self._plugins.values() if not p.closed]
+        return {
+            p.server.resource: len(p.server.inventory.devices) - len(p.server.unhealthy)
+            for p in plugins
+        }
+
+    def registrations(self) -> dict[str, int]:
+        """Successful registrations with the kubelet per resource served now."""
+        with self._lock:
+            return {p.server.resource: p.registrations for p in self._plugins.values()}
+
+    def reregister(self, resource: str) -> bool:
+        """Register ``resource`` with the kubelet again (the kubelet seems to have lost it).
+
+        The supervisor registers it on its next round, through the same path as
+        after a kubelet restart (with its backoff if the kubelet refuses).
+        ``False`` when the resource is not served.
+        """
+        with self._lock:
+            plugin = self._plugins.get(resource)
+        if plugin is None:
+            return False
+        with plugin.lock:
+            if plugin.closed:
+                return False
+            log.warning("%s: registering with the kubelet again", resource)
+            self._unregistered(plugin, time.monotonic())
+        self._wake.set()
+        return True
+
+    def _changed(self) -> None:
+        hook = self.on_change
+        if hook is not None:
+            try:
+                hook()
+            except Exception:  # the plugin keeps serving whatever the hook does
+                log.exception("the device-plugin change hook failed")
 
     def stop(self) -> None:
         """Send every resource an empty list, stop the servers and the supervisor."""
@@ -316,6 +361,7 @@ class DevicePluginManager:
         plugin.failures = 0
         plugin.registrations += 1
         log.info("%s: registered with the kubelet as %s", server.resource, request.endpoint)
+        self._changed()
 
     def _check_health(self, plugin: _Plugin) -> None:
         with plugin.lock:
@@ -324,11 +370,14 @@ class DevicePluginManager:
             server = plugin.server
             gone = frozenset(d.id for d in server.inventory.devices if not self.present(d))
             before = server.unhealthy
-            if server.set_unhealthy(gone):
+            changed = server.set_unhealthy(gone)
+            if changed:
                 for d in sorted(gone - before):
                     log.warning("%s: %s vanished from sysfs; marked Unhealthy", server.resource, d)
                 for d in sorted(before - gone):
                     log.info("%s: %s is back; marked Healthy", server.resource, d)
+        if changed:
+            self._changed()
 
 
 if TYPE_CHECKING:

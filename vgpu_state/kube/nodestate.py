@@ -35,8 +35,14 @@ SINGULAR = "vgpunodestate"
 SHORT_NAMES = ("vgpuns",)
 API_VERSION = f"{GROUP}/{VERSION}"
 
-ConditionKind = Literal["Synced", "Ready", "Blocked", "Degraded"]
-CONDITION_KINDS: tuple[ConditionKind, ...] = ("Synced", "Ready", "Blocked", "Degraded")
+ConditionKind = Literal["Synced", "Ready", "Blocked", "Degraded", "KubeletAllocatable"]
+CONDITION_KINDS: tuple[ConditionKind, ...] = (
+    "Synced",
+    "Ready",
+    "Blocked",
+    "Degraded",
+    "KubeletAllocatable",
+)
 
 
 class _Model(Frozen):

@@ -69,6 +69,8 @@ class NodeWatch:
     long and resumed. ``on_error``: told about every failure (for logs and
     metrics); the watch itself keeps going until :meth:`stop`. ``ignore``: label
     keys whose changes do not count (the ones the caller writes itself).
+    ``on_node``: called with every Node object seen (status heartbeats too),
+    after ``on_labels``; it must be cheap (it runs on the watch's thread).
     """
 
     def __init__(
@@ -82,8 +84,10 @@ class NodeWatch:
         backoff: Backoff | None = None,
         on_error: Callable[[Exception], None] | None = None,
         ignore: frozenset[str] = frozenset(),
+        on_node: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
         self._client = api_client
+        self._on_node = on_node
         self._ignore = ignore
         self.node = node
         self._on_labels = on_labels
@@ -204,6 +208,8 @@ class NodeWatch:
         if labels != self.labels:
             self.labels = labels
             self._on_labels(labels)
+        if self._on_node is not None:
+            self._on_node(node)
 
     # HTTP ----------------------------------------------------------------------------
     def _path(self) -> str:
