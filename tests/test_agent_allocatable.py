@@ -365,11 +365,12 @@ def test_a_lost_resource_turns_false_is_registered_again_and_turns_true(
     wait_for("True again", true_with(running, f"{A2_4Q}: 1"))
 
     statuses = [(c["status"], c["reason"], c["message"]) for c in running.conditions_written()]
-    assert ("False", "AllocatableMismatch", f"{A2_4Q}: advertised 1, allocatable 0") in statuses
+    lost = f"{A2_4Q}: advertised 1, allocatable 0, capacity 1"  # the kubelet still counts it
+    assert ("False", "AllocatableMismatch", lost) in statuses
     assert statuses[-1][0] == "True"
     events = [e for e in running.kube.all("v1/events") if e["reason"] == "DevicePluginReregistered"]
     assert events and events[0]["type"] == "Warning"
-    assert f"{A2_4Q}: advertised 1, allocatable 0" in events[0]["message"]
+    assert lost in events[0]["message"]
     assert set(running.monitor.reregistered) == {A2_4Q}, "only the lost resource"
     metrics = running.agent.metrics.render().decode()
     assert f'vgpu_state_device_plugin_reregistrations_total{{resource="{A2_4Q}"}}' in metrics
@@ -389,7 +390,8 @@ def test_a_heartbeat_causes_no_reconcile_no_check_and_no_write(running: InProces
     evaluations = running.monitor.evaluations
 
     heartbeat_rv = running.node_status.heartbeat()
-    wait_for("the watch saw the heartbeat", lambda: running.monitor.nodes_seen > seen)
+    wait_for("the watch saw the heartbeat", lambda: running.monitor.node_version == heartbeat_rv)
+    assert running.monitor.nodes_seen == seen + 1
     assert running.versions() == (heartbeat_rv, status_rv), "nothing but the heartbeat written"
     assert running.triggers[triggers:] == [], "no reconcile was asked for"
     assert running.monitor.evaluations == evaluations, "not even a check"

@@ -100,6 +100,8 @@ class AllocatableMonitor:
         self._warned: str | None = None
         self.nodes_seen = 0
         """Node objects the watch delivered (heartbeats included)."""
+        self.node_version: str | None = None
+        """The ``resourceVersion`` of the last Node object delivered."""
         self.evaluations = 0
         """Checks run (at status writes and on the monitor's own wake-ups)."""
         self.reregistered: list[str] = []
@@ -115,6 +117,8 @@ class AllocatableMonitor:
             changed = (allocatable, capacity) != (self._allocatable, self._capacity)
             self._allocatable, self._capacity = allocatable, capacity
             self.nodes_seen += 1
+            version = (node.get("metadata") or {}).get("resourceVersion")
+            self.node_version = str(version) if version is not None else None
         if changed:
             self._wake.set()
 

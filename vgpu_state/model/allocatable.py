@@ -82,9 +82,14 @@ class ResourceCount:
         return self.advertised > 0 and not self.allocatable
 
     def describe(self) -> str:
+        """``R: advertised N, allocatable M`` (and the capacity when it differs: a kubelet that
+        still counts the devices but offers none has lost the plugin's endpoint)."""
         allocatable = "absent" if self.allocatable is None else str(self.allocatable)
         advertised = f"{self.advertised}" + (" (withdrawn)" if self.withdrawn else "")
-        return f"{self.resource}: advertised {advertised}, allocatable {allocatable}"
+        text = f"{self.resource}: advertised {advertised}, allocatable {allocatable}"
+        if self.capacity is not None and self.capacity != (self.allocatable or 0):
+            text += f", capacity {self.capacity}"
+        return text
 
 
 @dataclass(frozen=True)
