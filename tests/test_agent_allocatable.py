@@ -453,3 +453,29 @@ def test_dra_published_vgpus_are_in_the_status_but_not_expected_in_allocatable(
         plugin.stop()
         kubelet.stop()
         shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+def test_an_api_server_that_refuses_the_status_delays_the_write_not_the_repair() -> None:
+    plugin, clock = Plugin({A2_4Q: 2}), Clock()
+    monitor = AllocatableMonitor(plugin, grace=40, clock=clock)
+    attempts: list[bool | None] = []
+
+    def publish() -> bool:
+        attempts.append(monitor.condition().status)
+        raise ConnectionError("the API server is away")
+
+    def event(reason: str, message: str, kind: EventType) -> None:
+        raise ConnectionError("the API server is away")
+
+    monitor.publish, monitor.event = publish, event
+    monitor.condition()  # the plugin's list, seen long before the kubelet loses it
+    clock.now += 100
+    monitor.node_seen(node({A2_4Q: 0}))
+    assert monitor.tick() == pytest.approx(10), "the write is tried again in 10 s"
+    assert attempts == [False]
+    clock.now += 10
+    monitor.tick()
+    assert attempts == [False, False] and plugin.asked == []
+    clock.now += 30
+    monitor.tick()
+    assert plugin.asked == [A2_4Q], "the repair does not wait for the API server"

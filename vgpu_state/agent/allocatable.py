@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 MAX_HEAL_INTERVAL = 600.0
 """Seconds between re-registrations of a resource that stays lost, at most."""
+RETRY_PUBLISH = 10.0
+"""Seconds before a status write that failed is tried again (at most the grace period)."""
 
 
 class AdvertisingPlugin(Protocol):
@@ -194,13 +196,25 @@ class AllocatableMonitor:
         if self.metrics is not None:
             mismatched = len(verdict.mismatched) if verdict.status is False else 0
             self.metrics.allocatable_mismatched.set(mismatched)
+        ahead = [t - now for t in deadlines if t > now]
         if unpublished and self.publish is not None:
-            self.publish()
+            try:
+                self.publish()
+            except Exception as e:  # the API server is away: try again, heal meanwhile
+                log.warning("could not write the KubeletAllocatable condition: %s; retrying", e)
+                ahead.append(min(self.grace, RETRY_PUBLISH))
         self._warn(verdict)
         for resource in due:
             self._heal(resource, verdict)
-        ahead = [t - now for t in deadlines if t > now]
         return min(ahead) if ahead else None
+
+    def _record(self, reason: AllocatableReason, message: str) -> None:
+        if self.event is None:
+            return
+        try:
+            self.event(reason.value, message[:1000], EventType.WARNING)
+        except Exception as e:  # an Event lost is a log line, never a stopped monitor
+            log.warning("could not record the %s Event: %s", reason.value, e)
 
     def _warn(self, verdict: AllocatableCheck) -> None:
         if verdict.status is not False:
@@ -210,14 +224,13 @@ class AllocatableMonitor:
         if verdict.message == self._warned:
             return
         self._warned = verdict.message
-        log.warning("the kubelet does not offer what the device plugin advertises: %s", verdict)
-        if self.event is not None:
-            self.event(
-                AllocatableReason.MISMATCH.value,
-                f"the kubelet's allocatable differs from the device plugin's list: "
-                f"{verdict.message}"[:1000],
-                EventType.WARNING,
-            )
+        log.warning(
+            "the kubelet does not offer what the device plugin advertises: %s", verdict.message
+        )
+        self._record(
+            AllocatableReason.MISMATCH,
+            f"the kubelet's allocatable differs from the device plugin's list: {verdict.message}",
+        )
 
     def _heal(self, resource: str, verdict: AllocatableCheck) -> None:
         count = next((c for c in verdict.counts if c.resource == resource), None)
@@ -232,8 +245,7 @@ class AllocatableMonitor:
         log.warning("%s", message)
         if self.metrics is not None:
             self.metrics.plugin_reregistrations.labels(resource=resource).inc()
-        if self.event is not None:
-            self.event(AllocatableReason.REREGISTERED.value, message[:1000], EventType.WARNING)
+        self._record(AllocatableReason.REREGISTERED, message)
 
     # the thread ----------------------------------------------------------------------
     def start(self) -> AllocatableMonitor:

@@ -33,8 +33,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-CONDITION_TYPE = "KubeletAllocatable"
-
 DEFAULT_GRACE = 40.0
 """Seconds the kubelet gets to show a new device list. The kubelet computes its
 node status every 10 s (``nodeStatusUpdateFrequency``) and posts it when it
@@ -108,9 +106,6 @@ class AllocatableCheck:
     @property
     def lost(self) -> tuple[ResourceCount, ...]:
         return tuple(c for c in self.counts if c.lost)
-
-    def as_condition(self) -> tuple[str, bool | None, str, str]:
-        return (CONDITION_TYPE, self.status, self.reason.value, self.message)
 
 
 def check(
