@@ -5,7 +5,8 @@
 5. edit the config (one vGPU fewer on the A2, one more on the L40S), plan the
    minimal diff;  6. apply again;  7. assert;  8. history;
 9. the agent (scripts/demo_agent.py): a simulated node in a Kubernetes API
-   emulator; a label change, and the agent converges the node.
+   emulator; a label change, and the agent converges the node; the kubelet
+   loses a resource, and the agent notices and registers it again.
 
 The node is a copy of configs/sim/mixed.yaml (A2 with mdevs on VFs, T4 with
 mdevs on the PF, L40S with vendor-specific VFIO; one vGPU held by a VM) in a

@@ -4,7 +4,9 @@ Starts a Kubernetes API server emulator (kmock, the suite's), creates the
 Node, runs `vgpu-state agent` as a real process against a simulated node, then
 changes the Node's label the way `kubectl label` does and shows the agent
 converging the node, the device plugin (a stand-in kubelet shows what it is
-told), the KubeVirt CR and the state label.
+told, and writes the Node's allocatable from it as a kubelet does), the
+KubeVirt CR and the state label; then the stand-in kubelet loses one resource
+and the agent notices and registers it again.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ def main() -> int:
         )
         kubeconfig = kube.write_kubeconfig(work / "kubeconfig")
         api = KubeApi(kube.api_client(), kube.url, (5.0, 10.0))
+        # The Node's status.allocatable follows what the stand-in kubelet is told (test code).
+        node_status = importlib.import_module("tests.kubelet_node").KubeletNodeStatus(
+            kube, NODE, kubelet
+        )
 
         def state() -> str | None:
             node = kube.get("v1/nodes", NODE) or {}
@@ -89,7 +95,7 @@ def main() -> int:
             "agent", "--node", NODE, "--config-dir", str(config_dir),
             "--kubeconfig", str(kubeconfig), "--sim", str(spec),
             "--state-dir", str(work / "state"), "--listen", "", "--resync", "300",
-            "--device-plugin-dir", kubelet.plugin_dir,
+            "--device-plugin-dir", kubelet.plugin_dir, "--allocatable-grace", "2",
         ]  # fmt: skip
         print("\n=== 9. The agent: a simulated node in a cluster emulator")
         print(f"$ vgpu-state {' '.join(args)}")
@@ -130,6 +136,42 @@ def main() -> int:
         wait_for("the kubelet", lambda: advertised().get("nvidia.com/NVIDIA_A2-4Q") == 3, proc)
         print(f"   kubelet sees: {_devices(advertised())}")
         print(f"   node {NODE}: {STATE}={state()}")
+
+        def allocatable() -> dict[str, Any]:
+            found = kube.get("vgpu-state.io/v1alpha1/vgpunodestates", NODE) or {}
+            for c in found.get("status", {}).get("conditions", []):
+                if c["type"] == "KubeletAllocatable":
+                    return dict(c)
+            return {}
+
+        def offered(count: int) -> bool:
+            c = allocatable()
+            return c.get("status") == "True" and f"NVIDIA_A2-4Q: {count}" in c.get("message", "")
+
+        wait_for("KubeletAllocatable True", lambda: offered(3), proc)
+        c = allocatable()
+        print(f"   VGPUNodeState KubeletAllocatable={c['status']} ({c['reason']}): {c['message']}")
+
+        print("\n   the kubelet loses the A2-4Q device plugin (allocatable 0, nobody tells it):")
+        node_status.lose("nvidia.com/NVIDIA_A2-4Q")
+
+        def reregistered() -> list[dict[str, Any]]:
+            return [e for e in kube.all("v1/events") if e["reason"] == "DevicePluginReregistered"]
+
+        wait_for("the re-registration", lambda: bool(reregistered()), proc)
+        history = kube.history("vgpu-state.io/v1alpha1/vgpunodestates", NODE)
+        false = next(
+            c
+            for version in history
+            for c in version.get("status", {}).get("conditions", [])
+            if c["type"] == "KubeletAllocatable" and c["status"] == "False"
+        )
+        print(f"   VGPUNodeState KubeletAllocatable=False ({false['reason']}): {false['message']}")
+        event = reregistered()[0]
+        print(f"   Event {event['type']} {event['reason']}: {event['message']}")
+        wait_for("KubeletAllocatable True again", lambda: offered(3), proc)
+        c = allocatable()
+        print(f"   VGPUNodeState KubeletAllocatable={c['status']} ({c['reason']}): {c['message']}")
         proc.send_signal(signal.SIGTERM)
         if proc.wait(30) != 0:
             raise SystemExit("demo failed: the agent did not exit 0 on SIGTERM")
