@@ -64,3 +64,42 @@ def test_connecting_loads_the_client() -> None:
         ]
     )
     assert "kubernetes" in names
+
+
+def test_connecting_loads_only_the_client_parts_it_uses() -> None:
+    """Not the dynamic client (jsonschema), streams (websocket), informer or leader election;
+    and for the in-cluster service account not the kubeconfig loader (OAuth, YAML, requests)."""
+    probe = (
+        "from vgpu_state.kube.api import KubeApi\n"
+        "try:\n    KubeApi.connect({kubeconfig!r}, in_cluster={in_cluster})\n"
+        "except Exception as e:\n    assert 'cannot load Kubernetes credentials' in str(e), e"
+    )
+    heavy = {"kubernetes_validate", "jsonschema", "websocket", "referencing"}
+    kubeconfig = _imported(["-c", probe.format(kubeconfig="/nonexistent", in_cluster=None)])
+    assert {"kubernetes", "requests_oauthlib", "yaml"} <= kubeconfig
+    assert not heavy & kubeconfig
+    in_cluster = _imported(["-c", probe.format(kubeconfig=None, in_cluster=True)])
+    assert "kubernetes" in in_cluster
+    assert not (heavy | {"requests_oauthlib", "oauthlib", "requests", "yaml"}) & in_cluster
+
+
+def test_the_kubernetes_package_is_whole_for_other_code_after_connecting() -> None:
+    probe = (
+        "import sys\n"
+        "from vgpu_state.kube.api import KubeApi\n"
+        "try:\n    KubeApi.connect('/nonexistent')\nexcept Exception:\n    pass\n"
+        "assert 'kubernetes.dynamic' not in sys.modules\n"
+        "import kubernetes\n"
+        "from kubernetes import dynamic, config, utils\n"
+        "assert kubernetes.__version__\n"
+        "assert kubernetes.watch.Watch and kubernetes.stream.stream\n"
+        "assert dynamic.DynamicClient and config.load_kube_config\n"
+        "assert config.new_client_from_config\n"
+        "assert utils.parse_quantity('1Ki') == 1024\n"
+        "assert 'kubernetes.dynamic' in sys.modules\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

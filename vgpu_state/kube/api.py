@@ -2,7 +2,8 @@
 
 The ``kubernetes`` package is imported only inside :meth:`KubeApi.connect`, so
 importing this module (or any of ``vgpu_state.kube``) costs nothing until a
-command actually talks to a cluster. The client's ``ApiClient`` does the
+command actually talks to a cluster; even then only the parts used are loaded
+(:mod:`vgpu_state.kube.clientimport`). The client's ``ApiClient`` does the
 kubeconfig and in-cluster loading, authentication, TLS and connection pooling;
 this class sends and receives plain JSON documents, the shape every adapter in
 this package works with (no generated model classes, which cost more than a
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote, urlencode
 
+from vgpu_state.kube.clientimport import client_parts, kubeconfig_loader
 from vgpu_state.kube.errors import ClusterError, ClusterUnreachableError, NotFoundError
 
 log = logging.getLogger(__name__)
@@ -88,29 +90,25 @@ class KubeApi:
         (``$KUBECONFIG`` or ``~/.kube/config``); ``in_cluster`` forces either way.
         """
         try:
-            from kubernetes import config as kube_config
-            from kubernetes.client.api_client import ApiClient
-            from kubernetes.client.configuration import Configuration
+            client = client_parts()
         except ImportError as e:  # pragma: no cover - a declared dependency
             raise ClusterUnreachableError(f"the kubernetes client is not installed: {e}") from e
 
-        configuration = Configuration()
+        configuration = client.configuration()
         where = kubeconfig or "the default kubeconfig"
         source = ""
         try:
             if in_cluster or (in_cluster is None and kubeconfig is None):
                 try:
-                    kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                        client_configuration=configuration
-                    )
+                    client.load_incluster_config(client_configuration=configuration)
                     source = "in-cluster service account"
-                except kube_config.ConfigException:
+                except client.config_exception:
                     if in_cluster:
                         where = "the in-cluster service account"
                         raise
                     # Not in a pod: the default kubeconfig below.
             if not source:
-                kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                kubeconfig_loader()(
                     config_file=kubeconfig,
                     context=context,
                     client_configuration=configuration,
@@ -124,7 +122,7 @@ class KubeApi:
         configuration.retries = 1
         configuration.connection_pool_maxsize = pool_size
         log.debug("Kubernetes API %s (from %s)", configuration.host, source)
-        return cls(ApiClient(configuration), str(configuration.host), timeout)
+        return cls(client.api_client(configuration), str(configuration.host), timeout)
 
     # requests ------------------------------------------------------------------
     def request(

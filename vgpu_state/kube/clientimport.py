@@ -1,0 +1,99 @@
+"""Load only the parts of the official ``kubernetes`` client the adapters use.
+
+``import kubernetes`` runs the package's ``__init__``, which imports every part of
+the client: the dynamic client (with ``kubernetes_validate``, ``jsonschema`` and
+its schema registry), the websocket streams, the informer, leader election and
+the YAML object creator. The adapters use only the ``ApiClient``, its
+``Configuration`` and the two credential loaders. :func:`client_parts` imports
+those modules directly, with the ``__init__`` of ``kubernetes``,
+``kubernetes.config`` and ``kubernetes.utils`` deferred: each of these packages
+stays as it is until code asks it for anything that is not one of its loaded
+submodules, and then runs its ``__init__`` in full, so other code in the process
+sees the usual package. The kubeconfig loader (OAuth, YAML and ``requests``)
+loads only when a kubeconfig is used, never for the in-cluster service account.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+_EAGER_PACKAGES = ("kubernetes", "kubernetes.config", "kubernetes.utils")
+_PACKAGE_DUNDERS = frozenset({"__version__", "__project__", "__all__"})
+_lock = threading.RLock()
+
+
+def _defer_init(name: str) -> None:
+    """Put package ``name`` in ``sys.modules`` with its ``__init__`` not yet run
+    (nothing happens when it is imported already)."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def complete(attribute: str) -> Any:
+        """Any other attribute: run the package's ``__init__`` now, then answer. Probes
+        for special names the package does not define (``__wrapped__``) do not count."""
+        if attribute.startswith("__") and attribute not in _PACKAGE_DUNDERS:
+            raise AttributeError(f"module {name!r} has no attribute {attribute!r}")
+        with _lock:
+            namespace = package.__dict__
+            if namespace.get("__getattr__") is complete:
+                del namespace["__getattr__"]
+                try:
+                    loader.exec_module(package)
+                except BaseException:
+                    namespace["__getattr__"] = complete
+                    raise
+        try:
+            return namespace[attribute]
+        except KeyError:
+            raise AttributeError(f"module {name!r} has no attribute {attribute!r}") from None
+
+    package.__getattr__ = complete  # type: ignore[method-assign]
+    sys.modules[name] = package
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, package)
+
+
+def _import(name: str) -> ModuleType:
+    with _lock:
+        for package in _EAGER_PACKAGES:
+            _defer_init(package)
+        return importlib.import_module(name)
+
+
+@dataclass(frozen=True)
+class ClientParts:
+    """What :meth:`KubeApi.connect <vgpu_state.kube.api.KubeApi.connect>` needs of the client."""
+
+    api_client: Any
+    configuration: Any
+    config_exception: type[Exception]
+    load_incluster_config: Callable[..., None]
+
+
+def client_parts() -> ClientParts:
+    """The ``ApiClient`` and ``Configuration`` classes and the in-cluster loader."""
+    return ClientParts(
+        api_client=_import("kubernetes.client.api_client").ApiClient,
+        configuration=_import("kubernetes.client.configuration").Configuration,
+        config_exception=_import("kubernetes.config.config_exception").ConfigException,
+        load_incluster_config=_import("kubernetes.config.incluster_config").load_incluster_config,
+    )
+
+
+def kubeconfig_loader() -> Callable[..., None]:
+    """The client's ``load_kube_config`` (loads OAuth, YAML and ``requests`` support)."""
+    loader: Callable[..., None] = _import("kubernetes.config.kube_config").load_kube_config
+    return loader
