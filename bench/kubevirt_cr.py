@@ -9,10 +9,17 @@ shared with other nodes (mdev types in ``mediatedDevices`` on even nodes,
 vendor-VFIO types in ``pciHostDevices`` on odd ones), while another controller
 keeps appending its own entries with plain read-modify-write PUTs.
 
+Each node syncs as the agent does, with its node name: a node that loses a
+race leaves its missing entries in a request annotation on the CR, and every
+winning write adds all requests it sees. ``--solo`` turns that off (every node
+retries only its own entries, as before).
+
 Printed per run: guarded writes refused (422, the ``test`` op saw a change),
-conflicts (409), retries, wall time until every node is done, and the entries
-lost (must be 0: every node's entries and every foreign entry are in the CR
-exactly once at the end).
+conflicts (409), retries, requests left on the CR by losing nodes, writes that
+served other nodes' requests, wall time until every node is done, and the
+entries lost (must be 0: every node's entries and every foreign entry are in
+the CR exactly once at the end, the foreign ones in the order they were added,
+and no request annotation is left).
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ class NodeResult:
     conflicts: int
     waited: float
     seconds: float
+    requested: int
+    served: int
 
 
 def node_entries(i: int, own_types: int | None = None) -> list[PermittedEntry]:
@@ -95,7 +104,12 @@ def api_server() -> Iterator[str]:
 
 
 def run(
-    nodes: int, foreign_writes: int, tmp: Path, backoff: Backoff, own_types: int | None = None
+    nodes: int,
+    foreign_writes: int,
+    tmp: Path,
+    backoff: Backoff,
+    own_types: int | None = None,
+    solo: bool = False,
 ) -> dict[str, Any]:
     with api_server() as url:
         config = str(write_kubeconfig(tmp / f"kubeconfig-{nodes}", url))
@@ -128,14 +142,23 @@ def run(
             barrier.wait()
             started = time.perf_counter()
             try:
-                r = kubevirt.sync(api, REF, entries, backoff=backoff)
+                r = kubevirt.sync(
+                    api, REF, entries, node=None if solo else f"node-{i}", backoff=backoff
+                )
             except Exception as e:  # reported below; a bench must not hide failures
                 with lock:
                     errors.append(f"node {i}: {e}")
                 return
             with lock:
                 results.append(
-                    NodeResult(r.attempts, r.conflicts, r.waited, time.perf_counter() - started)
+                    NodeResult(
+                        r.attempts,
+                        r.conflicts,
+                        r.waited,
+                        time.perf_counter() - started,
+                        r.requested,
+                        len(r.served),
+                    )
                 )
 
         foreign_done: list[str] = []
@@ -178,6 +201,13 @@ def run(
         expected = {e.resource for i in range(nodes) for e in node_entries(i, own_types)}
         expected |= {"x.io/t4", *foreign_done}
         lost = sorted(expected - set(present))
+        foreign_order = [
+            e["resourceName"]
+            for e in devices.get("mediatedDevices", [])
+            if e["resourceName"].startswith("x.io/")
+        ]
+        annotations = cr["metadata"].get("annotations") or {}
+        requests_left = [k for k in annotations if k.startswith(kubevirt.PENDING_PREFIX)]
         return {
             "nodes": nodes,
             "entries": len(present),
@@ -188,8 +218,12 @@ def run(
             "backoff_s": sum(r.waited for r in results),
             "median_s": statistics.median(r.seconds for r in results) if results else 0.0,
             "wall_s": wall,
+            "requested": sum(r.requested for r in results),
+            "serving_writes": sum(1 for r in results if r.served),
             "lost": len(lost),
             "duplicates": len(present) - len(set(present)),
+            "reordered": foreign_order != ["x.io/t4", *foreign_done],
+            "requests_left": len(requests_left),
             "errors": errors,
         }
 
@@ -207,31 +241,47 @@ def main() -> int:
         help="distinct per-node types (default: one per node, the worst case; a fleet "
         "shares a few, e.g. 8)",
     )
+    parser.add_argument(
+        "--solo",
+        action="store_true",
+        help="nodes leave no requests for each other (each retries only its own entries)",
+    )
     args = parser.parse_args()
     backoff = Backoff(base=args.base, cap=args.cap, attempts=Backoff().attempts)
     print(
         f"backoff: full jitter, base {backoff.base} s, cap {backoff.cap} s, "
         f"{backoff.attempts} attempts; own types per node: "
-        f"{args.own_types or 'one each (worst case)'}"
+        f"{args.own_types or 'one each (worst case)'}; "
+        f"{'solo (no requests)' if args.solo else 'losing nodes leave requests'}"
     )
     print(
         f"{'nodes':>5} {'entries':>7} {'conflicts':>9} {'foreign 409':>11} {'retries':>7} "
-        f"{'max':>4} {'backoff s':>9} {'median s':>8} {'converge s':>10} {'lost':>4} {'dups':>4}"
+        f"{'max':>4} {'requests':>8} {'serving':>7} {'backoff s':>9} {'median s':>8} "
+        f"{'converge s':>10} {'lost':>4} {'dups':>4}"
     )
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.nodes:
-            r = run(n, args.foreign_writes, Path(tmp), backoff, args.own_types)
+            r = run(n, args.foreign_writes, Path(tmp), backoff, args.own_types, args.solo)
             print(
                 f"{r['nodes']:>5} {r['entries']:>7} {r['conflicts']:>9} {r['foreign_409']:>11} "
-                f"{r['retries']:>7} {r['max_retries']:>4} {r['backoff_s']:>9.2f} "
+                f"{r['retries']:>7} {r['max_retries']:>4} {r['requested']:>8} "
+                f"{r['serving_writes']:>7} {r['backoff_s']:>9.2f} "
                 f"{r['median_s']:>8.2f} {r['wall_s']:>10.2f} {r['lost']:>4} {r['duplicates']:>4}"
             )
+            if r["reordered"]:
+                print("  ! the foreign entries are not in the order they were added")
+            if r["requests_left"]:
+                print(f"  ! {r['requests_left']} request annotations left on the CR")
             for line in r["errors"]:
                 print(f"  ! {line}")
-            failed |= bool(r["lost"] or r["duplicates"] or r["errors"])
+            failed |= bool(
+                r["lost"] or r["duplicates"] or r["errors"] or r["reordered"] or r["requests_left"]
+            )
     print("conflicts: guarded JSON Patches refused (422) because the CR changed since the read;")
     print("foreign 409: the other controller's stale PUTs; retries: re-reads after a refusal;")
+    print("requests: missing entries left on the CR by losing nodes; serving: nodes whose")
+    print("accepted write also added other nodes' requests;")
     print("converge: from the common start to the last node done; lost must be 0.")
     return 1 if failed else 0
 

@@ -97,6 +97,10 @@ class ApiServer(KubernetesEmulator):
     validators: dict[str, Validator] = attrs.field(factory=dict)
     counts: Counter[str] = attrs.field(factory=Counter)
     rejected: list[str] = attrs.field(factory=list)
+    keep_requests: bool = True
+    """False: forget each request once served. kmock matches every request against
+    all requests served so far, so a long benchmark's server slows down with the
+    square of its requests; a real API server does not."""
     _revision: Any = attrs.field(factory=lambda: itertools.count(1))
 
     @staticmethod
@@ -104,6 +108,16 @@ class ApiServer(KubernetesEmulator):
         return f"{res.group}/{res.version}/{res.plural}".lstrip("/")
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        try:
+            return await self._serve(request)
+        finally:
+            if not self.keep_requests:
+                served = self._requests
+                index = next((i for i, r in enumerate(served) if r is request), None)
+                if index is not None:
+                    del served[index]
+
+    async def _serve(self, request: Any) -> aiohttp.web.StreamResponse:
         method = str(request.method.value).upper()
         if request.resource is None or method not in ("POST", "PUT", "PATCH"):
             return await super()._handle(request)
@@ -292,8 +306,11 @@ def _strip_k8s_keys(schema: Any) -> Any:
 class RunningApiServer:
     """An :class:`ApiServer` serving HTTP on 127.0.0.1 from its own event-loop thread."""
 
-    def __init__(self, server_cls: type[ApiServer] | None = None) -> None:
+    def __init__(
+        self, server_cls: type[ApiServer] | None = None, *, keep_requests: bool = True
+    ) -> None:
         self._server_cls = server_cls or ApiServer
+        self._keep_requests = keep_requests
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -323,6 +340,7 @@ class RunningApiServer:
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         self.server = self._server_cls()
+        self.server.keep_requests = self._keep_requests
         for kind, info in {
             NODES: ResourceInfo(kind="Node", namespaced=False),
             EVENTS: ResourceInfo(kind="Event", namespaced=True),
@@ -467,7 +485,7 @@ def main() -> None:
     """
     import sys
 
-    api = RunningApiServer().start()
+    api = RunningApiServer(keep_requests=False).start()
     print(api.url, flush=True)
     try:
         sys.stdin.read()

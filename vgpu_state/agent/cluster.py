@@ -194,6 +194,10 @@ class ClusterSink:
             if self._warned != str(e):
                 log.warning("KubeVirt CR not updated: %s", e)
                 self._warned = str(e)
+                try:
+                    self.cluster.event("KubeVirtCRNotUpdated", str(e)[:1000], EventType.WARNING)
+                except ClusterError as failed:
+                    log.warning("Event not recorded: %s", failed)
             return
         self._warned = None
         for problem in result.problems:

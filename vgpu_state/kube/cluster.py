@@ -346,7 +346,7 @@ class KubeCluster:
         """After the host's actions: the KubeVirt CR for ``final`` (a fresh scan)."""
         self._snapshot, self._snapshot_at = final, self.clock()
         result = self.sync_kubevirt(final)
-        return tuple(c.action(result.ref) for c in result.changes)
+        return tuple(c.action(result.ref) for c in result.own_changes)
 
     def holds_cluster_duties(self) -> bool:
         state = lease.try_acquire(
@@ -361,6 +361,10 @@ class KubeCluster:
     def sync_kubevirt(self, snapshot: NodeSnapshot, *, cluster_duties: bool = True) -> SyncResult:
         """Add this node's entries; with the Lease, remove owned entries nobody advertises.
 
+        The write also adds what other nodes' request annotations on the CR ask
+        for, and a lost race leaves this node's own request there
+        (:func:`kubevirt.sync`).
+
         ``snapshot`` must be a fresh scan (after the host actions ran): the
         node's own entries come from it, not from its possibly stale status.
         """
@@ -372,6 +376,6 @@ class KubeCluster:
             def keep() -> frozenset[str]:
                 return nodestate.advertised(self.api, except_node=self.node) | desired.resources
 
-        result = kubevirt.sync(self.api, ref, desired.entries, keep)
+        result = kubevirt.sync(self.api, ref, desired.entries, keep, node=self.node)
         result.problems = desired.problems
         return result

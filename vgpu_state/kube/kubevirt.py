@@ -21,6 +21,14 @@ container had to be created, it also tests ``metadata.resourceVersion``. If
 anything changed in between, the API server refuses the patch (422), and
 :func:`sync` reads again and retries after a jittered backoff.
 
+Many nodes adding at once all test the same lists, so only one write per read
+can win. A node that loses (``sync`` with ``node``) leaves what it still needs
+in a request annotation of its own on the CR (``pending.vgpu-state.io/<node>``,
+an unguarded write that conflicts with nobody), and every guarded write adds
+the entries of every request it sees and removes those requests in the same
+patch. One winning write thus serves every node that lost before it, and the
+losers find their entries present on their next read instead of writing again.
+
 Ownership: the annotation ``vgpu-state.io/managed-resources`` lists the resource
 names vgpu-state added. Entries not listed there are never changed, removed or
 reordered. An owned entry is removed only when the caller says no node still
@@ -31,6 +39,7 @@ while holding the cluster-duties Lease.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import random
@@ -49,6 +58,8 @@ from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
 log = logging.getLogger(__name__)
 
 OWNERSHIP_ANNOTATION = "vgpu-state.io/managed-resources"
+PENDING_PREFIX = "pending.vgpu-state.io/"
+"""Annotations ``pending.vgpu-state.io/<node>``: entries a node still needs."""
 DISABLE_MDEV_GATE = "DisableMDEVConfiguration"
 
 ListName = Literal["mediatedDevices", "pciHostDevices"]
@@ -105,10 +116,15 @@ class PermittedEntry:
 class EntryChange:
     op: Literal["add", "update", "remove"]
     entry: PermittedEntry
+    requested_by: str = ""
+    """The request annotation the entry was added for (another node's); empty: our own."""
 
     def describe(self, ref: KubeVirtRef) -> str:
         sign = {"add": "+", "update": "~", "remove": "-"}[self.op]
-        return f"{sign} kubevirt[{ref}].{self.entry.label}"
+        text = f"{sign} kubevirt[{ref}].{self.entry.label}"
+        if self.requested_by:
+            text += f" (requested by {self.requested_by})"
+        return text
 
     def action(self, ref: KubeVirtRef) -> ClusterAction:
         """The change as a plan's cluster action."""
@@ -151,17 +167,32 @@ class KubeVirtPlan:
     managed: tuple[str, ...] = ()
     """The ownership annotation after the write."""
     resource_version: str = ""
+    served: tuple[str, ...] = ()
+    """Request annotations (other nodes' pending entries) this write settles and removes."""
+
+    @property
+    def own_changes(self) -> tuple[EntryChange, ...]:
+        return tuple(c for c in self.changes if not c.requested_by)
 
 
 @dataclass
 class SyncResult:
     ref: KubeVirtRef
     changes: tuple[EntryChange, ...] = ()
+    """What this node's write changed (its own entries, removals, other nodes' requests)."""
     foreign: tuple[str, ...] = ()
     attempts: int = 0
     conflicts: int = 0
     waited: float = 0.0
     problems: tuple[str, ...] = field(default=())
+    requested: int = 0
+    """How often this node left its missing entries as a request on the CR."""
+    served: tuple[str, ...] = ()
+    """Request annotations of other nodes that this node's write settled."""
+
+    @property
+    def own_changes(self) -> tuple[EntryChange, ...]:
+        return tuple(c for c in self.changes if not c.requested_by)
 
 
 # desired entries --------------------------------------------------------------------
@@ -252,6 +283,61 @@ def managed_resources(cr: Mapping[str, Any]) -> frozenset[str]:
     return frozenset()
 
 
+def pending_key(node: str) -> str:
+    """The request annotation of ``node``: ``pending.vgpu-state.io/<node>``.
+
+    An annotation's name part holds at most 63 characters; a longer node name
+    keeps its first 46 and gets a hash of the whole name.
+    """
+    if len(node) <= 63:
+        return PENDING_PREFIX + node
+    digest = hashlib.sha256(node.encode()).hexdigest()[:16]
+    return f"{PENDING_PREFIX}{node[:46].rstrip('.-_')}-{digest}"
+
+
+def encode_request(entries: Iterable[PermittedEntry]) -> str:
+    """A request annotation's value: ``[[list, resourceName, selector], ...]`` (compact JSON)."""
+    return json.dumps(
+        [[e.list, e.resource, e.selector] for e in sorted(set(entries))], separators=(",", ":")
+    )
+
+
+def decode_request(value: Any) -> tuple[PermittedEntry, ...]:
+    """The entries of a request annotation; a malformed value or item yields none of it.
+
+    Only the shapes vgpu-state writes are read back: a known list, a non-empty
+    resource name and selector. Anything else is dropped, never written to the CR.
+    """
+    try:
+        items = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return ()
+    if not isinstance(items, list):
+        return ()
+    found: list[PermittedEntry] = []
+    for item in items:
+        if (
+            isinstance(item, list)
+            and len(item) == 3
+            and item[0] in LISTS
+            and all(isinstance(part, str) and part and part.strip() == part for part in item[1:])
+        ):
+            found.append(PermittedEntry(item[0], item[1], item[2]))
+    return tuple(found)
+
+
+def pending_requests(cr: Mapping[str, Any]) -> dict[str, tuple[PermittedEntry, ...]]:
+    """Every request annotation on the CR: key -> the entries it asks for (sorted by key)."""
+    annotations = _get(cr, "metadata", "annotations")
+    if not isinstance(annotations, dict):
+        return {}
+    return {
+        key: decode_request(value)
+        for key, value in sorted(annotations.items())
+        if key.startswith(PENDING_PREFIX)
+    }
+
+
 def permitted(cr: Mapping[str, Any]) -> dict[ListName, list[JsonObject]]:
     devices = _get(cr, "spec", "configuration", "permittedHostDevices") or {}
     return {name: list(devices.get(name) or []) for name in LISTS}
@@ -322,22 +408,37 @@ def plan(
     cr: Mapping[str, Any],
     desired: Iterable[PermittedEntry],
     keep: Set[str] | None = None,
+    *,
+    serve_requests: bool = False,
 ) -> KubeVirtPlan:
     """The changes and the guarded JSON Patch that bring ``cr`` to hold ``desired``.
 
     ``keep``: when given, the resources some node still advertises; owned entries
     whose resource is neither there nor in ``desired`` are removed. ``None``
     removes nothing.
+
+    ``serve_requests``: also add the entries of every request annotation on the
+    CR (after ``desired``; the first entry for a resource wins) and remove those
+    annotations in the same patch, each guarded by a ``test`` of its value.
     """
     owned = managed_resources(cr)
     lists = permitted(cr)
     new_lists = {name: [copy.deepcopy(e) for e in items] for name, items in lists.items()}
     changes: list[EntryChange] = []
     foreign: list[str] = []
-    wanted = list(desired)
-    wanted_resources = {e.resource for e in wanted}
+    own = list(desired)
+    own_resources = {e.resource for e in own}
+    requests = pending_requests(cr) if serve_requests else {}
+    wanted: list[tuple[PermittedEntry, str]] = [(e, "") for e in own]
+    seen = set(own_resources)
+    for key, requested in requests.items():
+        for entry in requested:
+            if entry.resource not in seen:
+                seen.add(entry.resource)
+                wanted.append((entry, key.removeprefix(PENDING_PREFIX)))
+    wanted_resources = seen
     added: set[str] = set()
-    for entry in wanted:
+    for entry, requester in wanted:
         items = new_lists[entry.list]
         index = next(
             (i for i, item in enumerate(items) if item.get("resourceName") == entry.resource), None
@@ -352,15 +453,18 @@ def plan(
             None,
         )
         if index is None and other is not None and entry.resource not in owned:
-            foreign.append(entry.resource)
+            if not requester:
+                foreign.append(entry.resource)
             continue
         if index is None:
             items.append(entry.to_json())
-            changes.append(EntryChange("add", entry))
+            changes.append(EntryChange("add", entry, requester))
             added.add(entry.resource)
         elif entry.resource not in owned:
-            foreign.append(entry.resource)
-        elif items[index] != entry.to_json():
+            if not requester:
+                foreign.append(entry.resource)
+        elif items[index] != entry.to_json() and not requester:
+            # Another node's request never rewrites an entry that is already there.
             items[index] = entry.to_json()
             changes.append(EntryChange("update", entry))
     removed: set[str] = set()
@@ -376,9 +480,27 @@ def plan(
                     kept.append(item)
             new_lists[name] = kept
     managed = sorted((owned | added) - removed)
-    ops = _patch(cr, lists, new_lists, owned, managed) if changes or set(managed) != owned else []
+    ops: list[JsonObject] = []
+    if changes or set(managed) != owned or requests:
+        ops = _patch(cr, lists, new_lists, owned, managed)
+        annotations = _get(cr, "metadata", "annotations") or {}
+        for key in requests:
+            path = _annotation_path(key)
+            ops.append({"op": "test", "path": path, "value": annotations[key]})
+            ops.append({"op": "remove", "path": path})
     rv = str(_get(cr, "metadata", "resourceVersion") or "")
-    return KubeVirtPlan(tuple(changes), tuple(ops), tuple(sorted(set(foreign))), tuple(managed), rv)
+    return KubeVirtPlan(
+        tuple(changes),
+        tuple(ops),
+        tuple(sorted(set(foreign))),
+        tuple(managed),
+        rv,
+        tuple(requests),
+    )
+
+
+def _annotation_path(key: str) -> str:
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
 def _entry_of(name: ListName, item: Mapping[str, Any]) -> PermittedEntry:
@@ -416,7 +538,7 @@ def _patch(
                 guard_version = True
                 ops.append({"op": "add", "path": path, "value": new[name]})
     annotations = _get(cr, "metadata", "annotations")
-    key = "/metadata/annotations/" + OWNERSHIP_ANNOTATION.replace("~", "~0").replace("/", "~1")
+    key = _annotation_path(OWNERSHIP_ANNOTATION)
     value = json.dumps(managed)
     if not isinstance(annotations, dict):
         guard_version = True
@@ -498,6 +620,7 @@ def sync(
     desired: Iterable[PermittedEntry],
     keep: Callable[[], Set[str]] | None = None,
     *,
+    node: str | None = None,
     backoff: Backoff = Backoff(),
     rng: random.Random | None = None,
     sleep: Callable[[float], None] = time.sleep,
@@ -507,20 +630,23 @@ def sync(
     Read, plan, send the guarded patch; on 409 or 422 read again and retry after
     a jittered backoff. A 422 on an object that did not change since it was read
     is a real refusal (an invalid patch) and is raised at once.
+
+    With ``node`` (the node's name), the write also adds what other nodes'
+    request annotations ask for, and a lost race leaves this node's missing
+    entries in its own request annotation before the backoff, so that whichever
+    node writes next adds them too. The result is returned only once a read or
+    this node's own accepted write shows every entry in the CR (or held by an
+    entry vgpu-state does not own); after ``backoff.attempts`` lost races it
+    raises :class:`ClusterConflictError`, and the request stays for the next
+    writer.
     """
     wanted = tuple(desired)
     rng = rng or random.Random()
     result = SyncResult(ref)
-    failed_on: str | None = None
+    serve = node is not None
+    cr = read(api, ref)
     for attempt in range(backoff.attempts):
-        cr = read(api, ref)
-        rv = str(_get(cr, "metadata", "resourceVersion") or "")
-        if failed_on is not None and rv == failed_on:
-            raise ClusterError(
-                f"KubeVirt CR {ref}: the API server refused the update although the CR did not "
-                "change since it was read"
-            )
-        p = plan(cr, wanted, keep() if keep is not None else None)
+        p = plan(cr, wanted, keep() if keep is not None else None, serve_requests=serve)
         result.attempts = attempt + 1
         result.foreign = p.foreign
         if not p.patch:
@@ -529,16 +655,72 @@ def sync(
             api.patch(ref.path, list(p.patch), "json")
         except (ConflictError, InvalidError) as e:
             result.conflicts += 1
-            failed_on = rv if isinstance(e, InvalidError) else None
+            if isinstance(e, InvalidError) or node is not None:
+                read_at = _rv(cr)
+                cr = read(api, ref)
+                if isinstance(e, InvalidError) and _rv(cr) == read_at:
+                    raise ClusterError(
+                        f"KubeVirt CR {ref}: the API server refused the update although the CR "
+                        "did not change since it was read"
+                    ) from e
+                if node is not None and _request(api, ref, cr, node, wanted):
+                    result.requested += 1
             delay = backoff.delay(attempt, rng)
             result.waited += delay
             log.debug("KubeVirt CR %s changed meanwhile (%s); retrying in %.3f s", ref, e, delay)
             sleep(delay)
+            cr = read(api, ref)
             continue
         result.changes = p.changes
+        result.served = tuple(k for k in p.served if k != pending_key(node or ""))
         for change in p.changes:
             log.info("%s", change.describe(ref))
         return result
-    raise ClusterConflictError(
-        f"KubeVirt CR {ref}: {result.conflicts} concurrent changes in a row; giving up for now"
+    waiting = (
+        f"; its missing entries wait in the request annotation {pending_key(node)}, which "
+        "the next write by any vgpu-state agent adds"
+        if node is not None and pending_key(node) in _annotations(cr)
+        else ""
     )
+    raise ClusterConflictError(
+        f"KubeVirt CR {ref}: {result.conflicts} concurrent changes in a row; this node's "
+        f"entries are not all in it yet{waiting}"
+    )
+
+
+def _rv(cr: Mapping[str, Any]) -> str:
+    return str(_get(cr, "metadata", "resourceVersion") or "")
+
+
+def _annotations(cr: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = _get(cr, "metadata", "annotations")
+    return found if isinstance(found, dict) else {}
+
+
+def _request(
+    api: KubeApi,
+    ref: KubeVirtRef,
+    cr: Mapping[str, Any],
+    node: str,
+    wanted: Iterable[PermittedEntry],
+) -> bool:
+    """Leave the entries ``cr`` still lacks in ``node``'s request annotation; True if written.
+
+    The write tests nothing but the annotation map's presence: it sets one key
+    that only this node writes (JSON Patch ``add`` replaces its value), so it
+    conflicts with no other writer. Nothing is written when nothing is missing,
+    the request already says the same, or the CR has no annotations yet (the
+    node's next guarded write creates them).
+    """
+    missing = [c.entry for c in plan(cr, wanted).changes if c.op == "add"]
+    annotations = _annotations(cr)
+    key = pending_key(node)
+    value = encode_request(missing)
+    if not missing or not annotations or annotations.get(key) == value:
+        return False
+    try:
+        api.patch(ref.path, [{"op": "add", "path": _annotation_path(key), "value": value}], "json")
+    except ClusterError as e:
+        log.debug("KubeVirt CR %s: request %s not written: %s", ref, key, e)
+        return False
+    return True
