@@ -22,6 +22,7 @@ from tests.builders import V, build_gpu, build_snapshot
 from vgpu_state.agent.cluster import ClusterSink
 from vgpu_state.deviceplugin import DevicePluginManager
 from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
+from vgpu_state.kube.errors import ClusterConflictError, ClusterError
 from vgpu_state.model.errors import UserError
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.publish import join, split
@@ -52,12 +53,15 @@ class Cluster:
         self.synced: list[NodeSnapshot] = []
         self.events: list[tuple[str, str, EventType]] = []
         self.last_in_use: Mapping[str, str] | None = {}
+        self.sync_fails: Exception | None = None
 
     def observe(self, snapshot: NodeSnapshot, held: Any, *, in_use_known: bool) -> None:
         self.observed.append(snapshot)
 
     def sync_kubevirt(self, snapshot: NodeSnapshot) -> Any:
         self.synced.append(snapshot)
+        if self.sync_fails is not None:
+            raise self.sync_fails
 
         class Result:
             problems: tuple[str, ...] = ()
@@ -124,6 +128,29 @@ def test_a_device_plugin_that_cannot_serve_is_an_event_not_a_lost_status() -> No
     reason, message, kind = cluster.events[0]
     assert reason == "DevicePluginFailed" and kind is EventType.WARNING
     assert "Failed to bind" in message
+
+
+def test_kubevirt_entries_not_in_the_cr_fail_the_reconcile_with_one_warning_event() -> None:
+    """A node whose entries did not make it into the KubeVirt CR never counts as converged:
+    the reconcile fails (and is retried), and the Node gets a Warning Event saying why."""
+    cluster = Cluster()
+    waiting = (
+        "KubeVirt CR kubevirt/kubevirt: 40 concurrent changes in a row; this node's entries "
+        "are not all in it yet; its missing entries wait in the request annotation "
+        "pending.vgpu-state.io/node-a, which the next write by any vgpu-state agent adds"
+    )
+    cluster.sync_fails = ClusterConflictError(waiting)
+    sink = ClusterSink(cluster, Plugin())  # type: ignore[arg-type]
+    for _ in range(2):
+        with pytest.raises(ClusterConflictError):
+            sink.refresh(two_gpus())
+    assert cluster.events == [("KubeVirtCRNotUpdated", waiting, EventType.WARNING)]
+    # A CR that cannot be written at all is reported too, and the host's state still is.
+    cluster.sync_fails = ClusterError("KubeVirt CR kubevirt/kubevirt not found")
+    sink.refresh(two_gpus())
+    assert cluster.events[-1][0] == "KubeVirtCRNotUpdated"
+    assert "not found" in cluster.events[-1][1]
+    assert len(cluster.observed) == 3
 
 
 def test_a_plugin_directory_too_long_for_unix_sockets_is_refused() -> None:

@@ -13,11 +13,16 @@ import pytest
 
 from tests.apiserver import EVENTS, KUBEVIRT, LEASES, NODES, NODESTATES, RunningApiServer
 from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
-from vgpu_state.kube import crd, lease
+from vgpu_state.kube import crd, kubevirt, lease
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.cluster import KubeCluster
 from vgpu_state.kube.errors import PodResourcesUnavailableError
-from vgpu_state.kube.kubevirt import OWNERSHIP_ANNOTATION, KubeVirtRef
+from vgpu_state.kube.kubevirt import (
+    OWNERSHIP_ANNOTATION,
+    KubeVirtRef,
+    PermittedEntry,
+    desired_entries,
+)
 from vgpu_state.kube.node import STATE_LABEL
 from vgpu_state.kube.nodestate import SelectedConfig
 from vgpu_state.model.status import (
@@ -261,3 +266,31 @@ def test_a_steady_node_costs_no_write(
     cluster.report_status(status.model_copy(update={"state": ConfigState.PENDING}))
     node = apiserver.get(NODES, "gpu-node-1")
     assert node is not None and node["metadata"]["labels"][STATE_LABEL] == "pending"
+
+
+def test_a_node_applying_adds_the_entries_another_node_requested_and_reports_only_its_own(
+    apiserver: RunningApiServer, kubeconfig: str, sim_spec_paths: list[Path]
+) -> None:
+    """gpu-node-1 lost a race earlier and left a request on the CR; gpu-node-2's apply adds
+    it in the same write, and its plan's cluster actions stay its own."""
+    requested = PermittedEntry("mediatedDevices", "nvidia.com/NVIDIA_A16-8Q", "NVIDIA A16-8Q")
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    cr["metadata"]["annotations"] = {
+        kubevirt.pending_key("gpu-node-1"): kubevirt.encode_request([requested])
+    }
+    apiserver.put(KUBEVIRT, "kubevirt", cr, namespace="kubevirt")
+    snapshot = _mixed(sim_spec_paths).scan()
+    two = _cluster(kubeconfig, "gpu-node-2")
+    actions = two.apply_cluster(snapshot)
+    assert {a.resource for a in actions} == set(desired_entries(snapshot).resources)
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    names = [
+        e["resourceName"]
+        for e in cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+    ]
+    assert names.count(requested.resource) == 1
+    annotations = cr["metadata"]["annotations"]
+    assert kubevirt.pending_key("gpu-node-1") not in annotations
+    assert requested.resource in json.loads(annotations[OWNERSHIP_ANNOTATION])

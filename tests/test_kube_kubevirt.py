@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from tests.apiserver import KUBEVIRT, RunningApiServer
 from vgpu_state.kube import kubevirt
 from vgpu_state.kube.api import KubeApi
-from vgpu_state.kube.errors import ClusterError
+from vgpu_state.kube.errors import ClusterConflictError, ClusterError
 from vgpu_state.kube.kubevirt import (
     OWNERSHIP_ANNOTATION,
     Backoff,
@@ -384,3 +385,328 @@ def kubevirt_validator_check(cr: dict[str, Any]) -> None:
     from tests.apiserver import kubevirt_validator
 
     kubevirt_validator()(cr)
+
+
+# many nodes at once: requests on the CR ---------------------------------------------
+def _mdev(n: int) -> PermittedEntry:
+    return PermittedEntry("mediatedDevices", f"nvidia.com/NVIDIA_A16-{n}Q", f"NVIDIA A16-{n}Q")
+
+
+def _pci(n: int) -> PermittedEntry:
+    return PermittedEntry("pciHostDevices", f"nvidia.com/NVIDIA_L40S-{n}Q", "10DE:26B9")
+
+
+def _requests(cr: dict[str, Any]) -> dict[str, str]:
+    annotations = cr["metadata"].get("annotations") or {}
+    return {k: v for k, v in annotations.items() if k.startswith(kubevirt.PENDING_PREFIX)}
+
+
+def test_many_nodes_adding_distinct_types_at_once_each_land_exactly_once(
+    apiserver: RunningApiServer, tmp_path: Path
+) -> None:
+    """Every node adds a type no other node has, all at the same moment, each with its own
+    client: every entry lands once, the foreign ones stay first and unchanged, and no
+    request is left on the CR."""
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        _cr(
+            {
+                "permittedHostDevices": {
+                    "mediatedDevices": [FOREIGN_MDEV],
+                    "pciHostDevices": [FOREIGN_PCI],
+                }
+            }
+        ),
+        namespace="kubevirt",
+    )
+    nodes = 24
+    config = str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))
+    barrier = threading.Barrier(nodes)
+    results: dict[int, kubevirt.SyncResult] = {}
+    failures: list[str] = []
+
+    def node(i: int) -> None:
+        client = KubeApi.connect(config, pool_size=1)
+        entry = _mdev(i) if i % 2 == 0 else _pci(i)
+        barrier.wait()
+        try:
+            results[i] = kubevirt.sync(
+                client, REF, [entry], node=f"node-{i}", backoff=Backoff(base=0.005, cap=0.05)
+            )
+        except ClusterError as e:
+            failures.append(f"node-{i}: {e}")
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failures == [] and len(results) == nodes
+
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    devices = cr["spec"]["configuration"]["permittedHostDevices"]
+    assert devices["mediatedDevices"][0] == FOREIGN_MDEV
+    assert devices["pciHostDevices"][0] == FOREIGN_PCI
+    mdev = [e["resourceName"] for e in devices["mediatedDevices"][1:]]
+    pci = [e["resourceName"] for e in devices["pciHostDevices"][1:]]
+    assert sorted(mdev) == sorted(_mdev(i).resource for i in range(0, nodes, 2))
+    assert sorted(pci) == sorted(_pci(i).resource for i in range(1, nodes, 2))
+    assert all(e["externalResourceProvider"] is True for e in devices["mediatedDevices"][1:])
+    owned = json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION])
+    assert owned == sorted(mdev + pci)
+    assert _requests(cr) == {}
+    # Whoever lost a race and left a request was served by some accepted write.
+    if any(r.requested for r in results.values()):
+        assert any(r.served for r in results.values())
+
+
+def test_a_write_adds_what_other_nodes_requested_and_removes_their_requests(
+    apiserver: RunningApiServer, api: KubeApi
+) -> None:
+    a16 = _mdev(4)
+    requested_mdev, requested_pci = _mdev(2), _pci(12)
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        {
+            **_cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
+            "metadata": {
+                "annotations": {
+                    "example.com/other": "kept",
+                    kubevirt.pending_key("node-b"): kubevirt.encode_request([requested_mdev]),
+                    kubevirt.pending_key("node-c"): kubevirt.encode_request([requested_pci, a16]),
+                    # Not something vgpu-state writes: dropped, never copied into the CR.
+                    kubevirt.pending_key("node-d"): '[["mediatedDevices", "", "x"], "junk"]',
+                    # Already permitted by an entry vgpu-state does not own: left alone.
+                    kubevirt.pending_key("node-e"): json.dumps(
+                        [["mediatedDevices", FOREIGN_MDEV["resourceName"], "OTHER"]]
+                    ),
+                }
+            },
+        },
+        namespace="kubevirt",
+    )
+    patches = apiserver.counts["PATCH"]
+    result = kubevirt.sync(api, REF, [a16], node="node-a")
+    assert apiserver.counts["PATCH"] == patches + 1, "one write serves every request"
+    assert [c.describe(REF) for c in result.own_changes] == [
+        "+ kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A16-4Q]"
+    ]
+    assert sorted(c.describe(REF) for c in result.changes if c.requested_by) == [
+        "+ kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A16-2Q] (requested by node-b)",
+        "+ kubevirt[kubevirt/kubevirt].pciHostDevices[nvidia.com/NVIDIA_L40S-12Q]"
+        " (requested by node-c)",
+    ]
+    assert sorted(result.served) == [
+        kubevirt.pending_key(n) for n in ("node-b", "node-c", "node-d", "node-e")
+    ]
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    devices = cr["spec"]["configuration"]["permittedHostDevices"]
+    assert devices["mediatedDevices"] == [
+        FOREIGN_MDEV,
+        a16.to_json(),
+        requested_mdev.to_json(),
+    ]
+    assert devices["pciHostDevices"] == [requested_pci.to_json()]
+    assert json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION]) == sorted(
+        [a16.resource, requested_mdev.resource, requested_pci.resource]
+    )
+    assert _requests(cr) == {}
+    assert cr["metadata"]["annotations"]["example.com/other"] == "kept"
+
+    # node-b finds its entry there: it reads, and writes nothing.
+    again = kubevirt.sync(api, REF, [requested_mdev], node="node-b")
+    assert again.changes == () and again.attempts == 1
+    assert apiserver.counts["PATCH"] == patches + 1
+
+
+def test_a_node_that_loses_a_race_leaves_a_request_and_the_winner_adds_it(
+    apiserver: RunningApiServer, api: KubeApi, tmp_path: Path
+) -> None:
+    """node-a reads, node-b writes first; node-a's guarded write is refused, it leaves its
+    entry as a request and backs off; node-b's next write adds it; node-a then finds it."""
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        _cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
+        namespace="kubevirt",
+    )
+    other = KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "node-b")))
+    mine, theirs, later = _mdev(1), _mdev(2), _pci(3)
+    real_get = api.get
+    raced = {"done": False}
+
+    def get_then_race(path: str) -> dict[str, Any]:
+        obj = real_get(path)
+        if not raced["done"]:
+            raced["done"] = True
+            kubevirt.sync(other, REF, [theirs], node="node-b")
+        return obj
+
+    seen_requests: list[dict[str, str]] = []
+    served: list[kubevirt.SyncResult] = []
+
+    def backoff_while_node_b_writes(delay: float) -> None:
+        cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+        assert cr is not None
+        seen_requests.append(_requests(cr))
+        served.append(kubevirt.sync(other, REF, [theirs, later], node="node-b"))
+
+    api.get = get_then_race  # type: ignore[method-assign]
+    result = kubevirt.sync(
+        api, REF, [mine], node="node-a", rng=random.Random(1), sleep=backoff_while_node_b_writes
+    )
+    assert seen_requests == [{kubevirt.pending_key("node-a"): kubevirt.encode_request([mine])}]
+    assert result.conflicts == 1 and result.requested == 1 and result.attempts == 2
+    assert result.changes == (), "node-a's entry was added by node-b's write"
+    assert served[0].served == (kubevirt.pending_key("node-a"),)
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    devices = cr["spec"]["configuration"]["permittedHostDevices"]
+    assert devices["mediatedDevices"] == [FOREIGN_MDEV, theirs.to_json(), mine.to_json()]
+    assert devices["pciHostDevices"] == [later.to_json()]
+    assert _requests(cr) == {}
+
+
+def test_a_node_that_gives_up_says_so_and_its_request_is_added_by_the_next_writer(
+    apiserver: RunningApiServer, api: KubeApi, tmp_path: Path
+) -> None:
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        {
+            **_cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
+            "metadata": {"annotations": {"example.com/other": "kept"}},
+        },
+        namespace="kubevirt",
+    )
+    real_get = api.get
+    foreign_added = iter(range(100))
+
+    def get_then_foreign_write(path: str) -> dict[str, Any]:
+        obj = real_get(path)
+        # Another controller appends an entry after every read of ours.
+        cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+        assert cr is not None
+        items = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+        n = next(foreign_added)
+        extra = {"mdevNameSelector": f"OTHER {n}", "resourceName": f"example.com/other-{n}"}
+        apiserver.put(KUBEVIRT, "kubevirt", _with_list(cr, [*items, extra]), namespace="kubevirt")
+        return obj
+
+    api.get = get_then_foreign_write  # type: ignore[method-assign]
+    mine = _pci(8)
+    with pytest.raises(ClusterConflictError) as failed:
+        kubevirt.sync(
+            api, REF, [mine], node="node-a", backoff=Backoff(attempts=3), sleep=lambda _: None
+        )
+    message = str(failed.value)
+    assert "3 concurrent changes in a row" in message
+    assert "entries are not all in it yet" in message
+    assert kubevirt.pending_key("node-a") in message
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert "pciHostDevices" not in cr["spec"]["configuration"]["permittedHostDevices"]
+    assert _requests(cr) == {kubevirt.pending_key("node-a"): kubevirt.encode_request([mine])}
+    foreign_names = [
+        e["resourceName"]
+        for e in cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+    ]
+
+    # The next node to write adds node-a's entry; the foreign entries keep their order.
+    other = KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "node-b")))
+    result = kubevirt.sync(other, REF, [_mdev(1)], node="node-b")
+    assert result.served == (kubevirt.pending_key("node-a"),)
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    devices = cr["spec"]["configuration"]["permittedHostDevices"]
+    assert devices["pciHostDevices"] == [mine.to_json()]
+    assert [e["resourceName"] for e in devices["mediatedDevices"]] == [
+        *foreign_names,
+        _mdev(1).resource,
+    ]
+    assert _requests(cr) == {}
+
+
+def test_the_lease_holder_keeps_requested_entries_and_adds_the_rest(
+    apiserver: RunningApiServer, api: KubeApi
+) -> None:
+    """A request proves a node has the type now, even before its status says so."""
+    requested, added, gone = _mdev(1), _pci(2), _mdev(3)
+    kubevirt_cr = _cr(
+        {"permittedHostDevices": {"mediatedDevices": [requested.to_json(), gone.to_json()]}}
+    )
+    kubevirt_cr["metadata"] = {
+        "annotations": {
+            OWNERSHIP_ANNOTATION: json.dumps(sorted([requested.resource, gone.resource])),
+            kubevirt.pending_key("node-x"): kubevirt.encode_request([requested, added]),
+        }
+    }
+    apiserver.put(KUBEVIRT, "kubevirt", kubevirt_cr, namespace="kubevirt")
+    result = kubevirt.sync(api, REF, [], keep=lambda: frozenset(), node="holder")
+    assert sorted(c.describe(REF) for c in result.changes) == [
+        "+ kubevirt[kubevirt/kubevirt].pciHostDevices[nvidia.com/NVIDIA_L40S-2Q]"
+        " (requested by node-x)",
+        "- kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A16-3Q]",
+    ]
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    devices = cr["spec"]["configuration"]["permittedHostDevices"]
+    assert devices == {
+        "mediatedDevices": [requested.to_json()],
+        "pciHostDevices": [added.to_json()],
+    }
+    assert _requests(cr) == {}
+
+
+def test_request_keys_are_valid_annotation_names_for_any_node_name() -> None:
+    short = "gpu-node-7.example.com"
+    assert kubevirt.pending_key(short) == "pending.vgpu-state.io/gpu-node-7.example.com"
+    long_a = "a" * 45 + "." + "b" * 100
+    long_b = "a" * 45 + "." + "c" * 100
+    keys = {kubevirt.pending_key(n) for n in (long_a, long_b)}
+    assert len(keys) == 2
+    for key in keys:
+        prefix, _, name = key.partition("/")
+        assert prefix == "pending.vgpu-state.io"
+        assert len(name) <= 63
+        assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", name)
+
+
+def test_without_annotations_on_the_cr_a_losing_node_retries_on_its_own(
+    apiserver: RunningApiServer, api: KubeApi
+) -> None:
+    """A request needs the CR's annotation map; the API server refuses to create it
+    unguarded, so the node says plainly that its entries are not in the CR."""
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        _cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
+        namespace="kubevirt",
+    )
+    real_get = api.get
+    counter = iter(range(100))
+
+    def get_then_foreign_write(path: str) -> dict[str, Any]:
+        obj = real_get(path)
+        cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+        assert cr is not None
+        n = next(counter)
+        extra = {"mdevNameSelector": f"OTHER {n}", "resourceName": f"example.com/other-{n}"}
+        items = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+        apiserver.put(KUBEVIRT, "kubevirt", _with_list(cr, [*items, extra]), namespace="kubevirt")
+        return obj
+
+    api.get = get_then_foreign_write  # type: ignore[method-assign]
+    with pytest.raises(ClusterConflictError) as failed:
+        kubevirt.sync(
+            api, REF, [_mdev(1)], node="node-a", backoff=Backoff(attempts=2), sleep=lambda _: None
+        )
+    assert str(failed.value).endswith("this node's entries are not all in it yet")
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert "annotations" not in cr["metadata"] or _requests(cr) == {}
+    assert _mdev(1).resource not in json.dumps(cr["spec"])

@@ -24,8 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vgpu_state.kube.cluster import KubeCluster
-from vgpu_state.kube.errors import ClusterError, PodResourcesUnavailableError
+from vgpu_state.kube.errors import (
+    ClusterConflictError,
+    ClusterError,
+    PodResourcesUnavailableError,
+)
 from vgpu_state.kube.nodestate import ConditionKind, LastApply, SelectedConfig, VGPUNodeStateStatus
+from vgpu_state.model.errors import TransientError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.publish import join
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -190,18 +195,28 @@ class ClusterSink:
             return
         try:
             result = self.cluster.sync_kubevirt(snapshot)
+        except ClusterConflictError as e:
+            # Not converged: the reconcile fails and is retried; the request the node left
+            # on the CR lets any other node's write add the entries meanwhile.
+            self._warn(e)
+            raise
         except ClusterError as e:
-            if self._warned != str(e):
-                log.warning("KubeVirt CR not updated: %s", e)
-                self._warned = str(e)
-                try:
-                    self.cluster.event("KubeVirtCRNotUpdated", str(e)[:1000], EventType.WARNING)
-                except ClusterError as failed:
-                    log.warning("Event not recorded: %s", failed)
+            self._warn(e)
             return
         self._warned = None
         for problem in result.problems:
             log.warning("%s", problem)
+
+    def _warn(self, e: Exception) -> None:
+        """Log and record (a Warning Event on the Node) each distinct KubeVirt CR failure once."""
+        if self._warned == str(e):
+            return
+        log.warning("KubeVirt CR not updated: %s", e)
+        self._warned = str(e)
+        try:
+            self.cluster.event("KubeVirtCRNotUpdated", str(e)[:1000], EventType.WARNING)
+        except (ClusterError, TransientError) as failed:
+            log.warning("Event not recorded: %s", failed)
 
     def _refresh_plugin(self, plugin: PluginSink, snapshot: NodeSnapshot) -> None:
         """A device plugin that cannot serve never stops the status and the KubeVirt CR."""

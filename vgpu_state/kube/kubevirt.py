@@ -645,7 +645,13 @@ def sync(
     result = SyncResult(ref)
     serve = node is not None
     cr = read(api, ref)
+    failed_on: str | None = None
     for attempt in range(backoff.attempts):
+        if failed_on is not None and _rv(cr) == failed_on:
+            raise ClusterError(
+                f"KubeVirt CR {ref}: the API server refused the update although the CR did not "
+                "change since it was read"
+            )
         p = plan(cr, wanted, keep() if keep is not None else None, serve_requests=serve)
         result.attempts = attempt + 1
         result.foreign = p.foreign
@@ -655,16 +661,16 @@ def sync(
             api.patch(ref.path, list(p.patch), "json")
         except (ConflictError, InvalidError) as e:
             result.conflicts += 1
-            if isinstance(e, InvalidError) or node is not None:
-                read_at = _rv(cr)
-                cr = read(api, ref)
-                if isinstance(e, InvalidError) and _rv(cr) == read_at:
-                    raise ClusterError(
-                        f"KubeVirt CR {ref}: the API server refused the update although the CR "
-                        "did not change since it was read"
-                    ) from e
-                if node is not None and _request(api, ref, cr, node, wanted):
+            failed_on = _rv(cr) if isinstance(e, InvalidError) else None
+            if node is not None:
+                missing = [c.entry for c in p.own_changes if c.op == "add"]
+                after = _request(api, ref, cr, node, missing)
+                if after is not None:
                     result.requested += 1
+                    if failed_on is not None:
+                        # Nobody else wrote since our read: the refusal was real.
+                        same = _same_but(cr, after, pending_key(node))
+                        failed_on = _rv(after) if same else None
             delay = backoff.delay(attempt, rng)
             result.waited += delay
             log.debug("KubeVirt CR %s changed meanwhile (%s); retrying in %.3f s", ref, e, delay)
@@ -697,30 +703,48 @@ def _annotations(cr: Mapping[str, Any]) -> Mapping[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def _same_but(before: Mapping[str, Any], after: Mapping[str, Any], key: str) -> bool:
+    """``after`` is ``before`` with only the annotation ``key`` (and the version) changed."""
+
+    def strip(cr: Mapping[str, Any]) -> JsonObject:
+        copied = copy.deepcopy(dict(cr))
+        meta = copied.get("metadata") or {}
+        meta.pop("resourceVersion", None)
+        meta.pop("managedFields", None)
+        (meta.get("annotations") or {}).pop(key, None)
+        return copied
+
+    return strip(before) == strip(after)
+
+
 def _request(
     api: KubeApi,
     ref: KubeVirtRef,
     cr: Mapping[str, Any],
     node: str,
-    wanted: Iterable[PermittedEntry],
-) -> bool:
-    """Leave the entries ``cr`` still lacks in ``node``'s request annotation; True if written.
+    missing: Iterable[PermittedEntry],
+) -> JsonObject | None:
+    """Leave ``missing`` in ``node``'s request annotation; the CR after the write, if written.
 
-    The write tests nothing but the annotation map's presence: it sets one key
-    that only this node writes (JSON Patch ``add`` replaces its value), so it
-    conflicts with no other writer. Nothing is written when nothing is missing,
-    the request already says the same, or the CR has no annotations yet (the
-    node's next guarded write creates them).
+    ``cr`` is the read the lost write was planned from. The write tests
+    nothing: it sets one key that only this node writes (JSON Patch ``add``
+    replaces its value), so it conflicts with no other writer. Nothing is
+    written when nothing is missing or ``cr`` shows the same request already. A
+    CR without annotations refuses the write (the path does not exist); the
+    node then retries on its own, as its next guarded write creates them.
+    Entries that another writer added meanwhile make a request that the next
+    write finds already settled and simply removes.
     """
-    missing = [c.entry for c in plan(cr, wanted).changes if c.op == "add"]
+    wanted = list(missing)
     annotations = _annotations(cr)
     key = pending_key(node)
-    value = encode_request(missing)
-    if not missing or not annotations or annotations.get(key) == value:
-        return False
+    value = encode_request(wanted)
+    if not wanted or annotations.get(key) == value:
+        return None
     try:
-        api.patch(ref.path, [{"op": "add", "path": _annotation_path(key), "value": value}], "json")
+        return api.patch(
+            ref.path, [{"op": "add", "path": _annotation_path(key), "value": value}], "json"
+        )
     except ClusterError as e:
         log.debug("KubeVirt CR %s: request %s not written: %s", ref, key, e)
-        return False
-    return True
+        return None
