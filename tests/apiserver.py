@@ -20,6 +20,8 @@ for documented API-server behaviour):
 * the ``status`` subresource for the resources listed in ``status_subresource``:
   writes to the main resource keep the stored status, writes to ``/status``
   change only the status, and ``POST`` drops the status;
+* the API server's limit on an object's annotations (256 KiB for all keys and
+  values together): a write over it is ``422 Invalid``;
 * per-resource validators (schema checks): a write that fails one is refused
   with ``422 Invalid`` and remembered in :attr:`ApiServer.rejected`, so a test
   also fails when the code under test ever sends an invalid object.
@@ -157,6 +159,7 @@ class ApiServer(KubernetesEmulator):
                 meta["namespace"] = request.namespace
             if kind in self.status_subresource:
                 body.pop("status", None)
+            _check_annotations(body)
             self._validate(kind, body)
             if key in self._objects:
                 self._objects[key].create(body)
@@ -187,6 +190,7 @@ class ApiServer(KubernetesEmulator):
         if _spec_part(new) != _spec_part(current):
             meta["generation"] = int(meta.get("generation", 1)) + 1
         meta["resourceVersion"] = str(next(self._revision))
+        _check_annotations(new)
         self._validate(kind, new)
         self._objects[key].history.append(new)
         return 200, new, "MODIFIED"
@@ -247,6 +251,18 @@ class ApiServer(KubernetesEmulator):
             where = "/".join(str(p) for p in getattr(e, "absolute_path", ()))
             self.rejected.append(f"{kind}: {where}: {text}")
             raise _invalid(f"{kind} is invalid: {where}: {text}") from e
+
+
+ANNOTATIONS_LIMIT = 256 * 1024
+
+
+def _check_annotations(obj: dict[str, Any]) -> None:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    size = sum(len(k) + len(str(v)) for k, v in annotations.items())
+    if size > ANNOTATIONS_LIMIT:
+        raise _invalid(
+            f"metadata.annotations: Too long: must have at most {ANNOTATIONS_LIMIT} bytes"
+        )
 
 
 def _spec_part(obj: dict[str, Any]) -> dict[str, Any]:

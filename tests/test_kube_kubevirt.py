@@ -34,6 +34,7 @@ from vgpu_state.sim.host import SimHost
 REF = KubeVirtRef("kubevirt", "kubevirt")
 FOREIGN_PCI = {"pciVendorSelector": "10DE:1EB8", "resourceName": "nvidia.com/TU104GL_TESLA_T4"}
 FOREIGN_MDEV = {"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}
+SNEAKY = {"mdevNameSelector": "SNEAKY", "resourceName": "example.com/sneaky"}
 
 
 def _cr(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -710,3 +711,52 @@ def test_without_annotations_on_the_cr_a_losing_node_retries_on_its_own(
     assert cr is not None
     assert "annotations" not in cr["metadata"] or _requests(cr) == {}
     assert _mdev(1).resource not in json.dumps(cr["spec"])
+
+
+def test_a_request_that_would_overflow_the_annotations_is_refused_and_the_node_retries_alone(
+    apiserver: RunningApiServer, api: KubeApi
+) -> None:
+    """The API server limits an object's annotations to 256 KiB in all; a request that
+    does not fit is refused, and the node still gets its entry in by itself."""
+    from tests.apiserver import ANNOTATIONS_LIMIT
+
+    owned = json.dumps([_mdev(1).resource])
+    filler = "x" * (ANNOTATIONS_LIMIT - len("example.com/big") - len(OWNERSHIP_ANNOTATION) - 60)
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        {
+            **_cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
+            "metadata": {"annotations": {"example.com/big": filler, OWNERSHIP_ANNOTATION: "[]"}},
+        },
+        namespace="kubevirt",
+    )
+    real_get = api.get
+    raced = {"done": False}
+
+    def get_then_race(path: str) -> dict[str, Any]:
+        obj = real_get(path)
+        if not raced["done"]:
+            raced["done"] = True
+            cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+            assert cr is not None
+            apiserver.put(
+                KUBEVIRT,
+                "kubevirt",
+                _with_list(cr, [FOREIGN_MDEV, SNEAKY]),
+                namespace="kubevirt",
+            )
+        return obj
+
+    api.get = get_then_race  # type: ignore[method-assign]
+    result = kubevirt.sync(api, REF, [_mdev(1)], node="node-a", sleep=lambda _: None)
+    assert result.conflicts == 1 and result.requested == 0 and result.attempts == 2
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
+        FOREIGN_MDEV,
+        SNEAKY,
+        _mdev(1).to_json(),
+    ]
+    assert cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION] == owned
+    assert _requests(cr) == {}
