@@ -760,3 +760,103 @@ def test_a_request_that_would_overflow_the_annotations_is_refused_and_the_node_r
     ]
     assert cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION] == owned
     assert _requests(cr) == {}
+
+
+def test_requests_that_vgpu_state_would_not_write_are_dropped() -> None:
+    good = _pci(4)
+    value = json.dumps(
+        [
+            ["pciHostDevices", good.resource, good.selector],
+            ["pciHostDevices", "nvidia.com/NVIDIA_L4-4Q", "10de:27b8; rm"],
+            ["pciHostDevices", "no-domain", "10DE:27B8"],
+            ["mediatedDevices", "nvidia.com/A", " padded "],
+            ["mediatedDevices", "nvidia.com/B", "x" * 129],
+            ["otherList", "nvidia.com/C", "C"],
+            ["mediatedDevices", "kubernetes.io/D", "D"],
+        ]
+    )
+    assert kubevirt.decode_request(value) == (good,)
+    assert kubevirt.decode_request("{not json") == ()
+    assert kubevirt.decode_request('{"a": 1}') == ()
+
+
+def test_a_node_whose_entries_are_in_leaves_unsettled_requests_to_others(
+    apiserver: RunningApiServer, api: KubeApi
+) -> None:
+    """Settling other nodes' requests is a courtesy: when that write loses a race, a node
+    whose own entries the CR already holds is done, not failed."""
+    mine, theirs = _mdev(1), _mdev(2)
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        {
+            **_cr({"permittedHostDevices": {"mediatedDevices": [mine.to_json()]}}),
+            "metadata": {
+                "annotations": {
+                    OWNERSHIP_ANNOTATION: json.dumps([mine.resource]),
+                    kubevirt.pending_key("node-b"): kubevirt.encode_request([theirs]),
+                }
+            },
+        },
+        namespace="kubevirt",
+    )
+    real_get = api.get
+
+    def get_then_race(path: str) -> dict[str, Any]:
+        obj = real_get(path)
+        cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+        assert cr is not None
+        items = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+        apiserver.put(KUBEVIRT, "kubevirt", _with_list(cr, [*items, SNEAKY]), namespace="kubevirt")
+        return obj
+
+    api.get = get_then_race  # type: ignore[method-assign]
+    result = kubevirt.sync(api, REF, [mine], node="node-a", sleep=lambda _: None)
+    assert result.conflicts == 1 and result.attempts == 1 and result.changes == ()
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert _requests(cr) == {kubevirt.pending_key("node-b"): kubevirt.encode_request([theirs])}
+
+
+def test_a_request_the_api_server_refuses_does_not_stop_a_node_adding_its_own(
+    apiserver: RunningApiServer, api: KubeApi
+) -> None:
+    """If a write carrying another node's request is refused although nothing changed
+    (say an admission check dislikes that entry), the node writes its own entries alone."""
+    from tests.apiserver import kubevirt_validator
+
+    poison = PermittedEntry("mediatedDevices", "nvidia.com/POISON", "POISON")
+    schema = kubevirt_validator()
+
+    def refuse_poison(obj: dict[str, Any]) -> None:
+        if "nvidia.com/POISON" in json.dumps(obj.get("spec")):
+            raise ValueError("POISON is not allowed here")
+        schema(obj)
+
+    apiserver.set_validator(KUBEVIRT, refuse_poison)
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        {
+            **_cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
+            "metadata": {
+                "annotations": {kubevirt.pending_key("node-b"): kubevirt.encode_request([poison])}
+            },
+        },
+        namespace="kubevirt",
+    )
+    mine = _mdev(1)
+    result = kubevirt.sync(api, REF, [mine], node="node-a", sleep=lambda _: None)
+    assert result.conflicts == 1 and result.attempts == 2
+    assert [c.describe(REF) for c in result.changes] == [
+        "+ kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A16-1Q]"
+    ]
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
+        FOREIGN_MDEV,
+        mine.to_json(),
+    ]
+    assert list(_requests(cr)) == [kubevirt.pending_key("node-b")]
+    assert len(apiserver.rejected) == 1 and "POISON" in apiserver.rejected[0]
+    apiserver.rejected.clear()  # the one refusal this test provoked

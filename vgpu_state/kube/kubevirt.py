@@ -43,6 +43,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
@@ -52,7 +53,12 @@ from vgpu_state.kube.api import ConflictError, InvalidError, JsonObject, KubeApi
 from vgpu_state.kube.errors import ClusterConflictError, ClusterError, NotFoundError
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.model.plan import ClusterAction
-from vgpu_state.model.resources import DEFAULT_DOMAIN, ResourceNameError, resource_name
+from vgpu_state.model.resources import (
+    DEFAULT_DOMAIN,
+    ResourceNameError,
+    resource_name,
+    resource_name_problem,
+)
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
 
 log = logging.getLogger(__name__)
@@ -69,6 +75,7 @@ _SELECTOR: dict[ListName, str] = {
     "pciHostDevices": "pciVendorSelector",
 }
 _BASE = "/spec/configuration/permittedHostDevices"
+_PCI_SELECTOR = re.compile(r"[0-9A-F]{4}:[0-9A-F]{4}")
 
 
 @dataclass(frozen=True, order=True)
@@ -316,13 +323,22 @@ def decode_request(value: Any) -> tuple[PermittedEntry, ...]:
         return ()
     found: list[PermittedEntry] = []
     for item in items:
-        if (
-            isinstance(item, list)
-            and len(item) == 3
-            and item[0] in LISTS
-            and all(isinstance(part, str) and part and part.strip() == part for part in item[1:])
+        if not (isinstance(item, list) and len(item) == 3 and item[0] in LISTS):
+            continue
+        name, resource, selector = item
+        if not isinstance(resource, str) or resource_name_problem(resource) is not None:
+            continue
+        if name == "pciHostDevices":
+            if not (isinstance(selector, str) and _PCI_SELECTOR.fullmatch(selector)):
+                continue
+        elif not (
+            isinstance(selector, str)
+            and 0 < len(selector) <= 128
+            and selector.strip() == selector
+            and selector.isprintable()
         ):
-            found.append(PermittedEntry(item[0], item[1], item[2]))
+            continue
+        found.append(PermittedEntry(name, resource, selector))
     return tuple(found)
 
 
@@ -410,6 +426,7 @@ def plan(
     keep: Set[str] | None = None,
     *,
     serve_requests: bool = False,
+    own_request: str | None = None,
 ) -> KubeVirtPlan:
     """The changes and the guarded JSON Patch that bring ``cr`` to hold ``desired``.
 
@@ -420,6 +437,9 @@ def plan(
     ``serve_requests``: also add the entries of every request annotation on the
     CR (after ``desired``; the first entry for a resource wins) and remove those
     annotations in the same patch, each guarded by a ``test`` of its value.
+    ``own_request``: the writer's own request annotation, removed by the write
+    like the others but never read (``desired`` says what the writer needs now);
+    without ``serve_requests`` the only request the write settles.
     """
     owned = managed_resources(cr)
     lists = permitted(cr)
@@ -428,10 +448,14 @@ def plan(
     foreign: list[str] = []
     own = list(desired)
     own_resources = {e.resource for e in own}
-    requests = pending_requests(cr) if serve_requests else {}
+    requests = pending_requests(cr)
+    if not serve_requests:
+        requests = {k: v for k, v in requests.items() if k == own_request}
     wanted: list[tuple[PermittedEntry, str]] = [(e, "") for e in own]
     seen = set(own_resources)
     for key, requested in requests.items():
+        if key == own_request:
+            continue  # the writer's own request: ``desired`` is what it needs now
         for entry in requested:
             if entry.resource not in seen:
                 seen.add(entry.resource)
@@ -646,13 +670,25 @@ def sync(
     serve = node is not None
     cr = read(api, ref)
     failed_on: str | None = None
+    served_last = False
     for attempt in range(backoff.attempts):
         if failed_on is not None and _rv(cr) == failed_on:
-            raise ClusterError(
-                f"KubeVirt CR {ref}: the API server refused the update although the CR did not "
-                "change since it was read"
-            )
-        p = plan(cr, wanted, keep() if keep is not None else None, serve_requests=serve)
+            if not served_last:
+                raise ClusterError(
+                    f"KubeVirt CR {ref}: the API server refused the update although the CR did "
+                    "not change since it was read"
+                )
+            # Perhaps a request made the write invalid: write our own entries alone.
+            log.warning("KubeVirt CR %s refused a write with other nodes' requests", ref)
+            serve, failed_on = False, None
+        p = plan(
+            cr,
+            wanted,
+            keep() if keep is not None else None,
+            serve_requests=serve,
+            own_request=pending_key(node) if node is not None else None,
+        )
+        served_last = bool(p.served)
         result.attempts = attempt + 1
         result.foreign = p.foreign
         if not p.patch:
@@ -661,6 +697,11 @@ def sync(
             api.patch(ref.path, list(p.patch), "json")
         except (ConflictError, InvalidError) as e:
             result.conflicts += 1
+            if not p.own_changes:
+                # Our entries are all in (the read shows them); the write only carried
+                # other nodes' requests, which the next writer or they themselves settle.
+                log.debug("KubeVirt CR %s: requests not settled (%s); left to others", ref, e)
+                return result
             failed_on = _rv(cr) if isinstance(e, InvalidError) else None
             if node is not None:
                 missing = [c.entry for c in p.own_changes if c.op == "add"]
