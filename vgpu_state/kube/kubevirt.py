@@ -436,7 +436,7 @@ def plan(
 
     ``serve_requests``: also add the entries of every request annotation on the
     CR (after ``desired``; the first entry for a resource wins) and remove those
-    annotations in the same patch, each guarded by a ``test`` of its value.
+    annotations in the same patch (one already gone makes the patch fail).
     ``own_request``: the writer's own request annotation, removed by the write
     like the others but never read (``desired`` says what the writer needs now);
     without ``serve_requests`` the only request the write settles.
@@ -507,11 +507,9 @@ def plan(
     ops: list[JsonObject] = []
     if changes or set(managed) != owned or requests:
         ops = _patch(cr, lists, new_lists, owned, managed)
-        annotations = _get(cr, "metadata", "annotations") or {}
-        for key in requests:
-            path = _annotation_path(key)
-            ops.append({"op": "test", "path": path, "value": annotations[key]})
-            ops.append({"op": "remove", "path": path})
+        # No test of a request's value: a request rewritten meanwhile is removed unserved,
+        # and its node, which returns only once it reads its entries in the CR, asks again.
+        ops.extend({"op": "remove", "path": _annotation_path(key)} for key in requests)
     rv = str(_get(cr, "metadata", "resourceVersion") or "")
     return KubeVirtPlan(
         tuple(changes),
@@ -770,18 +768,17 @@ def _request(
     ``cr`` is the read the lost write was planned from. The write tests
     nothing: it sets one key that only this node writes (JSON Patch ``add``
     replaces its value), so it conflicts with no other writer. Nothing is
-    written when nothing is missing or ``cr`` shows the same request already. A
+    written when nothing is missing or ``cr`` shows a request for all of it. A
     CR without annotations refuses the write (the path does not exist); the
     node then retries on its own, as its next guarded write creates them.
     Entries that another writer added meanwhile make a request that the next
     write finds already settled and simply removes.
     """
     wanted = list(missing)
-    annotations = _annotations(cr)
     key = pending_key(node)
-    value = encode_request(wanted)
-    if not wanted or annotations.get(key) == value:
+    if not wanted or set(wanted) <= set(decode_request(_annotations(cr).get(key))):
         return None
+    value = encode_request(wanted)
     try:
         return api.patch(
             ref.path, [{"op": "add", "path": _annotation_path(key), "value": value}], "json"
