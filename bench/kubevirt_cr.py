@@ -12,7 +12,9 @@ keeps appending its own entries with plain read-modify-write PUTs.
 Each node syncs as the agent does, with its node name: a node that loses a
 race leaves its missing entries in a request annotation on the CR, and every
 winning write adds all requests it sees. ``--solo`` turns that off (every node
-retries only its own entries, as before).
+retries only its own entries, as before); it also runs against older versions
+of ``vgpu_state.kube.kubevirt`` (copy this file into an older checkout), to
+compare them on the same machine.
 
 Printed per run: guarded writes refused (422, the ``test`` op saw a change),
 conflicts (409), retries, requests left on the CR by losing nodes, writes that
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import subprocess
 import sys
@@ -142,9 +145,9 @@ def run(
             barrier.wait()
             started = time.perf_counter()
             try:
-                r = kubevirt.sync(
-                    api, REF, entries, node=None if solo else f"node-{i}", backoff=backoff
-                )
+                # Without a node name (--solo) this runs older versions of the code too.
+                named: dict[str, Any] = {} if solo else {"node": f"node-{i}"}
+                r = kubevirt.sync(api, REF, entries, backoff=backoff, **named)
             except Exception as e:  # reported below; a bench must not hide failures
                 with lock:
                     errors.append(f"node {i}: {e}")
@@ -156,8 +159,8 @@ def run(
                         r.conflicts,
                         r.waited,
                         time.perf_counter() - started,
-                        r.requested,
-                        len(r.served),
+                        getattr(r, "requested", 0),
+                        len(getattr(r, "served", ())),
                     )
                 )
 
@@ -207,7 +210,7 @@ def run(
             if e["resourceName"].startswith("x.io/")
         ]
         annotations = cr["metadata"].get("annotations") or {}
-        requests_left = [k for k in annotations if k.startswith(kubevirt.PENDING_PREFIX)]
+        requests_left = [k for k in annotations if k.startswith("pending.vgpu-state.io/")]
         return {
             "nodes": nodes,
             "entries": len(present),
@@ -257,17 +260,23 @@ def main() -> int:
     print(
         f"{'nodes':>5} {'entries':>7} {'conflicts':>9} {'foreign 409':>11} {'retries':>7} "
         f"{'max':>4} {'requests':>8} {'serving':>7} {'backoff s':>9} {'median s':>8} "
-        f"{'converge s':>10} {'lost':>4} {'dups':>4}"
+        f"{'converge s':>10} {'lost':>4} {'dups':>4} {'server cpu':>10} {'nodes cpu':>10}"
     )
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.nodes:
+            before = os.times()
             r = run(n, args.foreign_writes, Path(tmp), backoff, args.own_types, args.solo)
+            after = os.times()  # the API server's process has ended: its CPU time is in
+            server_cpu = after.children_user + after.children_system
+            server_cpu -= before.children_user + before.children_system
+            client_cpu = after.user + after.system - before.user - before.system
             print(
                 f"{r['nodes']:>5} {r['entries']:>7} {r['conflicts']:>9} {r['foreign_409']:>11} "
                 f"{r['retries']:>7} {r['max_retries']:>4} {r['requested']:>8} "
                 f"{r['serving_writes']:>7} {r['backoff_s']:>9.2f} "
-                f"{r['median_s']:>8.2f} {r['wall_s']:>10.2f} {r['lost']:>4} {r['duplicates']:>4}"
+                f"{r['median_s']:>8.2f} {r['wall_s']:>10.2f} {r['lost']:>4} {r['duplicates']:>4} "
+                f"{server_cpu:>10.2f} {client_cpu:>10.2f}"
             )
             if r["reordered"]:
                 print("  ! the foreign entries are not in the order they were added")
@@ -282,7 +291,9 @@ def main() -> int:
     print("foreign 409: the other controller's stale PUTs; retries: re-reads after a refusal;")
     print("requests: missing entries left on the CR by losing nodes; serving: nodes whose")
     print("accepted write also added other nodes' requests;")
-    print("converge: from the common start to the last node done; lost must be 0.")
+    print("converge: from the common start to the last node done; lost must be 0;")
+    print("server cpu: the test API server's process (one core at most); nodes cpu: all node")
+    print("threads and the foreign writer together (one interpreter, so one core at most).")
     return 1 if failed else 0
 
 
