@@ -123,12 +123,14 @@ class AgentCluster(KubeCluster):
             return written
 
     def rewrite_status(self) -> bool:
-        """Write the last status again with a fresh ``KubeletAllocatable`` condition (no
-        write when nothing changed); ``False`` when no status was written yet."""
+        """Write the last status again, with the newest scan and a fresh
+        ``KubeletAllocatable`` condition (no write when nothing changed); ``False`` when
+        no status was written yet."""
         with self._write_lock:
             if self._last_write is None:
                 return False
-            self.write_status(**self._last_write)
+            # The newest scan observed (a reconcile may be on its way to report it).
+            self.write_status(**{**self._last_write, "snapshot": None})
             return True
 
 
@@ -187,10 +189,12 @@ class ClusterSink:
         self._plugin_failed: str | None = None
 
     def refresh(self, snapshot: NodeSnapshot) -> None:
-        if self.plugin is not None:
-            self._refresh_plugin(self.plugin, snapshot)
+        # The status describes the scan before the plugin advertises it: a status the
+        # allocatable monitor writes meanwhile shows the layout its condition speaks of.
         self._advertised = snapshot
         self._observe(snapshot)
+        if self.plugin is not None:
+            self._refresh_plugin(self.plugin, snapshot)
         if not self._manage:
             return
         try:
