@@ -53,6 +53,7 @@ def test_crd_shape_kubectl_relies_on() -> None:
         "STATE",
         "VGPUS",
         "BLOCKED",
+        "ALLOCATABLE",
         "AGE",
     ]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
@@ -66,7 +67,10 @@ def test_crd_shape_kubectl_relies_on() -> None:
     for column in version["additionalPrinterColumns"]:
         path = column["jsonPath"].strip(".").split(".")
         if path[0] == "status":
-            assert path[1] in status["properties"], column
+            assert path[1].split("[")[0] in status["properties"], column
+    allocatable = version["additionalPrinterColumns"][4]["jsonPath"]
+    assert allocatable == '.status.conditions[?(@.type=="KubeletAllocatable")].status'
+    assert "KubeletAllocatable" in conditions["items"]["properties"]["type"]["enum"]
 
 
 def test_layout_and_capacity_come_from_the_scan(sim_spec_paths: list[Path]) -> None:

@@ -51,6 +51,13 @@ PRINTER_COLUMNS: tuple[JsonSchema, ...] = (
         "jsonPath": ".status.blockedCount",
         "description": "Blocked items of the last plan.",
     },
+    {
+        "name": "Allocatable",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="KubeletAllocatable")].status',
+        "description": "Does the kubelet offer what the device plugin advertises? "
+        "(the KubeletAllocatable condition)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 
