@@ -860,3 +860,41 @@ def test_a_request_the_api_server_refuses_does_not_stop_a_node_adding_its_own(
     assert list(_requests(cr)) == [kubevirt.pending_key("node-b")]
     assert len(apiserver.rejected) == 1 and "POISON" in apiserver.rejected[0]
     apiserver.rejected.clear()  # the one refusal this test provoked
+
+
+def test_a_node_that_loses_to_a_node_adding_the_same_type_writes_no_request(
+    apiserver: RunningApiServer, api: KubeApi, tmp_path: Path
+) -> None:
+    """In a fleet most nodes share their types: the node that lost finds its entry added
+    by the winner, and neither asks for it nor writes again."""
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        _cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
+        namespace="kubevirt",
+    )
+    other = KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "node-b")))
+    shared = _mdev(4)
+    real_get = api.get
+    raced = {"done": False}
+
+    def get_then_race(path: str) -> dict[str, Any]:
+        obj = real_get(path)
+        if not raced["done"]:
+            raced["done"] = True
+            kubevirt.sync(other, REF, [shared], node="node-b")
+        return obj
+
+    api.get = get_then_race  # type: ignore[method-assign]
+    patches = apiserver.counts["PATCH"] + apiserver.counts["422"]
+    result = kubevirt.sync(api, REF, [shared], node="node-a", sleep=lambda _: None)
+    assert result.conflicts == 1 and result.requested == 0 and result.changes == ()
+    # node-b's write and node-a's refused one; no request, no second write.
+    assert apiserver.counts["PATCH"] + apiserver.counts["422"] == patches + 2
+    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
+        FOREIGN_MDEV,
+        shared.to_json(),
+    ]
+    assert _requests(cr) == {}

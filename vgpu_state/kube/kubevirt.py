@@ -671,14 +671,10 @@ def sync(
     served_last = False
     for attempt in range(backoff.attempts):
         if failed_on is not None and _rv(cr) == failed_on:
-            if not served_last:
-                raise ClusterError(
-                    f"KubeVirt CR {ref}: the API server refused the update although the CR did "
-                    "not change since it was read"
-                )
-            # Perhaps a request made the write invalid: write our own entries alone.
-            log.warning("KubeVirt CR %s refused a write with other nodes' requests", ref)
-            serve, failed_on = False, None
+            raise ClusterError(
+                f"KubeVirt CR {ref}: the API server refused the update although the CR did not "
+                "change since it was read"
+            )
         p = plan(
             cr,
             wanted,
@@ -700,16 +696,25 @@ def sync(
                 # other nodes' requests, which the next writer or they themselves settle.
                 log.debug("KubeVirt CR %s: requests not settled (%s); left to others", ref, e)
                 return result
-            failed_on = _rv(cr) if isinstance(e, InvalidError) else None
-            if node is not None:
-                missing = [c.entry for c in p.own_changes if c.op == "add"]
-                after = _request(api, ref, cr, node, missing)
-                if after is not None:
+            if node is None:
+                failed_on = _rv(cr) if isinstance(e, InvalidError) else None
+            else:
+                fresh = read(api, ref)
+                if isinstance(e, InvalidError) and _rv(fresh) == _rv(cr):
+                    if not served_last:
+                        raise ClusterError(
+                            f"KubeVirt CR {ref}: the API server refused the update although "
+                            "the CR did not change since it was read"
+                        ) from e
+                    # Perhaps a request made the write invalid: write our own entries alone.
+                    log.warning("KubeVirt CR %s refused a write with other nodes' requests", ref)
+                    serve, cr = False, fresh
+                    continue
+                # Ask only for what the CR still lacks now: in a fleet most types are
+                # added by another node in the meantime, and then no request is written.
+                missing = [c.entry for c in plan(fresh, wanted).own_changes if c.op == "add"]
+                if _request(api, ref, fresh, node, missing) is not None:
                     result.requested += 1
-                    if failed_on is not None:
-                        # Nobody else wrote since our read: the refusal was real.
-                        same = _same_but(cr, after, pending_key(node))
-                        failed_on = _rv(after) if same else None
             delay = backoff.delay(attempt, rng)
             result.waited += delay
             log.debug("KubeVirt CR %s changed meanwhile (%s); retrying in %.3f s", ref, e, delay)
@@ -742,20 +747,6 @@ def _annotations(cr: Mapping[str, Any]) -> Mapping[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def _same_but(before: Mapping[str, Any], after: Mapping[str, Any], key: str) -> bool:
-    """``after`` is ``before`` with only the annotation ``key`` (and the version) changed."""
-
-    def strip(cr: Mapping[str, Any]) -> JsonObject:
-        copied = copy.deepcopy(dict(cr))
-        meta = copied.get("metadata") or {}
-        meta.pop("resourceVersion", None)
-        meta.pop("managedFields", None)
-        (meta.get("annotations") or {}).pop(key, None)
-        return copied
-
-    return strip(before) == strip(after)
-
-
 def _request(
     api: KubeApi,
     ref: KubeVirtRef,
@@ -765,7 +756,7 @@ def _request(
 ) -> JsonObject | None:
     """Leave ``missing`` in ``node``'s request annotation; the CR after the write, if written.
 
-    ``cr`` is the read the lost write was planned from. The write tests
+    ``cr`` is a read made after the lost write. The write tests
     nothing: it sets one key that only this node writes (JSON Patch ``add``
     replaces its value), so it conflicts with no other writer. Nothing is
     written when nothing is missing or ``cr`` shows a request for all of it. A
