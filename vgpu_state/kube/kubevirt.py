@@ -33,7 +33,7 @@ Ownership: the annotation ``vgpu-state.io/managed-resources`` lists the resource
 names vgpu-state added. Entries not listed there are never changed, removed or
 reordered. An owned entry is removed only when the caller says no node still
 advertises it (:func:`sync`'s ``keep``), which the cluster adapter only does
-while holding the cluster-duties Lease.
+while holding the cluster-duties Lease, and no request on the CR asks for it.
 """
 
 from __future__ import annotations
