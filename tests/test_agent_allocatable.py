@@ -376,7 +376,9 @@ def test_a_lost_resource_turns_false_is_registered_again_and_turns_true(
     assert f'vgpu_state_device_plugin_reregistrations_total{{resource="{A2_4Q}"}}' in metrics
 
 
-def test_a_heartbeat_causes_no_reconcile_no_check_and_no_write(running: InProcess) -> None:
+def test_a_heartbeat_costs_no_reconcile_no_check_no_write_and_a_resync_no_write(
+    running: InProcess,
+) -> None:
     wait_for("True at start", true_with(running, f"{A2_4Q}: 1"))
     quiet: list[tuple[str, str]] = []
 
@@ -396,6 +398,13 @@ def test_a_heartbeat_causes_no_reconcile_no_check_and_no_write(running: InProces
     assert running.triggers[triggers:] == [], "no reconcile was asked for"
     assert running.monitor.evaluations == evaluations, "not even a check"
     assert heartbeat_rv != node_rv
+
+    # A periodic reconcile of the steady node writes nothing either, condition included.
+    before = running.agent.reconciler.last_report
+    running.agent.trigger("resync")
+    wait_for("the resync", lambda: running.agent.reconciler.last_report is not before)
+    assert running.versions() == (heartbeat_rv, status_rv), "a steady node costs no write"
+    assert running.condition()["status"] == "True"
 
 
 def test_dra_published_vgpus_are_in_the_status_but_not_expected_in_allocatable(
