@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -172,39 +172,19 @@ class Journal:
         takes its start fields from its first record; one without ``plan-end``
         is unfinished (:attr:`PastApply.ended` is false).
         """
-        starts: dict[str, dict[str, Any]] = {}
-        steps: dict[str, list[JournalStep]] = {}
-        ends: dict[str, dict[str, Any]] = {}
-        for r in self.records():
-            pid = str(r.get("plan_id"))
-            starts.setdefault(pid, r)
-            steps.setdefault(pid, [])
-            event = r.get("event")
-            if event == "plan-start":
-                starts[pid] = r
-            elif event == "action":
-                steps[pid].append(
-                    JournalStep(
-                        kind=r.get("kind"),
-                        address=r.get("address"),
-                        outcome=r.get("outcome"),
-                        errno=r.get("errno"),
-                    )
-                )
-            elif event == "plan-end":
-                ends[pid] = r
         out: list[PastApply] = []
-        for pid, start in starts.items():
-            end = ends.get(pid)
+        for group in by_apply(self.records()):
+            start = group.start if group.start is not None else group.first
+            end = group.end
             out.append(
                 PastApply(
-                    plan_id=pid,
+                    plan_id=group.plan_id,
                     started=start.get("ts", 0),
                     node=start.get("node"),
                     config=start.get("config"),
                     selection=start.get("selection"),
                     total=start.get("actions"),
-                    steps=tuple(steps[pid]),
+                    steps=tuple(group.steps),
                     ended=end is not None,
                     outcome=end.get("outcome") if end is not None else None,
                     seconds=end.get("seconds") if end is not None else None,
@@ -213,32 +193,89 @@ class Journal:
         return out
 
     def unfinished(self) -> list[UnfinishedPlan]:
-        """Plans that started but never recorded their end (the process died)."""
-        open_plans: dict[str, UnfinishedPlan] = {}
-        for r in self.records():
-            pid = str(r.get("plan_id", ""))
-            event = r.get("event")
-            if event == "plan-start":
-                open_plans[pid] = UnfinishedPlan(
-                    plan_id=pid,
-                    node=str(r.get("node", "")),
-                    config=str(r.get("config", "")),
-                    started=float(r.get("ts", 0.0)),
-                    total=int(r.get("actions", 0)),
-                    done=0,
-                    last_action="",
+        """Plans that started but never recorded their end (the process died) and that
+        no later apply on the same node finished (see :func:`by_apply`)."""
+        out: list[UnfinishedPlan] = []
+        for group in by_apply(self.records(), open_only=True):
+            start = group.start if group.start is not None else group.first
+            ts, total = start.get("ts"), start.get("actions")
+            out.append(
+                UnfinishedPlan(
+                    plan_id=group.plan_id,
+                    node=group.node,
+                    config=str(start.get("config", "")),
+                    started=float(ts) if ts is not None else 0.0,
+                    total=int(total) if total is not None else 0,
+                    done=len(group.steps),
+                    last_action=str(group.steps[-1].address) if group.steps else "",
                 )
-            elif event == "action" and pid in open_plans:
-                u = open_plans[pid]
-                open_plans[pid] = UnfinishedPlan(
-                    u.plan_id, u.node, u.config, u.started, u.total, u.done + 1, str(r["address"])
+            )
+        return out
+
+
+@dataclass
+class ApplyRecords:
+    """The records of one apply (one plan id) in the journal's tail."""
+
+    plan_id: str
+    first: dict[str, Any]
+    """The apply's first record: its ``plan-start`` unless the tail cut that off."""
+    start: dict[str, Any] | None = None
+    """Its ``plan-start`` (the last, should there be more than one)."""
+    steps: list[JournalStep] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+    """Its ``plan-end`` (the last, should there be more than one)."""
+
+    @property
+    def node(self) -> str:
+        """The node its ``plan-start`` names (``""`` when none)."""
+        return str(self.start.get("node", "")) if self.start is not None else ""
+
+
+def by_apply(records: Iterable[dict[str, Any]], *, open_only: bool = False) -> list[ApplyRecords]:
+    """``records`` (oldest first) grouped by plan id, in the order each apply first appears.
+
+    With ``open_only``, only the applies open after the last record: an apply
+    opens at its ``plan-start`` (a repeated one opens it afresh, keeping its
+    place) and counts the steps recorded after it; it closes at its
+    ``plan-end``, and so does every open apply of a node when an apply on that
+    node ends ``converged`` or ``partial``: that apply re-planned against the
+    live state and so finished the interrupted work. Only the open applies are
+    kept while reading, however long the journal.
+    """
+    groups: dict[str, ApplyRecords] = {}
+    for record in records:
+        pid = str(record.get("plan_id"))
+        event = record.get("event")
+        group = groups.get(pid)
+        if event == "plan-start":
+            if group is None or open_only:
+                groups[pid] = ApplyRecords(pid, record, start=record)
+            else:
+                group.start = record
+            continue
+        if open_only and event == "plan-end":
+            groups.pop(pid, None)
+            if record.get("outcome") in ("converged", "partial"):
+                node = str(record.get("node", ""))
+                groups = {k: g for k, g in groups.items() if g.node != node}
+            continue
+        if group is None:
+            if open_only:
+                continue
+            group = groups[pid] = ApplyRecords(pid, record)
+        if event == "action":
+            group.steps.append(
+                JournalStep(
+                    kind=record.get("kind"),
+                    address=record.get("address"),
+                    outcome=record.get("outcome"),
+                    errno=record.get("errno"),
                 )
-            elif event == "plan-end":
-                open_plans.pop(pid, None)
-                if r.get("outcome") in ("converged", "partial"):
-                    node = str(r.get("node", ""))
-                    open_plans = {k: u for k, u in open_plans.items() if u.node != node}
-        return list(open_plans.values())
+            )
+        elif event == "plan-end":
+            group.end = record
+    return list(groups.values())
 
 
 @dataclass(frozen=True)
