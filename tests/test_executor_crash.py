@@ -87,6 +87,7 @@ WANTED = {
     "0000:26:00.0": Counter({"L40S-12Q": 4}),
 }
 ACTIONS = 30
+LATE_KILL_RETRIES = 4
 
 
 def _count_action_ends(journal: Path) -> int:
@@ -106,6 +107,55 @@ def _assert_converged(snap: NodeSnapshot, context: str) -> None:
     assert got == WANTED, f"{context}: layout {got}"
 
 
+def _kill_at_boundary_and_recover(
+    k: int, root: Path, tmp_path: Path, common: list[str], lock: Path, runner: CliRunner
+) -> int:
+    """SIGKILL a real apply once ``k`` actions ended, apply again, check; the steps done."""
+    (root / RESET_CONTROL).write_text("1")
+    journal = tmp_path / f"journal-{k}.jsonl"
+    journal.unlink(missing_ok=True)
+    apply_args = [
+        "apply", *common, "--auto-approve", "--skip-blocked",
+        "--journal", str(journal), "--lock-file", str(lock),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpu_state.cli.main", *apply_args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    while _count_action_ends(journal) < k:
+        assert proc.poll() is None, f"apply ended before step {k}: {proc.stderr}"
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.stderr is not None
+    proc.stderr.close()
+    done = _count_action_ends(journal)
+    assert done >= k
+    finished = any(r.get("event") == "plan-end" for r in Journal(journal).records())
+    if not finished:
+        [unfinished] = Journal(journal).unfinished()
+        assert unfinished.done == done and unfinished.total == ACTIONS
+        planned = runner.invoke(cli, ["plan", *common, "--journal", str(journal)])
+        assert planned.exit_code == 0, planned.output
+        assert "did not finish" in planned.stderr
+        assert f"{done} of {ACTIONS} steps done" in planned.stderr
+    else:
+        # The kill landed after the run's end (only on time for the last boundary).
+        assert done == ACTIONS
+
+    # Exit 1 either way: the in-use vGPU stays blocked.
+    again = runner.invoke(cli, apply_args)
+    assert "Plan: 0 to create, 0 to destroy" in again.output or (
+        "Apply incomplete" in again.output  # the held T4-4C is not wanted
+        and "1 × T4-4C not wanted" in again.output
+    ), again.output
+    assert again.exit_code == 1, again.output
+    _assert_converged(scan(str(root), NODE, catalog=CATALOG), f"killed after step {done}")
+    assert Journal(journal).unfinished() == []
+    return done
+
+
 def test_sigkill_at_every_action_boundary_then_reapply_converges(tmp_path: Path) -> None:
     spec = tmp_path / "node.yaml"
     spec.write_text(SPEC)
@@ -120,47 +170,14 @@ def test_sigkill_at_every_action_boundary_then_reapply_converges(tmp_path: Path)
         ]  # fmt: skip
         killed_after: list[int] = []
         for k in range(1, ACTIONS + 1):
-            (m.root / RESET_CONTROL).write_text("1")
-            journal = tmp_path / f"journal-{k}.jsonl"
-            apply_args = [
-                "apply", *common, "--auto-approve", "--skip-blocked",
-                "--journal", str(journal), "--lock-file", str(lock),
-            ]  # fmt: skip
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "vgpu_state.cli.main", *apply_args],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
-            while _count_action_ends(journal) < k:
-                assert proc.poll() is None, f"apply ended before step {k}: {proc.stderr}"
-                time.sleep(0.001)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            assert proc.stderr is not None
-            proc.stderr.close()
-            done = _count_action_ends(journal)
+            # A kill that lands late (a loaded machine can delay this process by more
+            # than one driver write) still has to recover, and is checked as fully as
+            # any other; the boundary is then tried again so that every one is hit.
+            for _attempt in range(LATE_KILL_RETRIES):
+                done = _kill_at_boundary_and_recover(k, m.root, tmp_path, common, lock, runner)
+                if done == k:
+                    break
             killed_after.append(done)
-            finished = any(r.get("event") == "plan-end" for r in Journal(journal).records())
-            if not finished:
-                [unfinished] = Journal(journal).unfinished()
-                assert unfinished.done == done and unfinished.total == ACTIONS
-                planned = runner.invoke(cli, ["plan", *common, "--journal", str(journal)])
-                assert planned.exit_code == 0, planned.output
-                assert "did not finish" in planned.stderr
-                assert f"{done} of {ACTIONS} steps done" in planned.stderr
-            else:
-                # Only the last boundary can race the end of the run.
-                assert k == ACTIONS
-
-            # Exit 1 either way: the in-use vGPU stays blocked.
-            again = runner.invoke(cli, apply_args)
-            assert "Plan: 0 to create, 0 to destroy" in again.output or (
-                "Apply incomplete" in again.output  # the held T4-4C is not wanted
-                and "1 × T4-4C not wanted" in again.output
-            ), again.output
-            assert again.exit_code == 1, again.output
-            _assert_converged(scan(str(m.root), NODE, catalog=CATALOG), f"killed after step {done}")
-            assert Journal(journal).unfinished() == []
     # Every boundary was hit (a slow poll may land one step late, never early).
     assert all(d >= k for k, d in zip(range(1, ACTIONS + 1), killed_after, strict=True))
     assert len(set(killed_after)) >= ACTIONS - 2, killed_after
