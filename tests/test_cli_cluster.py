@@ -140,8 +140,18 @@ def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(
     assert "+ kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-4Q] will be added" in text.output
     assert "+ kubevirt[kubevirt/kubevirt].pciHostDevices[nvidia.com/NVIDIA_L40S-12C]" in text.output
     assert "cluster change(s)" in text.output
+    # The capacity section says which resources the KubeVirt CR gains.
+    assert "  nvidia.com/GRID_T4-4Q  " in text.output
+    t4 = next(line for line in text.output.splitlines() if "nvidia.com/GRID_T4-4Q  " in line)
+    assert t4.split()[1:5] == ["0", "→", "4", "(+4)"]
+    assert t4.endswith("[added to the KubeVirt CR]")
     as_json = json.loads(run("plan", *_common(kubeconfig, spec), "-o", "json").output)
-    assert as_json["format_version"] == "1.3"
+    assert as_json["format_version"] == "1.4"
+    kubevirt = {c["resource"]: c["kubevirt"] for c in as_json["capacity"]}
+    assert kubevirt["nvidia.com/GRID_T4-4Q"] == "add"
+    assert {a["resource"] for a in as_json["cluster_actions"] if a["op"] == "add"} == {
+        r for r, op in kubevirt.items() if op == "add"
+    }
     addresses = [a["address"] for a in as_json["cluster_actions"]]
     assert "kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A2-4Q]" in addresses
     assert as_json["summary"]["cluster"] == len(addresses)

@@ -176,6 +176,42 @@ def test_unknown_fields_of_a_newer_minor_version_are_ignored(saved: tuple[Path, 
     assert r.exit_code == 0, r.output
 
 
+def test_a_plan_saved_before_the_blast_radius_still_applies(saved: tuple[Path, Path]) -> None:
+    _, plan = saved
+
+    def older(doc: dict[str, Any]) -> None:
+        doc["plan"]["format_version"] = "1.3"
+        for key in ("disruption", "capacity", "affected", "protected"):
+            del doc["plan"][key]
+        for a in doc["plan"]["actions"]:
+            del a["disruption"]
+
+    edit(plan, older)
+    r = run("apply", str(plan))
+    assert r.exit_code == 0, r.output
+    assert "Apply complete: 9 done" in r.output
+
+
+def test_a_destroy_relabelled_as_harmless_is_refused(saved: tuple[Path, Path]) -> None:
+    spec, plan = saved
+
+    def harmless(doc: dict[str, Any]) -> None:
+        for a in doc["plan"]["actions"]:
+            if a["kind"] == "destroy":
+                a["disruption"] = "none"
+
+    edit(plan, harmless)
+    refused(
+        spec, plan, "plan.actions[2].disruption", "disruption 'none' is not the level of a destroy"
+    )
+
+
+def test_a_disruption_level_that_does_not_exist_is_named(saved: tuple[Path, Path]) -> None:
+    spec, plan = saved
+    edit(plan, lambda doc: doc["plan"]["disruption"].update(level="meh"))
+    refused(spec, plan, "plan.disruption.level", "'meh'")
+
+
 def test_unknown_fields_in_this_version_are_refused(saved: tuple[Path, Path]) -> None:
     spec, plan = saved
     edit(plan, lambda doc: doc["plan"]["actions"][0].update(extra=1))

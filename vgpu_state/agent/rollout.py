@@ -14,14 +14,18 @@ import contextlib
 import logging
 
 from vgpu_state.kube.rollout import LeaseApiError, RolloutSlots, Slot
-from vgpu_state.model.plan import ActionKind, Plan
+from vgpu_state.model.plan import Disruption, Plan, plan_disruption
 
 log = logging.getLogger(__name__)
 
 
 def disruptive(plan: Plan) -> bool:
-    """The plan destroys a vGPU (anything else it does only adds)."""
-    return any(a.kind is ActionKind.DESTROY for a in plan.actions)
+    """The plan takes something away: a step above ``none`` (:class:`Disruption`).
+
+    Today that is a plan that destroys a vGPU; anything else it does only adds.
+    Computed from the steps themselves, not from the plan's stored summary.
+    """
+    return plan_disruption(plan.actions).level is not Disruption.NONE
 
 
 class LeaseRolloutGate:

@@ -56,10 +56,13 @@ from vgpu_state.model.plan import ClusterAction
 from vgpu_state.model.resources import (
     DEFAULT_DOMAIN,
     ResourceNameError,
+    driver_type_name,
+    name_prefix,
     resource_name,
     resource_name_problem,
+    sysfs_names,
 )
-from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
+from vgpu_state.model.snapshot import NodeSnapshot, SysfsInterface
 
 log = logging.getLogger(__name__)
 
@@ -214,13 +217,11 @@ def desired_entries(snapshot: NodeSnapshot, domain: str = DEFAULT_DOMAIN) -> Des
     """
     found: dict[tuple[ListName, str], PermittedEntry] = {}
     problems: list[str] = []
-    known = _sysfs_names(snapshot)
+    known = sysfs_names(snapshot)
     for gpu in snapshot.gpus:
-        prefix = _name_prefix(gpu)
+        prefix = name_prefix(gpu)
         for v in gpu.vgpus:
-            name = v.type_sysfs_name or (known.get(v.type_id) if v.type_id is not None else None)
-            if not name and prefix and v.type_name:
-                name = f"{prefix} {v.type_name}"
+            name = driver_type_name(v, known, prefix)
             if not name:
                 what = v.type_name or f"type id {v.type_id}"
                 problems.append(
@@ -244,35 +245,6 @@ def desired_entries(snapshot: NodeSnapshot, domain: str = DEFAULT_DOMAIN) -> Des
                 )
             found.setdefault((entry.list, entry.resource), entry)
     return Desired(tuple(sorted(found.values())), tuple(problems))
-
-
-def _name_prefix(gpu: Gpu) -> str | None:
-    """The product prefix the driver puts before a type on this GPU (``NVIDIA``, ``GRID``).
-
-    Read off any type whose full and short names the GPU shows; the driver names
-    every type of a GPU the same way.
-    """
-    named: list[tuple[str | None, str | None]] = [
-        (t.sysfs_name, t.name) for vf in gpu.vfs for t in vf.creatable
-    ]
-    named += [(t.sysfs_name, t.name) for t in gpu.pf_creatable]
-    named += [(v.type_sysfs_name, v.type_name) for v in gpu.vgpus]
-    for full, short in named:
-        if full and short and full.endswith(short) and full != short:
-            return full[: -len(short)].strip() or None
-    return None
-
-
-def _sysfs_names(snapshot: NodeSnapshot) -> dict[int, str]:
-    names: dict[int, str] = {}
-    for gpu in snapshot.gpus:
-        for t in (*gpu.pf_creatable, *(t for vf in gpu.vfs for t in vf.creatable)):
-            if t.sysfs_name:
-                names.setdefault(t.type_id, t.sysfs_name)
-        for v in gpu.vgpus:
-            if v.type_sysfs_name and v.type_id is not None:
-                names.setdefault(v.type_id, v.type_sysfs_name)
-    return names
 
 
 # reading the CR -------------------------------------------------------------------

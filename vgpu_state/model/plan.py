@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.frozen import Frozen
@@ -13,7 +13,7 @@ from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.policy import Policy, Publish
 from vgpu_state.model.snapshot import SysfsInterface
 
-PLAN_FORMAT_VERSION = "1.3"
+PLAN_FORMAT_VERSION = "1.4"
 
 
 class ActionKind(StrEnum):
@@ -22,8 +22,62 @@ class ActionKind(StrEnum):
     CREATE = "create"
 
 
+class Disruption(StrEnum):
+    """How far a step reaches beyond what it changes (the plan's is its worst step's).
+
+    * ``none``: nothing that exists goes away (creates; enabling the virtual
+      functions of a GPU whose VFs are off, which holds no vGPU then);
+    * ``device``: vGPUs are destroyed, one by one; the other vGPUs of the GPU stay;
+    * ``gpu``: a GPU is reset, rebound or its virtual functions disabled, so every
+      vGPU on it goes away. No step of vgpu-state's plans does this: virtual
+      functions are never disabled and no GPU is reset or rebound.
+
+    No step restarts a node service (kubelet, driver daemons), so there is no
+    node-wide level.
+    """
+
+    NONE = "none"
+    DEVICE = "device"
+    GPU = "gpu"
+
+    @property
+    def rank(self) -> int:
+        return _DISRUPTION_RANK[self]
+
+
+_DISRUPTION_RANK = {Disruption.NONE: 0, Disruption.DEVICE: 1, Disruption.GPU: 2}
+
+
+def action_disruption(kind: ActionKind) -> Disruption:
+    """The one classification of a step: a destroy is ``device``, anything else ``none``."""
+    return Disruption.DEVICE if kind is ActionKind.DESTROY else Disruption.NONE
+
+
 class Action(Frozen):
     """One host change. ``before``/``after`` describe the object (``None`` = absent)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _classify(cls, data: Any) -> Any:
+        """Fill ``disruption`` from ``kind`` (plans saved before it existed lack it)."""
+        if isinstance(data, dict) and "disruption" not in data and "kind" in data:
+            try:
+                kind = ActionKind(data["kind"])
+            except ValueError:
+                return data
+            return {**data, "disruption": action_disruption(kind).value}
+        return data
+
+    @field_validator("disruption")
+    @classmethod
+    def _check_disruption(cls, value: Disruption, info: ValidationInfo) -> Disruption:
+        kind = info.data.get("kind")
+        if isinstance(kind, ActionKind) and value is not action_disruption(kind):
+            raise ValueError(
+                f"disruption {value.value!r} is not the level of a {kind.value} step "
+                f"({action_disruption(kind).value})"
+            )
+        return value
 
     kind: ActionKind
     address: str
@@ -39,6 +93,8 @@ class Action(Frozen):
     before: dict[str, Any] | None = None
     after: dict[str, Any] | None = None
     reason: str = ""
+    disruption: Disruption = Disruption.NONE
+    """What the step takes away (:func:`action_disruption` of ``kind``)."""
 
 
 class Blocked(Frozen):
@@ -98,6 +154,61 @@ class Summary(Frozen):
     """Cluster actions (KubeVirt CR entries to add, update or remove)."""
 
 
+class PlanDisruption(Frozen):
+    """The plan's disruption: its worst step's level and what goes away."""
+
+    level: Disruption = Disruption.NONE
+    destroyed: int = 0
+    """vGPUs the plan destroys."""
+    held: int = 0
+    """Of those, vGPUs a pod or VM holds (only under ``in-use: ignore``)."""
+    gpus: int = 0
+    """GPUs with a step above ``none``."""
+
+
+def plan_disruption(
+    actions: tuple[Action, ...], held: frozenset[str] = frozenset()
+) -> PlanDisruption:
+    """The plan-level classification from the steps' own (``held``: held vGPU keys)."""
+    level = Disruption.NONE
+    gpus: set[str] = set()
+    destroyed = held_n = 0
+    for a in actions:
+        if a.disruption.rank > level.rank:
+            level = a.disruption
+        if a.disruption is not Disruption.NONE:
+            gpus.add(a.gpu)
+        if a.kind is ActionKind.DESTROY:
+            destroyed += 1
+            held_n += (a.vf or a.uuid or "") in held
+    return PlanDisruption(level=level, destroyed=destroyed, held=held_n, gpus=len(gpus))
+
+
+class Capacity(Frozen):
+    """One resource the node offers now or after the plan: vGPUs before and after."""
+
+    resource: str | None
+    """The extended resource (``nvidia.com/NVIDIA_A2-4Q``); ``None`` while the driver's
+    name of the type is not known (a GPU whose virtual functions are still off)."""
+    type_name: str
+    """The driver's name of the type (``NVIDIA A2-4Q``), else the short name."""
+    publish: Publish
+    before: int
+    after: int
+    """After the plan; blocked steps count as not taken."""
+    held: int = 0
+    """vGPUs of this resource a pod or VM holds now."""
+    kubevirt: Literal["add", "update", "remove"] | None = None
+    """The change to this resource's KubeVirt CR entry, when the plan has one."""
+
+
+class Holder(Frozen):
+    """A pod or VM and how many of its vGPUs a plan touches (or protects)."""
+
+    holder: str
+    vgpus: int
+
+
 class Selection(Frozen):
     config: str
     source: str
@@ -117,6 +228,13 @@ class Plan(Frozen):
     summary: Summary
     cluster_actions: tuple[ClusterAction, ...] = ()
     """After the host's actions: what changes in cluster objects (empty without a cluster)."""
+    disruption: PlanDisruption = PlanDisruption()
+    capacity: tuple[Capacity, ...] = ()
+    """Per resource (and channel): vGPUs now and after the plan, sorted by resource."""
+    affected: tuple[Holder, ...] = ()
+    """Holders whose vGPUs the plan destroys (possible only under ``in-use: ignore``)."""
+    protected: tuple[Holder, ...] = ()
+    """Holders whose vGPUs stay because of ``in-use: protect`` (blocked items)."""
 
     def gpu_actions(self, address: str) -> tuple[Action, ...]:
         return tuple(a for a in self.actions if a.gpu == address)
@@ -139,11 +257,17 @@ class Plan(Frozen):
         summary = self.summary.model_copy(
             update={"cluster": len(actions), "blocked": self.summary.blocked + len(blocked)}
         )
+        ops = {a.resource: a.op for a in actions}
+        capacity = tuple(
+            c.model_copy(update={"kubevirt": ops.get(c.resource) if c.resource else None})
+            for c in self.capacity
+        )
         return self.model_copy(
             update={
                 "cluster_actions": actions,
                 "blocked": (*self.blocked, *blocked),
                 "summary": summary,
+                "capacity": capacity,
             }
         )
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
+
 DEFAULT_DOMAIN = "nvidia.com"
 
 _WHITESPACE = re.compile(r"\s+")
@@ -71,3 +73,43 @@ def env_var(resource: str, kind: Literal["mdev", "vf"]) -> str:
     """
     prefix = "MDEV_PCI_RESOURCE" if kind == "mdev" else "PCI_RESOURCE"
     return f"{prefix}_{resource.upper().replace('/', '_').replace('.', '_')}"
+
+
+def name_prefix(gpu: Gpu) -> str | None:
+    """The product prefix the driver puts before a type on this GPU (``NVIDIA``, ``GRID``).
+
+    Read off any type whose full and short names the GPU shows; the driver names
+    every type of a GPU the same way.
+    """
+    named: list[tuple[str | None, str | None]] = [
+        (t.sysfs_name, t.name) for vf in gpu.vfs for t in vf.creatable
+    ]
+    named += [(t.sysfs_name, t.name) for t in gpu.pf_creatable]
+    named += [(v.type_sysfs_name, v.type_name) for v in gpu.vgpus]
+    for full, short in named:
+        if full and short and full.endswith(short) and full != short:
+            return full[: -len(short)].strip() or None
+    return None
+
+
+def sysfs_names(snapshot: NodeSnapshot) -> dict[int, str]:
+    """The driver's (sysfs) name of every type id the node shows."""
+    names: dict[int, str] = {}
+    for gpu in snapshot.gpus:
+        for t in (*gpu.pf_creatable, *(t for vf in gpu.vfs for t in vf.creatable)):
+            if t.sysfs_name:
+                names.setdefault(t.type_id, t.sysfs_name)
+        for v in gpu.vgpus:
+            if v.type_sysfs_name and v.type_id is not None:
+                names.setdefault(v.type_id, v.type_sysfs_name)
+    return names
+
+
+def driver_type_name(v: Vgpu, known: dict[int, str], prefix: str | None) -> str | None:
+    """The driver's name of a vGPU's type: its own, the node's for its type id, else
+    the GPU's product prefix before the short name; ``None`` when none is known (a
+    vGPU a plan will create on a GPU whose virtual functions are still off)."""
+    name = v.type_sysfs_name or (known.get(v.type_id) if v.type_id is not None else None)
+    if not name and prefix and v.type_name:
+        name = f"{prefix} {v.type_name}"
+    return name or None

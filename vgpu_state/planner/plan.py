@@ -29,6 +29,7 @@ from vgpu_state.model.plan import (
 )
 from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, OfferedType, SysfsInterface, Vgpu
+from vgpu_state.planner.blast import with_blast_radius
 from vgpu_state.planner.identity import free_uuids
 
 
@@ -462,7 +463,7 @@ class _Planner:
             blocked=len(blocked),
             kept=sum(h.kept for h in headers if h.managed),
         )
-        return Plan(
+        p = Plan(
             node=self.node,
             selection=Selection(
                 config=self.desired.config, source=self.desired.selection_source
@@ -474,6 +475,7 @@ class _Planner:
             blocked=tuple(blocked),
             summary=summary,
         )
+        return with_blast_radius(p, self.snapshot, self.in_use)
 
 
 def driver_type(g: Gpu, model: GpuModel | None, listed: OfferedType) -> VgpuType:

@@ -5,7 +5,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vgpu_state.model.plan import Action, ActionKind, Blocked, ClusterAction, GpuPlan, Plan
+from vgpu_state.model.plan import (
+    Action,
+    ActionKind,
+    Blocked,
+    Capacity,
+    ClusterAction,
+    Disruption,
+    GpuPlan,
+    Holder,
+    Plan,
+)
 from vgpu_state.model.policy import Publish
 
 SYMBOLS = {
@@ -123,9 +133,77 @@ def render_text(plan: Plan) -> str:
         lines.extend(_cluster_lines(c) for c in plan.cluster_actions)
         for b in cluster_blocked:
             lines += [f"  ! {b.address} blocks vGPU changes on this node", f"      {b.reason}"]
+    if plan.capacity:
+        lines += ["", "Capacity (vGPUs per resource, now → after this plan):"]
+        lines.extend(capacity_lines(plan.capacity))
     lines.append("")
+    lines.extend(blast_lines(plan))
     lines.append(summary_line(plan))
     return "\n".join(lines) + "\n"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def capacity_lines(capacity: tuple[Capacity, ...]) -> list[str]:
+    """One line per resource: ``nvidia.com/NVIDIA_A2-4Q  2 → 4 (+2)``, aligned."""
+    names = [c.resource or f"{c.type_name} (resource name not known yet)" for c in capacity]
+    width = max(len(n) for n in names)
+    counts = [
+        f"{c.before} → {c.after}" + (f" ({c.after - c.before:+d})" if c.after != c.before else "")
+        for c in capacity
+    ]
+    count_width = max(len(n) for n in counts)
+    lines = []
+    for c, name, count in zip(capacity, names, counts, strict=True):
+        notes = []
+        if c.publish is Publish.DRA:
+            notes.append("DRA")
+        if c.held:
+            notes.append(f"{c.held} held")
+        if c.after == 0 and c.before > 0:
+            notes.append("none left: VMs asking for it cannot start here")
+        if c.kubevirt == "remove":
+            notes.append("removed from the KubeVirt CR")
+        elif c.kubevirt == "add":
+            notes.append("added to the KubeVirt CR")
+        tail = f"  [{'; '.join(notes)}]" if notes else ""
+        lines.append(f"  {name:<{width}}  {count:<{count_width}}{tail}".rstrip())
+    return lines
+
+
+def _holders(items: tuple[Holder, ...]) -> str:
+    return ", ".join(f"{h.holder} ({_plural(h.vgpus, 'vGPU')})" for h in items)
+
+
+def blast_lines(plan: Plan) -> list[str]:
+    """``Disruption:`` and, when a holder is concerned, ``Affected:`` or ``Protected:``."""
+    d = plan.disruption
+    if d.level is Disruption.NONE:
+        what = "creates only" if plan.summary.create else "nothing is destroyed"
+        if plan.summary.sriov:
+            what = "nothing is destroyed; enabling SR-IOV adds virtual functions"
+        lines = [f"Disruption: none ({what})"]
+    else:
+        free = d.destroyed - d.held
+        parts = []
+        if free:
+            parts.append(f"{_plural(free, 'free vGPU')}")
+        if d.held:
+            parts.append(f"{_plural(d.held, 'held vGPU')}")
+        lines = [
+            f"Disruption: {d.level.value} ({' and '.join(parts)} destroyed on "
+            f"{_plural(d.gpus, 'GPU')})"
+        ]
+    if plan.affected:
+        lines.append(
+            f"Affected (policy in-use: ignore, their vGPUs are destroyed): "
+            f"{_holders(plan.affected)}"
+        )
+    if plan.protected:
+        lines.append(f"Protected (policy in-use: protect): {_holders(plan.protected)}")
+    return lines
 
 
 def _cluster_lines(c: ClusterAction) -> str:
