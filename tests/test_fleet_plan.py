@@ -171,7 +171,7 @@ def test_json_plans_each_node_from_its_labels_and_reported_layout(fleet: Fleet) 
     done = fleet.run("-o", "json")
     assert done.exit_code == 0, done.output
     doc = json.loads(done.stdout)
-    assert (doc["kind"], doc["format_version"]) == ("vgpu-state-fleet-plan", "1.0")
+    assert (doc["kind"], doc["format_version"]) == ("vgpu-state-fleet-plan", "1.1")
     nodes = _by_node(doc)
     assert sorted(nodes) == ["node-a", "node-b", "node-c"]
 
@@ -208,9 +208,51 @@ def test_json_plans_each_node_from_its_labels_and_reported_layout(fleet: Fleet) 
         "destroy": a["plan"]["summary"]["destroy"],
         "sriov": 0,
         "blocked": len(a["plan"]["blocked"]),
+        "disruption": {"none": 3, "device": 0, "gpu": 0},
+        "capacity": totals["capacity"],
     }
     assert totals["create"] == 6 + a["plan"]["summary"]["create"]
+    assert {c["resource"]: (c["before"], c["after"], c["nodes"]) for c in totals["capacity"]}[
+        "nvidia.com/GRID_T4-4Q"
+    ] == (4, 10, 2)
     assert doc["complete"] is True
+
+
+def test_totals_sum_capacity_per_resource_and_count_nodes_per_disruption_level(
+    fleet: Fleet,
+) -> None:
+    # node-d: two T4 switching to one T4-8C each; one of its two T4-4Q is held.
+    fleet.node("node-d", {"nvidia.com/vgpu.config": "mixed"})
+    fleet.report("node-d", _scan("t4-pair.yaml", "node-d"), {HELD_T4: "vm default/cad-1"})
+    done = fleet.run("-o", "json")
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout)
+    d = _by_node(doc)["node-d"]["plan"]
+    assert d["disruption"] == {"level": "device", "destroyed": 1, "held": 0, "gpus": 1}
+    totals = doc["totals"]
+    assert totals["disruption"] == {"none": 3, "device": 1, "gpu": 0}
+    capacity = {c["resource"]: c for c in totals["capacity"]}
+    # node-b 2 → 8, node-c 2 → 2, node-d 2 → 1 (the held one stays).
+    assert capacity["nvidia.com/GRID_T4-4Q"] == {
+        "resource": "nvidia.com/GRID_T4-4Q",
+        "type_name": "GRID T4-4Q",
+        "publish": "device-plugin",
+        "before": 6,
+        "after": 11,
+        "held": 2,
+        "nodes": 3,
+    }
+    # node-a keeps its T4-8C; node-d's second T4 gets one, its first is blocked by the held T4-4Q.
+    t4_8c = capacity["nvidia.com/GRID_T4-8C"]
+    assert (t4_8c["before"], t4_8c["after"]) == (1, 2)
+
+    out = fleet.run().stdout.splitlines()
+    assert out[-1].startswith("Fleet: 4 node(s): 3 with changes, 1 unchanged")
+    assert out[-2] == "Disruption: nodes per level: 3 none, 1 device, 0 gpu."
+    assert "Capacity across the planned nodes (vGPUs per resource, now → after):" in out
+    t4 = next(line for line in out if line.startswith("  nvidia.com/GRID_T4-4Q "))
+    assert t4.split()[1:5] == ["6", "→", "11", "(+5)"]
+    assert t4.endswith("[on 3 node(s); 2 held]")
 
 
 def test_table_shows_each_changed_node_with_its_holders_and_the_totals(fleet: Fleet) -> None:

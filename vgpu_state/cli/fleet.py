@@ -21,6 +21,8 @@ from pydantic_core import to_json
 
 from vgpu_state.cli.common import handle_errors
 from vgpu_state.model.plan import ActionKind, Blocked, GpuPlan, Plan
+from vgpu_state.model.policy import Publish
+from vgpu_state.planner.render import before_after
 from vgpu_state.reconcile.fleet import FleetPlan, NodePlan, Outcome, fleet_document
 
 DEFAULT_MAX_AGE = "30m"
@@ -325,6 +327,29 @@ def totals_line(result: FleetPlan) -> str:
     )
 
 
+def capacity_lines(result: FleetPlan) -> list[str]:
+    """The fleet's capacity per resource (now → after) and its nodes per disruption level."""
+    t = result.totals
+    lines: list[str] = []
+    if t.capacity:
+        names = [c.resource or f"{c.type_name} (resource name not known yet)" for c in t.capacity]
+        counts = [before_after(c.before, c.after) for c in t.capacity]
+        width, count_width = max(map(len, names)), max(map(len, counts))
+        lines.append("Capacity across the planned nodes (vGPUs per resource, now → after):")
+        for c, name, count in zip(t.capacity, names, counts, strict=True):
+            notes = [f"on {c.nodes} node(s)"]
+            if c.publish is Publish.DRA:
+                notes.append("DRA")
+            if c.held:
+                notes.append(f"{c.held} held")
+            if c.after == 0 and c.before > 0:
+                notes.append("none left")
+            lines.append(f"  {name:<{width}}  {count:<{count_width}}  [{'; '.join(notes)}]")
+    levels = ", ".join(f"{n} {level.value}" for level, n in t.disruption)
+    lines.append(f"Disruption: nodes per level: {levels}.")
+    return lines
+
+
 def render_table(result: FleetPlan, config_file: str, out: TextIO, colour: bool = False) -> None:
     """A table per node that would change, then every node on a line, then the totals."""
     lines = [
@@ -343,5 +368,6 @@ def render_table(result: FleetPlan, config_file: str, out: TextIO, colour: bool 
     lines += format_table(
         FLEET_HEADERS, list(fleet_rows(result)), right=frozenset({3, 4, 5, 6}), colour=colour
     )
-    lines += ["", _paint(totals_line(result), "bold", colour)]
+    lines += ["", *capacity_lines(result)]
+    lines += [_paint(totals_line(result), "bold", colour)]
     out.write("\n".join(lines) + "\n")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from functools import lru_cache
 
 from vgpu_state.model.errors import BlockedReason
-from vgpu_state.model.pci import PciAddress
-from vgpu_state.model.plan import ActionKind, Capacity, Holder, Plan, plan_disruption
+from vgpu_state.model.plan import Action, ActionKind, Capacity, Holder, Plan, plan_disruption
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.resources import (
     ResourceNameError,
@@ -24,48 +24,111 @@ from vgpu_state.model.resources import (
     resource_name,
     sysfs_names,
 )
-from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner.expected import expected_snapshot
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
 
 _Key = tuple[str, str, Publish]
 """(resource or "", type name, channel)."""
 
 
-def _count(
-    snapshot: NodeSnapshot,
-    known: dict[int, str],
-    publish: Mapping[PciAddress, Publish],
-    default: Publish,
-    in_use: Mapping[str, str],
-) -> tuple[Counter[_Key], Counter[_Key]]:
-    total: Counter[_Key] = Counter()
-    held: Counter[_Key] = Counter()
-    for g in snapshot.gpus:
-        prefix = name_prefix(g)
-        channel = publish.get(g.address, default)
-        for v in g.vgpus:
-            name = driver_type_name(v, known, prefix)
-            resource = ""
-            if name:
-                try:
-                    resource = resource_name(name)
-                except ResourceNameError:
-                    resource = ""
-            key = (resource, name or v.type_name or f"type id {v.type_id}", channel)
-            total[key] += 1
-            if v.key in in_use:
-                held[key] += 1
-    return total, held
+@lru_cache(maxsize=4096)
+def _resource(name: str) -> str:
+    """The resource of a driver type name, or "" when the name cannot be one."""
+    try:
+        return resource_name(name)
+    except ResourceNameError:
+        return ""
+
+
+def _key(name: str | None, short: str, channel: Publish) -> _Key:
+    return (_resource(name), name, channel) if name else ("", short, channel)
+
+
+class _Names:
+    """The driver's type names of a node, read off the scan only when asked."""
+
+    def __init__(self, snapshot: NodeSnapshot) -> None:
+        self.snapshot = snapshot
+        self._known: dict[int, str] | None = None
+        self._prefixes: dict[str, str | None] = {}
+        self._listed_names: dict[tuple[str, int], str | None] = {}
+
+    @property
+    def known(self) -> dict[int, str]:
+        if self._known is None:
+            self._known = sysfs_names(self.snapshot)
+        return self._known
+
+    def prefix(self, g: Gpu) -> str | None:
+        if g.address not in self._prefixes:
+            self._prefixes[g.address] = name_prefix(g)
+        return self._prefixes[g.address]
+
+    def of_vgpu(self, g: Gpu, v: Vgpu) -> str | None:
+        if v.type_sysfs_name:
+            return v.type_sysfs_name
+        return driver_type_name(v, self.known, self.prefix(g))
+
+    def _listed(self, g: Gpu, a: Action) -> str | None:
+        """The driver's name of the create's type id: from its parent's list, else the node's."""
+        if a.type_id is None:
+            return None
+        cache_key = (g.address, a.type_id)
+        if cache_key in self._listed_names:
+            return self._listed_names[cache_key]
+        name: str | None = None
+        parent = next((vf for vf in g.vfs if vf.address == a.parent), None)
+        for t in (*(parent.creatable if parent is not None else ()), *g.pf_creatable):
+            if t.type_id == a.type_id and t.sysfs_name:
+                name = t.sysfs_name
+                break
+        if name is None:
+            name = self.known.get(a.type_id)
+        self._listed_names[cache_key] = name
+        return name
+
+    def of_create(self, g: Gpu, a: Action) -> str | None:
+        name = self._listed(g, a)
+        if not name and a.type_name:
+            prefix = self.prefix(g)
+            if prefix:
+                name = f"{prefix} {a.type_name}"
+        return name
 
 
 def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> tuple[Capacity, ...]:
-    """Per resource and channel: vGPUs now, after the plan, and held now."""
-    after_snapshot = expected_snapshot(plan, snapshot) if plan.actions else snapshot
-    known = sysfs_names(snapshot)
+    """Per resource and channel: vGPUs now, after the plan, and held now.
+
+    Counted as :func:`~vgpu_state.planner.expected.expected_snapshot` would leave
+    the node (destroys remove a vGPU, creates add one), without building it.
+    """
+    names = _Names(snapshot)
     publish = {g.address: g.publish for g in plan.gpus}
     default = plan.policy.publish
-    before, held = _count(snapshot, known, publish, default, in_use)
-    after, _ = _count(after_snapshot, known, publish, default, {})
+    before: Counter[_Key] = Counter()
+    after: Counter[_Key] = Counter()
+    held: Counter[_Key] = Counter()
+    by_gpu: dict[str, list[Action]] = {}
+    for a in plan.actions:
+        by_gpu.setdefault(a.gpu, []).append(a)
+    for g in snapshot.gpus:
+        channel = publish.get(g.address, default)
+        keys: dict[str, _Key] = {}
+        for v in g.vgpus:
+            short = v.type_name or f"type id {v.type_id}"
+            key = _key(names.of_vgpu(g, v), short, channel)
+            keys[v.key] = key
+            before[key] += 1
+            if v.key in in_use:
+                held[key] += 1
+        after.update(keys.values())
+        for a in by_gpu.get(g.address, ()):
+            if a.kind is ActionKind.DESTROY:
+                gone = keys.get(a.vf or a.uuid or "")
+                if gone is not None:
+                    after[gone] -= 1
+            elif a.kind is ActionKind.CREATE:
+                short = a.type_name or f"type id {a.type_id}"
+                after[_key(names.of_create(g, a), short, channel)] += 1
     return tuple(
         Capacity(
             resource=key[0] or None,

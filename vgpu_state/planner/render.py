@@ -146,14 +146,16 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def before_after(before: int, after: int) -> str:
+    """``2 → 4 (+2)``; ``1 → 1`` when nothing changes."""
+    return f"{before} → {after}" + (f" ({after - before:+d})" if after != before else "")
+
+
 def capacity_lines(capacity: tuple[Capacity, ...]) -> list[str]:
     """One line per resource: ``nvidia.com/NVIDIA_A2-4Q  2 → 4 (+2)``, aligned."""
     names = [c.resource or f"{c.type_name} (resource name not known yet)" for c in capacity]
     width = max(len(n) for n in names)
-    counts = [
-        f"{c.before} → {c.after}" + (f" ({c.after - c.before:+d})" if c.after != c.before else "")
-        for c in capacity
-    ]
+    counts = [before_after(c.before, c.after) for c in capacity]
     count_width = max(len(n) for n in counts)
     lines = []
     for c, name, count in zip(capacity, names, counts, strict=True):

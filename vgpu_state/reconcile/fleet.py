@@ -21,7 +21,8 @@ from vgpu_state.config import StaticConfigSource
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.model.errors import HostError, Reason, VgpuStateError
 from vgpu_state.model.fleet import ReportedNode, Unknown, UnknownReason
-from vgpu_state.model.plan import Plan
+from vgpu_state.model.plan import Disruption, Plan
+from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner.render import plan_document
 from vgpu_state.ports import MemoryCluster
@@ -29,7 +30,7 @@ from vgpu_state.reconcile.once import Mode, Ports, reconcile_once
 from vgpu_state.reconcile.settings import Settings
 
 FLEET_PLAN_KIND = "vgpu-state-fleet-plan"
-FLEET_FORMAT_VERSION = "1.0"
+FLEET_FORMAT_VERSION = "1.1"
 
 
 class Outcome(StrEnum):
@@ -105,6 +106,20 @@ class NodePlan:
 
 
 @dataclass(frozen=True)
+class FleetCapacity:
+    """One resource (and channel) summed over the planned nodes: vGPUs now and after."""
+
+    resource: str | None
+    type_name: str
+    publish: Publish
+    before: int
+    after: int
+    held: int
+    nodes: int
+    """Planned nodes that offer it now or after the plan."""
+
+
+@dataclass(frozen=True)
 class Totals:
     nodes: int = 0
     changed: int = 0
@@ -115,6 +130,27 @@ class Totals:
     destroy: int = 0
     sriov: int = 0
     blocked: int = 0
+    capacity: tuple[FleetCapacity, ...] = ()
+    disruption: tuple[tuple[Disruption, int], ...] = ()
+    """Planned nodes per disruption level, every level listed (``none`` first)."""
+
+
+def _fleet_capacity(plans: list[Plan]) -> tuple[FleetCapacity, ...]:
+    sums: dict[tuple[str, str, Publish], list[int]] = {}
+    for p in plans:
+        for c in p.capacity:
+            key = (c.resource or "", c.type_name, c.publish)
+            row = sums.get(key)
+            if row is None:
+                row = sums[key] = [0, 0, 0, 0]
+            row[0] += c.before
+            row[1] += c.after
+            row[2] += c.held
+            row[3] += 1
+    return tuple(
+        FleetCapacity(key[0] or None, key[1], key[2], *row)
+        for key, row in sorted(sums.items(), key=lambda kv: (kv[0][0] or "~", kv[0][1], kv[0][2]))
+    )
 
 
 @dataclass(frozen=True)
@@ -127,9 +163,13 @@ class FleetPlan:
     def __post_init__(self) -> None:
         count = {o: 0 for o in Outcome}
         create = destroy = sriov = blocked = 0
+        levels = {level: 0 for level in Disruption}
+        plans: list[Plan] = []
         for n in self.nodes:
             count[n.outcome] += 1
             if n.plan is not None:
+                plans.append(n.plan)
+                levels[n.plan.disruption.level] += 1
                 s = n.plan.summary
                 create, destroy = create + s.create, destroy + s.destroy
                 sriov, blocked = sriov + s.sriov, blocked + s.blocked
@@ -143,6 +183,8 @@ class FleetPlan:
             destroy=destroy,
             sriov=sriov,
             blocked=blocked,
+            capacity=_fleet_capacity(plans),
+            disruption=tuple(levels.items()),
         )
         object.__setattr__(self, "totals", totals)
 
@@ -267,6 +309,19 @@ def fleet_document(fleet: FleetPlan, config_file: str) -> dict[str, Any]:
             "destroy": t.destroy,
             "sriov": t.sriov,
             "blocked": t.blocked,
+            "disruption": {level.value: n for level, n in t.disruption},
+            "capacity": [
+                {
+                    "resource": c.resource,
+                    "type_name": c.type_name,
+                    "publish": c.publish.value,
+                    "before": c.before,
+                    "after": c.after,
+                    "held": c.held,
+                    "nodes": c.nodes,
+                }
+                for c in t.capacity
+            ],
         },
         "nodes": [
             {
