@@ -210,8 +210,8 @@ def test_a_reused_anchor_is_a_located_config_error(tmp_path: Path, command: str)
         "plan": ["plan", "-f", str(config), "--sim", str(spec)],
         "apply": ["apply", "-f", str(config), "--sim", str(spec), "--auto-approve"],
     }[command]
-    # apply takes the host lock (an empty file beside the spec) before it reads the config
-    files = lambda: {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.suffix != ".lock"}  # noqa: E731
+    # Not even the host lock's file: apply reads the config before it takes the lock.
+    files = lambda: {p.name: p.read_bytes() for p in tmp_path.iterdir()}  # noqa: E731
     before = files()
     done = subprocess.run(
         [sys.executable, "-c", "from vgpu_state.cli.main import main; main()", *args],

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from vgpu_state.config import resolve, select
+from vgpu_state.config.document import ConfigDocument
 from vgpu_state.executor import ApplyResult, HostLock, Journal, StepResult, apply
 from vgpu_state.model.errors import (
     BlockedError,
@@ -63,12 +64,19 @@ Gate = Callable[[Plan], bool]
 """Asked after planning, before any change: apply this plan? ``False`` changes nothing."""
 
 
-def gather(ports: Ports, settings: Settings, config_name: str | None = None) -> Inputs:
+def gather(
+    ports: Ports,
+    settings: Settings,
+    config_name: str | None = None,
+    document: ConfigDocument | None = None,
+) -> Inputs:
     """Read the inputs of a plan: config, node labels, selection, a fresh scan, holders.
 
-    ``config_name`` forces a config instead of selecting one by the node's labels.
+    ``config_name`` forces a config instead of selecting one by the node's labels;
+    ``document`` is the config when the caller read it already.
     """
-    document = ports.config.document()
+    if document is None:
+        document = ports.config.document()
     node = ports.cluster.node_name()
     labels = dict(ports.cluster.labels())
     if config_name:
@@ -140,8 +148,11 @@ def reconcile_once(
     lock = _host_lock(settings) if mode is Mode.APPLY else nullcontext()
     inputs: Inputs | None = None
     try:
+        # The config is read before the host lock is taken, so a config error leaves
+        # nothing behind on the host, not even the lock file.
+        document = ports.config.document()
         with lock:
-            inputs = gather(ports, settings, config_name)
+            inputs = gather(ports, settings, config_name, document)
             for message in inputs.warnings:
                 hear.warning(message)
             plan = plan_inputs(inputs, settings)
