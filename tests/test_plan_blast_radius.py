@@ -171,3 +171,15 @@ def test_a_node_that_matches_prints_no_blast_radius_but_json_has_capacity(tmp_pa
     doc = json.loads(out)
     assert doc["disruption"]["level"] == "none"
     assert capacity(doc) == {"nvidia.com/NVIDIA_L40S-4Q": (2, 2, 1)}
+
+
+def test_capacity_names_the_dra_channel(tmp_path: Path) -> None:
+    spec = tmp_path / "l40s.yaml"
+    shutil.copy(SIM / "l40s-pair.yaml", spec)
+    config = tmp_path / "layouts.yaml"
+    config.write_text(L40S_4Q.replace("vgpu-configs:", "policy:\n  publish: dra\nvgpu-configs:"))
+    text, doc = plan_both(config, spec, "render")
+    assert "  nvidia.com/NVIDIA_L40S-4Q  2 → 4 (+2)  [DRA; 1 held]" in text
+    assert [(c["resource"], c["publish"]) for c in doc["capacity"]] == [
+        ("nvidia.com/NVIDIA_L40S-4Q", "dra")
+    ]

@@ -156,3 +156,9 @@ def test_applying_to_the_simulator_converges_except_blocked(s: Scenario) -> None
         b.address for b in again.blocked if b.kind is ActionKind.CREATE
     }
     assert len(again.blocked) <= len(first.blocked)
+    # The capacity the plan announced (blocked steps as not taken) is what the node has after.
+    predicted = {(c.resource or c.type_name, c.publish): c.after for c in first.capacity if c.after}
+    found = {(c.resource or c.type_name, c.publish): c.before for c in again.capacity if c.before}
+    assert predicted == found
+    assert sum(c.held for c in first.capacity) == len(in_use)
+    assert first.disruption.destroyed == first.summary.destroy
