@@ -253,6 +253,9 @@ def test_totals_sum_capacity_per_resource_and_count_nodes_per_disruption_level(
     t4 = next(line for line in out if line.startswith("  nvidia.com/GRID_T4-4Q "))
     assert t4.split()[1:5] == ["6", "→", "11", "(+5)"]
     assert t4.endswith("[on 3 node(s); 2 held]")
+    rows = {line.split("│")[0].strip(): line.split("│") for line in out if "│" in line}
+    assert rows["node"][7].strip() == "disruption"
+    assert (rows["node-d"][7].strip(), rows["node-c"][7].strip()) == ("device", "none")
 
 
 def test_table_shows_each_changed_node_with_its_holders_and_the_totals(fleet: Fleet) -> None:

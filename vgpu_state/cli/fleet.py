@@ -296,14 +296,16 @@ def node_rows(plan: Plan) -> Iterator[tuple[Cell, ...]]:
 
 
 NODE_HEADERS = ("GPU", " ", "count", "vGPU type", "detail")
-FLEET_HEADERS = ("node", "config", "outcome", "create", "destroy", "SR-IOV", "blocked", "note")
+FLEET_HEADERS = (
+    "node", "config", "outcome", "create", "destroy", "SR-IOV", "blocked", "disruption", "note"
+)
 
 
-def _summary(plan: Plan | None) -> tuple[str, str, str, str]:
+def _summary(plan: Plan | None) -> tuple[str, str, str, str, str]:
     if plan is None:
-        return "", "", "", ""
+        return "", "", "", "", ""
     s = plan.summary
-    return str(s.create), str(s.destroy), str(s.sriov), str(s.blocked)
+    return str(s.create), str(s.destroy), str(s.sriov), str(s.blocked), plan.disruption.level.value
 
 
 def fleet_rows(result: FleetPlan) -> Iterator[tuple[Cell, ...]]:

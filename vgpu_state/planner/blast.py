@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Mapping
 from functools import lru_cache
 
-from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import Action, ActionKind, Capacity, Holder, Plan, plan_disruption
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.resources import (
@@ -153,8 +152,10 @@ def with_blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, s
         for a in plan.actions
         if a.kind is ActionKind.DESTROY and (key := a.vf or a.uuid or "") in in_use
     ]
+    # A blocked destroy names its holder only under in-use: protect (also when the
+    # vGPU is kept for another reason too, such as a type that cannot be read).
     protected = [
-        b.holder for b in plan.blocked if b.code is BlockedReason.IN_USE and b.holder is not None
+        b.holder for b in plan.blocked if b.kind is ActionKind.DESTROY and b.holder is not None
     ]
     return plan.model_copy(
         update={
