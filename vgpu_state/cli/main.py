@@ -21,6 +21,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "select_cmd",
         "Show which config a node gets and the layout of each GPU.",
     ),
+    "doctor": (
+        "vgpu_state.cli.doctor",
+        "doctor_cmd",
+        "Check whether the host can run vGPUs; say why not, GPU by GPU.",
+    ),
     "scan": ("vgpu_state.cli.scan", "scan", "Show the node's GPUs, vGPUs and creatable types."),
     "sim": ("vgpu_state.cli.sim", "sim", "Run the NVIDIA vGPU driver simulator (FUSE mount)."),
     "plan": ("vgpu_state.cli.plan", "plan_cmd", "Show the changes apply would make (dry run)."),

@@ -1,0 +1,139 @@
+"""``vgpu-state doctor``: can this host run vGPUs, and if not, why (plain sentences)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import click
+
+from vgpu_state.cli.common import SessionArgs, handle_errors, selection_options
+from vgpu_state.cli.session import open_host, reconcile, settings
+from vgpu_state.host.driver import SRIOV_MANAGE
+from vgpu_state.model.errors import ConfigError, VgpuStateError
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.planner.doctor import (
+    Check,
+    DoctorReport,
+    SriovTool,
+    Status,
+    config_checks,
+    config_failure,
+    diagnose,
+)
+from vgpu_state.reconcile import Settings
+
+MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+
+
+def _sriov_tool(session: SessionArgs, s: Settings) -> SriovTool:
+    """The sriov-manage the node would use: the simulated one, the flag's, or the installed one."""
+    if session.sim_spec:
+        from vgpu_state.sim.spec import load_spec
+
+        spec = load_spec(session.sim_spec, catalog=s.catalog)
+        if spec.sriov_manage:
+            return SriovTool(command="sriov-manage (simulated)", found=True)
+        return SriovTool(command="", found=True, missing="the simulated sriov-manage")
+    if s.sriov_manage is None:
+        if os.access(SRIOV_MANAGE, os.X_OK):
+            return SriovTool(command=SRIOV_MANAGE, found=True)
+        # apply then writes sriov_numvfs itself (see Settings.sriov_manage).
+        return SriovTool(command="", found=True, missing=SRIOV_MANAGE)
+    if not s.sriov_manage:
+        return SriovTool(command="", found=True)
+    program = s.sriov_manage[0]
+    found = shutil.which(program) is not None
+    return SriovTool(command=" ".join(s.sriov_manage), found=found)
+
+
+def _check_line(c: Check) -> list[str]:
+    lines = [f"  [{MARKS[c.status.value]}] {c.id}: {c.message}"]
+    if c.action:
+        lines.append(f"         → {c.action}")
+    return lines
+
+
+def render_text(report: DoctorReport) -> str:
+    lines = [f"node {report.node or '(unnamed)'} — sysfs {report.sysfs_root}"]
+    lines += [line for c in report.checks for line in _check_line(c)]
+    for g in report.gpus:
+        name = g.model or f"unknown device {g.device_id}"
+        lines.append("")
+        lines.append(f"GPU {g.index} {g.address} {name}: {g.status.value}")
+        lines += [line for c in g.checks for line in _check_line(c)]
+    lines.append("")
+    lines += [f"unknown: {u.message}" for u in report.unknown]
+    n = report.counts()
+    verdict = {
+        "ok": "this host can run vGPUs",
+        "warn": "this host can run vGPUs, with the warnings above",
+        "fail": "this host cannot run vGPUs as it is: see the FAIL lines",
+    }[report.status.value]
+    lines.append(f"Doctor: {n['ok']} ok, {n['warn']} warn, {n['fail']} fail — {verdict}.")
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: DoctorReport) -> str:
+    doc = report.model_dump(mode="json")
+    doc["summary"] = report.counts()
+    return json.dumps(doc, indent=2) + "\n"
+
+
+@click.command("doctor")
+@selection_options
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@click.option(
+    "--sriov-manage",
+    envvar="VGPU_STATE_SRIOV_MANAGE",
+    help="The sriov-manage command apply would use (default /usr/lib/nvidia/sriov-manage; "
+    "'' writes sriov_numvfs). Env: VGPU_STATE_SRIOV_MANAGE.",
+)
+@handle_errors
+def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> None:
+    """Check whether this host can run vGPUs and say why not, GPU by GPU.
+
+    Reads sysfs (never writes). With -f, also checks that the config selected
+    for the node can be laid out on each GPU it covers. Exit 0 when no check
+    fails (warnings allowed), 1 when one fails or on an error.
+    """
+    s = settings(session.label_key, session.sim_spec, sriov_manage=sriov_manage)
+    if session.sim_spec and s.sriov_manage is not None:
+        # open_host refuses --sriov-manage with --sim; a simulated node brings its own.
+        raise click.UsageError("--sriov-manage applies to a real sysfs, not to --sim")
+    tool = _sriov_tool(session, s)
+    target = open_host(session.sysfs_root, session.sim_spec, session.node, s)
+    try:
+        config = None
+        if session.config_file:
+            try:
+                report = reconcile(session, target, s)
+            except ConfigError as e:
+                lines = [str(issue) for issue in e.issues] or [str(e)]
+                snapshot = _scan(target.host.scan(), session)
+                config = config_failure(lines)
+            except VgpuStateError as e:
+                snapshot = _scan(target.host.scan(), session)
+                config = config_failure([str(e)])
+            else:
+                snapshot = _scan(report.inputs.snapshot, session)
+                config = config_checks(report.plan, report.inputs.warnings)
+        else:
+            snapshot = _scan(target.host.scan(), session)
+        result = diagnose(snapshot, tool, config)
+    finally:
+        target.close()
+    if output == "json":
+        sys.stdout.write(render_json(result))
+    else:
+        sys.stdout.write(render_text(result))
+    if result.status is Status.FAIL:
+        sys.exit(1)
+
+
+def _scan(snapshot: NodeSnapshot, session: SessionArgs) -> NodeSnapshot:
+    if session.sim_spec:
+        return snapshot.model_copy(update={"sysfs_root": f"sim:{session.sim_spec}"})
+    return snapshot
