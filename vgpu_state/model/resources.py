@@ -11,6 +11,7 @@ silently rewritten: a type whose name cannot be a resource is reported.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Literal
 
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
@@ -94,8 +95,13 @@ def name_prefix(gpu: Gpu) -> str | None:
 
 def sysfs_names(snapshot: NodeSnapshot) -> dict[int, str]:
     """The driver's (sysfs) name of every type id the node shows."""
+    return gpus_sysfs_names(snapshot.gpus)
+
+
+def gpus_sysfs_names(gpus: Iterable[Gpu]) -> dict[int, str]:
+    """The driver's (sysfs) name of every type id these GPUs show."""
     names: dict[int, str] = {}
-    for gpu in snapshot.gpus:
+    for gpu in gpus:
         for t in (*gpu.pf_creatable, *(t for vf in gpu.vfs for t in vf.creatable)):
             if t.sysfs_name:
                 names.setdefault(t.type_id, t.sysfs_name)

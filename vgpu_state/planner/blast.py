@@ -19,9 +19,9 @@ from vgpu_state.model.policy import Publish
 from vgpu_state.model.resources import (
     ResourceNameError,
     driver_type_name,
+    gpus_sysfs_names,
     name_prefix,
     resource_name,
-    sysfs_names,
 )
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
 
@@ -47,15 +47,22 @@ class _Names:
 
     def __init__(self, snapshot: NodeSnapshot) -> None:
         self.snapshot = snapshot
-        self._known: dict[int, str] | None = None
+        self._known: dict[str | None, dict[int, str]] = {}
         self._prefixes: dict[str, str | None] = {}
         self._listed_names: dict[tuple[str, int], str | None] = {}
 
-    @property
-    def known(self) -> dict[int, str]:
-        if self._known is None:
-            self._known = sysfs_names(self.snapshot)
-        return self._known
+    def known(self, g: Gpu) -> dict[int, str]:
+        """The names of the type ids the GPUs of ``g``'s model show on this node.
+
+        A type id names one type of one GPU model, so GPUs of other models never
+        list it; reading only the same model's lists gives what the whole node's
+        (:func:`~vgpu_state.model.resources.sysfs_names`, the KubeVirt CR's) gives.
+        """
+        found = self._known.get(g.model)
+        if found is None:
+            found = gpus_sysfs_names(x for x in self.snapshot.gpus if x.model == g.model)
+            self._known[g.model] = found
+        return found
 
     def prefix(self, g: Gpu) -> str | None:
         if g.address not in self._prefixes:
@@ -65,7 +72,7 @@ class _Names:
     def of_vgpu(self, g: Gpu, v: Vgpu) -> str | None:
         if v.type_sysfs_name:
             return v.type_sysfs_name
-        return driver_type_name(v, self.known, self.prefix(g))
+        return driver_type_name(v, self.known(g), self.prefix(g))
 
     def _listed(self, g: Gpu, a: Action) -> str | None:
         """The driver's name of the create's type id: from its parent's list, else the node's."""
@@ -81,7 +88,7 @@ class _Names:
                 name = t.sysfs_name
                 break
         if name is None:
-            name = self.known.get(a.type_id)
+            name = self.known(g).get(a.type_id)
         self._listed_names[cache_key] = name
         return name
 
