@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from tests.apiserver import KUBEVIRT, NODES, NODESTATES, RunningApiServer, crd_validator
+from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
+from vgpu_state.kube import crd
 from vgpu_state.sim.dirtree import materialize
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.spec import parse_spec
@@ -318,3 +322,150 @@ def test_shipped_sim_nodes_pass(tmp_path: Path, name: str) -> None:
     code, report = doctor_json("--sim", str(sim_copy(tmp_path, name)))
     assert code == 0, report
     assert report["summary"]["fail"] == 0
+
+
+def test_vfs_without_an_iommu_group_are_a_warning(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    text = 'node: n\ngpus:\n  - {address: "0000:08:00.0", model: A2}\n'
+    materialize(render(SimDriver(parse_spec(text, catalog=CATALOG), catalog=CATALOG)), str(root))
+    gpu = root / "bus/pci/devices/0000:08:00.0"
+    vfs = sorted(
+        (os.path.basename(os.readlink(link)) for link in gpu.glob("virtfn*")),
+        key=lambda address: int(address.replace(":", "").replace(".", ""), 16),
+    )
+    assert len(vfs) == 16
+    for address in vfs[3:5]:
+        os.unlink(root / "bus/pci/devices" / address / "iommu_group")
+    group = os.path.basename(os.readlink(gpu / "iommu_group"))
+    code, out, _ = run("doctor", "--sysfs-root", str(root))
+    assert code == 0  # the GPU itself has its group: vGPUs on the other VFs can work
+    assert f"[WARN] iommu: IOMMU group {group}, but 2 VF(s) have none (first: {vfs[3]})" in out
+    assert "→ check the kernel log for IOMMU errors" in out
+    assert "this host can run vGPUs, with the warnings above" in out
+
+
+def test_a_config_warning_is_shown_once_as_a_check(tmp_path: Path) -> None:
+    node = sim_copy(tmp_path, "t4-pair.yaml")
+    config = spec(
+        tmp_path,
+        "version: v1\ndefault: c\nvgpu-configs:\n  c:\n    - devices: all\n"
+        "      vgpu-devices: {T4-1B: 16}\n",
+        "uncatalogued.yaml",
+    )
+    code, out, err = run("doctor", "--sim", str(node), "-f", str(config))
+    warning = "vGPU type 'T4-1B' is not in the catalog's T4 types"
+    assert (out + err).count(warning) == 1, out + err
+    (line,) = [line for line in out.splitlines() if warning in line]
+    assert line.startswith("  [WARN] config: ")
+    assert f"{config}:6:22:" in line
+    code, report = doctor_json("--sim", str(node), "-f", str(config))
+    assert code == 1, report  # the simulated T4 driver does not offer T4-1B either
+    warned = [c for c in report["checks"] if c["status"] == "warn"]
+    assert len(warned) == 1 and warning in warned[0]["message"]
+
+
+# With --kubeconfig: the node's labels and the pods' vGPUs come from the cluster.
+
+CLUSTER_CONFIG = REPO / "configs" / "examples" / "mixed-node.yaml"
+CLUSTER_NODE = "gpu-node-1"
+HELD_T4 = "9a3e5f10-4b6d-4e3c-9f20-3b4c5d6e7f80"
+
+
+@pytest.fixture
+def cluster(apiserver: RunningApiServer, tmp_path: Path) -> tuple[RunningApiServer, Path, Path]:
+    """The API server with the node (labelled for the ``mixed`` config) and a KubeVirt CR."""
+    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
+    apiserver.put(
+        NODES,
+        CLUSTER_NODE,
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"labels": {"nvidia.com/vgpu.config": "mixed"}},
+        },
+    )
+    apiserver.put(
+        KUBEVIRT,
+        "kubevirt",
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "spec": {
+                "configuration": {
+                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]}
+                }
+            },
+        },
+        namespace="kubevirt",
+    )
+    node = sim_copy(tmp_path, "mixed.yaml")
+    return apiserver, apiserver.write_kubeconfig(tmp_path / "kubeconfig"), node
+
+
+def _served(api: RunningApiServer) -> list[str]:
+    """Method and path of every request the API server has served."""
+    requests: list[Any] = api._call(lambda server: list(server))
+    return [f"{str(r.method.value).upper()} {r.url}" for r in requests]
+
+
+def _cluster_doctor(kubeconfig: Path, node: Path, *extra: str | Path) -> tuple[int, str, str]:
+    return run(
+        "doctor",
+        "--node",
+        CLUSTER_NODE,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--sim",
+        str(node),
+        "-f",
+        str(CLUSTER_CONFIG),
+        *(str(e) for e in extra),
+    )
+
+
+def test_with_a_cluster_labels_come_from_the_node_and_a_pod_held_vgpu_blocks(
+    cluster: tuple[RunningApiServer, Path, Path],
+) -> None:
+    api, kubeconfig, node = cluster
+    objects = {kind: api.all(kind) for kind in (NODES, KUBEVIRT, NODESTATES)}
+    served = len(_served(api))
+    sim_before = node.read_text()
+    sock = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp")) / "kubelet.sock"
+    kubelet = FakeKubelet(
+        [
+            PodDevices(
+                "vms", "virt-launcher-cad-7xk2p", "compute", "nvidia.com/GRID_T4-8C", [HELD_T4]
+            )
+        ]
+    )
+    with serving(sock, kubelet):
+        code, out, err = _cluster_doctor(kubeconfig, node, "--pod-resources", sock)
+    assert kubelet.calls == 1
+    assert code == 1, out + err
+    # No label was given on the command line: the Node's label selected the config.
+    assert "[ok  ] config: config 'mixed' selected (label" in out
+    held = f"gpu[0000:3b:00.0].vgpu[{HELD_T4}]: in use by pod vms/virt-launcher-cad-7xk2p"
+    (t4,) = [line for line in out.splitlines() if held in line]
+    assert t4.startswith("  [FAIL] config: the config's layout is blocked: ")
+    assert "(VM vms/cad)" in t4
+    assert "GPU 1 0000:3b:00.0 Tesla T4: fail" in out
+    # Doctor only read the cluster, and left the node as it was.
+    requests = _served(api)[served:]
+    assert requests and all(r.startswith("GET ") for r in requests), requests
+    assert {kind: api.all(kind) for kind in (NODES, KUBEVIRT, NODESTATES)} == objects
+    assert node.read_text() == sim_before
+
+
+def test_with_a_cluster_a_silent_kubelet_is_one_warn_check(
+    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+) -> None:
+    _, kubeconfig, node = cluster
+    code, out, err = _cluster_doctor(
+        kubeconfig, node, "--pod-resources", tmp_path / "no-kubelet.sock"
+    )
+    assert code == 0, out + err  # a warning, not a failure: the host shows its holders
+    warning = "which vGPUs pods hold is unknown"
+    assert (out + err).count(warning) == 1, out + err
+    (line,) = [line for line in out.splitlines() if warning in line]
+    assert line.startswith("  [WARN] config: ")
+    assert "Traceback" not in err

@@ -23,9 +23,21 @@ from vgpu_state.planner.doctor import (
     config_failure,
     diagnose,
 )
-from vgpu_state.reconcile import Settings
+from vgpu_state.reconcile import QuietReporter, Settings
 
 MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+
+
+class _Heard(QuietReporter):
+    """Keeps the reconcile's warnings (the config's and the cluster's), once each,
+    so that doctor shows them as checks rather than on stderr."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warning(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
 
 
 def _sriov_tool(session: SessionArgs, s: Settings) -> SriovTool:
@@ -108,18 +120,21 @@ def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> N
     try:
         config = None
         if session.config_file:
+            heard = _Heard()
             try:
-                report = reconcile(session, target, s)
+                report = reconcile(session, target, s, reporter=heard)
             except ConfigError as e:
                 lines = [str(issue) for issue in e.issues] or [str(e)]
                 snapshot = _scan(target.host.scan(), session)
-                config = config_failure(lines)
+                config = config_failure(lines, tuple(heard.warnings))
             except VgpuStateError as e:
                 snapshot = _scan(target.host.scan(), session)
-                config = config_failure([str(e)])
+                config = config_failure([str(e)], tuple(heard.warnings))
             else:
+                for message in report.inputs.warnings:
+                    heard.warning(message)
                 snapshot = _scan(report.inputs.snapshot, session)
-                config = config_checks(report.plan, report.inputs.warnings)
+                config = config_checks(report.plan, tuple(heard.warnings))
         else:
             snapshot = _scan(target.host.scan(), session)
         result = diagnose(snapshot, tool, config)

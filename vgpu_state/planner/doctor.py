@@ -365,12 +365,13 @@ def config_checks(plan: Plan, warnings: tuple[str, ...]) -> ConfigChecks:
     return node, per_gpu
 
 
-def config_failure(messages: list[str]) -> ConfigChecks:
+def config_failure(messages: list[str], warnings: tuple[str, ...] = ()) -> ConfigChecks:
     """A config that could not be read or selected, or whose plan could not be made.
 
-    A message about one GPU (``gpu[ADDRESS]…``) becomes that GPU's check.
+    A message about one GPU (``gpu[ADDRESS]…``) becomes that GPU's check;
+    ``warnings`` (heard before the failure) are node-wide ``warn`` checks.
     """
-    node: list[Check] = []
+    node: list[Check] = [Check(id="config", status=Status.WARN, message=w) for w in warnings]
     per_gpu: dict[str, list[Check]] = {}
     for message in messages:
         check = Check(
