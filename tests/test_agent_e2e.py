@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -63,19 +64,22 @@ def swap_configmap(directory: Path, generation: int, text: str) -> None:
         (directory / "config.yaml").symlink_to("..data/config.yaml")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+SERVING = re.compile(r"serving /healthz, /readyz and /metrics on [^ ]+:(\d+)$", re.MULTILINE)
 
 
 def wait_for(
-    what: str, check: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 30
+    what: str,
+    check: Callable[[], bool],
+    proc: subprocess.Popen[str] | list[subprocess.Popen[str]],
+    timeout: float = 30,
 ) -> None:
+    """Poll ``check`` until true; fail at once if any of the agents ``proc`` exits."""
+    procs = proc if isinstance(proc, list) else [proc]
     deadline = time.monotonic() + timeout
     while not check():
-        if proc.poll() is not None:
-            raise AssertionError(f"the agent exited ({proc.returncode}) while waiting for {what}")
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"the agent exited ({p.returncode}) while waiting for {what}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
@@ -97,7 +101,6 @@ class Running:
         self.config_dir.mkdir()
         swap_configmap(self.config_dir, 1, CONFIG)
         self.generation = 1
-        self.port = free_port()
         self.log = tmp / "agent.log"
         # A short directory: unix socket paths have a length limit the pytest one exceeds.
         self.plugin_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
@@ -110,12 +113,14 @@ class Running:
             "--node", NODE, "--config-dir", str(self.config_dir),
             "--kubeconfig", str(kubeconfig), "--sysfs-root", root,
             "--state-dir", str(tmp / "state"), "--in-use-file", str(in_use),
-            "--listen", f"127.0.0.1:{self.port}", "--resync", "300",
+            "--listen", "127.0.0.1:0", "--resync", "300",
             "--namespace", "vgpu-state", "--device-plugin-dir", str(self.plugin_dir),
         ]  # fmt: skip
         self.proc: subprocess.Popen[str] | None = None
+        self.started_at = 0  # where the running agent's part of the log begins
 
     def start(self) -> subprocess.Popen[str]:
+        self.started_at = self.log.stat().st_size if self.log.exists() else 0
         self.proc = subprocess.Popen(
             self.args, cwd=REPO, stdout=self.log.open("a"), stderr=subprocess.STDOUT, text=True
         )
@@ -160,9 +165,21 @@ class Running:
         self.generation += 1
         swap_configmap(self.config_dir, self.generation, text)
 
+    def port(self) -> int | None:
+        """The probe port the running agent logged (it binds port 0: no free port to race for)."""
+        if not self.log.exists():
+            return None
+        with self.log.open("rb") as f:
+            f.seek(self.started_at)
+            found = SERVING.search(f.read().decode(errors="replace"))
+        return int(found.group(1)) if found else None
+
     def get(self, path: str) -> tuple[int, str]:
+        port = self.port()
+        if port is None:
+            return 0, ""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
@@ -374,12 +391,11 @@ def test_two_agents_with_max_unavailable_1_never_apply_at_once(
                 found = kube.get("v1/nodes", node) or {}
                 return found.get("metadata", {}).get("labels", {}).get(STATE_LABEL)
 
-            for p in procs:
-                wait_for(
-                    "both nodes ready",
-                    lambda: all(state(f"gpu-{i}") == "success" for i in (1, 2)),
-                    p,
-                )
+            wait_for(
+                "both nodes ready",
+                lambda: all(state(f"gpu-{i}") == "success" for i in (1, 2)),
+                procs,
+            )
             # One disruptive change for both nodes: a new layout in the shared ConfigMap.
             swap_configmap(
                 config_dir, 2, SWAP.replace("a2-4g:", "old-a2-4g:").replace("swap:", "a2-4g:")
@@ -388,11 +404,11 @@ def test_two_agents_with_max_unavailable_1_never_apply_at_once(
                 wait_for(
                     "both converged",
                     lambda m=m: layout(str(m.root)) == {"A2-4C": 1, "A2-4Q": 3},
-                    procs[0],
+                    procs,
                     60,
                 )
             for i in (1, 2):
-                wait_for("success", lambda i=i: state(f"gpu-{i}") == "success", procs[0])
+                wait_for("success", lambda i=i: state(f"gpu-{i}") == "success", procs)
             (a_start, a_end), (b_start, b_end) = (apply_window(log) for log in logs)
             overlap = f"{a_start:.2f}-{a_end:.2f} and {b_start:.2f}-{b_end:.2f}"
             assert a_end < b_start or b_end < a_start, f"both nodes applied at once: {overlap}"
