@@ -10,7 +10,7 @@ import pytest
 
 from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.agent.queue import Batch
-from vgpu_state.agent.reconciler import AgentMode, NodeReconciler
+from vgpu_state.agent.reconciler import SLOT_POLL, AgentMode, NodeReconciler
 from vgpu_state.agent.rollout import disruptive
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource, load_text
@@ -154,6 +154,8 @@ def test_a_disruptive_plan_waits_for_a_rollout_slot(node: Node) -> None:
     refused = Gate(admit=False)
     outcome = node.reconciler(gate=refused)(BATCH, threading.Event())
     assert not outcome.ok and "waiting for a rollout slot" in outcome.summary
+    # Asked again within seconds (jittered), not after the failures' growing backoff.
+    assert outcome.retry_in is not None and SLOT_POLL / 2 <= outcome.retry_in <= SLOT_POLL
     assert refused.asked == [True]
     assert node.host.changes == []
     granted = Gate(admit=True)

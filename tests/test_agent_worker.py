@@ -9,6 +9,9 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from vgpu_state.agent.health import HealthState
 from vgpu_state.agent.queue import Batch, WorkQueue
@@ -35,6 +38,48 @@ def test_each_batch_runs_one_reconcile_and_failures_are_retried() -> None:
     thread.join(5)
     assert not thread.is_alive()
     assert seen == [("start",), ("retry",)]
+
+
+def test_waiting_is_retried_at_its_own_pace_and_failures_back_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node waiting for a rollout slot asks again after the delay it names, however
+    long it waits; a failed reconcile's delay doubles, and waiting does not reset it."""
+    queue = WorkQueue(settle=0.0)
+    delays: list[float] = []
+
+    class FiresAtOnce:
+        """Stands in for ``threading.Timer``: records the delay, fires at once."""
+
+        def __init__(self, delay: float, fn: Any, args: tuple[str, ...]) -> None:
+            delays.append(delay)
+            self.daemon = False
+            self._fire = lambda: fn(*args)
+
+        def start(self) -> None:
+            self._fire()
+
+        def cancel(self) -> None:
+            return None
+
+    monkeypatch.setattr("vgpu_state.agent.worker.threading.Timer", FiresAtOnce)
+    waiting = Outcome(False, "waiting for a rollout slot", retry_in=7.5)
+    results = iter(
+        [Outcome(False, "API down"), Outcome(False, "API down")]
+        + [waiting] * 6
+        + [Outcome(False, "API down"), Outcome(True, "converged")]
+    )
+
+    def reconcile(batch: Batch, stopping: threading.Event) -> Outcome:
+        outcome = next(results)
+        if outcome.ok:
+            worker.request_stop()
+        return outcome
+
+    worker = Worker(queue, reconcile, HealthState(), retry_after=5.0, max_retry=300.0)
+    queue.trigger("start")
+    worker.run()
+    assert delays == [5.0, 10.0] + [7.5] * 6 + [20.0]
 
 
 def test_an_exception_in_a_reconcile_does_not_kill_the_worker() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import threading
 import time
 from collections import Counter
@@ -87,6 +88,12 @@ class _Hearing(QuietReporter):
         return None
 
 
+SLOT_POLL = 10.0
+"""Seconds between a waiting node's attempts to take a rollout slot (jittered down
+to half): a freed slot is taken within this, while each waiting node costs the API
+server only a Lease read or two per attempt."""
+
+
 class NodeReconciler:
     """The worker's reconcile callable for one node."""
 
@@ -98,6 +105,8 @@ class NodeReconciler:
         mode: str = AgentMode.ENFORCE,
         rollout: RolloutGate | None = None,
         clock: Callable[[], float] = time.time,
+        slot_poll: float = SLOT_POLL,
+        rng: random.Random | None = None,
     ) -> None:
         if mode not in AgentMode.ALL:
             raise ValueError(f"mode must be one of {', '.join(AgentMode.ALL)}, got {mode!r}")
@@ -107,6 +116,8 @@ class NodeReconciler:
         self.mode = mode
         self.rollout = rollout
         self._clock = clock
+        self._slot_poll = slot_poll
+        self._rng = rng or random.Random()
         self._config_hash: str | None = None
         self._generation = 0
         self.last_report: Report | None = None
@@ -153,7 +164,14 @@ class NodeReconciler:
             return Outcome(False, f"failed: {e}"), "failed"
         self.last_report = report
         if report.declined:
-            return Outcome(False, "waiting for a rollout slot; nothing changed"), "waiting"
+            # Asked again every few seconds (jittered, so waiting nodes do not ask in
+            # step), not with the failures' backoff: a slot freed by another node is
+            # taken promptly, so a rollout has no idle gaps of minutes between nodes.
+            retry = self._slot_poll * self._rng.uniform(0.5, 1.0)
+            return (
+                Outcome(False, "waiting for a rollout slot; nothing changed", retry_in=retry),
+                "waiting",
+            )
         if mode is Mode.PLAN:
             self._report_plan_only(report)
         self._observe(report)

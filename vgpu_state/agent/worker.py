@@ -34,6 +34,9 @@ class Outcome:
 
     ok: bool
     summary: str
+    retry_in: float | None = None
+    """Not ok, but not a failure either (e.g. waiting for a rollout slot): try again
+    after this many seconds, without the failures' growing backoff."""
 
 
 # reconcile(batch, stopping): ``stopping`` is set once shutdown is requested;
@@ -122,14 +125,17 @@ class Worker:
         )
         if outcome.ok:
             self._failures = 0
+        elif outcome.retry_in is not None:
+            self._schedule_retry(outcome.retry_in)
         else:
             self._failures += 1
             self._schedule_retry()
 
-    def _schedule_retry(self) -> None:
+    def _schedule_retry(self, delay: float | None = None) -> None:
         if self.stopping.is_set():
             return
-        delay = min(self._retry_after * 2 ** (self._failures - 1), self._max_retry)
+        if delay is None:
+            delay = min(self._retry_after * 2 ** (self._failures - 1), self._max_retry)
         timer = threading.Timer(delay, self.queue.trigger, args=("retry",))
         timer.daemon = True
         timer.start()
