@@ -96,6 +96,12 @@ class Action(Frozen):
     disruption: Disruption = Disruption.NONE
     """What the step takes away (:func:`action_disruption` of ``kind``)."""
 
+    @property
+    def vgpu_key(self) -> str:
+        """The vGPU the step is about as in-use lists and snapshots name it
+        (:attr:`Vgpu.key <vgpu_state.model.snapshot.Vgpu.key>`): its VF or mdev UUID."""
+        return self.vf or self.uuid or ""
+
 
 class Blocked(Frozen):
     """A step the plan will not take, and why (a holder, a policy, or capacity)."""
@@ -180,7 +186,7 @@ def plan_disruption(
             gpus.add(a.gpu)
         if a.kind is ActionKind.DESTROY:
             destroyed += 1
-            held_n += (a.vf or a.uuid or "") in held
+            held_n += a.vgpu_key in held
     return PlanDisruption(level=level, destroyed=destroyed, held=held_n, gpus=len(gpus))
 
 

@@ -129,7 +129,7 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
         after.update(keys.values())
         for a in by_gpu.get(g.address, ()):
             if a.kind is ActionKind.DESTROY:
-                gone = keys.get(a.vf or a.uuid or "")
+                gone = keys.get(a.vgpu_key)
                 if gone is not None:
                     after[gone] -= 1
             elif a.kind is ActionKind.CREATE:
@@ -155,9 +155,9 @@ def _holders(names: list[str]) -> tuple[Holder, ...]:
 def with_blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> Plan:
     """``plan`` with its disruption, capacity and affected/protected holders filled in."""
     destroyed = [
-        in_use[key]
+        in_use[a.vgpu_key]
         for a in plan.actions
-        if a.kind is ActionKind.DESTROY and (key := a.vf or a.uuid or "") in in_use
+        if a.kind is ActionKind.DESTROY and a.vgpu_key in in_use
     ]
     # A blocked destroy names its holder only under in-use: protect (also when the
     # vGPU is kept for another reason too, such as a type that cannot be read).

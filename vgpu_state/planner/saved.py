@@ -283,7 +283,7 @@ def check_saved_plan(
                 saved.source, f"plan.actions[{i}] ({a.kind.value} {a.address}): {problem}"
             )
     for i, a in enumerate(p.actions):
-        key = a.vf or a.uuid or ""
+        key = a.vgpu_key
         if a.kind is ActionKind.DESTROY and key in in_use and key not in saved.in_use:
             raise _fail(
                 saved.source,
