@@ -16,6 +16,9 @@ from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 SYNTHETIC_TYPE_ID_BASE = 50000
 """Type ids for types whose real id is unknown are ``SYNTHETIC_TYPE_ID_BASE + n``."""
 
+INFERRED_SUFFIX = "(inferred)"
+"""How the reference table marks a model whose rows were guessed."""
+
 
 @dataclass(frozen=True)
 class VgpuType:
@@ -48,11 +51,22 @@ class GpuModel:
     def sriov_capable(self) -> bool:
         return self.sriov_totalvfs > 0
 
+    @property
+    def inferred(self) -> bool:
+        """Its rows were guessed, not taken from NVIDIA's tables (the model's name in
+        the table ends in ``(inferred)``): advisory, the node's driver decides."""
+        return self.name.endswith(INFERRED_SUFFIX)
+
     def type(self, name: str) -> VgpuType | None:
+        """This model's type of that name (``NVIDIA``/``GRID`` prefixes and the ``GFX``
+        config alias accepted); ``None`` when the model has none."""
         short = short_type_name(name)
         for t in self.types:
             if t.name == short:
                 return t
+        parsed = parse_type_name(short)
+        if parsed is not None and parsed.suffix == "GFX":
+            return self.type(parsed.sysfs_name)
         return None
 
     def offers(self, name: str) -> bool:
@@ -66,6 +80,16 @@ class GpuModel:
             if parsed is not None and not parsed.is_mig:
                 return parsed.product
         return self.name
+
+    @cached_property
+    def products(self) -> frozenset[str]:
+        """Every product prefix of its type names (time-sliced and MIG-backed): ``DC``."""
+        found = set()
+        for t in self.types:
+            parsed = parse_type_name(t.name)
+            if parsed is not None:
+                found.add(parsed.product)
+        return frozenset(found)
 
     @property
     def device_filters(self) -> tuple[str, ...]:
@@ -92,30 +116,52 @@ def _hex_list(text: str) -> tuple[int, ...]:
 
 
 class Catalog:
-    """Lookups by PCI ids, type name and type id."""
+    """Lookups by PCI ids, and of types by (model, name).
+
+    A type name is not unique across models (``DC-16Q`` is a type of the RTX PRO
+    6000 and of the RTX PRO 4500, with different limits): every question about a
+    type's limits names the model; :meth:`types_named` lists every model's type
+    of one name.
+    """
 
     def __init__(self, models: tuple[GpuModel, ...]) -> None:
         self.models = models
         self._by_name = {m.name: m for m in models}
-        self._types: dict[str, VgpuType] = {}
+        self._types: dict[str, list[VgpuType]] = {}
         self._by_id: dict[int, VgpuType] = {}
         for m in models:
             for t in m.types:
-                self._types[t.name] = t
+                self._types.setdefault(t.name, []).append(t)
                 self._by_id.setdefault(t.type_id, t)
+        shorts: dict[str, int] = {}
+        for m in models:
+            shorts[m.short_name.lower()] = shorts.get(m.short_name.lower(), 0) + 1
+        self._unique_short = {k for k, n in shorts.items() if n == 1}
 
     # models ---------------------------------------------------------------
     def model(self, name: str) -> GpuModel | None:
         return self._by_name.get(name)
 
+    def label(self, model: GpuModel) -> str:
+        """How messages name a model: its short name (``T4``) where no other model
+        shares it, else its full name (two models' types are named ``DC-…``)."""
+        if model.short_name.lower() in self._unique_short:
+            return model.short_name
+        return model.name
+
     def find_model(self, text: str) -> GpuModel | None:
-        """A model by full name (``Tesla T4``), short name (``T4``) or device id (``0x1eb8``)."""
+        """A model by full name (``Tesla T4``), short name (``T4``, when only one model
+        has it) or device id (``0x1eb8``)."""
         wanted = text.strip()
         if wanted in self._by_name:
             return self._by_name[wanted]
         for m in self.models:
-            if m.short_name.lower() == wanted.lower() or m.name.lower() == wanted.lower():
+            if m.name.lower() == wanted.lower():
                 return m
+        if wanted.lower() in self._unique_short:
+            for m in self.models:
+                if m.short_name.lower() == wanted.lower():
+                    return m
         if wanted.lower().startswith("0x"):
             try:
                 found = self.models_for_device(int(wanted, 16))
@@ -138,21 +184,35 @@ class Catalog:
         return None
 
     # types ----------------------------------------------------------------
-    def type(self, name: str) -> VgpuType | None:
+    def types_named(self, name: str) -> tuple[VgpuType, ...]:
+        """Every model's type of this name (prefixes and the ``GFX`` alias accepted)."""
         short = short_type_name(name)
         found = self._types.get(short)
         if found is None:
             parsed = parse_type_name(short)
             if parsed is not None and parsed.suffix == "GFX":
                 found = self._types.get(parsed.sysfs_name)
-        return found
+        return tuple(found or ())
+
+    def knows(self, name: str) -> bool:
+        """Some model has a type of this name."""
+        return bool(self.types_named(name))
+
+    def type(self, name: str, model: str | GpuModel | None = None) -> VgpuType | None:
+        """The type of that name on ``model``; without a model, the type only when
+        exactly one model has that name (else ``None``: ask with the model)."""
+        if model is not None:
+            m = self.model(model) if isinstance(model, str) else model
+            return m.type(name) if m is not None else None
+        found = self.types_named(name)
+        return found[0] if len(found) == 1 else None
+
+    def models_offering(self, name: str) -> tuple[GpuModel, ...]:
+        """The models that have a type of this name, in catalog order."""
+        return tuple(self._by_name[t.model] for t in self.types_named(name))
 
     def type_by_id(self, type_id: int) -> VgpuType | None:
         return self._by_id.get(type_id)
-
-    def model_of_type(self, name: str) -> GpuModel | None:
-        t = self.type(name)
-        return self._by_name[t.model] if t else None
 
     @property
     def type_names(self) -> tuple[str, ...]:

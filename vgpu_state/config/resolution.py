@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from vgpu_state.catalog import Catalog, GpuModel, suggest
 from vgpu_state.config.document import ConfigDocument, Entry
 from vgpu_state.config.filters import parse_device_filter
-from vgpu_state.config.semantics import family_model
+from vgpu_state.config.semantics import candidate_models
 from vgpu_state.config.typenames import canonical_type_name
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import ConfigError, ConfigIssue, SelectionError
@@ -50,17 +50,16 @@ def entry_selects(entry: Entry, gpu: Gpu) -> bool:
 
 def type_fits(name: str, gpu: Gpu, model: GpuModel | None, catalog: Catalog) -> bool:
     """Can this GPU carry the type? The GPU's driver lists it, or its catalog model
-    offers it, or the catalog lacks the name and it is of the model's family
-    (a newer driver's type). A GPU of unknown model accepts every name."""
+    offers it, or the model may carry it though its rows lack it: a newer driver's
+    type of the model's product, or any type of its product on a model whose rows
+    are inferred (the driver decides when the plan creates it). A GPU of unknown
+    model accepts every name."""
     if model is None:
         return True
     canon = canonical_type_name(name, catalog)
     if model.offers(canon) or gpu.offered_type(canon) is not None:
         return True
-    if catalog.type(canon) is not None:
-        return False
-    family = family_model(canon, catalog)
-    return family is not None and family.name == model.name
+    return model in candidate_models(canon, catalog)
 
 
 def entry_applies(entry: Entry, gpu: Gpu, model: GpuModel | None, catalog: Catalog) -> bool:

@@ -30,9 +30,9 @@ _LOOKALIKE = str.maketrans({"O": "0", "I": "1"})
 
 def canonical_type_name(name: str, catalog: Catalog) -> str:
     """The name as sysfs shows it: last token, ``GFX`` alias removed, catalog spelling."""
-    found = catalog.type(name)
-    if found is not None:
-        return found.name
+    found = catalog.types_named(name)
+    if found:
+        return found[0].name
     short = short_type_name(name)
     parsed = parse_type_name(short)
     return parsed.sysfs_name if parsed is not None else short
@@ -85,7 +85,7 @@ def _spacing_problem(name: str, cat: Catalog) -> str | None:
     """Stray spaces, or spaces that split a name where no product prefix ends."""
     tokens = name.split()
     joined = "".join(tokens)
-    grammatical = cat.type(joined) is not None or parse_type_name(joined) is not None
+    grammatical = cat.knows(joined) or parse_type_name(joined) is not None
     hint_name = joined if grammatical and joined != name else None
     hint = f"; did you mean {hint_name}?" if hint_name else ""
     if name != name.strip():
@@ -106,7 +106,7 @@ def type_name_note(name: str, catalog: Catalog) -> TypeNameNote | None:
     spacing = _spacing_problem(name, cat)
     if spacing is not None:
         return TypeNameNote(spacing, warning=False)
-    if cat.type(name) is not None:
+    if cat.knows(name):
         return None
     short = short_type_name(name)
     folded, by_product, _ = _index(cat)

@@ -74,16 +74,18 @@ class _Planner:
 
     def info(self, g: Gpu, name: str | None) -> VgpuType | None:
         """What is known of a type on this GPU: the catalog's entry for the GPU's model,
-        else what the GPU's driver lists, else (GPU of unknown model) the catalog's."""
+        else what the GPU's driver lists, else (GPU of unknown model) the catalog's.
+        On a model whose catalog rows are inferred, what the driver lists comes first."""
         if name is None:
             return None
         model = self.model_of(g)
         found = model.type(name) if model else None
-        if found is not None:
-            return found
         listed = g.offered_type(name)
+        if found is not None and (listed is None or not catalog_is_advisory(model)):
+            return found
         if listed is not None:
             return driver_type(g, model, listed)
+        # A GPU of unknown model: the catalog's type when only one model has that name.
         return self.catalog.type(name) if model is None else None
 
     def size_of(self, g: Gpu, name: str | None) -> tuple[int, bool] | None:
@@ -504,6 +506,11 @@ def driver_type(g: Gpu, model: GpuModel | None, listed: OfferedType) -> VgpuType
         type_id_known=True,
         mig_slices=parsed.mig_slices if parsed is not None else None,
     )
+
+
+def catalog_is_advisory(model: GpuModel | None) -> bool:
+    """The catalog's rows for this model were inferred: the driver's lists decide."""
+    return model is not None and model.inferred
 
 
 UNCHECKED_INSTANCES = 1 << 16
