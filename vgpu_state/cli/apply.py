@@ -224,7 +224,9 @@ def _apply_saved(
     flagged = parse_in_use(args.in_use, args.in_use_file)
     s = settings(args.label_key, sim_spec, journal_file, lock_file, lock_timeout, sriov_manage)
     output = _ApplyOutput(console())
-    target = open_host(sysfs_root, sim_spec, saved.plan.node, s, record=True)
+    target = open_host(
+        sysfs_root, sim_spec, saved.plan.node, s, record=True, proc_root=args.proc_root
+    )
     try:
         try:
             p, result = apply_saved(
@@ -234,6 +236,7 @@ def _apply_saved(
                 saved,
                 skip_blocked=skip_blocked,
                 reporter=output,
+                processes=target.processes,
             )
         except StalePlanError as e:
             click.echo(f"error: {e}. What moved:", err=True)

@@ -116,7 +116,9 @@ def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> N
         # open_host refuses --sriov-manage with --sim; a simulated node brings its own.
         raise click.UsageError("--sriov-manage applies to a real sysfs, not to --sim")
     tool = _sriov_tool(session, s)
-    target = open_host(session.sysfs_root, session.sim_spec, session.node, s)
+    target = open_host(
+        session.sysfs_root, session.sim_spec, session.node, s, proc_root=session.proc_root
+    )
     try:
         config = None
         if session.config_file:

@@ -15,16 +15,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from vgpu_state.cli.common import SessionArgs, parse_in_use, parse_labels
+from vgpu_state.cli.common import SessionArgs, parse_labels
 from vgpu_state.cli.session import Target
-from vgpu_state.host.holders import find_holders
 from vgpu_state.model.errors import BlockedError, SelectionError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, ClusterAction, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConfigState, NodeEvent, NodeStatus
 from vgpu_state.planner import expected_snapshot
-from vgpu_state.ports import HostPort
+from vgpu_state.ports import HostPort, NoProcesses, ProcessHolders
 from vgpu_state.reconcile import Mode, Ports
 
 if TYPE_CHECKING:
@@ -51,26 +50,6 @@ class ClusterFlags:
         return bool(self.kubeconfig or self.in_cluster)
 
 
-def host_holders(host: HostPort, snapshot: NodeSnapshot, proc_root: str | None) -> dict[str, str]:
-    """Held vGPUs as the host shows them: VFIO devices open under ``/proc``.
-
-    A simulated host serves its own ``/proc`` (a QEMU process per vGPU its spec
-    marks in use) unless ``proc_root`` is given.
-    """
-    from vgpu_state.sim.host import SimHost
-
-    if isinstance(host, SimHost) and proc_root is None:
-        from vgpu_state.sim.proc import open_proc
-
-        root, fs = open_proc(host)
-        found = find_holders(
-            snapshot, root, sysfs_root=host.root, proc_fs=fs, sysfs_fs=host.filesystem
-        )
-    else:
-        found = find_holders(snapshot, proc_root or "/proc")
-    return {key: str(holder) for key, holder in found.items()}
-
-
 @dataclass
 class KubeNodeCluster:
     """The :class:`~vgpu_state.ports.ClusterPort` of a node in a Kubernetes cluster."""
@@ -78,7 +57,8 @@ class KubeNodeCluster:
     kube: KubeCluster
     host: HostPort
     require_kubelet: bool
-    proc_root: str | None = None
+    processes: ProcessHolders = field(default_factory=NoProcesses)
+    """The node's processes holding vGPUs; :meth:`holders` reads them for the reconcile."""
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     extra_in_use: Mapping[str, str] = field(default_factory=dict)
     warn: Warn = field(default=lambda message: None)
@@ -86,7 +66,8 @@ class KubeNodeCluster:
     in_use_known: bool = True
     snapshot: NodeSnapshot | None = None
     held: dict[str, str] = field(default_factory=dict)
-    """The holders the last :meth:`in_use` found (the status reports them)."""
+    """The holders the last reconcile found, processes and pods (the status reports them)."""
+    process_held: Mapping[str, str] = field(default_factory=dict)
     plan: Plan | None = None
     applied: tuple[ClusterAction, ...] = ()
 
@@ -97,12 +78,19 @@ class KubeNodeCluster:
         self.started = self.kube.clock()
         return {**self.kube.labels(), **self.extra_labels}
 
+    def holders(self, snapshot: NodeSnapshot) -> tuple[Mapping[str, str], tuple[str, ...]]:
+        """The reconcile's ``processes`` port: held by a process on the host (``/proc``)."""
+        self.snapshot = snapshot
+        found, warnings = self.processes.holders(snapshot)
+        self.process_held = dict(found)
+        return found, warnings
+
     def in_use(self) -> InUse:
-        """Held by a process on the host, or by a pod (the kubelet says which)."""
+        """Held by a pod (the kubelet says which), or given by flags; the status also
+        counts what :meth:`holders` found."""
         from vgpu_state.kube.errors import PodResourcesUnavailableError
 
-        self.snapshot = self.host.scan()
-        held = host_holders(self.host, self.snapshot, self.proc_root)
+        held = dict(self.process_held)
         if self.kube.pod_resources is not None:
             try:
                 held.update(self.kube.in_use())
@@ -236,9 +224,17 @@ def _time(moment: datetime.datetime) -> str:
 
 
 def kube_ports(
-    base: Ports, target: Target, args: SessionArgs, mode: Mode, warn: Warn
+    base: Ports,
+    target: Target,
+    args: SessionArgs,
+    flagged: Mapping[str, str],
+    mode: Mode,
+    warn: Warn,
 ) -> tuple[Ports, KubeNodeCluster]:
-    """``base`` with the cluster port of the Node ``--node`` (default: the simulated node's)."""
+    """``base`` with the cluster port of the Node ``--node`` (default: the simulated node's).
+
+    ``flagged``: the holders given by ``--in-use``/``--in-use-file``, parsed once.
+    """
     from vgpu_state.kube.cluster import KubeCluster
     from vgpu_state.kube.kubevirt import KubeVirtRef
     from vgpu_state.kube.podresources.client import DEFAULT_SOCKET
@@ -256,15 +252,15 @@ def kube_ports(
         pod_resources=args.pod_resources or (None if simulated else DEFAULT_SOCKET),
         kubevirt_ref=ref,
     )
-    held = {**target.cluster.in_use(), **parse_in_use(args.in_use, args.in_use_file)}
+    held = {**target.cluster.in_use(), **flagged}
     cluster = KubeNodeCluster(
         kube,
         target.host,
         require_kubelet=mode is Mode.APPLY,
-        proc_root=args.proc_root,
+        processes=base.processes,
         extra_labels=parse_labels(args.labels),
         extra_in_use=held,
         warn=warn,
     )
     sink = KubeVirtSink(cluster) if mode is Mode.APPLY else base.device_plugin
-    return Ports(target.host, cluster, base.config, sink), cluster
+    return Ports(target.host, cluster, base.config, sink, processes=cluster), cluster

@@ -25,9 +25,10 @@ from vgpu_state.config.source import FileConfigSource
 from vgpu_state.executor import DEFAULT_JOURNAL, DEFAULT_LOCK, Journal
 from vgpu_state.executor.drivertypes import DRIVER_TYPES_FILE, DriverTypesFile
 from vgpu_state.host import DriverTypeMemory, SysfsHost
+from vgpu_state.host.holders import ProcHolders
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.files import decode_utf8, read_stream
-from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster
+from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster, NoProcesses, ProcessHolders
 from vgpu_state.reconcile import Mode, Ports, QuietReporter, Report, Settings, reconcile_once
 
 ENV_JOURNAL = "VGPU_STATE_JOURNAL"
@@ -46,6 +47,8 @@ class Target:
     cluster: MemoryCluster
     save: Callable[[], None]
     close: Callable[[], None]
+    processes: ProcessHolders = dataclasses.field(default_factory=NoProcesses)
+    """The node's processes holding vGPUs: its ``/proc`` (a simulated node's own)."""
 
 
 def _nothing() -> None:
@@ -107,12 +110,15 @@ def open_host(
     settings: Settings,
     *,
     record: bool = False,
+    proc_root: str | None = None,
 ) -> Target:
     """The node: a simulated one, or sysfs at ``sysfs_root`` (default ``/sys``).
 
     A real host takes the catalog and the sriov-manage command from ``settings``.
     ``node`` overrides the node's name. ``record``: keep what the driver lists
-    in the driver-types file (see :func:`driver_type_memory`).
+    in the driver-types file (see :func:`driver_type_memory`). Processes
+    holding vGPUs are read from ``proc_root`` (default ``/proc``; a simulated
+    node's own ``/proc`` unless given).
     """
     if sim_spec and sysfs_root:
         raise SelectionError("give either --sim or --sysfs-root, not both")
@@ -124,7 +130,12 @@ def open_host(
         memory = driver_type_memory(settings, record)
         sim = open_sim(sim_spec, autosave=True, catalog=settings.catalog, driver_types=memory)
         cluster = sim.cluster.with_overrides(node=node)
-        return Target(sim.host, cluster, sim.save, sim.close)
+        from vgpu_state.sim.proc import SimProcHolders
+
+        processes: ProcessHolders = (
+            ProcHolders(proc_root) if proc_root else SimProcHolders(sim.host)
+        )
+        return Target(sim.host, cluster, sim.save, sim.close, processes)
     name = node or os.uname().nodename
     host = SysfsHost(
         sysfs_root or "/sys",
@@ -133,7 +144,7 @@ def open_host(
         catalog=settings.catalog,
         driver_types=driver_type_memory(settings, record),
     )
-    return Target(host, MemoryCluster(name), _nothing, _nothing)
+    return Target(host, MemoryCluster(name), _nothing, _nothing, ProcHolders(proc_root or "/proc"))
 
 
 def config_source(config_file: str, settings: Settings) -> ConfigSource:
@@ -182,7 +193,12 @@ def ports(
 ) -> Ports:
     """The ports of one command: the node's, with the labels and holders given by flags."""
     cluster = target.cluster.with_overrides(labels=labels, in_use=in_use)
-    return Ports(target.host, cluster, config_source(config_file, settings))
+    return Ports(
+        target.host,
+        cluster,
+        config_source(config_file, settings),
+        processes=target.processes,
+    )
 
 
 def open_target(args: SessionArgs, settings: Settings, *, record: bool = False) -> Target:
@@ -194,7 +210,14 @@ def open_target(args: SessionArgs, settings: Settings, *, record: bool = False) 
         raise SelectionError("missing the config file: pass -f FILE or set VGPU_STATE_CONFIG_FILE")
     if args.config_file == "-" and args.in_use_file == "-":
         raise click.UsageError("-f - and --in-use-file - cannot both read standard input")
-    return open_host(args.sysfs_root, args.sim_spec, args.node, settings, record=record)
+    return open_host(
+        args.sysfs_root,
+        args.sim_spec,
+        args.node,
+        settings,
+        record=record,
+        proc_root=args.proc_root,
+    )
 
 
 class Warnings(QuietReporter):
@@ -213,19 +236,14 @@ def reconcile(
 ) -> Report:
     """One reconcile of the node named by the selection options."""
     assert args.config_file is not None
-    node_ports = ports(
-        target,
-        args.config_file,
-        parse_labels(args.labels),
-        parse_in_use(args.in_use, args.in_use_file),
-        settings,
-    )
+    flagged = parse_in_use(args.in_use, args.in_use_file)  # standard input is read once
+    node_ports = ports(target, args.config_file, parse_labels(args.labels), flagged, settings)
     reporter = kwargs.pop("reporter", None) or Warnings()
     cluster = None
     if args.kubeconfig or args.in_cluster:
         from vgpu_state.cli.kube import kube_ports
 
-        node_ports, cluster = kube_ports(node_ports, target, args, mode, reporter.warning)
+        node_ports, cluster = kube_ports(node_ports, target, args, flagged, mode, reporter.warning)
         reporter = cluster.reporter(reporter)
         if kwargs.get("gate") is not None:
             kwargs["gate"] = cluster.gate(kwargs["gate"], bool(kwargs.get("skip_blocked")))

@@ -8,6 +8,11 @@ even when the kubelet knows nothing of them (a VM started by hand, a kubelet
 that is down). QEMU names its guest with ``-name guest=<name>,...``; the holder
 says so.
 
+An open file counts when its path ends with ``/dev/vfio/<group>`` or
+``/dev/vfio/devices/vfioN``: ``/proc`` shows a file as its process sees it, so
+a QEMU in a container or a chroot (and a simulated node's VFIO nodes under
+``.vgpu-sim/dev``) shows a longer path with the same tail.
+
 Only reads (``listdir``, ``readlink``, ``read``) through a
 :class:`~vgpu_state.host.reader.Filesystem`, so the same code reads the real
 ``/proc`` (``proc_root``, e.g. ``/host/proc`` in a container) and the
@@ -17,8 +22,10 @@ simulator's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from vgpu_state.host.reader import Filesystem, OsFilesystem
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -36,10 +43,22 @@ class ProcessHolder:
         return f"process {self.pid} ({self.command})"
 
 
+VFIO_DIR = "/dev/vfio/"
+
+
+def vfio_tail(path: str) -> str | None:
+    """The part of an open file's path after its last ``/dev/vfio/`` (``12``,
+    ``devices/vfio7``), or ``None`` when it is no VFIO node."""
+    at = path.rfind(VFIO_DIR)
+    if at < 0:
+        return None
+    return path[at + len(VFIO_DIR) :] or None
+
+
 def vfio_nodes(
     snapshot: NodeSnapshot, sysfs_root: str = "/sys", fs: Filesystem | None = None
 ) -> dict[str, str]:
-    """VFIO device node path -> vGPU key, for every vGPU of the snapshot."""
+    """VFIO device node path (``/dev/vfio/…``) -> vGPU key, for every vGPU of the snapshot."""
     fs = fs or OsFilesystem()
     nodes: dict[str, str] = {}
     for gpu in snapshot.gpus:
@@ -60,6 +79,65 @@ def vfio_nodes(
     return nodes
 
 
+@dataclass
+class ProcScan:
+    """What one read of ``/proc`` found."""
+
+    held: dict[str, ProcessHolder] = field(default_factory=dict)
+    """vGPU key -> the process holding its VFIO device open (the lowest pid if several)."""
+    unreadable: int = 0
+    """Processes whose open files could not be listed (not permitted)."""
+
+
+def scan_holders(
+    snapshot: NodeSnapshot,
+    proc_root: str = "/proc",
+    *,
+    sysfs_root: str | None = None,
+    proc_fs: Filesystem | None = None,
+    sysfs_fs: Filesystem | None = None,
+) -> ProcScan:
+    """Every process under ``proc_root`` with a VFIO node of a vGPU of ``snapshot`` open.
+
+    ``/proc`` is read first; sysfs (the vGPUs' IOMMU groups) only when some
+    process has a VFIO node open at all.
+    """
+    fs = proc_fs or OsFilesystem()
+    found = ProcScan()
+    opened: dict[int, set[str]] = {}
+    pids = sorted(int(p) for p in _listdir(fs, proc_root) if p.isdigit())
+    for pid in pids:
+        fd_dir = os.path.join(proc_root, str(pid), "fd")
+        try:
+            fds = fs.listdir(fd_dir)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                found.unreadable += 1
+            continue  # gone meanwhile (a kernel thread has no fd to show)
+        for fd in fds:
+            try:
+                target = fs.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue  # closed meanwhile, or not ours to read
+            tail = vfio_tail(target)
+            if tail is not None and tail != "vfio":  # /dev/vfio/vfio is the container
+                opened.setdefault(pid, set()).add(tail)
+    if not opened:
+        return found
+    nodes = {
+        node[len(VFIO_DIR) :]: key
+        for node, key in vfio_nodes(snapshot, sysfs_root or snapshot.sysfs_root, sysfs_fs).items()
+    }
+    for pid, tails in opened.items():
+        keys = {nodes[t] for t in tails if t in nodes}
+        if not keys:
+            continue
+        holder = _describe(fs, os.path.join(proc_root, str(pid)), pid)
+        for key in keys:
+            found.held.setdefault(key, holder)
+    return found
+
+
 def find_holders(
     snapshot: NodeSnapshot,
     proc_root: str = "/proc",
@@ -69,29 +147,47 @@ def find_holders(
     sysfs_fs: Filesystem | None = None,
 ) -> dict[str, ProcessHolder]:
     """vGPU key -> the process holding its VFIO device open (the lowest pid if several)."""
-    nodes = vfio_nodes(snapshot, sysfs_root or snapshot.sysfs_root, sysfs_fs)
-    if not nodes:
-        return {}
-    fs = proc_fs or OsFilesystem()
-    held: dict[str, ProcessHolder] = {}
-    pids = sorted(int(p) for p in _listdir(fs, proc_root) if p.isdigit())
-    for pid in pids:
-        fd_dir = os.path.join(proc_root, str(pid), "fd")
-        keys: set[str] = set()
-        for fd in _listdir(fs, fd_dir):
-            try:
-                target = fs.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue  # closed meanwhile, or not ours to read
-            key = nodes.get(target)
-            if key is not None:
-                keys.add(key)
-        if not keys:
-            continue
-        holder = _describe(fs, os.path.join(proc_root, str(pid)), pid)
-        for key in keys:
-            held.setdefault(key, holder)
-    return held
+    return scan_holders(
+        snapshot, proc_root, sysfs_root=sysfs_root, proc_fs=proc_fs, sysfs_fs=sysfs_fs
+    ).held
+
+
+class ProcHolders:
+    """The ``processes`` port of a reconcile: holders read from a ``/proc`` now.
+
+    ``proc_root`` is the host's ``/proc`` (``/host/proc`` in a container);
+    ``proc_fs``/``sysfs_fs`` read another tree (a simulated node's).
+    """
+
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        *,
+        sysfs_root: str | None = None,
+        proc_fs: Filesystem | None = None,
+        sysfs_fs: Filesystem | None = None,
+    ) -> None:
+        self.proc_root = proc_root
+        self.sysfs_root = sysfs_root
+        self.proc_fs = proc_fs
+        self.sysfs_fs = sysfs_fs
+
+    def holders(self, snapshot: NodeSnapshot) -> tuple[Mapping[str, str], tuple[str, ...]]:
+        """vGPU key -> who holds it (pid, command, VM name), and what could not be read."""
+        found = scan_holders(
+            snapshot,
+            self.proc_root,
+            sysfs_root=self.sysfs_root,
+            proc_fs=self.proc_fs,
+            sysfs_fs=self.sysfs_fs,
+        )
+        warnings: tuple[str, ...] = ()
+        if found.unreadable:
+            warnings = (
+                f"the open files of {found.unreadable} process(es) under {self.proc_root} "
+                "cannot be read (run as root): a VM among them holding a vGPU is not seen",
+            )
+        return {key: str(holder) for key, holder in found.held.items()}, warnings
 
 
 def _describe(fs: Filesystem, path: str, pid: int) -> ProcessHolder:

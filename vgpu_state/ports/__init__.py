@@ -5,6 +5,7 @@
   hold, and where status and Events go (Kubernetes, or :class:`MemoryCluster`).
 * :class:`ConfigSource` — the config document, keeping the last good one.
 * :class:`DevicePluginSink` — what learns the node's vGPUs after each apply.
+* :class:`ProcessHolders` — which vGPUs the node's processes hold open (``/proc``).
 
 Each is a ``Protocol``: an implementation needs no import from here.
 ``vgpu_state.testing`` has recording fakes of each for tests.
@@ -14,6 +15,7 @@ from vgpu_state.ports.cluster import ClusterPort, MemoryCluster
 from vgpu_state.ports.config import ConfigSource
 from vgpu_state.ports.deviceplugin import DevicePluginSink, NoDevicePlugin
 from vgpu_state.ports.host import HostPort
+from vgpu_state.ports.processes import NoProcesses, ProcessHolders
 
 __all__ = [
     "ClusterPort",
@@ -22,4 +24,6 @@ __all__ = [
     "HostPort",
     "MemoryCluster",
     "NoDevicePlugin",
+    "NoProcesses",
+    "ProcessHolders",
 ]

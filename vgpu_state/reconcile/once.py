@@ -22,11 +22,20 @@ from vgpu_state.model.errors import (
 )
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, Plan
+from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import differences
 from vgpu_state.planner import plan as make_plan
 from vgpu_state.planner.inuse import normalise_in_use
 from vgpu_state.planner.saved import SavedPlan, check_saved_plan
-from vgpu_state.ports import ClusterPort, ConfigSource, DevicePluginSink, HostPort, NoDevicePlugin
+from vgpu_state.ports import (
+    ClusterPort,
+    ConfigSource,
+    DevicePluginSink,
+    HostPort,
+    NoDevicePlugin,
+    NoProcesses,
+    ProcessHolders,
+)
 from vgpu_state.reconcile.deferred import deferred_replanner
 from vgpu_state.reconcile.report import Inputs, QuietReporter, Report, Reporter
 from vgpu_state.reconcile.settings import Settings
@@ -52,6 +61,8 @@ class Ports:
     device_plugin: DevicePluginSink = field(default_factory=NoDevicePlugin)
     dra: DevicePluginSink = field(default_factory=NoDevicePlugin)
     """Gets the vGPUs published through Dynamic Resource Allocation (never the plugin's)."""
+    processes: ProcessHolders = field(default_factory=NoProcesses)
+    """The node's processes holding a vGPU open (``/proc``), read on every reconcile."""
 
 
 class NoConfigSelectedError(SelectionError):
@@ -92,7 +103,7 @@ def gather(
     snapshot = ports.host.scan()
     require_readable(snapshot)
     desired = resolve(document, chosen, snapshot.gpus, node, source, settings.catalog)
-    held, warnings = normalise_in_use(ports.cluster.in_use(), snapshot)
+    held, warnings = holders(ports.processes, ports.cluster, snapshot)
     prefixes = (f"vgpu-configs.{chosen}[", f"vgpu-configs.{chosen}.")
     warnings = [str(i) for i in document.warnings if i.path.startswith(prefixes)] + list(warnings)
     return Inputs(
@@ -107,6 +118,21 @@ def gather(
         desired,
         tuple(warnings),
     )
+
+
+def holders(
+    processes: ProcessHolders, cluster: ClusterPort, snapshot: NodeSnapshot
+) -> tuple[dict[str, str], list[str]]:
+    """Every holder of a vGPU of ``snapshot``: the node's processes (``/proc``), then the
+    cluster's (the kubelet, claims, flags), which name the holder when both know it.
+
+    ``/proc`` is read before the cluster is asked, so a VM the kubelet has
+    forgotten is still seen; the warnings say what could not be read.
+    """
+    from_processes, proc_warnings = processes.holders(snapshot)
+    merged = {**from_processes, **cluster.in_use()}
+    held, warnings = normalise_in_use(InUse(merged), snapshot)
+    return held, [*proc_warnings, *warnings]
 
 
 def plan_inputs(inputs: Inputs, settings: Settings) -> Plan:
@@ -292,6 +318,7 @@ def apply_saved(
     *,
     skip_blocked: bool = False,
     reporter: Reporter | None = None,
+    processes: ProcessHolders | None = None,
 ) -> tuple[Plan, ApplyResult | None]:
     """Apply a saved plan, under the host lock, if the host has not moved since it was made.
 
@@ -301,7 +328,7 @@ def apply_saved(
     held since blocks it) by re-planning from its saved desired layout; what
     is applied is that checked plan. Raises :class:`BlockedError` when items
     are blocked and ``skip_blocked`` is false. The result is ``None`` when
-    there is nothing to do.
+    there is nothing to do. ``processes``: the node's processes holding vGPUs.
     """
     hear: Reporter = reporter or QuietReporter()
     with _host_lock(settings):
@@ -313,7 +340,7 @@ def apply_saved(
                 "nothing was changed",
                 stale_changes(saved.snapshot_view, live.stable_view()),
             )
-        held, warnings = normalise_in_use(cluster.in_use(), live)
+        held, warnings = holders(processes or NoProcesses(), cluster, live)
         for message in warnings:
             hear.warning(message)
         plan = check_saved_plan(saved, live, held, settings.catalog)

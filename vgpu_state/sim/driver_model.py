@@ -54,6 +54,20 @@ class SimDriver(_SpecDriver):
                 f.fired = True
         return FaultEffect(delay, code)
 
+    # holders -------------------------------------------------------------------
+    def holder(self, gpu: SimGpu, v: SimVgpu) -> str | None:
+        """Who holds ``v``: the spec's holder, or a process with its VFIO node open."""
+        if v.in_use:
+            return v.in_use
+        if v.uuid is not None:
+            key = v.uuid
+        elif v.vf is not None and v.vf < len(vfs := gpu.vf_addresses()):
+            key = vfs[v.vf]
+        else:
+            return None
+        pids = self.vfio_open.get(key)
+        return f"process {pids[0]}" if pids else None
+
     # mdev ----------------------------------------------------------------------
     def mdev_create(self, parent: str, type_id: int, data: bytes) -> None:
         if not 36 <= len(data) <= 37:
@@ -84,8 +98,8 @@ class SimDriver(_SpecDriver):
         if found is None:
             raise fail(errno.ENODEV)
         gpu, v = found
-        if v.in_use:
-            raise fail(errno.EBUSY, f"in use by {v.in_use}")
+        if holder := self.holder(gpu, v):
+            raise fail(errno.EBUSY, f"in use by {holder}")
         gpu.vgpus.remove(v)
 
     # vendor-specific VFIO --------------------------------------------------------
@@ -104,8 +118,8 @@ class SimDriver(_SpecDriver):
         if type_id == 0:
             if current is None:
                 return
-            if current.in_use:
-                raise fail(errno.EBUSY, f"in use by {current.in_use}")
+            if holder := self.holder(gpu, current):
+                raise fail(errno.EBUSY, f"in use by {holder}")
             gpu.vgpus.remove(current)
             return
         if current is not None:
@@ -164,8 +178,8 @@ class SimDriver(_SpecDriver):
                     out.append(f"Enabling VFs on {g.address}")
             elif g.numvfs == 0:
                 out.append(f"GPU at {g.address} has no VFs enabled.")
-            elif any(v.in_use for v in g.vgpus):
-                holder = next(v.in_use for v in g.vgpus if v.in_use)
+            elif holders := [h for v in g.vgpus if (h := self.holder(g, v))]:
+                holder = holders[0]
                 out.append(f"Cannot obtain unbindLock for {g.address} (held by {holder})")
                 status = 1
             else:

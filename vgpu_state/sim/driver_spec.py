@@ -74,6 +74,8 @@ class _SpecDriver:
         self.faults = [FaultState(f) for f in spec.faults]
         self.gpus: list[SimGpu] = []
         self.sriov_manage_output = ""
+        self.vfio_open: dict[str, list[int]] = {}
+        """vGPU key -> the pids with its VFIO node open (through the FUSE frontend)."""
         extras = _extra_types(spec.driver, catalog)
         seen: set[str] = set()
         for i, g in enumerate(sorted(spec.gpus, key=lambda g: g.address)):

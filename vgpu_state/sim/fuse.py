@@ -129,6 +129,12 @@ def make_operations(sysfs: SimSysfs) -> Any:
                 raise oserror(errno.EACCES)
             if mode in (os.O_WRONLY, os.O_RDWR) and e.write is None:
                 raise oserror(errno.EACCES)
+            handle = sysfs.open_vfio(path.strip("/"), mfusepy.fuse_get_context()[2])
+            return handle or 0
+
+        def release(self, path: str, fh: int) -> int:
+            if fh:
+                sysfs.close_vfio(fh)
             return 0
 
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import errno
 import posixpath
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from vgpu_state.host.holders import ProcHolders
 from vgpu_state.host.reader import Filesystem, OsFilesystem
+from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.dirtree import materialize
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.tree import Dir, File, Link, Tree
@@ -141,3 +144,17 @@ def open_proc(host: SimHost, root: str | None = None) -> tuple[str, Filesystem]:
         return "/sim/proc", ProcFilesystem(tree, "/sim/proc")
     materialize(tree, root)
     return root, OsFilesystem()
+
+
+class SimProcHolders:
+    """The ``processes`` port of a simulated node: its ``/proc``, rendered at every read."""
+
+    def __init__(self, host: SimHost) -> None:
+        self.host = host
+
+    def holders(self, snapshot: NodeSnapshot) -> tuple[Mapping[str, str], tuple[str, ...]]:
+        root, fs = open_proc(self.host)
+        reader = ProcHolders(
+            root, sysfs_root=self.host.root, proc_fs=fs, sysfs_fs=self.host.filesystem
+        )
+        return reader.holders(snapshot)

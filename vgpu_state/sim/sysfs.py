@@ -38,6 +38,33 @@ class SimSysfs:
         self.renderer = Renderer()
         self.tree: Tree = self.renderer.render(self.driver)
         self.generation = 0
+        self._opened: dict[int, tuple[str, int]] = {}
+        self._next_handle = 1
+
+    def open_vfio(self, path: str, pid: int) -> int | None:
+        """A process opens the file at ``path``: when it is a vGPU's VFIO node, that
+        vGPU is held by ``pid`` until :meth:`close_vfio` of the handle returned."""
+        with self.lock:
+            e = self.entry(path)
+            if not isinstance(e, File) or e.write is None or e.write.kind != "vfio":
+                return None
+            handle = self._next_handle
+            self._next_handle += 1
+            self._opened[handle] = (e.write.device, pid)
+            self.driver.vfio_open.setdefault(e.write.device, []).append(pid)
+            return handle
+
+    def close_vfio(self, handle: int) -> None:
+        with self.lock:
+            opened = self._opened.pop(handle, None)
+            if opened is None:
+                return
+            key, pid = opened
+            pids = self.driver.vfio_open.get(key, [])
+            if pid in pids:
+                pids.remove(pid)
+            if not pids:
+                self.driver.vfio_open.pop(key, None)
 
     def entry(self, path: str) -> Entry | None:
         real = self.tree.resolve(path)
@@ -68,6 +95,8 @@ class SimSysfs:
             if not isinstance(e, File) or e.write is None:
                 raise OSError(errno.EACCES, "read-only attribute")
             target = e.write
+            if target.kind == "vfio":
+                raise OSError(errno.EINVAL, "a VFIO group is used through ioctls")
             if target.kind == "reset":
                 self.reset()
                 return
@@ -86,7 +115,9 @@ class SimSysfs:
     def reset(self) -> None:
         """Back to the spec this node was loaded from: vGPUs, SR-IOV and fault counters."""
         with self.lock:
+            opened = self.driver.vfio_open
             self.driver = SimDriver(self.initial, self.catalog)
+            self.driver.vfio_open = opened  # a reset closes no process's files
             self.renderer = Renderer()
             self.tree = self.renderer.render(self.driver)
             self.generation += 1

@@ -20,6 +20,9 @@ SRIOV_MANAGE_CONTROL = f"{CONTROL_DIR}/sriov-manage"
 SRIOV_MANAGE_OUTPUT = f"{CONTROL_DIR}/sriov-manage.out"
 RESET_CONTROL = f"{CONTROL_DIR}/reset"
 """Writing anything here puts the node back to the spec it was loaded from."""
+VFIO_NODES = f"{CONTROL_DIR}/dev/vfio"
+"""The VFIO nodes a VM would open (``/dev/vfio/<group>``, ``devices/vfioN``), one per
+vGPU: through FUSE a process that opens one holds that vGPU until it closes it."""
 
 _RESOURCE_LINE = "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
 
@@ -30,7 +33,8 @@ class WriteTarget:
 
     kind: str
     """``create`` | ``remove`` | ``current_vgpu_type`` | ``sriov_numvfs`` | ``sriov-manage``
-    | ``reset`` (a simulator control)."""
+    | ``reset`` (a simulator control) | ``vfio`` (a vGPU's VFIO node; ``device`` is the
+    vGPU's key)."""
     device: str = ""
     type_id: int = 0
 
@@ -316,6 +320,11 @@ def _render_mdev(t: Tree, v: SimVgpu, parent: str, parent_path: str) -> None:
     t.file(f"{m}/nvidia/vm_name", f"{v.in_use or ''}\n")
     t.link(f"{type_dir}/devices/{v.uuid}", m)
     t.link(f"bus/mdev/devices/{v.uuid}", m)
+    _vfio_node(t, f"{VFIO_NODES}/{v.iommu_group}", v.uuid)
+
+
+def _vfio_node(t: Tree, path: str, key: str) -> None:
+    t.file(path, "", 0o600, WriteTarget("vfio", key))
 
 
 def _description(series: str, fb_mib: int, max_instance: int) -> str:
@@ -358,7 +367,12 @@ def _render_vfio_vf(t: Tree, g: SimGpu, i: int, vf: str) -> None:
         t.file(f"{n}/placement_id", f"{_placement(g, v)}\n")
     t.file(f"{n}/vgpu_params", "\n", 0o644)
     t.file(f"{n}/warm_update", "0\n", 0o644)
-    t.dir(f"{vf}/vfio-dev/vfio{g.vf_iommu_group_base + i}")
+    group = g.vf_iommu_group_base + i
+    t.dir(f"{vf}/vfio-dev/vfio{group}")
+    if v is not None:
+        address = g.vf_addresses()[i]
+        _vfio_node(t, f"{VFIO_NODES}/{group}", address)
+        _vfio_node(t, f"{VFIO_NODES}/devices/vfio{group}", address)
 
 
 def _placement(g: SimGpu, v: SimVgpu) -> int:
