@@ -25,6 +25,9 @@ class _Host:
     def scan(self) -> NodeSnapshot:
         return self.after if self.writes else self.before
 
+    def scan_gpu(self, address: str) -> NodeSnapshot:
+        return self.scan().only_gpu(address)
+
     def create_mdev(self, parent: str, type_id: int, uuid: str) -> None:
         self.writes += 1
 

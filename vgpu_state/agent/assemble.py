@@ -27,6 +27,7 @@ from vgpu_state.reconcile import Ports, Settings
 
 if TYPE_CHECKING:
     from vgpu_state.deviceplugin import DevicePluginManager
+    from vgpu_state.sim.host import SimHost
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def _host(
     if flags.sim_spec:
         from vgpu_state.sim.node import held_vgpus, open_sim
 
-        sim = open_sim(flags.sim_spec, driver_types=driver_types)
+        sim = open_sim(flags.sim_spec, autosave=True, driver_types=driver_types)
 
         def held() -> InUse:
             return held_vgpus(sim.host)
@@ -200,7 +201,7 @@ def _host(
             sim.save()
             sim.close()
 
-        return _SavingHost(sim.host, sim.save), held, save_and_close
+        return _SavingHost(sim.host), held, save_and_close
     from vgpu_state.host import SysfsHost
 
     host = SysfsHost(
@@ -210,38 +211,39 @@ def _host(
 
 
 class _SavingHost:
-    """A simulated host whose spec file follows every change (other commands can read it)."""
+    """A simulated host whose spec file follows every change (other commands can read it).
 
-    def __init__(self, inner: HostPort, save: Callable[[], None]) -> None:
+    Each write lands in the spec's write log as it is made; the spec itself is
+    written at the next full scan after a change (an apply ends with one), so
+    once per apply rather than once per write.
+    """
+
+    def __init__(self, inner: SimHost) -> None:
         self.inner = inner
-        self._save = save
 
     def scan(self) -> NodeSnapshot:
-        return self.inner.scan()
+        snapshot = self.inner.scan()
+        if self.inner.unsaved_writes:
+            self.inner.save()
+        return snapshot
 
-    def _after(self) -> None:
-        self._save()
+    def scan_gpu(self, address: str) -> NodeSnapshot:
+        return self.inner.scan_gpu(address)
 
     def enable_sriov(self, pf: str) -> None:
         self.inner.enable_sriov(pf)
-        self._after()
 
     def disable_sriov(self, pf: str) -> None:
         self.inner.disable_sriov(pf)
-        self._after()
 
     def create_mdev(self, parent: str, type_id: int, uuid: str) -> None:
         self.inner.create_mdev(parent, type_id, uuid)
-        self._after()
 
     def remove_mdev(self, uuid: str) -> None:
         self.inner.remove_mdev(uuid)
-        self._after()
 
     def set_vf_type(self, vf: str, type_id: int) -> None:
         self.inner.set_vf_type(vf, type_id)
-        self._after()
 
     def clear_vf_type(self, vf: str) -> None:
         self.inner.clear_vf_type(vf)
-        self._after()

@@ -24,7 +24,7 @@ from vgpu_state.model.errors import (
 from vgpu_state.model.plan import Action, ActionKind, GpuPlan, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner.compare import differences
-from vgpu_state.planner.expected import expected_snapshot
+from vgpu_state.planner.expected import expected_gpu
 from vgpu_state.ports.host import HostPort
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class _Run:
     def listed_type_id(self, a: Action) -> int:
         """The id of a create's type from the driver's lists, read now (the plan could not
         know it while the GPU held vGPUs of another size)."""
-        live = self.host.scan().gpu(a.gpu)
+        live = self.host.scan_gpu(a.gpu).gpu(a.gpu)
         parent = a.vf or a.parent
         lists = []
         if live is not None:
@@ -211,6 +211,15 @@ class _Run:
             self.record("plan-end", outcome="failed", failed=why)
             raise HostUnreadableError(f"{why}: {live.error}")
         return live
+
+    def scan_gpu(self, live: NodeSnapshot, address: str) -> NodeSnapshot:
+        """``live`` with a fresh read of the GPU at ``address``; an unreadable host fails."""
+        part = self.host.scan_gpu(address)
+        if part.error is not None:
+            why = f"verify gpu[{address}]"
+            self.record("plan-end", outcome="failed", failed=why)
+            raise HostUnreadableError(f"{why}: {part.error}")
+        return live.with_gpu_scan(address, part)
 
     def step(self, a: Action, live: Gpu | None, remaining: tuple[Action, ...]) -> None:
         """Run one step and journal it: one record per step, written when it ends."""
@@ -312,11 +321,16 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
     )
     live = snapshot if snapshot is not None else run.scan("before applying")
     all_actions = plan.actions
+    by_gpu: dict[str, list[Action]] = {}
+    for a in all_actions:
+        by_gpu.setdefault(a.gpu, []).append(a)
     position = 0
     late_blocked = 0
     notes: list[str] = []
+    # While it works, the apply reads back only the GPU it just changed; the one
+    # full scan of the node is the final verification below.
     for header in plan.gpus:
-        actions = plan.gpu_actions(header.address)
+        actions = tuple(by_gpu.get(header.address, ()))
         if not actions:
             continue
         before = live
@@ -325,8 +339,8 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
         for a in immediate:
             position += 1
             run.step(a, live.gpu(header.address), all_actions[position:])
-        expected = expected_snapshot(plan, before)
-        live = run.scan(f"verify gpu[{header.address}]")
+        expected = _expected(before, header.address, actions)
+        live = run.scan_gpu(live, header.address)
         if deferred:
             assert run.replan is not None
             try:
@@ -341,8 +355,7 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
                 position += len(deferred)
                 sub = None
             if sub is None:
-                want = _vgpu_set(expected_snapshot(_without(plan, deferred), before)
-                                 .gpu(header.address))
+                want = _vgpu_set(_expected(before, header.address, tuple(immediate)))
                 got = _vgpu_set(live.gpu(header.address))
                 if want != got:
                     run.record("plan-end", outcome="failed", failed=f"verify gpu[{header.address}]")
@@ -359,9 +372,9 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
             for a in sub_actions:
                 run.step(a, live.gpu(header.address), all_actions[position + len(deferred) :])
             position += len(deferred)
-            expected = expected_snapshot(sub, before)
-            live = run.scan(f"verify gpu[{header.address}]")
-        want = _vgpu_set(expected.gpu(header.address))
+            expected = _expected(before, header.address, sub_actions)
+            live = run.scan_gpu(live, header.address)
+        want = _vgpu_set(expected)
         got = _vgpu_set(live.gpu(header.address))
         if want != got:
             unread = _read_failures(live.gpu(header.address))
@@ -385,6 +398,7 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
     return ApplyResult(run.plan_id, tuple(run.steps), final, seconds, tuple(notes), found)
 
 
-def _without(plan: Plan, actions: list[Action]) -> Plan:
-    drop = {id(a) for a in actions}
-    return plan.model_copy(update={"actions": tuple(a for a in plan.actions if id(a) not in drop)})
+def _expected(before: NodeSnapshot, address: str, actions: tuple[Action, ...]) -> Gpu | None:
+    """The GPU at ``address`` as ``actions`` (its steps) should leave it."""
+    g = before.gpu(address)
+    return expected_gpu(g, actions) if g is not None and actions else g

@@ -1,7 +1,13 @@
 """Host layer: sysfs scan (read) and NVIDIA driver operations (write) for both layouts."""
 
 from vgpu_state.host.drivertypes import DriverTypeMemory
-from vgpu_state.host.scan import ScanStats, parse_creatable_vgpu_types, scan, scan_with_stats
+from vgpu_state.host.scan import (
+    ScanStats,
+    parse_creatable_vgpu_types,
+    scan,
+    scan_gpu,
+    scan_with_stats,
+)
 from vgpu_state.host.sysfs_host import SysfsHost
 
 __all__ = [
@@ -10,5 +16,6 @@ __all__ = [
     "SysfsHost",
     "parse_creatable_vgpu_types",
     "scan",
+    "scan_gpu",
     "scan_with_stats",
 ]

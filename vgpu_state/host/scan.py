@@ -80,6 +80,25 @@ def scan(
     return scan_with_stats(root, node, fs, catalog=catalog)[0]
 
 
+def scan_gpu(
+    root: str,
+    node: str,
+    address: str,
+    fs: Filesystem | None = None,
+    *,
+    catalog: Catalog,
+) -> NodeSnapshot:
+    """Scan one GPU (the PF at ``address``) and nothing else; never raises.
+
+    The snapshot holds that GPU (index 0: its place among the node's GPUs is
+    known only to a full scan, see :meth:`NodeSnapshot.with_gpu_scan`), or no
+    GPU when none is there any more. Its work does not grow with the number of
+    GPUs on the node: the executor reads a GPU it just changed this way.
+    """
+    reader = Reader(fs if fs is not None else OsFilesystem())
+    return _Scanner(root, reader, catalog).run_one(node, address)
+
+
 def scan_with_stats(
     root: str = "/sys", node: str = "", fs: Filesystem | None = None, *, catalog: Catalog
 ) -> tuple[NodeSnapshot, ScanStats]:
@@ -123,32 +142,50 @@ class _Scanner:
             )
         return found
 
+    def unreadable(self, node: str) -> NodeSnapshot:
+        found = self.read.take_problems()
+        why = found[0] if found else f"{self.devices} not found"
+        error = f"cannot read the host: {why}: is sysfs mounted at {self.root}?"
+        return NodeSnapshot(node=node, sysfs_root=self.root, problems=(*found, error), error=error)
+
+    def is_gpu(self, name: str) -> bool:
+        """Is ``devices/name`` an NVIDIA GPU's PF (not a VF, not another device)?"""
+        path = os.path.join(self.devices, name)
+        if self.read.integer(os.path.join(path, "vendor"), note=False) != NVIDIA_VENDOR_ID:
+            return False
+        cls = self.read.integer(os.path.join(path, "class"), note=False)
+        if cls is None or (cls >> 8) not in GPU_CLASSES:
+            return False
+        if self.read.fs.lexists(os.path.join(path, "physfn")):
+            return False
+        if not is_canonical_address(name):
+            self.read.problems.append(f"{path}: not a PCI address; this GPU is skipped")
+            return False
+        return True
+
     def run(self, node: str) -> NodeSnapshot:
         names = self.read.listdir(self.devices)
         if names is None:
-            found = self.read.take_problems()
-            why = found[0] if found else f"{self.devices} not found"
-            error = f"cannot read the host: {why}: is sysfs mounted at {self.root}?"
-            return NodeSnapshot(
-                node=node, sysfs_root=self.root, problems=(*found, error), error=error
-            )
-        pfs: list[str] = []
-        for name in names:
-            path = os.path.join(self.devices, name)
-            if self.read.integer(os.path.join(path, "vendor"), note=False) != NVIDIA_VENDOR_ID:
-                continue
-            cls = self.read.integer(os.path.join(path, "class"), note=False)
-            if cls is None or (cls >> 8) not in GPU_CLASSES:
-                continue
-            if self.read.fs.lexists(os.path.join(path, "physfn")):
-                continue
-            if not is_canonical_address(name):
-                self.read.problems.append(f"{path}: not a PCI address; this GPU is skipped")
-                continue
-            pfs.append(name)
+            return self.unreadable(node)
+        pfs = [name for name in names if self.is_gpu(name)]
         node_problems = self.read.take_problems()
         pfs.sort(key=lambda a: int(a.replace(":", "").replace(".", ""), 16) if _is_hex(a) else -1)
         gpus = tuple(self._gpu(i, a) for i, a in enumerate(pfs))
+        return self.finish(node, gpus, node_problems)
+
+    def run_one(self, node: str, address: str) -> NodeSnapshot:
+        if self.is_gpu(address):
+            gpus: tuple[Gpu, ...] = (self._gpu(0, address),)
+        elif self.read.dead is None and self.read.listdir(self.devices, note=False) is None:
+            # Not a missing GPU: no device can be read at all.
+            return self.unreadable(node)
+        else:
+            gpus = ()
+        return self.finish(node, gpus, self.read.take_problems())
+
+    def finish(
+        self, node: str, gpus: tuple[Gpu, ...], node_problems: tuple[str, ...]
+    ) -> NodeSnapshot:
         dead: str | None = None
         if self.read.dead is not None:
             dead = f"cannot read the host: {self.read.dead}"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from vgpu_state.catalog import Catalog
 from vgpu_state.host import driver
 from vgpu_state.host.drivertypes import DriverTypeMemory
-from vgpu_state.host.scan import scan
+from vgpu_state.host.scan import scan, scan_gpu
 from vgpu_state.model.snapshot import NodeSnapshot
 
 
@@ -44,6 +44,11 @@ class SysfsHost:
 
     def scan(self) -> NodeSnapshot:
         return self.driver_types.observe(scan(self.root, self.node, catalog=self.catalog))
+
+    def scan_gpu(self, address: str) -> NodeSnapshot:
+        return self.driver_types.observe(
+            scan_gpu(self.root, self.node, address, catalog=self.catalog)
+        )
 
     def enable_sriov(self, pf: str) -> None:
         driver.enable_sriov(self.root, pf, self.sriov_manage)

@@ -151,6 +151,35 @@ class NodeSnapshot(Frozen):
                 return g
         return None
 
+    def only_gpu(self, address: str) -> NodeSnapshot:
+        """This snapshot as a scan of the GPU at ``address`` alone would see it."""
+        return self.model_copy(update={"gpus": tuple(g for g in self.gpus if g.address == address)})
+
+    def with_gpu_scan(self, address: str, part: NodeSnapshot) -> NodeSnapshot:
+        """This snapshot with the GPU at ``address`` replaced by a scan of that GPU alone.
+
+        ``part`` is what a one-GPU scan returned (``HostPort.scan_gpu``): the GPU
+        (keeping its index in this snapshot) or nothing when it is gone; its
+        ``error`` and problems are carried over (a host that could not be read).
+        """
+        fresh = part.gpu(address)
+        gpus: list[Gpu] = []
+        for g in self.gpus:
+            if g.address != address:
+                gpus.append(g)
+            elif fresh is not None:
+                gpus.append(fresh.model_copy(update={"index": g.index}))
+                fresh = None
+        if fresh is not None:
+            gpus.append(fresh.model_copy(update={"index": len(gpus)}))
+        return self.model_copy(
+            update={
+                "gpus": tuple(gpus),
+                "error": part.error,
+                "problems": tuple(dict.fromkeys((*self.problems, *part.problems))),
+            }
+        )
+
     def stable_view(self) -> dict[str, Any]:
         """The fields that define the host's vGPU state (no paths, problems or counters)."""
         return {

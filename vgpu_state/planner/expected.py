@@ -13,7 +13,8 @@ from vgpu_state.model.plan import Action, ActionKind, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu, VirtualFunction
 
 
-def _apply(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
+def expected_gpu(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
+    """``g`` as ``actions`` (steps on that GPU) should leave it."""
     vgpus = {v.key: v for v in g.vgpus}
     vf_types = {vf.address: vf.current_type_id for vf in g.vfs}
     numvfs = g.sriov_numvfs
@@ -53,8 +54,11 @@ def _apply(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
 
 
 def expected_snapshot(plan: Plan, snapshot: NodeSnapshot) -> NodeSnapshot:
+    by_gpu: dict[str, list[Action]] = {}
+    for a in plan.actions:
+        by_gpu.setdefault(a.gpu, []).append(a)
     gpus = tuple(
-        _apply(g, plan.gpu_actions(g.address)) if plan.gpu_actions(g.address) else g
+        expected_gpu(g, tuple(by_gpu[g.address])) if g.address in by_gpu else g
         for g in snapshot.gpus
     )
     return snapshot.model_copy(update={"gpus": gpus})

@@ -14,7 +14,15 @@ class HostPort(Protocol):
     Real: :class:`vgpu_state.host.SysfsHost`. Simulated: :class:`vgpu_state.sim.host.SimHost`.
     """
 
-    def scan(self) -> NodeSnapshot: ...
+    def scan(self) -> NodeSnapshot:
+        """A fresh read of every GPU on the node."""
+        ...
+
+    def scan_gpu(self, address: str) -> NodeSnapshot:
+        """A fresh read of the GPU at ``address`` alone: a snapshot holding that GPU,
+        or no GPU when it is gone (``error`` set when the host cannot be read).
+        Its cost does not grow with the node's other GPUs."""
+        ...
 
     def enable_sriov(self, pf: str) -> None: ...
 

@@ -61,6 +61,9 @@ class ReportedHost:
     def scan(self) -> NodeSnapshot:
         return self.snapshot
 
+    def scan_gpu(self, address: str) -> NodeSnapshot:
+        return self.snapshot.only_gpu(address)
+
     def _refuse(self, *args: object) -> None:
         raise ReportedHostWriteError(
             f"node {self.snapshot.node}: a reported scan cannot be changed "

@@ -276,8 +276,12 @@ def _apply(
 def _verified(
     ports: Ports, inputs: Inputs, plan: Plan, result: ApplyResult | None, warning: str | None
 ) -> Report:
-    """End with a fresh scan and the comparison ``assert`` makes."""
-    final = ports.host.scan() if result is not None else inputs.snapshot
+    """End with a fresh scan and the comparison ``assert`` makes.
+
+    After an apply that is the apply's own final scan (taken after its last
+    step), not a second read of the whole node.
+    """
+    final = result.snapshot if result is not None else inputs.snapshot
     require_readable(final)
     return Report(
         inputs, plan, final, differences(inputs.desired, final), result, config_warning=warning

@@ -25,6 +25,7 @@ from vgpu_state.catalog import Catalog
 from vgpu_state.sim.spec import NodeSpec, save_spec
 from vgpu_state.sim.sysfs import SimSysfs
 from vgpu_state.sim.tree import Dir, File, Link
+from vgpu_state.sim.writelog import WriteLog
 
 _ATTR_SIZE = 4096
 """sysfs reports every attribute as 4096 bytes long; readers read until EOF."""
@@ -178,7 +179,8 @@ def serve(
     """Mount the simulated tree at ``mountpoint`` and serve it until unmounted.
 
     SIGINT/SIGTERM unmount cleanly (libfuse's handlers); with ``save_to`` the
-    final state is written there as a spec.
+    final state is written there as a spec (once, when the mount ends), and a
+    write log beside it (already replayed into ``spec``) is removed.
     """
     import mfusepy
 
@@ -202,7 +204,8 @@ def serve(
         if not ops.served:
             raise
     if save_to is not None:
-        save_spec(sysfs.to_spec(), save_to)
+        data = save_spec(sysfs.to_spec(), save_to)
+        WriteLog(Path(save_to), data).saved(data)
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,14 @@ from vgpu_state.host import driver
 from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.host.paths import SysfsPaths
 from vgpu_state.host.reader import Filesystem, OsFilesystem
-from vgpu_state.host.scan import scan
+from vgpu_state.host.scan import scan, scan_gpu
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.dirtree import materialize
 from vgpu_state.sim.memfs import MemoryFilesystem
-from vgpu_state.sim.spec import NodeSpec, load_spec, save_spec
+from vgpu_state.sim.spec import NodeSpec, save_spec
 from vgpu_state.sim.sysfs import SimSysfs
 from vgpu_state.sim.tree import SRIOV_MANAGE_CONTROL
+from vgpu_state.sim.writelog import WriteLog, load_node
 
 
 def _temp_root() -> str:
@@ -53,6 +54,12 @@ class SimHost:
 
     ``driver_types``: what the simulated driver listed, remembered from scan to
     scan as on a real host (see :class:`~vgpu_state.host.SysfsHost`).
+
+    A spec file is read with the writes its write log holds (a process killed
+    before it saved; see :mod:`vgpu_state.sim.writelog`). ``autosave`` (with a
+    spec file): append every write to that log as it is made, so the file and
+    its log always hold every change; :meth:`save` writes the spec once and
+    ends the log. A log found at start is folded into the spec at once.
     """
 
     def __init__(
@@ -67,17 +74,25 @@ class SimHost:
     ) -> None:
         self.catalog = catalog if catalog is not None else default_catalog()
         self.driver_types = driver_types if driver_types is not None else DriverTypeMemory()
+        self._log: WriteLog | None = None
+        replayed = 0
         if isinstance(spec, NodeSpec):
             self.spec_path: Path | None = None
             loaded = spec
         else:
             self.spec_path = Path(spec)
-            loaded = load_spec(self.spec_path, catalog=self.catalog)
+            loaded, data, replayed = load_node(self.spec_path, self.catalog)
+            if autosave:
+                self._log = WriteLog(self.spec_path, data)
         self.sysfs = SimSysfs(loaded, self.catalog)
         self.in_memory = in_memory
-        self.autosave = autosave and self.spec_path is not None
+        self.autosave = self._log is not None
+        if replayed and self.autosave:
+            # Writes a killed process logged: this host keeps them in its spec now.
+            self.save()
         self._own_root = root is None and not in_memory
         self._rendered = self.sysfs.tree
+        self._rendered_generation = self.sysfs.generation
         if in_memory:
             self.root = str(root) if root is not None else "/sim/sys"
             self._fs: MemoryFilesystem | None = MemoryFilesystem(self.sysfs, self.root)
@@ -87,6 +102,7 @@ class SimHost:
         if not self._own_root and os.path.exists(self.root) and os.listdir(self.root):
             raise ValueError(f"{self.root} is not empty; SimHost writes a whole sysfs tree there")
         materialize(self._rendered, self.root)
+        self._rendered = self._rendered.copy()
 
     @property
     def filesystem(self) -> Filesystem:
@@ -100,6 +116,10 @@ class SimHost:
     # HostPort ------------------------------------------------------------------
     def scan(self) -> NodeSnapshot:
         return self.driver_types.observe(scan(self.root, self.node, self._fs, catalog=self.catalog))
+
+    def scan_gpu(self, address: str) -> NodeSnapshot:
+        part = scan_gpu(self.root, self.node, address, self._fs, catalog=self.catalog)
+        return self.driver_types.observe(part)
 
     def enable_sriov(self, pf: str) -> None:
         self._sriov("-e", pf)
@@ -124,13 +144,25 @@ class SimHost:
         """One write to ``path`` (absolute under ``root`` or relative to it); raises ``OSError``."""
         rel = os.path.relpath(path, self.root) if os.path.isabs(path) else path
         data = value.encode() if isinstance(value, str) else value
-        generation = self.sysfs.generation
         try:
             self.sysfs.write(rel, data)
+        except OSError:
+            self._logged(rel, data)
+            raise
+        else:
+            self._logged(rel, data)
         finally:
             self._refresh()
-        if self.autosave and self.sysfs.generation != generation:
-            self.save()
+
+    def _logged(self, rel: str, data: bytes) -> None:
+        """With ``autosave``, keep the write in the spec's write log (see :meth:`save`)."""
+        if self._log is not None:
+            self._log.append(rel, data)
+
+    @property
+    def unsaved_writes(self) -> int:
+        """Writes kept only in the spec's write log (``autosave``), not yet in the spec."""
+        return self._log.count if self._log is not None else 0
 
     def _writer(self, path: str, value: str) -> None:
         self.write(path, value)
@@ -149,10 +181,11 @@ class SimHost:
     def _refresh(self) -> None:
         if self.in_memory:
             return
-        tree = self.sysfs.tree
-        if tree is not self._rendered:
+        if self.sysfs.generation != self._rendered_generation:
+            tree = self.sysfs.tree
             materialize(tree, self.root, self._rendered)
-            self._rendered = tree
+            self._rendered = tree.copy()
+            self._rendered_generation = self.sysfs.generation
 
     # state ---------------------------------------------------------------------
     def to_spec(self) -> NodeSpec:
@@ -160,14 +193,22 @@ class SimHost:
         return self.sysfs.to_spec()
 
     def save(self, path: str | Path | None = None) -> Path:
-        """Write :meth:`to_spec` to ``path`` (default: the spec file it was loaded from)."""
+        """Write :meth:`to_spec` to ``path`` (default: the spec file it was loaded from).
+
+        Saving to the spec file it was loaded from also ends that file's write
+        log: the spec now holds every write.
+        """
         target = Path(path) if path is not None else self.spec_path
         if target is None:
             raise ValueError("SimHost was built from a NodeSpec: pass the path to save to")
-        save_spec(self.to_spec(), target)
+        data = save_spec(self.to_spec(), target)
+        if self._log is not None and target == self.spec_path:
+            self._log.saved(data)
         return target
 
     def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 

@@ -22,6 +22,9 @@ class MemoryFilesystem:
         self.root = root.rstrip("/") or "/"
 
     def _rel(self, path: str) -> str:
+        prefix = self.root + "/" if self.root != "/" else "/"
+        if path.startswith(prefix) and "/." not in path and "//" not in path:
+            return path[len(prefix) :].rstrip("/")
         rel = posixpath.relpath(path, self.root)
         if rel == "." or rel.startswith(".."):
             return "" if rel == "." else "\0"

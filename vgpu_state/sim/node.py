@@ -70,10 +70,12 @@ def open_sim(
 ) -> SimNode:
     """Open a simulated node from a spec (file or value), its sysfs served in memory.
 
-    ``autosave``: write the spec back after every change the simulated driver
-    makes, as a real host keeps each sysfs write; a later failure (journal,
-    verification) then never loses what was done, and a failed save fails the
-    write that needed it.
+    ``autosave``: keep every write the simulated driver receives in the spec's
+    write log as it is made (one appended line, not a save of the whole spec),
+    as a real host keeps each sysfs write; a later failure (journal,
+    verification) or a killed process then never loses what was done, and a
+    write the log cannot take fails. :meth:`SimNode.save` writes the spec once
+    (at the end of an apply) and ends the log.
     """
     host = SimHost(
         spec, in_memory=True, autosave=autosave, catalog=catalog, driver_types=driver_types

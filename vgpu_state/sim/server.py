@@ -12,6 +12,7 @@ import errno
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from vgpu_state.model.errors import VgpuStateError
 
@@ -20,8 +21,8 @@ def mount(spec_path: str, mountpoint: str, save: bool, foreground: bool) -> int:
     """Serve the spec at ``mountpoint`` (forks to the background unless ``foreground``)."""
     from vgpu_state.catalog import default_catalog
     from vgpu_state.sim.fuse import fuse_unavailable_reason, serve
-    from vgpu_state.sim.spec import load_spec
     from vgpu_state.sim.sysfs import SimSysfs
+    from vgpu_state.sim.writelog import load_node
 
     reason = fuse_unavailable_reason()
     if reason:
@@ -29,7 +30,7 @@ def mount(spec_path: str, mountpoint: str, save: bool, foreground: bool) -> int:
         return 1
     try:
         catalog = default_catalog()
-        spec = load_spec(spec_path, catalog=catalog)
+        spec = load_node(Path(spec_path), catalog)[0]
         SimSysfs(spec, catalog)
     except VgpuStateError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -328,13 +328,20 @@ def _position(root: Node | None, loc: tuple[int | str, ...], key: bool) -> tuple
 
 
 def load_spec(path: str | Path, *, catalog: Catalog) -> NodeSpec:
+    """The spec in the file at ``path`` (without the writes logged since it was saved:
+    :func:`vgpu_state.sim.writelog.load_node` replays those)."""
+    return read_spec(path, catalog=catalog)[0]
+
+
+def read_spec(path: str | Path, *, catalog: Catalog) -> tuple[NodeSpec, bytes]:
+    """The spec in the file at ``path`` and the file's bytes, read once."""
     p = Path(path)
     try:
         data = read_input(str(p), MAX_SPEC_BYTES, "node spec")
         text = decode_utf8(data, str(p), "node spec")
     except InputFileError as e:
         raise SpecError(str(e)) from None
-    return parse_spec(text, str(p), catalog=catalog)
+    return parse_spec(text, str(p), catalog=catalog), data
 
 
 def dump_spec(spec: NodeSpec) -> str:
@@ -345,18 +352,19 @@ def dump_spec(spec: NodeSpec) -> str:
     return out.getvalue()
 
 
-def save_spec(spec: NodeSpec, path: str | Path) -> None:
-    """Write ``spec`` to ``path`` atomically.
+def save_spec(spec: NodeSpec, path: str | Path) -> bytes:
+    """Write ``spec`` to ``path`` atomically; returns the bytes written.
 
     The new text goes to a fresh temporary file beside ``path`` (created with
     ``O_CREAT|O_EXCL``, never through a symlink), is fsynced, then renamed over
     ``path``.
     """
     p = Path(path)
+    data = dump_spec(spec).encode("utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dump_spec(spec))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
@@ -365,3 +373,4 @@ def save_spec(spec: NodeSpec, path: str | Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    return data

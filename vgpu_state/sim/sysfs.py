@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import threading
 import time
@@ -85,7 +86,14 @@ class SimSysfs:
                 raise OSError(e.read_errno, "no vGPU on this device")
             return e.content
 
-    def write(self, path: str, data: bytes) -> None:
+    def replay(self, writes: list[tuple[str, bytes]]) -> None:
+        """Make ``writes`` again, in order, as they were made (refused ones refused
+        again), without the delays of injected faults."""
+        for path, data in writes:
+            with contextlib.suppress(OSError):
+                self.write(path, data, delay=False)
+
+    def write(self, path: str, data: bytes, *, delay: bool = True) -> None:
         """One ``write(2)`` of ``data`` to the attribute at ``path``."""
         rel = path.strip("/")
         with self.lock:
@@ -101,7 +109,7 @@ class SimSysfs:
                 self.reset()
                 return
             effect = self.driver.fault_for(_op_kind(target, data), self.tree.resolve(rel) or rel)
-        if effect.delay_seconds:
+        if effect.delay_seconds and delay:
             time.sleep(effect.delay_seconds)
         with self.lock:
             if effect.errno is not None:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import errno
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache, partial
 
+from vgpu_state.catalog import VgpuType
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.sim.driver_model import SRIOV_OFFSET, SRIOV_STRIDE, SimDriver, SimGpu, SimVgpu
 
@@ -65,32 +68,69 @@ Entry = Dir | File | Link
 class Tree:
     entries: dict[str, Entry] = field(default_factory=dict)
     children: dict[str, list[str]] = field(default_factory=dict)
+    _resolved: dict[str, str | None] = field(default_factory=dict, repr=False, compare=False)
+    """Paths already resolved; emptied by every change (see :meth:`changed`)."""
+
+    def changed(self) -> None:
+        """Entries were added, replaced or removed: forget what was resolved."""
+        if self._resolved:
+            self._resolved.clear()
 
     def _ensure_dir(self, path: str) -> None:
         if path in self.entries:
             return
+        self.changed()
         if path:
-            parent = posixpath.dirname(path)
+            parent, _, name = path.rpartition("/")
             self._ensure_dir(parent)
-            self.children[parent].append(posixpath.basename(path))
-        self.entries[path] = Dir()
+            self.children[parent].append(name)
+        self.entries[path] = _DIR
         self.children[path] = []
 
     def add(self, path: str, entry: Entry) -> None:
         if not path:
             self._ensure_dir("")  # the root is a directory, and no child of itself
             return
+        self.changed()
         if path not in self.entries:
-            parent = posixpath.dirname(path)
+            parent, _, name = path.rpartition("/")
             self._ensure_dir(parent)
-            self.children[parent].append(posixpath.basename(path))
+            self.children[parent].append(name)
         self.entries[path] = entry
         if isinstance(entry, Dir):
             self.children.setdefault(path, [])
 
+    def copy(self) -> Tree:
+        """A copy that later changes to this tree leave alone (entries are immutable)."""
+        return Tree(dict(self.entries), {d: list(names) for d, names in self.children.items()})
+
     def resolve(self, path: str) -> str | None:
-        """``path`` with every symlink followed (as the kernel's path walk does)."""
-        parts = [p for p in path.strip("/").split("/") if p]
+        """``path`` with every symlink followed (as the kernel's path walk does).
+
+        Directories resolved once are remembered until the tree changes, so a
+        scan that reads every attribute of a device walks its path once.
+        """
+        key = path.strip("/")
+        if key in self._resolved:
+            return self._resolved[key]
+        parent, _, name = key.rpartition("/")
+        if not name or name in (".", "..") or "//" in key:
+            found = self._walk(key)
+        else:
+            base = self.resolve(parent) if parent else ""
+            candidate = None if base is None else (f"{base}/{name}" if base else name)
+            entry = None if candidate is None else self.entries.get(candidate)
+            if candidate is None or entry is None:
+                found = None
+            elif isinstance(entry, Link):
+                found = self._walk(candidate)
+            else:
+                found = candidate
+        self._resolved[key] = found
+        return found
+
+    def _walk(self, path: str) -> str | None:
+        parts = [p for p in path.split("/") if p]
         current = ""
         hops = 0
         while parts:
@@ -129,8 +169,23 @@ class Tree:
 
     def link(self, path: str, target_abs: str) -> None:
         """A symlink at ``path`` to ``target_abs`` (both below the root), stored relative."""
-        rel = posixpath.relpath(target_abs, posixpath.dirname(path) or ".")
-        self.add(path, Link(rel))
+        self.add(path, Link(_relative(target_abs, path.rpartition("/")[0])))
+
+
+def _relative(target: str, start: str) -> str:
+    """``posixpath.relpath(target, start)`` for clean relative paths below one root."""
+    t = target.split("/") if target else []
+    s = start.split("/") if start else []
+    common = 0
+    for a, b in zip(t, s, strict=False):
+        if a != b:
+            break
+        common += 1
+    parts = [".."] * (len(s) - common) + t[common:]
+    return "/".join(parts) if parts else "."
+
+
+_DIR = Dir()
 
 
 def _hex4(v: int) -> str:
@@ -165,42 +220,95 @@ def _gpu_state(g: SimGpu) -> tuple[object, ...]:
     )
 
 
+def _node_state(drv: SimDriver) -> tuple[object, ...]:
+    return (
+        any(g.layout == "mdev" for g in drv.gpus),
+        drv.extra_pci_devices,
+        drv.sriov_manage_installed,
+        drv.sriov_manage_output,
+    )
+
+
 class Renderer:
     """Renders a node, re-rendering only the GPUs whose state changed since the last call.
 
-    Each GPU's files live in their own :class:`Tree`; the node's tree is their
-    union with the node-wide part. Parts are never changed once made, so trees
-    handed out earlier stay valid.
+    Each GPU's files live in their own :class:`Tree` (a part); the node's tree
+    is their union with the node-wide part, kept up to date in place: a changed
+    part swaps its own entries, so the work of one render follows the GPUs that
+    changed, not the size of the node. The tree returned is always the same
+    object, changed by later renders; :meth:`Tree.copy` keeps a version.
     """
 
     def __init__(self) -> None:
         self._parts: dict[str, tuple[tuple[object, ...], Tree]] = {}
+        self._tree = Tree()
+        self._holders: dict[str, int] = {}
+        """How many parts hold each path (the directories above them are shared)."""
 
     def render(self, drv: SimDriver) -> Tree:
-        parts = [_render_node(drv)]
+        wanted: list[tuple[str, tuple[object, ...], Callable[[], Tree]]] = [
+            ("", _node_state(drv), lambda: _render_node(drv))
+        ]
         for g in drv.gpus:
-            state = _gpu_state(g)
-            cached = self._parts.get(g.address)
+            wanted.append((g.address, _gpu_state(g), partial(_gpu_part, drv, g)))
+        keys = {key for key, _, _ in wanted}
+        for key in [k for k in self._parts if k not in keys]:
+            self._swap(self._parts.pop(key)[1], Tree())
+        for key, state, make in wanted:
+            cached = self._parts.get(key)
             if cached is None or cached[0] != state:
-                part = Tree()
-                part.add("", Dir())
-                _render_gpu(part, drv, g)
-                cached = (state, part)
-                self._parts[g.address] = cached
-            parts.append(cached[1])
-        return _union(parts)
+                part = make()
+                self._swap(cached[1] if cached is not None else None, part)
+                self._parts[key] = (state, part)
+        return self._tree
+
+    def _swap(self, old: Tree | None, new: Tree) -> None:
+        """Replace the entries of part ``old`` in the union by those of part ``new``."""
+        tree, holders = self._tree, self._holders
+        tree.changed()
+        before = old.entries if old is not None else {}
+        for path, entry in new.entries.items():
+            if path in before:
+                if before[path] != entry:
+                    tree.entries[path] = entry
+                continue
+            held = holders.get(path, 0)
+            holders[path] = held + 1
+            tree.entries[path] = entry
+            if held:
+                continue
+            if isinstance(entry, Dir):
+                tree.children.setdefault(path, [])
+            if path:
+                parent, _, name = path.rpartition("/")
+                tree.children.setdefault(parent, []).append(name)
+        gone: dict[str, set[str]] = {}
+        for path in before:
+            if path in new.entries:
+                continue
+            held = holders[path] - 1
+            if held:
+                holders[path] = held
+                continue
+            del holders[path]
+            del tree.entries[path]
+            tree.children.pop(path, None)
+            if path:
+                parent, _, name = path.rpartition("/")
+                gone.setdefault(parent, set()).add(name)
+        for parent, names in gone.items():
+            kept = tree.children.get(parent)
+            if kept is not None:
+                kept[:] = [n for n in kept if n not in names]
 
 
-def _union(parts: list[Tree]) -> Tree:
-    t = Tree()
-    shared: set[str] = set()
-    for p in parts:
-        t.entries.update(p.entries)
-        shared |= t.children.keys() & p.children.keys()
-        t.children.update(p.children)
-    for d in shared:
-        t.children[d] = list(dict.fromkeys(n for p in parts for n in p.children.get(d, ())))
-    return t
+def _gpu_part(drv: SimDriver, g: SimGpu) -> Tree:
+    part = Tree()
+    part.add("", Dir())
+    _render_gpu(part, drv, g)
+    return part
+
+
 
 
 def _render_node(drv: SimDriver) -> Tree:
@@ -237,6 +345,7 @@ def _common_attrs(
     t.add(f"{path}/config", File(config))
 
 
+@lru_cache(maxsize=256)
 def config_space(vendor: int, device: int, cls: int, sub_vendor: int, sub_device: int) -> bytes:
     """The first 256 bytes of a PCI function's configuration space (type 0 header)."""
     header = bytearray(256)
@@ -271,11 +380,17 @@ def _render_gpu(t: Tree, drv: SimDriver, g: SimGpu) -> None:
         t.file(f"{pf}/sriov_vf_device", f"{g.device_id:04x}\n")
         t.file(f"{pf}/sriov_drivers_autoprobe", "1\n")
         t.file(f"{pf}/sriov_vf_total_msix", "0\n")
+    # What every parent of this GPU lists, worked out once per render (not per VF).
+    offered = g.offered_types()
+    left = [(vt, g.remaining(vt)) for vt in offered]
+    free_list = _creatable_lines(g, tuple(vt for vt, n in left if n > 0))
+    by_vf = {v.vf: v for v in g.vgpus if v.vf is not None}
     if g.is_mdev_parent_pf():
-        _render_mdev_parent(t, g, None, g.address, pf)
+        _render_mdev_parent(t, g, None, g.address, pf, left)
     if g.driver != "nvidia":
         return
-    for i, vf_addr in enumerate(g.vf_addresses()):
+    vf_addresses = g.vf_addresses()
+    for i, vf_addr in enumerate(vf_addresses):
         vf = device_dir(g, vf_addr)
         t.dir(vf)
         t.link(f"bus/pci/devices/{vf_addr}", vf)
@@ -285,19 +400,30 @@ def _render_gpu(t: Tree, drv: SimDriver, g: SimGpu) -> None:
         t.file(f"{vf}/reset_method", "flr\n")
         t.link(f"{vf}/driver", "bus/pci/drivers/nvidia")
         _group(t, vf, g.vf_iommu_group_base + i)
+        occupant = by_vf.get(i)
         if g.layout == "mdev":
-            _render_mdev_parent(t, g, i, vf_addr, vf)
+            vf_left = [(vt, 0 if occupant is not None else min(n, 1)) for vt, n in left]
+            _render_mdev_parent(t, g, i, vf_addr, vf, vf_left)
         else:
-            _render_vfio_vf(t, g, i, vf)
+            listed = _creatable_lines(g, ()) if occupant is not None else free_list
+            _render_vfio_vf(t, g, i, vf, occupant, listed, vf_addr)
 
 
-def _render_mdev_parent(t: Tree, g: SimGpu, vf: int | None, address: str, path: str) -> None:
+def _render_mdev_parent(
+    t: Tree,
+    g: SimGpu,
+    vf: int | None,
+    address: str,
+    path: str,
+    available: list[tuple[VgpuType, int]],
+) -> None:
+    """``available``: each offered type with its ``available_instances`` on this parent."""
     t.link(f"class/mdev_bus/{address}", path)
     prefix = g.model.mdev_name_prefix
-    for vt in g.offered_types():
+    for vt, count in available:
         d = f"{path}/mdev_supported_types/nvidia-{vt.type_id}"
         t.file(f"{d}/name", f"{prefix} {vt.name}\n")
-        t.file(f"{d}/available_instances", f"{g.available(vf, vt)}\n")
+        t.file(f"{d}/available_instances", f"{count}\n")
         t.file(f"{d}/device_api", "vfio-pci\n")
         t.file(f"{d}/description", _description(vt.series, vt.framebuffer_mib, vt.max_instances))
         t.file(f"{d}/create", None, 0o200, WriteTarget("create", address, vt.type_id))
@@ -343,21 +469,27 @@ def _description(series: str, fb_mib: int, max_instance: int) -> str:
 
 def creatable_text(g: SimGpu, vf: int) -> str:
     """``creatable_vgpu_types`` of a VF: the header then ``%-6d: NVIDIA <name>`` lines."""
+    return _creatable_lines(g, g.creatable_on_vf(vf))
+
+
+def _creatable_lines(g: SimGpu, types: tuple[VgpuType, ...]) -> str:
     lines = ["ID    : vGPU Name"]
-    for vt in sorted(g.creatable_on_vf(vf), key=lambda x: x.type_id):
+    for vt in sorted(types, key=lambda x: x.type_id):
         lines.append(f"{vt.type_id:<6d}: {g.model.mdev_name_prefix} {vt.name}")
     return "\n".join(lines) + "\n"
 
 
-def _render_vfio_vf(t: Tree, g: SimGpu, i: int, vf: str) -> None:
-    v = g.vgpu_on_vf(i)
+def _render_vfio_vf(
+    t: Tree, g: SimGpu, i: int, vf: str, v: SimVgpu | None, listed: str, address: str
+) -> None:
+    """VF ``i`` at path ``vf``: ``v`` its vGPU, ``listed`` its ``creatable_vgpu_types``."""
     n = f"{vf}/nvidia"
-    t.file(f"{n}/creatable_vgpu_types", creatable_text(g, i))
+    t.file(f"{n}/creatable_vgpu_types", listed)
     t.file(
         f"{n}/current_vgpu_type",
         f"{v.type.type_id if v else 0}\n",
         0o644,
-        WriteTarget("current_vgpu_type", g.vf_addresses()[i]),
+        WriteTarget("current_vgpu_type", address),
     )
     if v is None:
         t.file(f"{n}/gpu_instance_id", "", 0o444, read_errno=errno.ENXIO)

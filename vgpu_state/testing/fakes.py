@@ -23,13 +23,15 @@ class RecordingHost:
     """A :class:`HostPort` that forwards to ``inner`` and records each call.
 
     :attr:`calls` lists the changes (not the scans) in order; :attr:`scans`
-    counts the scans. A call that raises is recorded too.
+    counts the full node scans, :attr:`gpu_scans` lists the GPUs read one at a
+    time. A call that raises is recorded too.
     """
 
     def __init__(self, inner: HostPort) -> None:
         self.inner = inner
         self.calls: list[HostCall] = []
         self.scans = 0
+        self.gpu_scans: list[str] = []
 
     @property
     def changes(self) -> list[str]:
@@ -39,6 +41,10 @@ class RecordingHost:
     def scan(self) -> NodeSnapshot:
         self.scans += 1
         return self.inner.scan()
+
+    def scan_gpu(self, address: str) -> NodeSnapshot:
+        self.gpu_scans.append(address)
+        return self.inner.scan_gpu(address)
 
     def enable_sriov(self, pf: str) -> None:
         self.calls.append(HostCall("enable_sriov", (pf,)))

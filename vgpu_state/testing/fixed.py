@@ -21,6 +21,9 @@ class FixedHost:
     def scan(self) -> NodeSnapshot:
         return self.snapshot
 
+    def scan_gpu(self, address: str) -> NodeSnapshot:
+        return self.snapshot.only_gpu(address)
+
     def _refuse(self, operation: str, target: str) -> None:
         raise DriverError(operation, target, "", errno.EROFS, "FixedHost changes nothing")
 
