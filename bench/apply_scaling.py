@@ -12,7 +12,9 @@ Two node kinds: L40S with the vendor-specific VFIO layout (32 VFs each,
 ``L40S-12Q`` x 4 -> ``L40S-8Q`` x 4) and A16 with mdevs on its VFs
 (``A16-4Q`` x 4 -> ``A16-2Q`` x 4). Prints the median wall time of each
 command per GPU count and the exponent of a least-squares fit of
-log(time) against log(GPUs) over the counts from 8 up (``time ~ GPUs^k``).
+log(time) against log(GPUs) over the counts from 8 up (``time ~ GPUs^k``),
+then the same for CPU time (the command's, plus its FUSE server's), which a
+machine shared with other work disturbs much less than wall time.
 
 ``--tree NAME=DIR`` (repeatable) runs the commands and the FUSE servers of
 the source tree ``DIR`` (``PYTHONPATH``), so an older checkout can be measured
@@ -86,14 +88,21 @@ def loadavg() -> str:
         return "?"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def mount(spec: Path, mnt: Path, tree: str | None) -> Iterator[Path]:
+def mount(spec: Path, mnt: Path, tree: str | None) -> Iterator[tuple[Path, int]]:
     """Serve ``spec`` at ``mnt`` with the FUSE server of ``tree``."""
     mnt.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "vgpu_state.sim", "mount", "--spec", str(spec), str(mnt)]
     proc = subprocess.Popen(
         [*argv, "--foreground"],
         env=env_for(tree),
+        cwd=mnt.parent,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -108,7 +117,7 @@ def mount(spec: Path, mnt: Path, tree: str | None) -> Iterator[Path]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{mnt} not mounted within 60 s")
             time.sleep(0.05)
-        yield mnt
+        yield mnt, proc.pid
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, check=False)
         try:
@@ -133,10 +142,13 @@ class Case:
         self.config = work / "layout.yaml"
         self.config.write_text(layout(kind))
         self.mnt: Path | None = None
+        self.server: int | None = None
 
     def open(self, stack: ExitStack) -> None:
         if self.mode == "fuse":
-            self.mnt = stack.enter_context(mount(self.spec, self.work / "sys", self.tree))
+            self.mnt, self.server = stack.enter_context(
+                mount(self.spec, self.work / "sys", self.tree)
+            )
 
     def reset(self) -> None:
         for stale in self.work.glob("state*"):
@@ -149,7 +161,8 @@ class Case:
             (self.mnt / RESET).write_text("1")
             time.sleep(ATTR_TIMEOUT + 0.1)
 
-    def run(self) -> float:
+    def run(self) -> tuple[float, float]:
+        """Wall seconds of one apply, and CPU seconds (the command's and its FUSE server's)."""
         self.reset()
         target = ["--sim", str(self.spec)] if self.mnt is None else ["--sysfs-root", str(self.mnt)]
         argv = [
@@ -158,14 +171,23 @@ class Case:
             "--journal", str(self.work / "state.journal.jsonl"),
             "--lock-file", str(self.work / "state.lock"),
         ]  # fmt: skip
-        started = time.perf_counter()
-        done = subprocess.run(argv, env=env_for(self.tree), capture_output=True, text=True)
-        seconds = time.perf_counter() - started
-        if done.returncode != 0 or "Apply complete" not in done.stdout:
-            raise RuntimeError(
-                f"{self.label()}: apply exited {done.returncode}\n{done.stdout}\n{done.stderr}"
+        server_before = cpu_seconds(self.server) if self.server is not None else 0.0
+        with tempfile.TemporaryFile() as out:
+            started = time.perf_counter()
+            proc = subprocess.Popen(
+                argv, env=env_for(self.tree), cwd=self.work, stdout=out, stderr=out
             )
-        return seconds
+            _pid, status, usage = os.wait4(proc.pid, 0)
+            seconds = time.perf_counter() - started
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            out.seek(0)
+            output = out.read().decode("utf-8", "replace")
+        cpu = usage.ru_utime + usage.ru_stime
+        if self.server is not None:
+            cpu += cpu_seconds(self.server) - server_before
+        if proc.returncode != 0 or "Apply complete" not in output:
+            raise RuntimeError(f"{self.label()}: apply exited {proc.returncode}\n{output}")
+        return seconds, cpu
 
     def label(self) -> str:
         return f"{self.mode} {self.kind} {self.gpus} GPUs"
@@ -203,11 +225,25 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             print(f"FUSE skipped: {reason}")
             modes = [m for m in modes if m != "fuse"]
+    for name, tree in trees:
+        # Each tree's commands run from a scratch directory, so that ``-m`` finds
+        # the package of ``--tree`` (or the installed one), never the current one.
+        with tempfile.TemporaryDirectory() as scratch:
+            where = subprocess.run(
+                [sys.executable, "-c", "import vgpu_state; print(vgpu_state.__file__)"],
+                env=env_for(tree),
+                cwd=scratch,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        print(f"{name}: {where}")
     print(
         f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.runs} run(s) per case, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {loadavg()}"
     )
     times: dict[tuple[str, str, str, int], list[float]] = defaultdict(list)
+    cpus: dict[tuple[str, str, str, int], list[float]] = defaultdict(list)
     loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="vgpu-bench-scaling-") as tmp:
         for kind in kinds:
@@ -225,27 +261,30 @@ def main(argv: list[str] | None = None) -> int:
                         # Interleaved: every tree and mode once per round.
                         for name, c in zip(names, cases, strict=True):
                             loads.append(float(loadavg()))
-                            s = c.run()
+                            s, cpu = c.run()
                             times[(name, c.mode, kind, n)].append(s)
+                            cpus[(name, c.mode, kind, n)].append(cpu)
                             print(
-                                f"  {name:10s} {c.label():22s} {s:8.2f} s  (load {loadavg()})",
+                                f"  {name:10s} {c.label():22s} {s:8.2f} s wall {cpu:7.2f} s CPU"
+                                f"  (load {loadavg()})",
                                 flush=True,
                             )
     print()
-    header = "| tree | apply | node | " + " | ".join(f"{n}" for n in counts) + " | exponent |"
-    print(header)
-    print("|" + "---|" * (len(counts) + 4))
-    for name, _tree in trees:
-        for mode in modes:
-            for kind in kinds:
-                medians = [statistics.median(times[(name, mode, kind, n)]) for n in counts]
-                k = exponent([(n, m) for n, m in zip(counts, medians, strict=True) if n >= 8])
-                cells = " | ".join(f"{m:.2f} s" for m in medians)
-                label = "--sim" if mode == "sim" else "FUSE"
-                node = "L40S vendor VFIO" if kind == "vfio" else "A16 mdev"
-                print(
-                    f"| {name} | {label} | {node} | {cells} | {'—' if k is None else f'{k:.2f}'} |"
-                )
+    for title, table in (("wall time", times), ("CPU time (apply + FUSE server)", cpus)):
+        print(f"median {title}:")
+        print("| tree | apply | node | " + " | ".join(f"{n}" for n in counts) + " | exponent |")
+        print("|" + "---|" * (len(counts) + 4))
+        for name, _tree in trees:
+            for mode in modes:
+                for kind in kinds:
+                    medians = [statistics.median(table[(name, mode, kind, n)]) for n in counts]
+                    k = exponent([(n, m) for n, m in zip(counts, medians, strict=True) if n >= 8])
+                    cells = " | ".join(f"{m:.2f} s" for m in medians)
+                    label = "--sim" if mode == "sim" else "FUSE"
+                    node = "L40S vendor VFIO" if kind == "vfio" else "A16 mdev"
+                    fit = "—" if k is None else f"{k:.2f}"
+                    print(f"| {name} | {label} | {node} | {cells} | {fit} |")
+        print()
     if loads:
         print(
             f"\nload average during the runs: min {min(loads):.2f}, "
