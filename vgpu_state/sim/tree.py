@@ -502,7 +502,6 @@ def _render_vfio_vf(
     group = g.vf_iommu_group_base + i
     t.dir(f"{vf}/vfio-dev/vfio{group}")
     if v is not None:
-        address = g.vf_addresses()[i]
         _vfio_node(t, f"{VFIO_NODES}/{group}", address)
         _vfio_node(t, f"{VFIO_NODES}/devices/vfio{group}", address)
 
