@@ -146,11 +146,15 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
         holder = str(destroys[0].holder)
         assert "ResourceClaim vms/render" in holder and "virt-launcher-render-1" in holder
 
-        # Shutdown: sockets gone, slices deleted.
+        # Shutdown (a restart or a rollout): sockets gone, slices kept (the kubelet
+        # wipes them itself if the driver stays away); an uninstall deletes them.
+        kept = sorted(o["metadata"]["name"] for o in api.list(slices("v1")))
         dra.stop()
+        assert sorted(o["metadata"]["name"] for o in api.list(slices("v1"))) == kept
+        assert not paths.socket.exists()
+        dra.stop(remove_slices=True)
         dra = None
         assert api.list(slices("v1")) == []
-        assert not paths.socket.exists()
     finally:
         if kubelet is not None:
             kubelet.close()
@@ -265,3 +269,111 @@ def test_vgpus_held_by_claims_are_held_in_the_reported_status_too() -> None:
         port.in_use()
     sink.refresh(NodeSnapshot(node=NODE))
     assert inner.observed[-1] == (None, False)
+
+
+def test_a_dra_checkpoint_of_the_wrong_shape_stops_the_agent_with_a_clear_error(
+    base: Path,
+) -> None:
+    """The right version, the wrong shape (an entry without its devices): the agent says
+    which file, which claim and what is missing, and exits 1, instead of a KeyError."""
+    import json
+
+    from click.testing import CliRunner
+
+    from vgpu_state.cli.main import cli
+
+    api = RunningDraApiServer().start()
+    try:
+        kubeconfig = base / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "t", "cluster": {"server": api.url}}],
+                    "users": [{"name": "t", "user": {"token": "t"}}],
+                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+                    "current-context": "t",
+                }
+            )
+        )
+        checkpoint = base / "plugins" / DRIVER / "checkpoint.json"
+        checkpoint.parent.mkdir(parents=True)
+        uid = "0b4cf1a2-0000-4000-8000-000000000040"
+        entry = {"namespace": "vms", "name": "render", "files": []}
+        checkpoint.write_text(json.dumps({"version": 1, "claims": {uid: entry}}))
+        (base / "config").mkdir()
+        result = CliRunner().invoke(
+            cli,
+            ["agent", "--node", NODE, "--config-dir", str(base / "config"),
+             "--kubeconfig", str(kubeconfig), "--state-dir", str(base / "state"),
+             "--in-use-file", str(base / "held"), "--no-device-plugin", "--listen", "",
+             "--dra", "--dra-plugins-dir", str(base / "plugins"),
+             "--dra-registry-dir", str(base / "registry"), "--cdi-dir", str(base / "cdi")],
+        )  # fmt: skip
+        assert result.exit_code == 1, result.output
+        assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+        assert f"error: {checkpoint}: claim '{uid}': missing key 'devices'" in result.output
+        assert "move it aside" in result.output
+        assert not (base / "registry" / f"{DRIVER}-reg.sock").exists()
+    finally:
+        api.stop()
+
+
+def _slice(name: str, node: str, driver: str = DRIVER) -> dict[str, object]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "mdev-x"}],
+        },
+    }
+
+
+def test_dra_remove_slices_deletes_the_drivers_slices_and_proves_none_is_left(
+    base: Path,
+) -> None:
+    """The uninstall step: one node's slices, then every node's; another driver's stay."""
+    import json
+
+    from click.testing import CliRunner
+
+    from vgpu_state.cli.main import cli
+
+    api = RunningDraApiServer().start()
+    try:
+        kubeconfig = base / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "t", "cluster": {"server": api.url}}],
+                    "users": [{"name": "t", "user": {"token": "t"}}],
+                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+                    "current-context": "t",
+                }
+            )
+        )
+        for body in (_slice("a-1", "node-a"), _slice("a-2", "node-a"), _slice("b-1", "node-b"),
+                     _slice("gpu-a", "node-a", driver="gpu.nvidia.com")):  # fmt: skip
+            api.put(slices("v1"), body)
+
+        def names() -> list[str]:
+            return sorted(o["metadata"]["name"] for o in api.list(slices("v1")))
+
+        run = CliRunner().invoke
+        one = run(cli, ["dra-remove-slices", "--node", "node-a", "--kubeconfig", str(kubeconfig)])
+        assert one.exit_code == 0, one.output
+        assert "2 ResourceSlice(s) deleted; none left on node node-a" in one.output
+        assert names() == ["b-1", "gpu-a"]
+        every = run(cli, ["dra-remove-slices", "--kubeconfig", str(kubeconfig)])
+        assert every.exit_code == 0, every.output
+        assert "deleted ResourceSlice b-1" in every.output
+        assert names() == ["gpu-a"]
+    finally:
+        api.stop()

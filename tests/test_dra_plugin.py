@@ -60,7 +60,6 @@ def claim(name: str, uid: str, *devices: tuple[str, str], template: str | None =
         namespace="vms",
         name=name,
         uid=uid,
-        generation=1,
         annotations={"resource.kubernetes.io/pod-claim-name": template} if template else {},
         allocated=True,
         results=tuple(
@@ -259,3 +258,105 @@ def test_stopping_removes_the_sockets(rig: Rig) -> None:
     rig.plugin.stop()
     assert not (rig.paths.registry_dir / f"{DRIVER}-reg.sock").exists()
     assert not rig.paths.socket.exists()
+
+
+def test_a_first_available_claim_answers_with_the_top_level_request(rig: Rig) -> None:
+    """``gpu/l40s`` was allocated; the kubelet matches containers against ``gpu``."""
+    rig.kubelet.register_all()
+    uid = "0b4cf1a2-0000-4000-8000-000000000020"
+    rig.claims.put(claim("fa", uid, ("gpu/l40s", L40S_VF)))
+    (device,) = rig.kubelet.prepare(DRIVER, [("vms", "fa", uid)]).claims[uid].devices
+    assert list(device.request_names) == ["gpu"]
+    assert device.cdi_device_ids[1] == f"{DRIVER}/metadata={uid}_gpu"
+    meta_spec = _spec(rig.paths.cdi_dir / f"{DRIVER}_metadata_{uid}_gpu.json")
+    (mount,) = meta_spec["devices"][0]["containerEdits"]["mounts"]  # type: ignore[index]
+    assert mount["containerPath"] == (
+        f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/fa/gpu/{DRIVER}-metadata.json"
+    )
+    meta = json.loads(Path(mount["hostPath"]).read_text())
+    assert Path(mount["hostPath"]).parent.name == "gpu"
+    assert meta["requests"][0]["name"] == "gpu/l40s"  # only the document keeps the full name
+    assert meta["metadata"]["generation"] == 1
+
+
+def test_a_rewritten_metadata_file_gets_the_next_generation(rig: Rig) -> None:
+    """Prepared, then the checkpoint lost before it was saved: prepare writes the file again."""
+    rig.kubelet.register_all()
+    uid = "0b4cf1a2-0000-4000-8000-000000000021"
+    rig.claims.put(claim("gen", uid, ("gpu", T4_MDEV)))
+    rig.kubelet.prepare(DRIVER, [("vms", "gen", uid)])
+    host = rig.plugin.preparer.claim_metadata_dir(uid) / "gpu" / "metadata.json"
+    assert json.loads(host.read_text())["metadata"]["generation"] == 1
+    rig.paths.checkpoint.unlink()
+    rig.restart()
+    assert rig.kubelet.prepare(DRIVER, [("vms", "gen", uid)]).claims[uid].error == ""
+    assert json.loads(host.read_text())["metadata"]["generation"] == 2
+
+
+def _two_claims(rig: Rig) -> tuple[str, str, list[str]]:
+    rig.kubelet.register_all()
+    a, b = "0b4cf1a2-0000-4000-8000-000000000030", "0b4cf1a2-0000-4000-8000-000000000031"
+    rig.claims.put(claim("one", a, ("gpu", T4_MDEV)))
+    rig.claims.put(claim("two", b, ("gpu", L40S_VF)))
+    reply = rig.kubelet.prepare(DRIVER, [("vms", "one", a), ("vms", "two", b)])
+    assert [reply.claims[u].error for u in (a, b)] == ["", ""]
+    files = sorted(str(p) for p in rig.paths.plugin_dir.parent.parent.rglob("*") if p.is_file())
+    return a, b, files
+
+
+def _files(rig: Rig) -> list[str]:
+    return sorted(str(p) for p in rig.paths.plugin_dir.parent.parent.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("hostile", ["*", "../two", "", ".", "a/b", "[0-9]*"])
+def test_a_claim_uid_that_is_no_uid_is_refused_and_deletes_nothing(
+    rig: Rig, hostile: str
+) -> None:
+    a, b, files = _two_claims(rig)
+    out = rig.kubelet.unprepare(DRIVER, [("vms", "one", hostile)]).claims[hostile]
+    assert "is not a Kubernetes UID" in out.error
+    prep = rig.kubelet.prepare(DRIVER, [("vms", "one", hostile)]).claims[hostile]
+    assert "is not a Kubernetes UID" in prep.error
+    assert _files(rig) == files
+    assert set(rig.plugin.preparer.prepared()) == {a, b}
+
+
+def test_unpreparing_a_uid_never_prepared_leaves_a_claim_of_the_same_name_alone(
+    rig: Rig,
+) -> None:
+    """A claim deleted and created again under the same name has a new UID; the kubelet's
+    late unprepare of the old UID must not take the new claim's metadata."""
+    a, _, files = _two_claims(rig)
+    stale = "0b4cf1a2-0000-4000-8000-0000000000ff"
+    assert rig.kubelet.unprepare(DRIVER, [("vms", "one", stale)]).claims[stale].error == ""
+    assert _files(rig) == files
+    meta = rig.plugin.preparer.claim_metadata_dir(a) / "gpu" / "metadata.json"
+    assert json.loads(meta.read_text())["metadata"]["uid"] == a
+
+
+_OK_ENTRY = {"namespace": "vms", "name": "x", "devices": [], "files": []}
+
+
+@pytest.mark.parametrize(
+    ("claims", "expected"),
+    [
+        ({"u-1": {"namespace": "vms", "name": "x", "files": []}},
+         "claim 'u-1': missing key 'devices'"),
+        ({"u-1": ["not", "a", "mapping"]}, "claim 'u-1': entry is a list, not a mapping"),
+        ({"u-1": {**_OK_ENTRY, "name": 3}}, "'name' is not a string"),
+        ({"u-1": {**_OK_ENTRY, "devices": [{"request": "gpu"}]}}, "missing key 'pool'"),
+        ({"*": _OK_ENTRY}, "is not a Kubernetes UID"),
+        (["u-1"], "'claims' is not a mapping"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_of_the_wrong_shape_is_a_clear_error(
+    rig: Rig, claims: object, expected: str
+) -> None:
+    from vgpu_state.dra.prepare import CheckpointError
+
+    rig.paths.checkpoint.write_text(json.dumps({"version": 1, "claims": claims}))
+    with pytest.raises(CheckpointError) as err:
+        Preparer(node=NODE, claims=rig.claims, inventory=lambda: rig.pool.devices, paths=rig.paths)
+    message = str(err.value)
+    assert str(rig.paths.checkpoint) in message and expected in message
+    assert "move it aside" in message

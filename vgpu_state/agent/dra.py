@@ -7,6 +7,12 @@ prepares only what is published. A kubelet (re-)registration triggers an
 immediate resync, so slices the kubelet wiped at its start come back at once;
 a periodic resync catches the rest. :class:`ClaimsHoldVgpus` wraps the cluster
 port so that vGPUs allocated to ResourceClaims count as held.
+
+Stopping leaves the slices in place, as the kubelet's contract for DRA drivers
+expects: a restart or a rollout of the agent is a short absence, and the
+kubelet itself deletes a driver's slices when the driver stays away (30 s after
+its plugin's registration goes). Deleting them is for an uninstall only
+(``vgpu-state dra-remove-slices``).
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ class DraNode:
         return self
 
     def starter(self) -> Callable[[Callable[[str], None]], Callable[[], None]]:
-        """The agent's trigger-source hook: start serving, and stop (removing slices) at exit."""
+        """The agent's trigger-source hook: start serving, and stop (keeping slices) at exit."""
 
         def start(trigger: Callable[[str], None]) -> Callable[[], None]:
             self.start()
@@ -98,8 +104,8 @@ class DraNode:
 
         return start
 
-    def stop(self, remove_slices: bool = True) -> None:
-        """Stop serving; on shutdown (``remove_slices``) delete the node's slices."""
+    def stop(self, remove_slices: bool = False) -> None:
+        """Stop serving; the slices stay unless ``remove_slices`` (an uninstall)."""
         self.resync.stop()
         self.plugin.stop()
         if remove_slices:

@@ -43,6 +43,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Cluster-wide: fleet plan shows every node's plan for a config (dry run).",
     ),
     "agent": ("vgpu_state.cli.agent", "agent", "Run the per-node agent: watch, reconcile, report."),
+    "dra-remove-slices": (
+        "vgpu_state.cli.dra",
+        "dra_remove_slices",
+        "Delete the DRA driver's ResourceSlices (uninstall); check none is left.",
+    ),
     "deviceplugin": (
         "vgpu_state.cli.deviceplugin",
         "deviceplugin",

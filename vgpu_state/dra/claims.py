@@ -44,7 +44,6 @@ class Claim:
     namespace: str
     name: str
     uid: str
-    generation: int = 0
     annotations: Mapping[str, str] | None = None
     allocated: bool = False
     results: tuple[AllocatedDevice, ...] = ()
@@ -70,7 +69,6 @@ class Claim:
             namespace=str(meta.get("namespace") or ""),
             name=str(meta.get("name") or ""),
             uid=str(meta.get("uid") or ""),
-            generation=int(meta.get("generation") or 0),
             annotations=dict(meta.get("annotations") or {}),
             allocated=allocation is not None,
             results=tuple(

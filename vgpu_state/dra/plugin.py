@@ -75,7 +75,7 @@ class _Service:
                 continue
             for d in result.devices:
                 entry.devices.add(
-                    request_names=[d.request],
+                    request_names=[d.top_request],
                     pool_name=d.pool,
                     device_name=d.device,
                     cdi_device_ids=list(d.cdi_ids),

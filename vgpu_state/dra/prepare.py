@@ -6,9 +6,9 @@
   with a device ``<claim uid>-<device>`` per allocated vGPU: the VFIO device
   nodes ``/dev/vfio/vfio`` and ``/dev/vfio/<iommu group>`` (plus ``/dev/iommu``
   and ``/dev/vfio/devices/vfio<N>`` where the host has iommufd);
-* per request, the device-metadata file KubeVirt reads
+* per top-level request, the device-metadata file KubeVirt reads
   (``metadata.resource.k8s.io/v1alpha1`` ``DeviceMetadata``, KEP-5304) under
-  ``<plugin dir>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json``
+  ``<plugin dir>/dra-device-metadata/<claim uid>/<request>/metadata.json``
   and a CDI spec ``<driver>_metadata_<claim uid>_<request>.json`` (kind
   ``<driver>/metadata``) that bind-mounts it read-only where the pod looks:
   ``/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/``
@@ -18,12 +18,23 @@ and records the claim in a checkpoint file, so that unprepare (which gets only
 namespace, name and UID, and may come after the claim is gone) removes exactly
 what prepare wrote. Both calls are idempotent, as the kubelet retries them.
 CDI device names carry the claim UID, so a runtime's cached spec is never reused.
+
+A request that uses ``firstAvailable`` is allocated as ``<request>/<subrequest>``.
+The kubelet matches a container's ``resources.claims[].request`` against the
+*top-level* name, so the reply's ``request_names``, the metadata file's
+directory, its CDI device and its container path all use ``<request>``; only
+``requests[].name`` inside the metadata document keeps the full name (as
+``k8s.io/dynamic-resource-allocation`` does). Every file is keyed by the claim
+UID, which is checked first: a UID that is not one (``*``, ``../x``) is refused,
+and unpreparing one claim never touches another's files, even one with the same
+namespace and name.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,11 +43,28 @@ from typing import Any
 
 from vgpu_state.dra.claims import Claim, ClaimSource
 from vgpu_state.dra.slices import DRIVER, DraDevice
+from vgpu_state.model.errors import HostError
 
 CDI_VERSION = "0.5.0"
 METADATA_API_VERSION = "metadata.resource.k8s.io/v1alpha1"
 CONTAINER_METADATA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
 CHECKPOINT_VERSION = 1
+
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+"""What a claim UID may look like here: the API server's UUIDs, or any name that is a
+plain file-name part (no ``/``, no glob or shell characters, no leading dot)."""
+
+
+def uid_problem(uid: str) -> str | None:
+    """Why ``uid`` cannot name a claim's files, or ``None``."""
+    if _UID.match(uid):
+        return None
+    return f"claim UID {uid!r} is not a Kubernetes UID (letters, digits, '-', '_', '.')"
+
+
+def base_request(request: str) -> str:
+    """The top-level request of an allocation result: ``gpu`` for ``gpu/l40s`` (firstAvailable)."""
+    return request.split("/", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -79,9 +107,15 @@ class ClaimRef:
 @dataclass(frozen=True)
 class PreparedDevice:
     request: str
+    """The allocation result's request: ``<request>`` or ``<request>/<subrequest>``."""
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+
+    @property
+    def top_request(self) -> str:
+        """The top-level request name, the one the kubelet matches containers against."""
+        return base_request(self.request)
 
 
 @dataclass(frozen=True)
@@ -102,6 +136,10 @@ class PrepareError(Exception):
     """A claim cannot be prepared; the message goes back to the kubelet."""
 
 
+class CheckpointError(HostError):
+    """The checkpoint file cannot be read; the plugin does not start (the message says why)."""
+
+
 def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
@@ -111,6 +149,39 @@ def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _entry_from_json(uid: str, item: Any) -> _Entry:
+    problem = uid_problem(uid)
+    if problem is not None:
+        raise ValueError(problem)
+    if not isinstance(item, dict):
+        raise TypeError(f"entry is a {type(item).__name__}, not a mapping")
+
+    def text(obj: Any, key: str) -> str:
+        value = obj[key]
+        if not isinstance(value, str):
+            raise TypeError(f"{key!r} is not a string: {value!r}")
+        return value
+
+    devices = item["devices"]
+    files = item["files"]
+    if not isinstance(devices, list) or not isinstance(files, list):
+        raise TypeError("'devices' and 'files' must be lists")
+    return _Entry(
+        namespace=text(item, "namespace"),
+        name=text(item, "name"),
+        devices=[
+            PreparedDevice(
+                text(d, "request"),
+                text(d, "pool"),
+                text(d, "device"),
+                tuple(str(i) for i in d["cdi_ids"]),
+            )
+            for d in devices
+        ],
+        files=[str(f) for f in files],
+    )
 
 
 class Preparer:
@@ -141,25 +212,33 @@ class Preparer:
     # checkpoint -----------------------------------------------------------
     def _load(self) -> dict[str, _Entry]:
         path = self.paths.checkpoint
+        aside = (
+            "move it aside to start without it (unprepare still finds each claim's files "
+            "by its UID)"
+        )
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as e:
-            raise PrepareError(f"{path}: unreadable DRA checkpoint ({e}); move it aside") from e
+            raise CheckpointError(f"{path}: unreadable DRA checkpoint ({e}); {aside}") from e
         if not isinstance(raw, dict) or raw.get("version") != CHECKPOINT_VERSION:
-            raise PrepareError(f"{path}: not a version {CHECKPOINT_VERSION} DRA checkpoint")
-        entries: dict[str, _Entry] = {}
-        for uid, item in (raw.get("claims") or {}).items():
-            entries[uid] = _Entry(
-                namespace=item["namespace"],
-                name=item["name"],
-                devices=[
-                    PreparedDevice(d["request"], d["pool"], d["device"], tuple(d["cdi_ids"]))
-                    for d in item["devices"]
-                ],
-                files=list(item["files"]),
+            raise CheckpointError(
+                f"{path}: not a version {CHECKPOINT_VERSION} DRA checkpoint; {aside}"
             )
+        claims = raw.get("claims") or {}
+        if not isinstance(claims, dict):
+            raise CheckpointError(f"{path}: 'claims' is not a mapping; {aside}")
+        entries: dict[str, _Entry] = {}
+        for uid, item in claims.items():
+            try:
+                entries[uid] = _entry_from_json(uid, item)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+                raise CheckpointError(
+                    f"{path}: claim {uid!r}: {what}; not a valid version {CHECKPOINT_VERSION} "
+                    f"DRA checkpoint; {aside}"
+                ) from e
         return entries
 
     def _save(self) -> None:
@@ -197,6 +276,10 @@ class Preparer:
         out: dict[str, PrepareResult] = {}
         with self._lock:
             for ref in refs:
+                problem = uid_problem(ref.uid)
+                if problem is not None:
+                    out[ref.uid] = PrepareResult(error=problem)
+                    continue
                 entry = self._entries.get(ref.uid)
                 if entry is not None:
                     out[ref.uid] = PrepareResult(devices=tuple(entry.devices))
@@ -279,14 +362,15 @@ class Preparer:
         devices: list[tuple[str, DraDevice, _Vfio]],
         prepared: list[PreparedDevice],
     ) -> list[Path]:
-        """The KEP-5304 metadata file per request and the CDI spec that mounts it."""
+        """The KEP-5304 metadata file per top-level request and the CDI spec that mounts it."""
         files: list[Path] = []
         requests: dict[str, list[DraDevice]] = {}
         for request, dev, _ in devices:
             requests.setdefault(request, []).append(dev)
-        claim_dir = self.paths.metadata_dir / _safe(f"{claim.namespace}_{claim.name}")
+        claim_dir = self.claim_metadata_dir(claim.uid)
         for request, devs in requests.items():
-            host = claim_dir / _safe(request) / "metadata.json"
+            top = base_request(request)
+            host = claim_dir / _safe(top) / "metadata.json"
             doc = {
                 "apiVersion": METADATA_API_VERSION,
                 "kind": "DeviceMetadata",
@@ -294,7 +378,7 @@ class Preparer:
                     "name": claim.name,
                     "namespace": claim.namespace,
                     "uid": claim.uid,
-                    "generation": claim.generation,
+                    "generation": _next_generation(host, claim.uid),
                 },
                 "requests": [
                     {
@@ -317,8 +401,8 @@ class Preparer:
             else:
                 where = f"resourceclaims/{claim.name}"
             _write_json(host, doc)
-            container = f"{CONTAINER_METADATA_ROOT}/{where}/{request}/{self.driver}-metadata.json"
-            name = f"{claim.uid}_{_safe(request)}"
+            container = f"{CONTAINER_METADATA_ROOT}/{where}/{top}/{self.driver}-metadata.json"
+            name = f"{claim.uid}_{_safe(top)}"
             spec = self.paths.cdi_dir / f"{self.driver}_metadata_{name}.json"
             _write_json(
                 spec,
@@ -348,6 +432,10 @@ class Preparer:
                 p.request, p.pool, p.device, (*p.cdi_ids, f"{self.driver}/metadata={name}")
             )
         return files
+
+    def claim_metadata_dir(self, uid: str) -> Path:
+        """Where a claim's metadata files live on the host: one directory per claim UID."""
+        return self.paths.metadata_dir / uid
 
     def _vfio(self, dev: DraDevice) -> _Vfio:
         sysfs = self.paths.sysfs_root
@@ -383,6 +471,10 @@ class Preparer:
         out: dict[str, str] = {}
         with self._lock:
             for ref in refs:
+                problem = uid_problem(ref.uid)
+                if problem is not None:
+                    out[ref.uid] = f"unprepare {ref.namespace}/{ref.name}: {problem}"
+                    continue
                 try:
                     self._unprepare_one(ref)
                     out[ref.uid] = ""
@@ -391,20 +483,55 @@ class Preparer:
         return out
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
+        """Remove the files of the claim with this UID (validated), and nothing else.
+
+        A claim not in the checkpoint (prepared before a lost checkpoint, or
+        never) still loses every file named after its UID; the names are
+        compared as strings, never used as patterns.
+        """
         entry = self._entries.get(ref.uid)
         files = {Path(f) for f in entry.files} if entry else set()
         cdi = self.paths.cdi_dir
         files.add(cdi / f"{self.driver}_{ref.uid}.json")
+        prefix = f"{self.driver}_metadata_{ref.uid}_"
         if cdi.is_dir():
-            files.update(cdi.glob(f"{self.driver}_metadata_{ref.uid}_*.json"))
+            files.update(
+                cdi / n for n in os.listdir(cdi) if n.startswith(prefix) and n.endswith(".json")
+            )
         for f in files:
             f.unlink(missing_ok=True)
-        namespace = entry.namespace if entry else ref.namespace
-        name = entry.name if entry else ref.name
-        _remove_tree(self.paths.metadata_dir / _safe(f"{namespace}_{name}"))
+        _remove_tree(self.claim_metadata_dir(ref.uid))
         if entry is not None:
+            # Written by earlier versions, which kept metadata under <namespace>_<name>.
+            legacy = self.paths.metadata_dir / _safe(f"{entry.namespace}_{entry.name}")
+            _remove_legacy(legacy, ref.uid)
             del self._entries[ref.uid]
             self._save()
+
+
+def _next_generation(path: Path, uid: str) -> int:
+    """1 for a new metadata file; one more than the file's own when it is rewritten."""
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        meta = old["metadata"]
+        if meta["uid"] == uid:
+            return int(meta["generation"]) + 1
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return 1
+
+
+def _remove_legacy(path: Path, uid: str) -> None:
+    """Remove an old ``<namespace>_<name>`` metadata directory if its files are this claim's."""
+    if not path.is_dir():
+        return
+    for meta in path.glob("*/metadata.json"):
+        try:
+            if json.loads(meta.read_text(encoding="utf-8"))["metadata"]["uid"] != uid:
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+    _remove_tree(path)
 
 
 def _remove_tree(path: Path) -> None:

@@ -9,7 +9,8 @@
   kubelet deletes a node's slices when it starts and 30 s after a driver
   disconnects: :meth:`SlicePublisher.sync` (run periodically by
   :class:`SliceResync`, and at once when the kubelet registers the plugin)
-  recreates them. :meth:`SlicePublisher.remove_all` deletes them on shutdown.
+  recreates them. The agent leaves them in place when it stops (a restart or a
+  rollout); :func:`remove_driver_slices` deletes them for an uninstall.
 * :class:`KubeClaims`: the plugin's :class:`~vgpu_state.dra.claims.ClaimSource`.
 * :func:`claims_in_use`: vGPUs allocated to claims in this node's pool, as the
   planner's in-use mapping (key -> "ResourceClaim ns/name (pod ns/p)").
@@ -225,7 +226,7 @@ class SlicePublisher:
             self.api.create(self._path(), body or {})
 
     def remove_all(self) -> tuple[str, ...]:
-        """Delete every slice of this node and driver (on shutdown); their names."""
+        """Delete every slice of this node and driver (an uninstall); their names."""
         with self._lock:
             self._pool = None
             names = sorted(i["metadata"]["name"] for i in self.current())
@@ -233,6 +234,41 @@ class SlicePublisher:
                 self._write("delete", name)
             log.info("deleted %d ResourceSlices of %s", len(names), self.node)
             return tuple(names)
+
+
+def remove_driver_slices(
+    api: KubeApi, node: str | None = None, *, driver: str = DRIVER, version: str | None = None
+) -> tuple[str, ...]:
+    """Delete the driver's ResourceSlices (of ``node``, or of every node); their names.
+
+    A fresh list afterwards must show none left, or this raises: the caller's
+    "removed" is then a fact, not a hope.
+    """
+    version = version or resource_api_version(api)
+    path = path_of(GROUP, version, SLICES)
+    selector = f"spec.driver={driver}" + (f",spec.nodeName={node}" if node else "")
+
+    def ours() -> list[str]:
+        items = api.list(path, field_selector=selector)
+        return sorted(
+            i["metadata"]["name"]
+            for i in items
+            if (i.get("spec") or {}).get("driver") == driver
+            and (node is None or (i.get("spec") or {}).get("nodeName") == node)
+        )
+
+    names = ours()
+    for name in names:
+        with contextlib.suppress(NotFoundError):
+            api.delete(path_of(GROUP, version, SLICES, name))
+    left = ours()
+    if left:
+        raise ClusterError(
+            f"ResourceSlices of driver {driver} still present after deleting them: "
+            + ", ".join(left)
+        )
+    log.info("deleted %d ResourceSlices of driver %s", len(names), driver)
+    return tuple(names)
 
 
 def _content(spec: dict[str, Any]) -> str:
