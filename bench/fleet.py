@@ -3,7 +3,8 @@
 
 The fleet: GPU nodes of six pools (A2, T4, A16 and A40 with mdev, L40S and L4
 with vendor-specific VFIO), 1 to 8 GPUs each, each node's existing layout what
-the current config made, every fourth node with a vGPU held by a VM. Each
+the current config made (mdev UUIDs of its own), every fourth node with a vGPU
+held by a VM. Each
 node's ``VGPUNodeState`` status is built by the status writer's own pieces
 (layout, capacity, the encoded scan) from a scan of a simulated node; its Node
 object is a realistic one (labels, annotations, conditions, images). The
@@ -39,7 +40,10 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vgpu_state.model.snapshot import NodeSnapshot
 
 NODES = 1000
 RUNS = 5
@@ -239,7 +243,7 @@ def fleet_items(
             "feature.node.kubernetes.io/pci-10de.present": "true",
             "pool": pool.name,
         }
-        snapshot = scans[(pool.name, gpus)].model_copy(update={"node": name})
+        snapshot = own_uuids(scans[(pool.name, gpus)].model_copy(update={"node": name}))
         held: dict[str, str] = {}
         if i % 4 == 0:
             first = snapshot.gpus[0].vgpus[0]
@@ -265,6 +269,23 @@ def fleet_items(
             "status": status.to_json(),
         }
         yield node_object(name, labels, gpus), state
+
+
+def own_uuids(snapshot: NodeSnapshot) -> NodeSnapshot:
+    """The scan with mdev UUIDs of the node's own, as vgpu-state derives them (uuid5 of
+    node, GPU and slot): on a real fleet no two nodes share an mdev UUID."""
+    from vgpu_state.planner.identity import derived_uuid
+
+    gpus = []
+    for g in snapshot.gpus:
+        vgpus = tuple(
+            v.model_copy(update={"uuid": derived_uuid(snapshot.node, g.address, slot)})
+            if v.uuid is not None
+            else v
+            for slot, v in enumerate(g.vgpus)
+        )
+        gpus.append(g.model_copy(update={"vgpus": vgpus}))
+    return snapshot.model_copy(update={"gpus": tuple(gpus)})
 
 
 def build_fleet(directory: Path, count: int) -> dict[str, int]:

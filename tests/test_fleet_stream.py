@@ -136,6 +136,8 @@ def _json_text(text: str) -> str:
 
 PAGING = [
     pytest.param((), id="default-chunks"),
+    pytest.param(("--chunk-size", "4"), id="pages-of-4"),
+    pytest.param(("--chunk-size", "0"), id="one-list-in-stored-order"),
 ]
 
 
@@ -155,3 +157,13 @@ def test_json_is_the_golden_json(
     server, config = cluster
     _, text = run(server, config, tmp_path, "-o", "json", *paging)
     check_golden("fleet-plan.json", _json_text(text))
+
+
+def test_the_lists_are_read_in_pages(
+    cluster: tuple[RunningApiServer, Path], tmp_path: Path
+) -> None:
+    """28 VGPUNodeStates and 27 Nodes, 4 per request: 7 pages each, and nothing more."""
+    server, config = cluster
+    before = server.counts["LIST_PAGE"]
+    run(server, config, tmp_path, "--chunk-size", "4")
+    assert server.counts["LIST_PAGE"] - before == 7 + 7

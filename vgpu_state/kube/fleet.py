@@ -1,40 +1,96 @@
-"""Read what every node last reported, for a fleet-wide plan: two list requests, no writes.
+"""Read what every node last reported, for a fleet-wide plan: list requests, no writes.
 
-One list of ``VGPUNodeState`` objects and one of Nodes, joined by name. Each
-node's status gives the scan its agent last made (``status.snapshot``) and the
-vGPUs held then (``status.gpus[].vgpus[].holder``); the Node gives its labels
-now. A node whose report cannot be planned against is returned with the
-reason (:class:`~vgpu_state.model.fleet.Unknown`), never raised.
+The Nodes are listed first (only their labels are kept), then the
+``VGPUNodeState`` objects, page by page (``limit``/``continue``, as kubectl's
+``--chunk-size``): each is decoded into a :class:`ReportedNode` and handed on
+before the next is read, so a fleet of any size is held one page of JSON and
+one node at a time. Each node's status gives the scan its agent last made
+(``status.snapshot``) and the vGPUs held then (``status.gpus[].vgpus[].holder``);
+the Node gives its labels now. A node whose report cannot be planned against
+is returned with the reason (:class:`~vgpu_state.model.fleet.Unknown`), never
+raised.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from vgpu_state.kube import nodestate
-from vgpu_state.kube.api import KubeApi, path_of
-from vgpu_state.kube.errors import NotFoundError
+from vgpu_state.kube.api import JsonObject, KubeApi, path_of
+from vgpu_state.kube.errors import ClusterError, NotFoundError
 from vgpu_state.kube.node import labels_of
 from vgpu_state.kube.nodestate import (
     SnapshotDecodeError,
+    SnapshotDecoder,
     VGPUNodeStateStatus,
-    decode_snapshot,
     parse_time,
 )
 from vgpu_state.model.fleet import ReportedNode, Unknown, UnknownReason
 
+DEFAULT_CHUNK_SIZE = 500
+"""Objects per list request (kubectl's default ``--chunk-size``)."""
 
-def read_fleet(api: KubeApi) -> tuple[ReportedNode, ...]:
-    """Every node that has a ``VGPUNodeState``, sorted by name.
+
+def list_pages(
+    api: KubeApi, path: str, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> Iterator[JsonObject]:
+    """Every object of the collection at ``path``, requested ``chunk_size`` at a time
+    (``0``: all in one request). Each page is released once its objects are handed on.
+
+    Raises the API's errors; a continue token that expired while the list was
+    read (HTTP 410) says so.
+    """
+    token = ""
+    while True:
+        query = {"limit": str(chunk_size)} if chunk_size > 0 else {}
+        if token:
+            query["continue"] = token
+        try:
+            body = api.request("GET", path, query=query or None)
+        except ClusterError as e:
+            if e.status == 410:
+                raise ClusterError(
+                    f"{e} (the list took longer than the API server keeps its snapshot; "
+                    "run the command again, or with a larger --chunk-size)",
+                    e.status,
+                    e.api_reason,
+                ) from None
+            raise
+        token = str((body.get("metadata") or {}).get("continue") or "")
+        items = body.pop("items", None) or []
+        del body
+        items.reverse()
+        while items:
+            item = items.pop()
+            if isinstance(item, dict):
+                yield item
+        if not token or chunk_size <= 0:
+            return
+
+
+def read_labels(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> dict[str, dict[str, str]]:
+    """Every Node's labels by name (the rest of each Node is dropped as it is read)."""
+    labels: dict[str, dict[str, str]] = {}
+    for node in list_pages(api, path_of("", "v1", "nodes"), chunk_size):
+        name = (node.get("metadata") or {}).get("name")
+        if isinstance(name, str):
+            labels[name] = labels_of(node)
+    return labels
+
+
+def stream_fleet(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[ReportedNode]:
+    """Every node that has a ``VGPUNodeState``, one at a time, in the order the API
+    server lists them (by name, for a real one; callers that need an order sort).
 
     Raises :class:`~vgpu_state.kube.errors.ClusterError` when the resource is
     not installed, and the API's errors when the cluster cannot be read.
     """
+    states = list_pages(api, nodestate.object_path(), chunk_size)
     try:
-        states = nodestate.list_all(api)
+        first = next(states, None)
     except NotFoundError as e:
         raise NotFoundError(
             f"the cluster has no {nodestate.KIND} resource (is vgpu-state installed? "
@@ -42,23 +98,34 @@ def read_fleet(api: KubeApi) -> tuple[ReportedNode, ...]:
             e.status,
             e.api_reason,
         ) from None
-    labels: dict[str, dict[str, str]] = {}
-    for node in api.list(path_of("", "v1", "nodes")):
-        name = (node.get("metadata") or {}).get("name")
-        if isinstance(name, str):
-            labels[name] = labels_of(node)
-    found: dict[str, ReportedNode] = {}
-    for obj in states:
+    if first is None:
+        return
+    labels = read_labels(api, chunk_size)
+    decoder = SnapshotDecoder()
+    obj: JsonObject | None = first
+    while obj is not None:
         name = (obj.get("metadata") or {}).get("name")
         if isinstance(name, str) and name:
-            found[name] = reported_node(name, obj, labels.get(name))
+            yield reported_node(name, obj, labels.get(name), decoder)
+        obj = next(states, None)
+
+
+def read_fleet(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[ReportedNode, ...]:
+    """Every node that has a ``VGPUNodeState``, sorted by name, all at once (for small
+    fleets and tests; ``fleet plan`` streams with :func:`stream_fleet`)."""
+    found = {n.name: n for n in stream_fleet(api, chunk_size)}
     return tuple(found[name] for name in sorted(found))
 
 
 def reported_node(
-    name: str, obj: Mapping[str, Any], labels: Mapping[str, str] | None
+    name: str,
+    obj: Mapping[str, Any],
+    labels: Mapping[str, str] | None,
+    decoder: SnapshotDecoder | None = None,
 ) -> ReportedNode:
-    """One node from its ``VGPUNodeState`` object and its Node's labels (``None``: no Node)."""
+    """One node from its ``VGPUNodeState`` object and its Node's labels (``None``: no Node).
+
+    ``decoder`` shares what is identical across the nodes it decodes."""
     raw = obj.get("status")
     if not isinstance(raw, dict) or not raw:
         return _unknown(name, labels, UnknownReason.NO_STATUS, "the node has not reported yet")
@@ -96,7 +163,7 @@ def reported_node(
             **common,
         )
     try:
-        snapshot = decode_snapshot(status.snapshot)
+        snapshot = (decoder or SnapshotDecoder()).decode(status.snapshot)
     except SnapshotDecodeError as e:
         return _unknown(name, labels, UnknownReason.SNAPSHOT_UNREADABLE, str(e), **common)
     if labels is None:

@@ -13,18 +13,19 @@ import base64
 import binascii
 import datetime
 import gzip
+import re
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import ClusterConflictError, NotFoundError
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.resources import ResourceNameError, resource_name
-from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
 from vgpu_state.model.status import ConfigState
 
 GROUP = "vgpu-state.io"
@@ -179,6 +180,12 @@ def reported_snapshot(
 
 def decode_snapshot(reported: ReportedSnapshot) -> NodeSnapshot:
     """The scan back from the status. Raises :class:`SnapshotDecodeError` saying what is wrong."""
+    return SnapshotDecoder().decode(reported)
+
+
+def inflate_snapshot(reported: ReportedSnapshot) -> bytes:
+    """The scan's JSON text from the status (base64, then gzip, at most
+    :data:`MAX_SNAPSHOT_BYTES`). Raises :class:`SnapshotDecodeError`."""
     try:
         packed = base64.b64decode(reported.data, validate=True)
     except (binascii.Error, ValueError) as e:
@@ -194,14 +201,111 @@ def decode_snapshot(reported: ReportedSnapshot) -> NodeSnapshot:
         )
     if not inflate.eof:
         raise SnapshotDecodeError("snapshot data is truncated")
-    try:
-        snapshot = NodeSnapshot.model_validate_json(raw)
-    except ValueError as e:
-        first = str(e).splitlines()
-        raise SnapshotDecodeError(f"snapshot is not a valid scan: {'; '.join(first[:3])}") from None
-    if snapshot.fingerprint() != reported.fingerprint:
-        raise SnapshotDecodeError("snapshot does not match its fingerprint")
-    return snapshot
+    return raw
+
+
+_GPU_START = re.compile(rb'\{"index":\d+,"address":"[^"\\]*","vendor_id":')
+"""Where a GPU's object starts in a scan's JSON (``vendor_id`` follows ``address`` only in
+a GPU; a quote inside a string is escaped, so this never matches inside one)."""
+_GPUS_OPEN = b'"gpus":['
+_SCAN_CLOSE = b"]}"
+_VGPUS = b',"vgpus":'
+_VGPU_LIST: TypeAdapter[tuple[Vgpu, ...]] = TypeAdapter(tuple[Vgpu, ...])
+
+
+class SnapshotDecoder:
+    """Decodes reported scans; one decoder over many nodes shares what they have in common.
+
+    Nodes of one hardware model report GPUs that are identical down to the byte
+    but for their vGPUs (the same addresses, driver, VFs and creatable and offered
+    type lists): each distinct GPU's JSON without its ``vgpus`` is validated once
+    and the decoded (frozen) :class:`~vgpu_state.model.snapshot.Gpu` is shared by
+    every scan that has it; only the ``vgpus`` list, which names each node's own
+    mdev UUIDs, is decoded per node.
+    A scan whose JSON does not split into GPUs cleanly is validated whole, as
+    :func:`decode_snapshot` does, so errors read the same. The fingerprint is
+    computed once (the snapshot keeps it).
+    """
+
+    def __init__(self, budget: int = 4 * 1024 * 1024) -> None:
+        self._gpus: dict[bytes, Gpu] = {}
+        self._held = 0
+        self._budget = budget
+        self.shared = 0
+        """GPUs taken from the cache instead of being decoded again."""
+
+    def decode(self, reported: ReportedSnapshot) -> NodeSnapshot:
+        """The scan back from the status. Raises :class:`SnapshotDecodeError` saying what
+        is wrong."""
+        raw = inflate_snapshot(reported)
+        snapshot = self._by_gpu(raw)
+        if snapshot is None:
+            try:
+                snapshot = NodeSnapshot.model_validate_json(raw)
+            except ValueError as e:
+                first = str(e).splitlines()
+                raise SnapshotDecodeError(
+                    f"snapshot is not a valid scan: {'; '.join(first[:3])}"
+                ) from None
+        if snapshot.fingerprint() != reported.fingerprint:
+            raise SnapshotDecodeError("snapshot does not match its fingerprint")
+        return snapshot
+
+    def _by_gpu(self, raw: bytes) -> NodeSnapshot | None:
+        """The scan from its GPUs' JSON, each looked up first; ``None`` when the text is
+        not a list of GPUs closing the scan (problems or an error after it, or invalid)."""
+        starts = [m.start() for m in _GPU_START.finditer(raw)]
+        if not starts or not raw.endswith(_SCAN_CLOSE):
+            return None
+        first = starts[0]
+        if raw[first - len(_GPUS_OPEN) : first] != _GPUS_OPEN:
+            return None
+        ends = [s - 1 for s in starts[1:]] + [len(raw) - len(_SCAN_CLOSE)]
+        gpus: list[Gpu] = []
+        try:
+            for start, end in zip(starts, ends, strict=True):
+                if end < len(raw) - len(_SCAN_CLOSE) and raw[end] != 0x2C:  # ","
+                    return None
+                gpus.append(self._gpu(raw[start:end]))
+            head = NodeSnapshot.model_validate_json(raw[:first] + _SCAN_CLOSE)
+        except ValueError:
+            return None
+        if head.gpus:
+            return None
+        return head.model_copy(update={"gpus": tuple(gpus)})
+
+    def _gpu(self, text: bytes) -> Gpu:
+        """A GPU from its JSON: what precedes ``vgpus`` shared, ``vgpus`` its own. Raises
+        ``ValueError`` when the text is not a GPU."""
+        at = text.find(_VGPUS)
+        if at < 0 or not text.endswith(b"]}") or text.find(_VGPUS, at + 1) >= 0:
+            base, vgpus = text, None
+        else:
+            # vgpus is the last field written (problems, after it, is usually empty; when
+            # present the list does not validate and the GPU is decoded whole).
+            base, vgpus = text[:at] + b"}", text[at + len(_VGPUS) : -1]
+        gpu = self._gpus.get(base)
+        if gpu is None:
+            gpu = Gpu.model_validate_json(base)
+            self._keep(base, gpu)
+        else:
+            self.shared += 1
+        if vgpus is None:
+            return gpu
+        try:
+            listed = _VGPU_LIST.validate_json(vgpus)
+        except ValueError:
+            return Gpu.model_validate_json(text)
+        if gpu.vgpus:
+            raise ValueError("vgpus twice")
+        return gpu.model_copy(update={"vgpus": listed})
+
+    def _keep(self, text: bytes, gpu: Gpu) -> None:
+        if self._held + len(text) > self._budget:
+            self._gpus.clear()
+            self._held = 0
+        self._gpus[text] = gpu
+        self._held += len(text)
 
 
 class VGPUNodeStateStatus(_Model):

@@ -202,6 +202,17 @@ class NodeSnapshot(Frozen):
         }
 
     def fingerprint(self) -> str:
-        """sha256 of :meth:`stable_view`; equal for equal host state."""
+        """sha256 of :meth:`stable_view`; equal for equal host state.
+
+        Computed once per snapshot: the value is kept with the ``gpus`` it was
+        computed from (the only field it depends on; tuples of frozen models), so
+        a copy with other ``gpus`` (``model_copy(update=...)``) computes its own.
+        """
+        kept = self.__dict__.get("_fingerprint")
+        if kept is not None and kept[0] is self.gpus:
+            return str(kept[1])
         blob = json.dumps(self.stable_view(), sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+        value = "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+        # Not a field: equality, hashing and serialisation ignore it.
+        self.__dict__["_fingerprint"] = (self.gpus, value)
+        return value

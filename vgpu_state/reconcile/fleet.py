@@ -138,58 +138,64 @@ class Totals:
     """Planned nodes per disruption level, every level listed (``none`` first)."""
 
 
-def _fleet_capacity(plans: list[Plan]) -> tuple[FleetCapacity, ...]:
-    sums: dict[tuple[str, str, Publish], list[int]] = {}
-    for p in plans:
+class FleetSummary:
+    """The totals of a fleet plan, added up one node at a time (a node's plan is not kept)."""
+
+    def __init__(self) -> None:
+        self.nodes = 0
+        self.count = {o: 0 for o in Outcome}
+        self.create = self.destroy = self.sriov = self.blocked = 0
+        self.levels = {level: 0 for level in Disruption}
+        self.capacity: dict[tuple[str, str, Publish], list[int]] = {}
+
+    def add(self, n: NodePlan) -> None:
+        self.nodes += 1
+        self.count[n.outcome] += 1
+        p = n.plan
+        if p is None:
+            return
+        self.levels[p.disruption.level] += 1
+        s = p.summary
+        self.create += s.create
+        self.destroy += s.destroy
+        self.sriov += s.sriov
+        self.blocked += s.blocked
         for c in p.capacity:
             key = (c.resource or "", c.type_name, c.publish)
-            row = sums.get(key)
+            row = self.capacity.get(key)
             if row is None:
-                row = sums[key] = [0, 0, 0, 0]
+                row = self.capacity[key] = [0, 0, 0, 0]
             row[0] += c.before
             row[1] += c.after
             row[2] += c.held
             row[3] += 1
-    return tuple(
-        FleetCapacity(key[0] or None, key[1], key[2], *row)
-        for key, row in sorted(sums.items(), key=lambda kv: (kv[0][0] or "~", kv[0][1], kv[0][2]))
-    )
+
+    def totals(self) -> Totals:
+        ordered = sorted(
+            self.capacity.items(), key=lambda kv: (kv[0][0] or "~", kv[0][1], kv[0][2])
+        )
+        return Totals(
+            nodes=self.nodes,
+            changed=self.count[Outcome.CHANGES],
+            unchanged=self.count[Outcome.NO_CHANGES],
+            unknown=self.count[Outcome.UNKNOWN],
+            errors=self.count[Outcome.ERROR],
+            create=self.create,
+            destroy=self.destroy,
+            sriov=self.sriov,
+            blocked=self.blocked,
+            capacity=tuple(FleetCapacity(k[0] or None, k[1], k[2], *row) for k, row in ordered),
+            disruption=tuple(self.levels.items()),
+        )
 
 
 @dataclass(frozen=True)
-class FleetPlan:
-    nodes: tuple[NodePlan, ...]
+class FleetTotals:
+    """What a fleet plan says as a whole, without its nodes (a streamed fleet plan's end)."""
+
+    totals: Totals
     now: datetime.datetime
     max_age: datetime.timedelta | None = None
-    totals: Totals = field(init=False)
-
-    def __post_init__(self) -> None:
-        count = {o: 0 for o in Outcome}
-        create = destroy = sriov = blocked = 0
-        levels = {level: 0 for level in Disruption}
-        plans: list[Plan] = []
-        for n in self.nodes:
-            count[n.outcome] += 1
-            if n.plan is not None:
-                plans.append(n.plan)
-                levels[n.plan.disruption.level] += 1
-                s = n.plan.summary
-                create, destroy = create + s.create, destroy + s.destroy
-                sriov, blocked = sriov + s.sriov, blocked + s.blocked
-        totals = Totals(
-            nodes=len(self.nodes),
-            changed=count[Outcome.CHANGES],
-            unchanged=count[Outcome.NO_CHANGES],
-            unknown=count[Outcome.UNKNOWN],
-            errors=count[Outcome.ERROR],
-            create=create,
-            destroy=destroy,
-            sriov=sriov,
-            blocked=blocked,
-            capacity=_fleet_capacity(plans),
-            disruption=tuple(levels.items()),
-        )
-        object.__setattr__(self, "totals", totals)
 
     @property
     def complete(self) -> bool:
@@ -200,6 +206,36 @@ class FleetPlan:
     def has_changes(self) -> bool:
         """Some node has a step to take or a blocked item."""
         return self.totals.changed > 0
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """Every node's plan, kept (small fleets and tests; ``fleet plan`` streams)."""
+
+    nodes: tuple[NodePlan, ...]
+    now: datetime.datetime
+    max_age: datetime.timedelta | None = None
+    totals: Totals = field(init=False)
+
+    def __post_init__(self) -> None:
+        summary = FleetSummary()
+        for n in self.nodes:
+            summary.add(n)
+        object.__setattr__(self, "totals", summary.totals())
+
+    @property
+    def summary(self) -> FleetTotals:
+        return FleetTotals(self.totals, self.now, self.max_age)
+
+    @property
+    def complete(self) -> bool:
+        """Every node was planned: none unknown, none failed."""
+        return self.summary.complete
+
+    @property
+    def has_changes(self) -> bool:
+        """Some node has a step to take or a blocked item."""
+        return self.summary.has_changes
 
 
 def _age(delta: datetime.timedelta) -> str:
@@ -292,6 +328,14 @@ def _time(moment: datetime.datetime | None) -> str | None:
 
 def fleet_document(fleet: FleetPlan, config_file: str) -> dict[str, Any]:
     """The fleet plan as JSON (``fleet plan -o json``); the shape is in docs/cluster.md."""
+    return {
+        **fleet_header(fleet.summary, config_file),
+        "nodes": [node_document(n) for n in fleet.nodes],
+    }
+
+
+def fleet_header(fleet: FleetTotals, config_file: str) -> dict[str, Any]:
+    """The fleet plan's JSON document up to its ``nodes`` (which come last)."""
     t = fleet.totals
     return {
         "kind": FLEET_PLAN_KIND,
@@ -326,20 +370,21 @@ def fleet_document(fleet: FleetPlan, config_file: str) -> dict[str, Any]:
                 for c in t.capacity
             ],
         },
-        "nodes": [
-            {
-                "node": n.node,
-                "outcome": n.outcome.value,
-                "config": n.plan.selection.config if n.plan is not None else None,
-                "selected_by": n.plan.selection.source if n.plan is not None else None,
-                "reported_config": n.reported_config,
-                "reported_state": n.reported_state,
-                "scanned_at": _time(n.scanned_at),
-                "reason": n.reason or None,
-                "message": n.message or None,
-                "warnings": list(n.warnings),
-                "plan": plan_document(n.plan) if n.plan is not None else None,
-            }
-            for n in fleet.nodes
-        ],
+    }
+
+
+def node_document(n: NodePlan) -> dict[str, Any]:
+    """One node of the fleet plan's JSON ``nodes``."""
+    return {
+        "node": n.node,
+        "outcome": n.outcome.value,
+        "config": n.plan.selection.config if n.plan is not None else None,
+        "selected_by": n.plan.selection.source if n.plan is not None else None,
+        "reported_config": n.reported_config,
+        "reported_state": n.reported_state,
+        "scanned_at": _time(n.scanned_at),
+        "reason": n.reason or None,
+        "message": n.message or None,
+        "warnings": list(n.warnings),
+        "plan": plan_document(n.plan) if n.plan is not None else None,
     }
