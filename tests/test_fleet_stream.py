@@ -17,8 +17,10 @@ review the diff.
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime
+import gzip
 import importlib.util
 import json
 import os
@@ -167,3 +169,62 @@ def test_the_lists_are_read_in_pages(
     before = server.counts["LIST_PAGE"]
     run(server, config, tmp_path, "--chunk-size", "4")
     assert server.counts["LIST_PAGE"] - before == 7 + 7
+
+
+def _reported(state: dict[str, Any]) -> Any:
+    from vgpu_state.kube.nodestate import ReportedSnapshot
+
+    return ReportedSnapshot.model_validate(state["status"]["snapshot"])
+
+
+def test_the_decoder_shares_gpus_across_nodes_and_decodes_what_a_whole_decode_does() -> None:
+    from vgpu_state.kube.nodestate import SnapshotDecoder, inflate_snapshot
+    from vgpu_state.model.snapshot import NodeSnapshot
+
+    reported = [_reported(state) for _, state in BENCH.fleet_items(COUNT, SCANNED)]
+    decoder = SnapshotDecoder()
+    for r in reported:
+        whole = NodeSnapshot.model_validate_json(inflate_snapshot(r))
+        assert decoder.decode(r) == whole
+    # 24 nodes of 17 shapes: every GPU of a repeated shape is shared, mdev UUIDs and all.
+    assert decoder.shared >= sum(
+        len(NodeSnapshot.model_validate_json(inflate_snapshot(r)).gpus) for r in reported[17:]
+    )
+
+
+def test_the_decoder_decodes_scans_it_cannot_split_whole_with_the_same_errors() -> None:
+    from vgpu_state.kube.nodestate import (
+        SnapshotDecodeError,
+        SnapshotDecoder,
+        decode_snapshot,
+        encode_snapshot,
+    )
+    from vgpu_state.model.snapshot import NodeSnapshot
+
+    _, state = next(iter(BENCH.fleet_items(1, SCANNED)))
+    scan = SnapshotDecoder().decode(_reported(state))
+    # Problems after the GPUs (and in a GPU, after its vGPUs): decoded whole, equal.
+    odd = scan.model_copy(
+        update={
+            "problems": ('a "quoted" {"index":1,"address":"x","vendor_id":1} ]}',),
+            "gpus": (scan.gpus[0].model_copy(update={"problems": ("vgpus ]}",)}),),
+        }
+    )
+    encoded = encode_snapshot(odd, SCANNED)
+    decoder = SnapshotDecoder()
+    assert decoder.decode(encoded) == odd == decode_snapshot(encoded)
+    # An invalid GPU: the whole scan's error, as before.
+    bad = encoded.model_copy(
+        update={
+            "data": encode_snapshot(NodeSnapshot(node="n"), SCANNED).data,
+        }
+    )
+    with pytest.raises(SnapshotDecodeError, match="does not match its fingerprint"):
+        decoder.decode(bad)
+    broken = odd.model_dump_json().replace('"vendor_id":4318', '"vendor_id":"many"', 1)
+    assert broken != odd.model_dump_json()
+    damaged = encoded.model_copy(
+        update={"data": base64.b64encode(gzip.compress(broken.encode())).decode()}
+    )
+    with pytest.raises(SnapshotDecodeError, match="not a valid scan: 1 validation error"):
+        decoder.decode(damaged)

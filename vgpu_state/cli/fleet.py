@@ -512,7 +512,7 @@ class JsonWriter:
         self.spool = Spool()
 
     def add(self, n: NodePlan) -> None:
-        text = to_json(node_document(n), indent=2)
+        text = to_json(node_document(n, plan_as_model=True), indent=2)
         self.spool.add(n.node, b"    " + text.replace(b"\n", b"\n    "))
 
     def finish(self, result: FleetTotals, config_file: str, out: TextIO) -> None:

@@ -373,8 +373,13 @@ def fleet_header(fleet: FleetTotals, config_file: str) -> dict[str, Any]:
     }
 
 
-def node_document(n: NodePlan) -> dict[str, Any]:
-    """One node of the fleet plan's JSON ``nodes``."""
+def node_document(n: NodePlan, *, plan_as_model: bool = False) -> dict[str, Any]:
+    """One node of the fleet plan's JSON ``nodes``.
+
+    ``plan_as_model``: ``plan`` is the :class:`~vgpu_state.model.plan.Plan` itself, for a
+    serializer that writes models (``pydantic_core.to_json``) in one pass; the JSON is
+    the same."""
+    plan: Any = n.plan if plan_as_model or n.plan is None else plan_document(n.plan)
     return {
         "node": n.node,
         "outcome": n.outcome.value,
@@ -386,5 +391,5 @@ def node_document(n: NodePlan) -> dict[str, Any]:
         "reason": n.reason or None,
         "message": n.message or None,
         "warnings": list(n.warnings),
-        "plan": plan_document(n.plan) if n.plan is not None else None,
+        "plan": plan,
     }
