@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
+import functools
 import gzip
 import re
 import zlib
@@ -210,7 +211,11 @@ a GPU; a quote inside a string is escaped, so this never matches inside one)."""
 _GPUS_OPEN = b'"gpus":['
 _SCAN_CLOSE = b"]}"
 _VGPUS = b',"vgpus":'
-_VGPU_LIST: TypeAdapter[tuple[Vgpu, ...]] = TypeAdapter(tuple[Vgpu, ...])
+
+
+@functools.cache
+def _vgpu_list() -> TypeAdapter[tuple[Vgpu, ...]]:
+    return TypeAdapter(tuple[Vgpu, ...])
 
 
 class SnapshotDecoder:
@@ -293,7 +298,7 @@ class SnapshotDecoder:
         if vgpus is None:
             return gpu
         try:
-            listed = _VGPU_LIST.validate_json(vgpus)
+            listed = _vgpu_list().validate_json(vgpus)
         except ValueError:
             return Gpu.model_validate_json(text)
         if gpu.vgpus:
