@@ -140,7 +140,7 @@ class ApiServer(KubernetesEmulator):
         return aiohttp.web.json_response(obj, status=status)
 
     async def _serve_list(self, request: Any) -> Any:
-        body = await super()._serve_list(request)
+        body: dict[str, Any] = await super()._serve_list(request)  # type: ignore[assignment]
         params = request.params or {}
         if not params.get("limit"):
             return body
