@@ -14,6 +14,7 @@ from vgpu_state.agent.reconciler import SLOT_POLL, AgentMode, NodeReconciler
 from vgpu_state.agent.rollout import disruptive
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource, load_text
+from vgpu_state.config.document import ConfigDocument
 from vgpu_state.model.errors import ConfigError
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.status import ConditionType, ConfigState
@@ -197,3 +198,33 @@ def test_max_unavailable_is_a_policy_key() -> None:
                 f"version: v1\npolicy: {{max-unavailable: {bad}}}\n" + CONFIGS, catalog=CATALOG
             )
         assert str(err.value).startswith("<config>:2:27: max-unavailable must be a whole number")
+
+
+class _EditedAfterEachRead:
+    """The mounted ConfigMap changes right after every read of it (a ConfigMap update
+    racing the reconcile); counts the reads."""
+
+    def __init__(self, inner: FileConfigSource, edited: str) -> None:
+        self.inner = inner
+        self.edited = edited
+        self.reads = 0
+
+    @property
+    def error(self) -> ConfigError | None:
+        return self.inner.error
+
+    def document(self) -> ConfigDocument:
+        document = self.inner.document()
+        self.reads += 1
+        self.inner.path.write_text(self.edited)
+        return document
+
+
+def test_one_reconcile_reads_the_config_once_and_applies_what_it_checked(node: Node) -> None:
+    # The edit would keep the node as it is; the document read (and checked) grows it.
+    source = _EditedAfterEachRead(node.source, CONFIG.replace("A2-4Q: 2", "A2-4Q: 1"))
+    node.ports = Ports(node.host, node.cluster, source, node.plugin)
+    outcome = node.reconciler()(BATCH, threading.Event())
+    assert outcome.ok, outcome.summary
+    assert source.reads == 1
+    assert node.layout() == {"A2-4C": 1, "A2-4Q": 2, "A2-4A": 1}

@@ -166,6 +166,28 @@ def test_daemonset_runs_the_agent_for_its_own_node(manifests: list[dict[str, Any
     assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
+def test_daemonset_passes_the_hosts_proc_and_sriov_manage(
+    manifests: list[dict[str, Any]],
+) -> None:
+    """The agent reads holders from the host's /proc and runs the host's sriov-manage,
+    each from a read-only mount of the host's directory, and the flags name them."""
+    pod = only(manifests, "DaemonSet")["spec"]["template"]["spec"]
+    (agent,) = [c for c in pod["containers"] if c["name"] == "agent"]
+    args = agent["args"]
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    proc_root = args[args.index("--proc-root") + 1]
+    sriov_manage = args[args.index("--sriov-manage") + 1]
+    for mount_path, host_path in ((proc_root, "/proc"), ("/usr/lib/nvidia", "/usr/lib/nvidia")):
+        assert mounts[mount_path].get("readOnly") is True
+        assert volumes[mounts[mount_path]["name"]]["hostPath"]["path"] == host_path
+    assert sriov_manage == "/usr/lib/nvidia/sriov-manage"
+    from vgpu_state.cli.agent import agent as agent_command
+
+    flags = {o for p in agent_command.params for o in p.opts}
+    assert {"--proc-root", "--sriov-manage"} <= flags
+
+
 def test_only_the_agent_container_is_privileged(manifests: list[dict[str, Any]]) -> None:
     pod = only(manifests, "DaemonSet")["spec"]["template"]["spec"]
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")

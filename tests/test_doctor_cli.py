@@ -127,6 +127,29 @@ def test_sriov_manage_that_does_not_exist_fails_on_a_real_sysfs(tmp_path: Path) 
     assert "[ok  ] sriov: SR-IOV off: 0/16 VFs enabled; vGPUs on this GPU need them" in out
 
 
+def test_doctor_says_which_way_sriov_is_switched(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    text = 'node: n\ngpus:\n  - {address: "0000:08:00.0", model: A2}\n'  # VFs on already
+    materialize(render(SimDriver(parse_spec(text, catalog=CATALOG), catalog=CATALOG)), str(root))
+    tool = tmp_path / "sriov-manage"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    code, out, _ = run("doctor", "--sysfs-root", str(root), "--sriov-manage", str(tool))
+    assert code == 0 and f"[ok  ] sriov-path: SR-IOV is turned on and off with {tool}" in out
+    code, out, _ = run("doctor", "--sysfs-root", str(root), "--sriov-manage", "")
+    assert code == 0
+    assert "[WARN] sriov-path: SR-IOV is turned on by writing sriov_numvfs" in out
+    missing = tmp_path / "no-such-tool"
+    code, out, _ = run("doctor", "--sysfs-root", str(root), "--sriov-manage", str(missing))
+    assert f"[WARN] sriov-path: SR-IOV would be turned on with {missing}, which is not" in out
+    code, report = doctor_json("--sim", str(sim_copy(tmp_path, "a2-host.yaml")))
+    (path,) = [c for c in report["checks"] if c["id"] == "sriov-path"]
+    assert path["status"] == "ok" and "sriov-manage (simulated)" in path["message"]
+    # A node without SR-IOV capable GPUs has no such check.
+    code, report = doctor_json("--sim", str(sim_copy(tmp_path, "t4-pair.yaml")))
+    assert not [c for c in report["checks"] if c["id"] == "sriov-path"]
+
+
 def test_l40s_vendor_vfio_host_graphics_flavour(tmp_path: Path) -> None:
     node = sim_copy(tmp_path, "l40s-pair.yaml")
     code, report = doctor_json("--sim", str(node))

@@ -16,13 +16,15 @@ from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
 from vgpu_state.executor.drivertypes import DRIVER_TYPES_FILE, DriverTypesFile
 from vgpu_state.host.drivertypes import DriverTypeMemory
+from vgpu_state.host.holders import ProcHolders
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.kubevirt import KubeVirtRef
 from vgpu_state.kube.rollout import RolloutSlots
 from vgpu_state.model.allocatable import DEFAULT_GRACE
+from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.ports import ClusterPort, DevicePluginSink, HostPort
+from vgpu_state.ports import ClusterPort, DevicePluginSink, HostPort, ProcessHolders
 from vgpu_state.reconcile import Ports, Settings
 
 if TYPE_CHECKING:
@@ -56,13 +58,20 @@ class AgentFlags:
     device_plugin: bool = True
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     allocatable_grace: float = DEFAULT_GRACE
+    proc_root: str | None = None
+    """The host's ``/proc`` (``/host/proc`` in the DaemonSet); ``None``: ``/proc``, or a
+    simulated node's own."""
+    sriov_manage: tuple[str, ...] | None = None
+    """The sriov-manage command line (see ``Settings.sriov_manage``)."""
 
 
 def build(flags: AgentFlags) -> Agent:
     """Connect to the cluster and assemble an :class:`Agent` (nothing runs yet)."""
     api = KubeApi.connect(flags.kubeconfig)
     flags.state_dir.mkdir(parents=True, exist_ok=True)
-    host, sim_in_use, after = _host(flags, _driver_types(flags.state_dir / DRIVER_TYPES_FILE))
+    host, sim_in_use, after, processes = _host(
+        flags, _driver_types(flags.state_dir / DRIVER_TYPES_FILE)
+    )
     in_use: InUseSource | None = sim_in_use
     if flags.in_use_file:
         in_use = in_use_from_file(flags.in_use_file)
@@ -73,6 +82,7 @@ def build(flags: AgentFlags) -> Agent:
         kubevirt_ref=KubeVirtRef.parse(flags.kubevirt) if flags.kubevirt else None,
         lease_namespace=flags.namespace,
         in_use_source=in_use,
+        processes=processes,
     )
     port_cluster: ClusterPort = cluster
     dra_sink: DevicePluginSink | None = None
@@ -114,9 +124,15 @@ def build(flags: AgentFlags) -> Agent:
         driver_types_path=flags.state_dir / DRIVER_TYPES_FILE,
         lock_path=flags.state_dir / "apply.lock",
         command=f"vgpu-state agent --node {flags.node}",
+        sriov_manage=flags.sriov_manage,
     )
     ports = Ports(
-        host, port_cluster, FileConfigSource(flags.config_dir / CONFIG_FILE, catalog), sink, dra
+        host,
+        port_cluster,
+        FileConfigSource(flags.config_dir / CONFIG_FILE, catalog),
+        sink,
+        dra,
+        processes=cluster,
     )
     slots = RolloutSlots(api.client, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
     if after is not None:
@@ -188,9 +204,15 @@ def _driver_types(path: Path) -> DriverTypeMemory:
 
 def _host(
     flags: AgentFlags, driver_types: DriverTypeMemory
-) -> tuple[HostPort, InUseSource | None, Callable[[], None] | None]:
+) -> tuple[HostPort, InUseSource | None, Callable[[], None] | None, ProcessHolders]:
+    """The host port, a simulated node's holders and its closing, and where processes
+    holding vGPUs are read (``--proc-root``)."""
     if flags.sim_spec:
         from vgpu_state.sim.node import held_vgpus, open_sim
+        from vgpu_state.sim.proc import SimProcHolders
+
+        if flags.sriov_manage is not None:
+            raise SelectionError("--sriov-manage applies to a real sysfs, not to --sim")
 
         sim = open_sim(flags.sim_spec, autosave=True, driver_types=driver_types)
 
@@ -201,13 +223,20 @@ def _host(
             sim.save()
             sim.close()
 
-        return _SavingHost(sim.host), held, save_and_close
+        processes: ProcessHolders = (
+            ProcHolders(flags.proc_root) if flags.proc_root else SimProcHolders(sim.host)
+        )
+        return _SavingHost(sim.host), held, save_and_close, processes
     from vgpu_state.host import SysfsHost
 
     host = SysfsHost(
-        flags.sysfs_root, flags.node, catalog=default_catalog(), driver_types=driver_types
+        flags.sysfs_root,
+        flags.node,
+        flags.sriov_manage,
+        catalog=default_catalog(),
+        driver_types=driver_types,
     )
-    return host, None, None
+    return host, None, None, ProcHolders(flags.proc_root or "/proc")
 
 
 class _SavingHost:

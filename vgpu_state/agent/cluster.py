@@ -35,6 +35,7 @@ from vgpu_state.model.inuse import InUse
 from vgpu_state.model.publish import join
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConditionType, ConfigState, EventType, NodeStatus
+from vgpu_state.ports import NoProcesses, ProcessHolders
 
 if TYPE_CHECKING:
     from vgpu_state.agent.allocatable import AllocatableMonitor
@@ -46,25 +47,49 @@ InUseSource = Callable[[], InUse]
 
 
 class AgentCluster(KubeCluster):
-    """:class:`KubeCluster` with the agent's status details and an optional in-use source."""
+    """:class:`KubeCluster` with the agent's status details and an optional in-use source.
 
-    def __init__(self, *args: Any, in_use_source: InUseSource | None = None, **kwargs: Any) -> None:
+    It is also the reconcile's ``processes`` port (:meth:`holders`): the host's
+    processes holding vGPUs (``/proc``) are read first, and the status reports
+    them with the pods'.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        in_use_source: InUseSource | None = None,
+        processes: ProcessHolders | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._in_use_source = in_use_source
+        self.processes: ProcessHolders = processes or NoProcesses()
+        self._process_held: Mapping[str, str] = {}
         self.last_in_use: InUse | None = None
         self.allocatable: AllocatableMonitor | None = None
         """When set, every status carries its ``KubeletAllocatable`` condition."""
         self._write_lock = threading.RLock()
         self._last_write: dict[str, Any] | None = None
 
+    def holders(self, snapshot: NodeSnapshot) -> tuple[Mapping[str, str], tuple[str, ...]]:
+        """The vGPUs of ``snapshot`` a process on the host holds open (``/proc``)."""
+        found, warnings = self.processes.holders(snapshot)
+        self._process_held = dict(found)
+        for message in warnings:
+            log.warning("%s", message)
+        return found, warnings
+
     def in_use(self) -> InUse:
+        """Held by a pod (the kubelet, or the in-use source), and by the processes the last
+        :meth:`holders` found; the pod names the holder when both know it."""
         try:
             held = self._in_use_source() if self._in_use_source else super().in_use()
         except PodResourcesUnavailableError:
             self.last_in_use = None
             raise
-        self.last_in_use = held
-        return held
+        merged = InUse({**self._process_held, **held})
+        self.last_in_use = merged
+        return merged
 
     def report_status(self, status: NodeStatus) -> None:
         shown = status.condition(ConditionType.DEGRADED) or status.condition(ConditionType.SYNCED)

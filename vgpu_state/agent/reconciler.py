@@ -33,6 +33,7 @@ from typing import Protocol
 from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.agent.queue import Batch
 from vgpu_state.agent.worker import Outcome
+from vgpu_state.config.document import ConfigDocument
 from vgpu_state.executor import ApplyResult, StepResult
 from vgpu_state.model.errors import ConfigError, TransientError, UserError, VgpuStateError
 from vgpu_state.model.plan import Action, Plan
@@ -135,7 +136,7 @@ class NodeReconciler:
 
     # one reconcile -----------------------------------------------------------------
     def _reconcile(self, stopping: threading.Event) -> tuple[Outcome, str]:
-        error = self._config_error()
+        document, error = self._read_config()
         if error is not None:
             self._degraded(error)
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -150,6 +151,7 @@ class NodeReconciler:
                 skip_blocked=True,
                 gate=gate,
                 reporter=_Hearing(self.metrics, stopping),
+                document=document,
             )
         except StopRequested as stop:
             return Outcome(True, str(stop)), "stopped"
@@ -189,14 +191,15 @@ class NodeReconciler:
             self.rollout.finished(converged)
 
     # config ------------------------------------------------------------------------
-    def _config_error(self) -> ConfigError | None:
+    def _read_config(self) -> tuple[ConfigDocument | None, ConfigError | None]:
+        """Read the config once: the document this reconcile applies, or why it is invalid."""
         source = self.ports.config
         try:
             document = source.document()
         except ConfigError as e:
-            return e
+            return None, e
         if source.error is not None:
-            return source.error
+            return None, source.error
         digest = hashlib.sha256(document.spec.model_dump_json().encode()).hexdigest()
         if digest != self._config_hash:
             self._config_hash = digest
@@ -204,7 +207,7 @@ class NodeReconciler:
             self.metrics.config_generation.set(self._generation)
             if self._generation > 1:
                 log.info("config changed (generation %d)", self._generation)
-        return None
+        return document, None
 
     def _degraded(self, error: ConfigError) -> None:
         node = self.ports.cluster.node_name()

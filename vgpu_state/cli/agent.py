@@ -64,6 +64,22 @@ from vgpu_state.cli.common import handle_errors
     help="Journal, host lock and the vGPU types the driver listed (driver-types.json).",
 )
 @click.option(
+    "--proc-root",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="The host's /proc: processes holding a vGPU's VFIO device open (a VM's QEMU) block "
+    "it (default /proc; the DaemonSet mounts the host's at /host/proc; with --sim: the "
+    "simulated node's).",
+)
+@click.option(
+    "--sriov-manage",
+    envvar="VGPU_STATE_SRIOV_MANAGE",
+    default=None,
+    help="The sriov-manage command that turns SR-IOV on (default "
+    "/usr/lib/nvidia/sriov-manage when installed; '' writes sriov_numvfs). "
+    "Env: VGPU_STATE_SRIOV_MANAGE.",
+)
+@click.option(
     "--pod-resources",
     default="/var/lib/kubelet/pod-resources/kubelet.sock",
     show_default=True,
@@ -146,6 +162,8 @@ def agent(
     sysfs_root: str,
     sim_spec: str | None,
     state_dir: Path,
+    proc_root: str | None,
+    sriov_manage: str | None,
     pod_resources: str,
     in_use_file: str | None,
     kubevirt: str | None,
@@ -167,6 +185,7 @@ def agent(
     )
     logging.getLogger("watchfiles").setLevel(logging.WARNING)
     from vgpu_state.agent.assemble import AgentFlags, build
+    from vgpu_state.cli.session import sriov_manage_command
 
     flags = AgentFlags(
         node=node,
@@ -179,6 +198,8 @@ def agent(
         sysfs_root=sysfs_root,
         sim_spec=sim_spec,
         state_dir=state_dir,
+        proc_root=proc_root,
+        sriov_manage=sriov_manage_command(sriov_manage),
         in_use_file=in_use_file,
         pod_resources=pod_resources,
         kubevirt=kubevirt,

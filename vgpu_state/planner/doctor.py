@@ -389,6 +389,32 @@ def config_failure(messages: list[str], warnings: tuple[str, ...] = ()) -> Confi
     return node, per_gpu
 
 
+def sriov_path(tool: SriovTool) -> Check:
+    """Which way this node turns SR-IOV on and off: sriov-manage, or ``sriov_numvfs``."""
+    if tool.command and tool.found:
+        return Check(
+            id="sriov-path",
+            status=Status.OK,
+            message=f"SR-IOV is turned on and off with {tool.command}",
+        )
+    if tool.command:
+        return Check(
+            id="sriov-path",
+            status=Status.WARN,
+            message=f"SR-IOV would be turned on with {tool.command}, which is not installed "
+            "or not executable",
+            action=SRIOV_MANAGE_HINT,
+        )
+    return Check(
+        id="sriov-path",
+        status=Status.WARN,
+        message="SR-IOV is turned on by writing sriov_numvfs"
+        + (f" ({tool.missing} is not installed)" if tool.missing else " (--sriov-manage '')")
+        + ", which the nvidia driver is reported to refuse; VFs already on are kept",
+        action=SRIOV_MANAGE_HINT,
+    )
+
+
 def diagnose(
     snapshot: NodeSnapshot,
     sriov_tool: SriovTool | None = None,
@@ -423,6 +449,8 @@ def diagnose(
     if config is not None:
         node += config[0]
         per_gpu_config = config[1]
+    if sriov_tool is not None and any(g.sriov_totalvfs for g in snapshot.gpus):
+        node.append(sriov_path(sriov_tool))
     gpus: list[GpuReport] = []
     for gpu in snapshot.gpus:
         checks = gpu_checks(gpu, sriov_tool)

@@ -158,8 +158,12 @@ def reconcile_once(
     skip_blocked: bool = False,
     gate: Gate | None = None,
     reporter: Reporter | None = None,
+    document: ConfigDocument | None = None,
 ) -> Report:
     """Gather the inputs, select, plan, apply (in :attr:`Mode.APPLY`), verify, report.
+
+    ``document``: the config the caller read and checked already (the source
+    is then not read again, so what is applied is what was checked).
 
     In :attr:`Mode.APPLY` the host lock is held from the first read to the
     last; ``gate`` sees the plan before any change (the CLI's confirmation);
@@ -176,7 +180,8 @@ def reconcile_once(
     try:
         # The config is read before the host lock is taken, so a config error leaves
         # nothing behind on the host, not even the lock file.
-        document = ports.config.document()
+        if document is None:
+            document = ports.config.document()
         with lock:
             inputs = gather(ports, settings, config_name, document)
             for message in inputs.warnings:
