@@ -202,7 +202,7 @@ def test_the_agent_keeps_the_table_in_its_state_dir_across_restarts(tmp_path: Pa
     config = StaticConfigSource(load_text(FULL, "c.yaml", catalog=CATALOG))
     settings = Settings(catalog=CATALOG, driver_types_path=state)
     for mode in (Mode.APPLY, Mode.PLAN):  # the agent restarts between the two
-        host, _, close = _host(flags, _driver_types(state))
+        host, _, close, _ = _host(flags, _driver_types(state))
         try:
             ports = Ports(host, MemoryCluster("l40s-node"), config)
             report = reconcile_once(ports, settings, mode=mode, config_name="c")
