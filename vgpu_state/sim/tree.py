@@ -241,26 +241,42 @@ class Renderer:
 
     def __init__(self) -> None:
         self._parts: dict[str, tuple[tuple[object, ...], Tree]] = {}
+        self._node: tuple[tuple[object, ...], Tree] | None = None
+        self._gpus: dict[str, tuple[object, ...]] = {}
+        """The state of each GPU at the last render."""
+        self._of_gpu: dict[str, set[str]] = {}
+        """The keys of each GPU's parts."""
         self._tree = Tree()
         self._holders: dict[str, int] = {}
         """How many parts hold each path (the directories above them are shared)."""
 
     def render(self, drv: SimDriver) -> Tree:
-        wanted: list[tuple[str, tuple[object, ...], Callable[[], Tree]]] = [
-            ("", _node_state(drv), lambda: _render_node(drv))
-        ]
+        node = _node_state(drv)
+        if self._node is None or self._node[0] != node:
+            self._replace("", node, lambda: _render_node(drv))
         for g in drv.gpus:
-            wanted.append((g.address, _gpu_state(g), partial(_gpu_part, drv, g)))
-        keys = {key for key, _, _ in wanted}
-        for key in [k for k in self._parts if k not in keys]:
-            self._swap(self._parts.pop(key)[1], Tree())
-        for key, state, make in wanted:
-            cached = self._parts.get(key)
-            if cached is None or cached[0] != state:
-                part = make()
-                self._swap(cached[1] if cached is not None else None, part)
-                self._parts[key] = (state, part)
+            state = _gpu_state(g)
+            if self._gpus.get(g.address) == state:
+                continue  # nothing of this GPU changed since the last render
+            self._gpus[g.address] = state
+            parts = _gpu_parts(drv, g)
+            keys = {key for key, _, _ in parts}
+            for key in [k for k in self._of_gpu.get(g.address, ()) if k not in keys]:
+                self._swap(self._parts.pop(key)[1], Tree())
+            self._of_gpu[g.address] = keys
+            for key, part_state, make in parts:
+                self._replace(key, part_state, make)
         return self._tree
+
+    def _replace(self, key: str, state: tuple[object, ...], make: Callable[[], Tree]) -> None:
+        cached = self._parts.get(key)
+        if cached is not None and cached[0] == state:
+            return
+        part = make()
+        self._swap(cached[1] if cached is not None else None, part)
+        self._parts[key] = (state, part)
+        if key == "":
+            self._node = (state, part)
 
     def _swap(self, old: Tree | None, new: Tree) -> None:
         """Replace the entries of part ``old`` in the union by those of part ``new``."""
@@ -300,15 +316,6 @@ class Renderer:
             kept = tree.children.get(parent)
             if kept is not None:
                 kept[:] = [n for n in kept if n not in names]
-
-
-def _gpu_part(drv: SimDriver, g: SimGpu) -> Tree:
-    part = Tree()
-    part.add("", Dir())
-    _render_gpu(part, drv, g)
-    return part
-
-
 
 
 def _render_node(drv: SimDriver) -> Tree:
@@ -362,7 +369,67 @@ def _group(t: Tree, path: str, group: int) -> None:
     t.link(f"{path}/iommu_group", f"kernel/iommu_groups/{group}")
 
 
-def _render_gpu(t: Tree, drv: SimDriver, g: SimGpu) -> None:
+def _gpu_parts(
+    drv: SimDriver, g: SimGpu
+) -> list[tuple[str, tuple[object, ...], Callable[[], Tree]]]:
+    """The parts of GPU ``g``'s files: its PF, then each VF, with what each depends on.
+
+    A write changes one VF's vGPU, and often none of the other VFs' files: only
+    the parts whose state differs are rendered again.
+    """
+    # What every parent of this GPU lists, worked out once (not per VF).
+    offered = g.offered_types()
+    left = [(vt, g.remaining(vt)) for vt in offered]
+    free_list = _creatable_lines(g, tuple(vt for vt, n in left if n > 0))
+    by_vf = {v.vf: v for v in g.vgpus if v.vf is not None}
+    pf_state: tuple[object, ...] = (
+        _gpu_state(g)
+        if g.is_mdev_parent_pf()
+        else (g.layout, g.driver, g.numvfs, g.numa_node, g.iommu_group)
+    )
+    parts: list[tuple[str, tuple[object, ...], Callable[[], Tree]]] = [
+        (f"{g.address}/pf", pf_state, partial(_part, _render_pf, g, left))
+    ]
+    if g.driver != "nvidia":
+        return parts
+    pf = device_dir(g, g.address)
+    for i, vf_addr in enumerate(g.vf_addresses()):
+        occupant = by_vf.get(i)
+        held = (
+            None
+            if occupant is None
+            else (occupant.type.type_id, occupant.uuid, occupant.iommu_group, occupant.in_use)
+        )
+        if g.layout == "mdev":
+            vf_left = [(vt, 0 if occupant is not None else min(n, 1)) for vt, n in left]
+            mdevs = tuple(
+                (v.type.type_id, v.uuid, v.iommu_group, v.in_use) for v in g.vgpus if v.vf == i
+            )
+            state: tuple[object, ...] = (
+                g.layout,
+                g.numa_node,
+                g.vf_iommu_group_base,
+                tuple((vt.type_id, n) for vt, n in vf_left),
+                mdevs,
+            )
+            make = partial(_part, _render_mdev_vf, g, i, vf_addr, pf, vf_left)
+        else:
+            listed = _creatable_lines(g, ()) if occupant is not None else free_list
+            placement = _placement(g, occupant) if occupant is not None else None
+            state = (g.layout, g.numa_node, g.vf_iommu_group_base, held, listed, placement)
+            make = partial(_part, _render_vfio_vf_dir, g, i, vf_addr, pf, occupant, listed)
+        parts.append((f"{g.address}/{i}", state, make))
+    return parts
+
+
+def _part(render: Callable[..., None], *args: object) -> Tree:
+    part = Tree()
+    part.add("", Dir())
+    render(part, *args)
+    return part
+
+
+def _render_pf(t: Tree, g: SimGpu, left: list[tuple[VgpuType, int]]) -> None:
     pf = device_dir(g, g.address)
     t.dir(pf)
     t.link(f"bus/pci/devices/{g.address}", pf)
@@ -380,33 +447,34 @@ def _render_gpu(t: Tree, drv: SimDriver, g: SimGpu) -> None:
         t.file(f"{pf}/sriov_vf_device", f"{g.device_id:04x}\n")
         t.file(f"{pf}/sriov_drivers_autoprobe", "1\n")
         t.file(f"{pf}/sriov_vf_total_msix", "0\n")
-    # What every parent of this GPU lists, worked out once per render (not per VF).
-    offered = g.offered_types()
-    left = [(vt, g.remaining(vt)) for vt in offered]
-    free_list = _creatable_lines(g, tuple(vt for vt, n in left if n > 0))
-    by_vf = {v.vf: v for v in g.vgpus if v.vf is not None}
     if g.is_mdev_parent_pf():
         _render_mdev_parent(t, g, None, g.address, pf, left)
-    if g.driver != "nvidia":
-        return
-    vf_addresses = g.vf_addresses()
-    for i, vf_addr in enumerate(vf_addresses):
-        vf = device_dir(g, vf_addr)
-        t.dir(vf)
-        t.link(f"bus/pci/devices/{vf_addr}", vf)
-        t.link(f"{pf}/virtfn{i}", vf)
-        t.link(f"{vf}/physfn", pf)
-        _common_attrs(t, vf, g.device_id, NVIDIA_VENDOR_ID, 0x0000, g.numa_node)
-        t.file(f"{vf}/reset_method", "flr\n")
-        t.link(f"{vf}/driver", "bus/pci/drivers/nvidia")
-        _group(t, vf, g.vf_iommu_group_base + i)
-        occupant = by_vf.get(i)
-        if g.layout == "mdev":
-            vf_left = [(vt, 0 if occupant is not None else min(n, 1)) for vt, n in left]
-            _render_mdev_parent(t, g, i, vf_addr, vf, vf_left)
-        else:
-            listed = _creatable_lines(g, ()) if occupant is not None else free_list
-            _render_vfio_vf(t, g, i, vf, occupant, listed, vf_addr)
+
+
+def _render_vf(t: Tree, g: SimGpu, i: int, vf_addr: str, pf: str) -> str:
+    """VF ``i``'s device directory and PCI attributes; returns its path."""
+    vf = device_dir(g, vf_addr)
+    t.dir(vf)
+    t.link(f"bus/pci/devices/{vf_addr}", vf)
+    t.link(f"{pf}/virtfn{i}", vf)
+    t.link(f"{vf}/physfn", pf)
+    _common_attrs(t, vf, g.device_id, NVIDIA_VENDOR_ID, 0x0000, g.numa_node)
+    t.file(f"{vf}/reset_method", "flr\n")
+    t.link(f"{vf}/driver", "bus/pci/drivers/nvidia")
+    _group(t, vf, g.vf_iommu_group_base + i)
+    return vf
+
+
+def _render_mdev_vf(
+    t: Tree, g: SimGpu, i: int, vf_addr: str, pf: str, left: list[tuple[VgpuType, int]]
+) -> None:
+    _render_mdev_parent(t, g, i, vf_addr, _render_vf(t, g, i, vf_addr, pf), left)
+
+
+def _render_vfio_vf_dir(
+    t: Tree, g: SimGpu, i: int, vf_addr: str, pf: str, v: SimVgpu | None, listed: str
+) -> None:
+    _render_vfio_vf(t, g, i, _render_vf(t, g, i, vf_addr, pf), v, listed, vf_addr)
 
 
 def _render_mdev_parent(
