@@ -71,7 +71,7 @@ def a2_node(tmp_path: Path) -> Path:
     return spec
 
 
-def test_a_layout_switch_with_a_held_vgpu_destroys_only_free_ones_and_names_the_holder(
+def test_a_layout_switch_a_held_vgpu_blocks_is_deferred_and_loses_no_capacity(
     a2_node: Path, tmp_path: Path
 ) -> None:
     config = tmp_path / "layouts.yaml"
@@ -79,28 +79,36 @@ def test_a_layout_switch_with_a_held_vgpu_destroys_only_free_ones_and_names_the_
     text, doc = plan_both(config, a2_node, "a2-8q")
     lines = text.splitlines()
     cap = lines.index("Capacity (vGPUs per resource, now → after this plan):")
-    assert lines[cap + 1 : cap + 4] == [
-        "  nvidia.com/NVIDIA_A2-4A  1 → 0 (-1)  [none left: VMs asking for it cannot start here]",
-        "  nvidia.com/NVIDIA_A2-4C  1 → 1       [1 held]",
-        "  nvidia.com/NVIDIA_A2-4Q  1 → 0 (-1)  [none left: VMs asking for it cannot start here]",
+    # The held A2-4C keeps every A2-8Q out (one framebuffer size per GPU): destroying
+    # the free A2-4A and A2-4Q would buy nothing, so they stay and the switch waits.
+    assert lines[cap + 1 : cap + 5] == [
+        "  nvidia.com/NVIDIA_A2-4A  1 → 1",
+        "  nvidia.com/NVIDIA_A2-4C  1 → 1  [1 held]",
+        "  nvidia.com/NVIDIA_A2-4Q  1 → 1",
+        "  nvidia.com/NVIDIA_A2-8Q  0 → 0  [2 more wanted, not created: switch deferred, "
+        "waits for vm default/win-1]",
     ]
     assert lines[-3:] == [
-        "Disruption: device (2 free vGPUs destroyed on 1 GPU)",
+        "Disruption: none (nothing is destroyed)",
         "Protected (policy in-use: protect): vm default/win-1 (1 vGPU)",
-        "Plan: 0 to create, 2 to destroy, 3 blocked.",
+        "Plan: 0 to create, 0 to destroy, 5 blocked (1 GPU waiting to switch).",
     ]
     assert "Affected" not in text
-    assert doc["format_version"] == "1.4"
-    assert doc["disruption"] == {"level": "device", "destroyed": 2, "held": 0, "gpus": 1}
-    assert {a["kind"]: a["disruption"] for a in doc["actions"]} == {"destroy": "device"}
+    assert doc["format_version"] == "1.5"
+    assert doc["disruption"] == {"level": "none", "destroyed": 0, "held": 0, "gpus": 0}
+    assert doc["actions"] == []
     assert doc["protected"] == [{"holder": "vm default/win-1", "vgpus": 1}]
     assert doc["affected"] == []
-    # The blocked A2-8Q creates add nothing; the held A2-4C stays.
     assert capacity(doc) == {
-        "nvidia.com/NVIDIA_A2-4A": (1, 0, 0),
+        "nvidia.com/NVIDIA_A2-4A": (1, 1, 0),
         "nvidia.com/NVIDIA_A2-4C": (1, 1, 1),
-        "nvidia.com/NVIDIA_A2-4Q": (1, 0, 0),
+        "nvidia.com/NVIDIA_A2-4Q": (1, 1, 0),
+        "nvidia.com/NVIDIA_A2-8Q": (0, 0, 0),
     }
+    [wanted] = [c for c in doc["capacity"] if c["blocked"]]
+    assert (wanted["blocked"], wanted["blocked_code"], wanted["waits_for"]) == (
+        2, "SwitchDeferred", ["vm default/win-1"]
+    )
     assert {c["publish"] for c in doc["capacity"]} == {"device-plugin"}
 
 
@@ -138,7 +146,8 @@ def test_enabling_sriov_on_an_l40s_disrupts_nothing(tmp_path: Path) -> None:
     assert "  L40S-4Q (resource name not known yet)  0 → 2 (+2)" in text
     assert doc["capacity"] == [
         {"resource": None, "type_name": "L40S-4Q", "publish": "device-plugin", "before": 0,
-         "after": 2, "held": 0, "kubevirt": None}
+         "after": 2, "held": 0, "kubevirt": None, "blocked": 0, "blocked_code": None,
+         "waits_for": []}
     ]
 
 

@@ -145,14 +145,26 @@ CASES = [
         ["-A2-4Q@08:00.4", "-A2-4Q@08:00.5", "+A2-8Q@08:00.4", "+A2-8Q@08:00.5"],
     ),
     Case(
-        "type change, other size, one in use: blocked with its holder",
+        "type change, other size, one in use: switch deferred, the free one kept",
         [a2(V("A2-4Q", 0), V("A2-4Q", 1))],
         {A2: {"A2-8Q": 2}},
         [
-            "-A2-4Q@08:00.5",
             "!destroy A2-4Q held by vm default/win-1",
+            "!destroy A2-4Q",
             "!create A2-8Q held by vm default/win-1",
             "!create A2-8Q held by vm default/win-1",
+        ],
+        in_use={held_uuid(0): "vm default/win-1"},
+    ),
+    Case(
+        "type change, same size, one in use: the free one makes room and goes",
+        [a2(V("A2-4Q", 0), V("A2-4Q", 1))],
+        {A2: {"A2-4C": 2}},
+        [
+            "-A2-4Q@08:00.5",
+            "+A2-4C@08:00.5",
+            "+A2-4C@08:00.6",
+            "!destroy A2-4Q held by vm default/win-1",
         ],
         in_use={held_uuid(0): "vm default/win-1"},
     ),

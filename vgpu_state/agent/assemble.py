@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from vgpu_state.agent.allocatable import AllocatableMonitor
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink, InUseSource, in_use_from_file
+from vgpu_state.agent.holderwatch import DEFAULT_HOLDER_POLL_SECONDS
 from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
 from vgpu_state.catalog import default_catalog
@@ -40,6 +41,7 @@ class AgentFlags:
     config_dir: Path
     mode: str = "enforce"
     resync: float = 60.0
+    holder_poll: float = DEFAULT_HOLDER_POLL_SECONDS
     listen: str = ":9410"
     kubeconfig: str | None = None
     namespace: str = "vgpu-state"
@@ -143,6 +145,7 @@ def build(flags: AgentFlags) -> Agent:
         config_dir=flags.config_dir,
         mode=flags.mode,
         resync_seconds=flags.resync,
+        holder_poll_seconds=flags.holder_poll,
         listen=flags.listen or None,
         rollout=LeaseRolloutGate(slots),
         watches=[*watches, *([monitor.starter()] if monitor is not None else [])],

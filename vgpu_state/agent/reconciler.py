@@ -45,7 +45,15 @@ from vgpu_state.model.status import (
     NodeEvent,
     NodeStatus,
 )
-from vgpu_state.reconcile import Mode, Ports, QuietReporter, Report, Settings, reconcile_once
+from vgpu_state.reconcile import (
+    Mode,
+    Ports,
+    QuietReporter,
+    Report,
+    Settings,
+    read_holders,
+    reconcile_once,
+)
 from vgpu_state.reconcile import node_status as status_of
 
 log = logging.getLogger(__name__)
@@ -122,10 +130,13 @@ class NodeReconciler:
         self._config_hash: str | None = None
         self._generation = 0
         self.last_report: Report | None = None
+        self._busy = threading.Lock()
+        self._asked: tuple[int, frozenset[str]] | None = None
 
     def __call__(self, batch: Batch, stopping: threading.Event) -> Outcome:
         started = time.monotonic()
-        outcome, result = self._reconcile(stopping)
+        with self._busy:
+            outcome, result = self._reconcile(stopping)
         self.metrics.reconcile_duration.labels(mode=self.mode, result=result).observe(
             time.monotonic() - started
         )
@@ -185,6 +196,32 @@ class NodeReconciler:
             return Outcome(True, self._summary(report)), "success"
         result = "blocked" if report.plan.blocked and report.matches else "pending"
         return Outcome(True, self._summary(report)), result
+
+    def holders_changed(self) -> bool:
+        """True when a switch of the last plan is deferred and the held vGPUs are not
+        the ones that plan was made with (read now, without a scan).
+
+        ``False`` while a reconcile runs (it reads the holders itself), and once
+        per change: a reconcile that fails to run is retried by the worker's
+        backoff, not asked for again at every tick.
+        """
+        report = self.last_report
+        if report is None or not report.plan.summary.switches_deferred:
+            return False
+        if not self._busy.acquire(blocking=False):
+            return False
+        try:
+            held, _ = read_holders(self.ports, report.inputs.snapshot)
+        finally:
+            self._busy.release()
+        now = frozenset(held)
+        if now == frozenset(report.inputs.in_use):
+            return False
+        asked = (id(report), now)
+        if asked == self._asked:
+            return False
+        self._asked = asked
+        return True
 
     def _finished(self, converged: bool) -> None:
         if self.rollout is not None and self.mode == AgentMode.ENFORCE:

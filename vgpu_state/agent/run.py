@@ -1,7 +1,8 @@
 """Assemble and run the agent: ports, triggers, worker, probes; exit 0 on SIGTERM.
 
 Threads (DESIGN.md, "Agent concurrency"): the config-directory watcher, the
-Node watch and the periodic resync feed one :class:`WorkQueue`; one worker
+Node watch, the periodic resync and the holder watch (while a layout switch
+waits for a holder) feed one :class:`WorkQueue`; one worker
 reconciles; the probes and metrics have their own small HTTP server; the
 device plugin's gRPC servers run in their own pool.
 """
@@ -17,6 +18,8 @@ from typing import Any
 from vgpu_state.agent.allocatable import AllocatableMonitor
 from vgpu_state.agent.configwatch import ConfigDirWatcher
 from vgpu_state.agent.health import HealthServer, HealthState, parse_listen
+from vgpu_state.agent.holderwatch import DEFAULT_HOLDER_POLL_SECONDS, HolderWatch
+from vgpu_state.agent.holderwatch import TRIGGER as HOLDERS_TRIGGER
 from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.agent.queue import WorkQueue
 from vgpu_state.agent.reconciler import AgentMode, NodeReconciler, RolloutGate
@@ -38,6 +41,8 @@ class AgentParts:
     config_dir: Path
     mode: str = AgentMode.ENFORCE
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    # While a layout switch waits for a holder: how often the holders are re-read.
+    holder_poll_seconds: float = DEFAULT_HOLDER_POLL_SECONDS
     listen: str | None = ":9410"
     rollout: RolloutGate | None = None
     # start(trigger) -> stop: extra trigger sources (the Node watch).
@@ -85,6 +90,12 @@ class Agent:
         self._stops.append(lambda: watcher.stop(5))
         resync = Resync(lambda: self.trigger("resync"), parts.resync_seconds).start()
         self._stops.append(lambda: resync.stop(5))
+        holders = HolderWatch(
+            self.reconciler.holders_changed,
+            lambda: self.trigger(HOLDERS_TRIGGER),
+            parts.holder_poll_seconds,
+        ).start()
+        self._stops.append(lambda: holders.stop(5))
         for start in parts.watches:
             self._stops.append(start(self.trigger))
         self.worker.on_shutdown("watchers", self._stop_watchers)

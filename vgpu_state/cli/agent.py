@@ -34,6 +34,14 @@ from vgpu_state.cli.common import handle_errors
     help="Seconds between periodic reconciles (sysfs changes are not watched).",
 )
 @click.option(
+    "--holder-poll",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="While a layout switch waits for a holder: seconds between reads of the holders "
+    "(a change reconciles at once).",
+)
+@click.option(
     "--listen",
     default=":9410",
     show_default=True,
@@ -156,6 +164,7 @@ def agent(
     config_dir: Path,
     mode: str,
     resync: float,
+    holder_poll: float,
     listen: str,
     kubeconfig: str | None,
     namespace: str,
@@ -192,6 +201,7 @@ def agent(
         config_dir=config_dir,
         mode=mode,
         resync=resync,
+        holder_poll=holder_poll,
         listen=listen,
         kubeconfig=kubeconfig,
         namespace=namespace,

@@ -88,6 +88,9 @@ class BlockedReason(StrEnum):
     """The creates need virtual functions and the policy does not enable SR-IOV."""
     TYPE_UNAVAILABLE = "TypeUnavailable"
     """The host's driver does not offer the type here."""
+    SWITCH_DEFERRED = "SwitchDeferred"
+    """A layout change of the GPU waits: vGPUs that stay (held, or kept) block every
+    create it needs, so the free vGPUs it would destroy are kept until it can complete."""
     KUBEVIRT_MDEV_MANAGEMENT = "KubeVirtMdevManagementActive"
     """KubeVirt would create and remove mdevs itself; its CR must hand them over first."""
     KUBEVIRT_MANAGED_BY_HCO = "KubeVirtManagedByHCO"

@@ -13,7 +13,7 @@ from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.policy import Policy, Publish
 from vgpu_state.model.snapshot import SysfsInterface
 
-PLAN_FORMAT_VERSION = "1.4"
+PLAN_FORMAT_VERSION = "1.5"
 
 
 class ActionKind(StrEnum):
@@ -133,6 +133,25 @@ class ClusterAction(Frozen):
     """The entry as it is written."""
 
 
+class DeferredSwitch(Frozen):
+    """A layout change a GPU cannot make yet, so it keeps its layout.
+
+    vGPUs that stay (held by a pod, VM or process; kept by ``prune: false``; of a
+    type that cannot be read) block every create the new layout needs, so
+    destroying the GPU's free vGPUs would buy nothing: they are kept too, until
+    what is in the way goes.
+    """
+
+    waits_for: tuple[str, ...] = ()
+    """The holders of the vGPUs in the way, sorted; empty when none of them is held."""
+    in_the_way: tuple[str, ...] = ()
+    """The keys (mdev UUID or VF address) of the vGPUs that stay and block the creates."""
+    kept: int = 0
+    """Free vGPUs kept instead of destroyed."""
+    creates: int = 0
+    """vGPUs the layout wants created on the GPU once the switch can run."""
+
+
 class GpuPlan(Frozen):
     """Per-GPU header of a plan: what it is and how many vGPUs stay unchanged."""
 
@@ -148,6 +167,9 @@ class GpuPlan(Frozen):
     """True when creates wait for SR-IOV: their parents are chosen after a re-scan."""
     publish: Publish = Publish.DEVICE_PLUGIN
     """Through which channel the GPU's vGPUs are offered: device plugin or DRA."""
+    deferred_switch: DeferredSwitch | None = None
+    """Set when the GPU's layout change waits for what is in its way (nothing is
+    destroyed on the GPU meanwhile)."""
 
 
 class Summary(Frozen):
@@ -158,6 +180,8 @@ class Summary(Frozen):
     kept: int = 0
     cluster: int = 0
     """Cluster actions (KubeVirt CR entries to add, update or remove)."""
+    switches_deferred: int = 0
+    """GPUs whose layout change is deferred (:attr:`GpuPlan.deferred_switch`)."""
 
 
 class PlanDisruption(Frozen):
@@ -206,6 +230,13 @@ class Capacity(Frozen):
     """vGPUs of this resource a pod or VM holds now."""
     kubevirt: Literal["add", "update", "remove"] | None = None
     """The change to this resource's KubeVirt CR entry, when the plan has one."""
+    blocked: int = 0
+    """vGPUs of this resource the layout wants but this plan cannot create (its
+    blocked creates), so ``after`` lacks them."""
+    blocked_code: BlockedReason | None = None
+    """Why (the first such create's code), ``None`` when nothing is blocked."""
+    waits_for: tuple[str, ...] = ()
+    """The holders those creates wait for, sorted (a deferred switch's)."""
 
 
 class Holder(Frozen):

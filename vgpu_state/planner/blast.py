@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 from functools import lru_cache
 
+from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import Action, ActionKind, Capacity, Holder, Plan, plan_disruption
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.resources import (
@@ -92,6 +93,15 @@ class _Names:
         self._listed_names[cache_key] = name
         return name
 
+    def of_type(self, g: Gpu, short: str) -> str | None:
+        """The driver's name of a type the plan does not create (a blocked create)."""
+        listed = g.offered_type(short)
+        name = self.known(g).get(listed.type_id) if listed is not None else None
+        if not name:
+            prefix = self.prefix(g)
+            name = f"{prefix} {short}" if prefix else None
+        return name
+
     def of_create(self, g: Gpu, a: Action) -> str | None:
         name = self._listed(g, a)
         if not name and a.type_name:
@@ -135,6 +145,20 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             elif a.kind is ActionKind.CREATE:
                 short = a.type_name or f"type id {a.type_id}"
                 after[_key(names.of_create(g, a), short, channel)] += 1
+    blocked: Counter[_Key] = Counter()
+    codes: dict[_Key, BlockedReason] = {}
+    waits: dict[_Key, set[str]] = {}
+    gpus: dict[str, Gpu] = {g.address: g for g in snapshot.gpus}
+    for b in plan.blocked:
+        on = gpus.get(b.gpu)
+        if b.kind is not ActionKind.CREATE or on is None or not b.type_name:
+            continue
+        channel = publish.get(on.address, default)
+        key = _key(names.of_type(on, b.type_name), b.type_name, channel)
+        blocked[key] += 1
+        codes.setdefault(key, b.code)
+        if b.code is BlockedReason.SWITCH_DEFERRED and b.holder is not None:
+            waits.setdefault(key, set()).add(b.holder)
     return tuple(
         Capacity(
             resource=key[0] or None,
@@ -143,8 +167,13 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             before=before[key],
             after=after[key],
             held=held[key],
+            blocked=blocked[key],
+            blocked_code=codes.get(key),
+            waits_for=tuple(sorted(waits.get(key, ()))),
         )
-        for key in sorted(set(before) | set(after), key=lambda k: (k[0] or "~", k[1], k[2]))
+        for key in sorted(
+            set(before) | set(after) | set(blocked), key=lambda k: (k[0] or "~", k[1], k[2])
+        )
     )
 
 

@@ -22,6 +22,7 @@ from vgpu_state.model.plan import (
     Action,
     ActionKind,
     Blocked,
+    DeferredSwitch,
     GpuPlan,
     Plan,
     Selection,
@@ -40,7 +41,9 @@ def vgpu_address(gpu: str, v: Vgpu) -> str:
 
 
 def describe(v: Vgpu) -> str:
-    return f"{v.key} ({v.type_name or f'type id {v.type_id}'})"
+    if v.type_name:
+        return f"{v.key} ({v.type_name})"
+    return f"{v.key} ({'type unknown' if v.type_id is None else f'type id {v.type_id}'})"
 
 
 @dataclass
@@ -49,6 +52,8 @@ class _GpuWork:
 
     actions: list[Action] = field(default_factory=list)
     blocked: list[Blocked] = field(default_factory=list)
+    in_the_way: list[Vgpu] = field(default_factory=list)
+    """vGPUs that stay and block the creates (set when every create is blocked by them)."""
 
 
 class _Planner:
@@ -150,8 +155,10 @@ class _Planner:
             for _ in range(target[name] - sum(1 for v in kept if v.type_name == name))
         ]
         deferred = False
+        switch = None
         if creates:
             deferred = self.plan_creates(g, dg, creates, kept, remaining, work)
+            switch = self.defer_switch(g, creates, work)
         header = GpuPlan(
             address=g.address,
             index=g.index,
@@ -162,8 +169,72 @@ class _Planner:
             kept=len(kept),
             deferred=deferred,
             publish=dg.publish,
+            deferred_switch=switch,
         )
         return header, work
+
+    def defer_switch(self, g: Gpu, creates: list[str], work: _GpuWork) -> DeferredSwitch | None:
+        """Keep the GPU's layout when its destroys would buy nothing.
+
+        A destroy makes room for the layout's creates. When not one of those can
+        run in this plan (what stays in the way blocks them all: a held vGPU of
+        another framebuffer size, say), the destroys would only lower capacity:
+        they become blocked items too, and the GPU keeps its vGPUs until the
+        switch can complete. A switch that a holder blocks is deferred even when
+        there is nothing to keep, so the plan names whom it waits for.
+        """
+        if any(a.kind is not ActionKind.DESTROY for a in work.actions):
+            return None  # a create (or SR-IOV) runs: the destroys make room for it
+        destroys = list(work.actions)
+        waits_for = sorted({h for h in map(self.holder, work.in_the_way) if h is not None})
+        if not destroys and not waits_for:
+            return None
+        in_the_way = ", ".join(describe(v) for v in work.in_the_way)
+        if waits_for:
+            verb = "releases" if len(waits_for) == 1 else "release"
+            until = f"until {' and '.join(waits_for)} {verb} {in_the_way}"
+        elif in_the_way:
+            until = f"while {in_the_way} stay(s) on the GPU"
+        else:
+            until = "while its creates are blocked"
+        wants = f"{len(creates)} vGPU(s) the layout wants"
+        keep = (
+            f"switch deferred {until}: the {wants} cannot be created before then, so "
+            "destroying this free vGPU now would only lower capacity"
+        )
+        deferred = [
+            Blocked(
+                address=a.address,
+                gpu=g.address,
+                kind=ActionKind.DESTROY,
+                type_name=a.type_name,
+                code=BlockedReason.SWITCH_DEFERRED,
+                reason=keep,
+            )
+            for a in destroys
+        ]
+        blocked: list[Blocked] = []
+        for b in work.blocked:
+            if b.kind is ActionKind.CREATE:
+                if deferred:
+                    blocked += deferred
+                    deferred = []
+                waits = f"waits for {' and '.join(waits_for)}: " if waits_for else ""
+                b = b.model_copy(
+                    update={
+                        "code": BlockedReason.SWITCH_DEFERRED,
+                        "reason": f"switch deferred; {waits}{b.reason}",
+                    }
+                )
+            blocked.append(b)
+        work.blocked = blocked + deferred
+        work.actions.clear()
+        return DeferredSwitch(
+            waits_for=tuple(waits_for),
+            in_the_way=tuple(v.key for v in work.in_the_way),
+            kept=len(destroys),
+            creates=len(creates),
+        )
 
     def split_existing(self, g: Gpu, target: Mapping[str, int]) -> tuple[list[Vgpu], list[Vgpu]]:
         """Keep existing vGPUs of wanted types up to the count (held ones first)."""
@@ -288,9 +359,10 @@ class _Planner:
         target_size = self.size_of(g, creates[0])
         stuck = [v for v in remaining if self.size_of(g, v.type_name) != target_size]
         if stuck:
+            work.in_the_way = stuck
             first = stuck[0]
             holder = self.holder(first)
-            why = "in use" if holder else "kept (prune is false)"
+            why = f"in use by {holder}" if holder else "kept (prune is false)"
             self.block_all(
                 g,
                 creates,
@@ -316,6 +388,7 @@ class _Planner:
             )
             creates = creates[: max(capacity, 0)]
             if not creates:
+                work.in_the_way = list(remaining)
                 return False
         vfs_off = g.sriov_capable and g.sriov_numvfs == 0
         if vfs_off:
@@ -412,9 +485,7 @@ class _Planner:
         ]
         if not missing:
             return True
-        offered = ", ".join(
-            t.name for t in sorted(g.offered, key=lambda t: offered_sort_key(g, t))
-        )
+        offered = ", ".join(t.name for t in sorted(g.offered, key=lambda t: offered_sort_key(g, t)))
         self.errors.append(
             f"gpu[{g.address}] ({g.model or 'unknown model'}): the driver does not offer "
             f"{', '.join(missing)} [{dg.entry}]; it offers: {offered or 'no vGPU types'}"
@@ -464,12 +535,11 @@ class _Planner:
             sriov=counts[ActionKind.ENABLE_SRIOV],
             blocked=len(blocked),
             kept=sum(h.kept for h in headers if h.managed),
+            switches_deferred=sum(h.deferred_switch is not None for h in headers),
         )
         p = Plan(
             node=self.node,
-            selection=Selection(
-                config=self.desired.config, source=self.desired.selection_source
-            ),
+            selection=Selection(config=self.desired.config, source=self.desired.selection_source),
             policy=self.policy,
             snapshot_fingerprint=self.snapshot.fingerprint(),
             gpus=tuple(headers),

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import (
     Action,
     ActionKind,
     Blocked,
     Capacity,
     ClusterAction,
+    DeferredSwitch,
     Disruption,
     GpuPlan,
     Holder,
@@ -76,6 +78,19 @@ def _blocked_lines(items: tuple[Blocked, ...]) -> list[str]:
     i = 0
     while i < len(items):
         b = items[i]
+        if b.kind is ActionKind.DESTROY and b.code is BlockedReason.SWITCH_DEFERRED:
+            n = 1
+            while i + n < len(items) and (items[i + n].code, items[i + n].reason) == (
+                b.code,
+                b.reason,
+            ):
+                n += 1
+            for kept in items[i : i + n]:
+                type_part = f" {kept.type_name}" if kept.type_name else ""
+                lines.append(f"  ! {kept.address}{type_part} kept (destroy deferred)")
+            lines.append(f"      {b.reason}")
+            i += n
+            continue
         if b.kind is ActionKind.DESTROY:
             type_part = f" {b.type_name}" if b.type_name else ""
             lines += [f"  ! {b.address}{type_part} cannot be destroyed", f"      {b.reason}"]
@@ -123,6 +138,8 @@ def render_text(plan: Plan) -> str:
     for g in plan.gpus:
         lines.append("")
         lines.append(_gpu_header(g))
+        if g.deferred_switch is not None:
+            lines.append(_deferred_line(g.deferred_switch))
         for a in plan.gpu_actions(g.address):
             lines.extend(_action_lines(a))
         lines.extend(_blocked_lines(plan.gpu_blocked(g.address)))
@@ -166,6 +183,8 @@ def capacity_lines(capacity: tuple[Capacity, ...]) -> list[str]:
             notes.append(f"{c.held} held")
         if c.after == 0 and c.before > 0:
             notes.append("none left: VMs asking for it cannot start here")
+        if c.blocked:
+            notes.append(_blocked_note(c))
         if c.kubevirt == "remove":
             notes.append("removed from the KubeVirt CR")
         elif c.kubevirt == "add":
@@ -173,6 +192,23 @@ def capacity_lines(capacity: tuple[Capacity, ...]) -> list[str]:
         tail = f"  [{'; '.join(notes)}]" if notes else ""
         lines.append(f"  {name:<{width}}  {count:<{count_width}}{tail}".rstrip())
     return lines
+
+
+BLOCKED_NOTES = {
+    BlockedReason.SWITCH_DEFERRED: "switch deferred",
+    BlockedReason.NO_CAPACITY: "no room on the GPU",
+    BlockedReason.PRUNE_DISABLED: "kept vGPUs in the way (policy prune: false)",
+    BlockedReason.NO_VGPU_MANAGER: "no vGPU manager on the GPU",
+    BlockedReason.SRIOV_OFF: "SR-IOV is off (policy sriov: off)",
+    BlockedReason.TYPE_UNAVAILABLE: "the driver does not offer it",
+}
+
+
+def _blocked_note(c: Capacity) -> str:
+    """``8 more wanted, not created: switch deferred, waits for vm default/win-1``."""
+    why = BLOCKED_NOTES.get(c.blocked_code, "blocked") if c.blocked_code else "blocked"
+    waits = f", waits for {', '.join(c.waits_for)}" if c.waits_for else ""
+    return f"{c.blocked} more wanted, not created: {why}{waits}"
 
 
 def _holders(items: tuple[Holder, ...]) -> str:
@@ -222,15 +258,29 @@ def _gpu_header(g: GpuPlan) -> str:
     return f"{head}: {g.kept} vGPU(s) unchanged"
 
 
+def _deferred_line(d: DeferredSwitch) -> str:
+    """``# switch deferred: waits for vm default/win-1; 2 free vGPUs kept, 8 to create then``."""
+    if d.waits_for:
+        waits = f"waits for {', '.join(d.waits_for)}"
+    else:
+        n = len(d.in_the_way)
+        waits = f"waits while {_plural(n, 'vGPU')} {'stays' if n == 1 else 'stay'} in the way"
+    kept = f"; {_plural(d.kept, 'free vGPU')} kept" if d.kept else ""
+    return f"  # switch deferred: {waits}{kept}; {d.creates} to create then"
+
+
 def summary_line(plan: Plan) -> str:
     s = plan.summary
     if plan.is_converged:
         return f'No changes. The node matches configuration "{plan.selection.config}".'
     sriov = f", {s.sriov} SR-IOV to enable" if s.sriov else ""
     cluster = f", {s.cluster} cluster change(s)" if s.cluster else ""
+    deferred = (
+        f" ({_plural(s.switches_deferred, 'GPU')} waiting to switch)" if s.switches_deferred else ""
+    )
     return (
         f"Plan: {s.create} to create, {s.destroy} to destroy{sriov}{cluster}, "
-        f"{s.blocked} blocked."
+        f"{s.blocked} blocked{deferred}."
     )
 
 

@@ -15,6 +15,7 @@ from vgpu_state.reconcile.once import (
     apply_saved,
     gather,
     plan_inputs,
+    read_holders,
     reconcile_once,
     stale_changes,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "gather",
     "node_status",
     "plan_inputs",
+    "read_holders",
     "reconcile_once",
     "replan_deferred",
     "stale_changes",

@@ -103,7 +103,7 @@ def gather(
     snapshot = ports.host.scan()
     require_readable(snapshot)
     desired = resolve(document, chosen, snapshot.gpus, node, source, settings.catalog)
-    held, warnings = holders(ports.processes, ports.cluster, snapshot)
+    held, warnings = read_holders(ports, snapshot)
     prefixes = (f"vgpu-configs.{chosen}[", f"vgpu-configs.{chosen}.")
     warnings = [str(i) for i in document.warnings if i.path.startswith(prefixes)] + list(warnings)
     return Inputs(
@@ -133,6 +133,17 @@ def holders(
     merged = {**from_processes, **cluster.in_use()}
     held, warnings = normalise_in_use(InUse(merged), snapshot)
     return held, [*proc_warnings, *warnings]
+
+
+def read_holders(ports: Ports, snapshot: NodeSnapshot) -> tuple[dict[str, str], list[str]]:
+    """Who holds which vGPU of ``snapshot`` now (keys in the snapshot's form) and the
+    warnings of reading them: the holders every plan is made with (:func:`holders`
+    of the node's processes and the cluster).
+
+    The agent reads them again with this, without a scan, while a layout switch
+    waits for a holder (``docs/agent.md``, "What triggers a reconcile").
+    """
+    return holders(ports.processes, ports.cluster, snapshot)
 
 
 def plan_inputs(inputs: Inputs, settings: Settings) -> Plan:
