@@ -141,6 +141,11 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
         assert reply.error == "" and reply.devices[0].device_name == device
         plan = reconcile_once(ports(SHRINK), settings, config_name="layout").plan
         destroys = [b for b in plan.blocked if b.kind.value == "destroy"]
+        # The claimed L40S-12Q keeps every L40S-24Q out, so the switch is deferred:
+        # its three free L40S-12Q stay too (blocked, not destroyed).
+        assert [b.code.value for b in destroys].count("SwitchDeferred") == 3
+        assert plan.actions == ()
+        destroys = [b for b in destroys if b.code.value == "InUse"]
         assert len(destroys) == 1
         assert destroys[0].address == f"gpu[0000:a1:00.0].vf[{device_key(device)}]"
         holder = str(destroys[0].holder)

@@ -514,3 +514,45 @@ def test_an_unreachable_api_server_leaves_the_host_alone_and_the_agent_reports_o
             if proc.poll() is None:
                 proc.kill()
             print(running.log.read_text())
+
+
+@pytest.mark.usefixtures("require_fuse")
+def test_a_deferred_switch_runs_when_its_holder_goes_not_at_the_next_resync(
+    kube: RunningEmulator, tmp_path: Path
+) -> None:
+    """The held A2-4C keeps every A2-8Q out: the switch waits and the free vGPUs stay;
+    the VM stops (the in-use file empties) and the switch runs within seconds,
+    although the resync is 300 s away."""
+    kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
+    # The in-use file says who holds the A2-4C; the simulated driver holds nothing
+    # itself, so once the file lets go the vGPU can be destroyed.
+    spec = tmp_path / "a2.yaml"
+    spec.write_text(A2_SPEC.read_text().replace(', in-use: "vm default/win-1"', ""))
+    with mounted(spec, tmp_path / "sys") as m:
+        running = Running(kube, tmp_path, str(m.root))
+        running.edit_config(
+            CONFIG + "  a2-8q:\n    - devices: all\n      vgpu-devices: {A2-8Q: 2}\n"
+        )
+        running.args += ["--holder-poll", "0.5"]
+        proc = running.start()
+        try:
+            wait_for("the first reconcile", lambda: running.state() == "success", proc)
+            running.label("a2-8q")
+            deferred = lambda: "switch deferred" in json.dumps(running.nodestate())  # noqa: E731
+            wait_for("the deferred switch reported", deferred, proc)
+            assert layout(running.root) == {"A2-4C": 1, "A2-4Q": 1, "A2-4A": 1}, "none destroyed"
+            assert running.state() == "pending"
+
+            (tmp_path / "in-use.json").write_text("{}")
+            wait_for("the switch", lambda: layout(running.root) == {"A2-8Q": 2}, proc, 60)
+            wait_for("success", lambda: running.state() == "success", proc)
+            counted = 'vgpu_state_triggers_total{source="holders"} 1.0'
+            wait_for("the trigger counted", lambda: counted in running.get("/metrics")[1], proc)
+            assert 'vgpu_state_triggers_total{source="resync"}' not in running.get("/metrics")[1]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            shutil.rmtree(running.plugin_dir, ignore_errors=True)
+            print(running.log.read_text())

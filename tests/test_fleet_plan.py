@@ -51,6 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 CATALOG = default_catalog()
 HELD_A2 = "f715f63c-0d00-4007-9c5a-b07b0c6c05de"
 HELD_T4 = "7c2a4d2f-3e5c-4d2b-8e1f-2a3b4c5d6e7f"
+FREE_T4 = "6b1f3c1e-2d4b-4c1a-9d0e-1f2a3b4c5d6e"
 
 CONFIG = """\
 version: v1
@@ -221,38 +222,39 @@ def test_json_plans_each_node_from_its_labels_and_reported_layout(fleet: Fleet) 
 def test_totals_sum_capacity_per_resource_and_count_nodes_per_disruption_level(
     fleet: Fleet,
 ) -> None:
-    # node-d: two T4 switching to one T4-8C each; one of its two T4-4Q is held.
+    # node-d: two T4 switching to one T4-8C each; nothing held, so its first T4's
+    # two T4-4Q go (a held one would defer that switch and destroy nothing).
     fleet.node("node-d", {"nvidia.com/vgpu.config": "mixed"})
-    fleet.report("node-d", _scan("t4-pair.yaml", "node-d"), {HELD_T4: "vm default/cad-1"})
+    fleet.report("node-d", _scan("t4-pair.yaml", "node-d"), {})
     done = fleet.run("-o", "json")
     assert done.exit_code == 0, done.output
     doc = json.loads(done.stdout)
     d = _by_node(doc)["node-d"]["plan"]
-    assert d["disruption"] == {"level": "device", "destroyed": 1, "held": 0, "gpus": 1}
+    assert d["disruption"] == {"level": "device", "destroyed": 2, "held": 0, "gpus": 1}
     totals = doc["totals"]
     assert totals["disruption"] == {"none": 3, "device": 1, "gpu": 0}
     capacity = {c["resource"]: c for c in totals["capacity"]}
-    # node-b 2 → 8, node-c 2 → 2, node-d 2 → 1 (the held one stays).
+    # node-b 2 → 8, node-c 2 → 2, node-d 2 → 0.
     assert capacity["nvidia.com/GRID_T4-4Q"] == {
         "resource": "nvidia.com/GRID_T4-4Q",
         "type_name": "GRID T4-4Q",
         "publish": "device-plugin",
         "before": 6,
-        "after": 11,
-        "held": 2,
+        "after": 10,
+        "held": 1,
         "nodes": 3,
     }
-    # node-a keeps its T4-8C; node-d's second T4 gets one, its first is blocked by the held T4-4Q.
+    # node-a keeps its T4-8C; each of node-d's T4 gets one.
     t4_8c = capacity["nvidia.com/GRID_T4-8C"]
-    assert (t4_8c["before"], t4_8c["after"]) == (1, 2)
+    assert (t4_8c["before"], t4_8c["after"]) == (1, 3)
 
     out = fleet.run().stdout.splitlines()
     assert out[-1].startswith("Fleet: 4 node(s): 3 with changes, 1 unchanged")
     assert out[-2] == "Disruption: nodes per level: 3 none, 1 device, 0 gpu."
     assert "Capacity across the planned nodes (vGPUs per resource, now → after):" in out
     t4 = next(line for line in out if line.startswith("  nvidia.com/GRID_T4-4Q "))
-    assert t4.split()[1:5] == ["6", "→", "11", "(+5)"]
-    assert t4.endswith("[on 3 node(s); 2 held]")
+    assert t4.split()[1:5] == ["6", "→", "10", "(+4)"]
+    assert t4.endswith("[on 3 node(s); 1 held]")
     rows = {line.split("│")[0].strip(): line.split("│") for line in out if "│" in line}
     assert rows["node"][7].strip() == "disruption"
     assert (rows["node-d"][7].strip(), rows["node-c"][7].strip()) == ("device", "none")
@@ -489,9 +491,15 @@ def test_apply_with_kubeconfig_reports_what_fleet_plan_needs(fleet: Fleet, tmp_p
     k = _by_node(json.loads(fleet.run("-o", "json", config=eighths).stdout))["node-k"]
     assert k["outcome"] == "changes"
     held = [b for b in k["plan"]["blocked"] if b["kind"] == "destroy"]
-    assert [(b["address"], b["holder"]) for b in held] == [
-        (f"gpu[0000:3b:00.0].vgpu[{HELD_T4}]", "vm default/cad-1")
+    # The held T4-4Q keeps every T4-8Q out, so the switch of that GPU is deferred:
+    # its free T4-4Q stays too, and the plan names the holder it waits for.
+    assert [(b["address"], b["holder"], b["code"]) for b in held] == [
+        (f"gpu[0000:3b:00.0].vgpu[{HELD_T4}]", "vm default/cad-1", "InUse"),
+        (f"gpu[0000:3b:00.0].vgpu[{FREE_T4}]", None, "SwitchDeferred"),
     ]
+    [t4] = [g for g in k["plan"]["gpus"] if g["address"] == "0000:3b:00.0"]
+    assert t4["deferred_switch"]["waits_for"] == ["vm default/cad-1"]
+    assert k["plan"]["summary"]["destroy"] == 0
 
 
 def test_a_reported_scan_that_is_damaged_is_refused_with_the_reason() -> None:
