@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tests import test_holders_fuse as holders_fuse
 from tests.builders import V, build_gpu, build_snapshot, desired
 from tests.test_planner_properties import layout as one_size_layout
 from vgpu_state.agent.run import Agent, AgentParts
@@ -37,6 +38,7 @@ from vgpu_state.planner import plan, render_text
 from vgpu_state.reconcile import Ports, Settings
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.node import open_sim
+from vgpu_state.sim.tree import VFIO_NODES
 from vgpu_state.testing import FakeCluster, RecordingDevicePlugin
 
 CATALOG = default_catalog()
@@ -230,6 +232,32 @@ def test_apply_on_a_fuse_simulated_a2_waits_for_the_holder_then_switches(tmp_pat
         gone = cli_process("apply", *common, "--auto-approve")
         assert gone.returncode == 0, gone.stdout + gone.stderr
         assert types(root) == {"0000:08:00.0": {"A2-2Q": 8}}
+
+
+@pytest.mark.usefixtures("require_fuse")
+def test_apply_skip_blocked_with_a_process_holding_a_vgpu_keeps_the_gpu(tmp_path: Path) -> None:
+    """The holder is a QEMU-like process with the vGPU's VFIO node open (``/proc``)."""
+    (tmp_path / "node.yaml").write_text(holders_fuse.SPEC)
+    config = tmp_path / "layout.yaml"
+    config.write_text(holders_fuse.LAYOUT)
+    with mounted(tmp_path / "node.yaml", tmp_path / "mnt") as m:
+        common = [
+            "-f", str(config), "-c", "a2-2q", "--sysfs-root", str(m.root), "--node", "a2-node",
+            "--journal", str(tmp_path / "j.jsonl"), "--lock-file", str(tmp_path / "lock"),
+        ]  # fmt: skip
+        node = m.root / VFIO_NODES / holders_fuse._group(m.root, holders_fuse.HELD)
+        with holders_fuse.qemu_holding(node) as qemu:
+            done = cli_process("apply", *common, "--skip-blocked", "--auto-approve")
+            holder = f"VM win-7 (process {qemu.pid}, qemu-system-x86_64)"
+            assert f"# switch deferred: waits for {holder}; 2 free vGPUs kept" in done.stdout, (
+                done.stdout + done.stderr
+            )
+            assert "will be destroyed" not in done.stdout
+            assert types(str(m.root)) == {"0000:08:00.0": {"A2-4Q": 3}}
+        # The process is gone: the switch runs in full.
+        done = cli_process("apply", *common, "--auto-approve")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert types(str(m.root)) == {"0000:08:00.0": {"A2-2Q": 8}}
 
 
 # The agent ---------------------------------------------------------------------------
