@@ -161,6 +161,8 @@ class FleetSummary:
         self.sriov += s.sriov
         self.blocked += s.blocked
         for c in p.capacity:
+            if not c.before and not c.after:
+                continue  # wanted, not created (a deferred switch): the node offers none
             key = (c.resource or "", c.type_name, c.publish)
             row = self.capacity.get(key)
             if row is None:
