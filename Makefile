@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint bench fuzz clean
+.PHONY: demo test lint bench fuzz clean cluster
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,7 @@ demo: $(BIN)/.installed-test
 
 test: lint
 	@sh scripts/ensure-fuse
+	@sh scripts/ensure-k8s
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed-test
@@ -31,6 +32,12 @@ lint: $(BIN)/.installed-test
 	$(BIN)/mypy
 	$(BIN)/mypy --strict bench scripts
 	$(BIN)/lint-imports
+
+# A real control plane (etcd + kube-apiserver, deploy/ installed) in the foreground, for
+# trying the agent and fleet plan by hand: docs/cluster.md. Needs Go (hack/k8s/build.sh).
+cluster: $(BIN)/.installed-test
+	sh hack/k8s/build.sh
+	$(BIN)/python -m tests.realcluster .cluster
 
 # Many more examples for the fuzz targets of tests/test_fuzz.py (make test runs a short pass).
 fuzz: $(BIN)/.installed-test
@@ -40,4 +47,4 @@ bench: $(BIN)/.installed-test
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .cluster hack/k8s/bin

@@ -89,6 +89,59 @@ def kube() -> Iterator[object]:
     running.stop()
 
 
+@pytest.fixture(scope="session")
+def control_plane_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real etcd + kube-apiserver for the whole run (see ``tests/realcluster.py``).
+
+    Started by the first test that asks for it, with ``deploy/`` and the KubeVirt
+    CRD installed. Without Go (nothing to build the binaries with) the tests that
+    need it are skipped, saying why; VGPU_STATE_REQUIRE_K8S=1 fails them instead.
+    """
+    from tests.realcluster import ControlPlane, Unavailable
+
+    plane = ControlPlane(tmp_path_factory.mktemp("k8s"))
+    try:
+        plane.start()
+        plane.install()
+    except Unavailable as e:
+        plane.stop()
+        if os.environ.get("VGPU_STATE_REQUIRE_K8S") == "1":
+            pytest.fail(f"a real control plane is required (VGPU_STATE_REQUIRE_K8S=1): {e}")
+        pytest.skip(f"no real control plane: {e}")
+    except BaseException:
+        plane.stop()
+        raise
+    print(f"kube-apiserver ready in {plane.startup_seconds:.1f} s")
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture
+def cluster(control_plane_session: object) -> Iterator[object]:
+    """The real control plane (admin client, agent tokens); what a test created is deleted after it.
+
+    A request of any ServiceAccount (the agent's token) the server refused with 403
+    fails the test, even when the product carried on: the shipped RBAC must allow
+    everything the agent does. A test that provokes refusals sets
+    ``cluster.refusals_expected = True``.
+    """
+    from tests.realcluster import ControlPlane
+
+    plane = control_plane_session
+    assert isinstance(plane, ControlPlane)
+    mark = plane.audit_mark()
+    plane.refusals_expected = False
+    yield plane
+    refused = [
+        f"{e['verb']} {e['requestURI']} by {e['user']['username']}"
+        for e in plane.audit(mark, "system:serviceaccount:")
+        if e.get("responseStatus", {}).get("code") == 403
+    ]
+    plane.reset()
+    if refused and not plane.refusals_expected:
+        pytest.fail(f"the API server refused a ServiceAccount's requests (RBAC): {refused}")
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """At the very end of a run: how many tests were skipped, and why (grouped)."""
     skipped = terminalreporter.stats.get("skipped", [])
@@ -108,4 +161,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             "  The FUSE tests need /dev/fuse and Debian's fuse3 (fusermount3); `make test` "
             "installs fuse3 when run as root. VGPU_STATE_REQUIRE_FUSE=1 makes them fail instead."
+        )
+    if any("no real control plane" in reason for reason in reasons):
+        terminalreporter.write_line(
+            "  The real-cluster tests build kube-apiserver and etcd with Go (hack/k8s/build.sh, "
+            "Go >= 1.26 from go.dev or the Go module proxy). VGPU_STATE_REQUIRE_K8S=1 makes them "
+            "fail instead."
         )

@@ -16,10 +16,22 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import Any
+from typing import Any, Protocol
 
-from tests.kube_emulator import RunningEmulator
 from vgpu_state.deviceplugin.fakekubelet import FakeKubelet, SeenDevice
+
+
+class Cluster(Protocol):
+    """The test emulator or the real control plane (``tests/realcluster.py``)."""
+
+    def write(
+        self, kind: str, name: str, body: dict[str, Any], namespace: str | None = None
+    ) -> Any:
+        """Create or merge into an object (its ``status`` included)."""
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """The object, or ``None``."""
+
 
 NODE_RESOURCES = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "1"}
 
@@ -27,7 +39,7 @@ NODE_RESOURCES = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu":
 class KubeletNodeStatus:
     """Installs itself as ``kubelet.on_list``; every list the kubelet gets is posted."""
 
-    def __init__(self, kube: RunningEmulator, node: str, kubelet: FakeKubelet) -> None:
+    def __init__(self, kube: Cluster, node: str, kubelet: FakeKubelet) -> None:
         self.kube = kube
         self.node = node
         self.kubelet = kubelet

@@ -1,4 +1,10 @@
-"""The agent as a real process: an API server, a FUSE-simulated sysfs, a ConfigMap directory.
+"""The agent as a real process: a real API server, a FUSE-simulated sysfs, a ConfigMap directory.
+
+The API server is upstream's kube-apiserver with etcd (``tests/realcluster.py``),
+with ``deploy/`` installed; each agent runs with the token of its
+ServiceAccount bound to a Pod on its Node, as in the DaemonSet, so the shipped
+RBAC is what allows or refuses each request (a refused one fails the test) and
+every object written passes the server's own validation.
 
 What a cluster operator sees: label a node and its vGPUs follow, and the
 kubelet is told (a fake kubelet on a unix socket records every device list);
@@ -28,8 +34,8 @@ from typing import Any
 
 import pytest
 
-from tests.kube_emulator import RunningEmulator
 from tests.kubelet_node import KubeletNodeStatus
+from tests.realcluster import ControlPlane
 from vgpu_state.catalog import default_catalog
 from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.host import scan
@@ -94,7 +100,7 @@ def layout(root: str) -> dict[str, int]:
 
 
 class Running:
-    def __init__(self, kube: RunningEmulator, tmp: Path, root: str) -> None:
+    def __init__(self, kube: ControlPlane, tmp: Path, root: str, node: str = NODE) -> None:
         self.kube = kube
         self.root = root
         self.config_dir = tmp / "config"
@@ -107,10 +113,12 @@ class Running:
         self.kubelet: FakeKubelet | None = None
         in_use = tmp / "in-use.json"
         in_use.write_text(json.dumps({"f715f63c-0d00-4007-9c5a-b07b0c6c05de": "vm default/win-1"}))
-        kubeconfig = kube.write_kubeconfig(tmp / "kubeconfig")
+        # The agent's identity in a DaemonSet: its ServiceAccount, bound to a Pod on the node.
+        self.token = kube.agent_token(node)
+        kubeconfig = kube.write_kubeconfig(tmp / "kubeconfig", token=self.token)
         self.args = [
             sys.executable, "-m", "vgpu_state.cli.main", "agent",
-            "--node", NODE, "--config-dir", str(self.config_dir),
+            "--node", node, "--config-dir", str(self.config_dir),
             "--kubeconfig", str(kubeconfig), "--sysfs-root", root,
             "--state-dir", str(tmp / "state"), "--in-use-file", str(in_use),
             "--listen", "127.0.0.1:0", "--resync", "300",
@@ -188,7 +196,8 @@ class Running:
 
 
 @pytest.fixture
-def agent(kube: RunningEmulator, tmp_path: Path, require_fuse: None) -> Iterator[Running]:
+def agent(cluster: ControlPlane, tmp_path: Path, require_fuse: None) -> Iterator[Running]:
+    kube = cluster
     kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
     kube.put(
         "kubevirt.io/v1/kubevirts",
@@ -298,6 +307,8 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     assert agent.advertised() and all(not ids for ids in agent.advertised().values())
+    # The server took every field the agent sent (it warns of, and drops, unknown ones).
+    assert "the Kubernetes API server warns" not in agent.log.read_text()
 
 
 SLOW_SPEC = A2_SPEC.read_text() + "faults:\n  - {op: any, delay-ms: 400}\n"
@@ -320,8 +331,9 @@ def journal_steps(state_dir: Path) -> int:
 
 @pytest.mark.usefixtures("require_fuse")
 def test_sigkill_mid_apply_then_the_restarted_agent_converges_without_duplicates(
-    kube: RunningEmulator, tmp_path: Path
+    cluster: ControlPlane, tmp_path: Path
 ) -> None:
+    kube = cluster
     spec = tmp_path / "slow.yaml"
     spec.write_text(SLOW_SPEC)
     kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "swap"}}})
@@ -363,8 +375,9 @@ def apply_window(log: Path) -> tuple[float, float]:
 
 @pytest.mark.usefixtures("require_fuse")
 def test_two_agents_with_max_unavailable_1_never_apply_at_once(
-    kube: RunningEmulator, tmp_path: Path
+    cluster: ControlPlane, tmp_path: Path
 ) -> None:
+    kube = cluster
     spec = tmp_path / "slow.yaml"
     spec.write_text(SLOW_SPEC.replace("node: a2-node", "node: sim"))
     config_dir = tmp_path / "config"  # one ConfigMap, mounted on both nodes
@@ -381,8 +394,7 @@ def test_two_agents_with_max_unavailable_1_never_apply_at_once(
                 )
                 work = tmp_path / node
                 work.mkdir()
-                running = Running(kube, work, str(m.root))
-                running.args[running.args.index("--node") + 1] = node
+                running = Running(kube, work, str(m.root), node)
                 running.args[running.args.index("--config-dir") + 1] = str(config_dir)
                 procs.append(running.start())
                 logs.append(running.log)
@@ -424,13 +436,15 @@ def test_two_agents_with_max_unavailable_1_never_apply_at_once(
 
 
 class Proxy:
-    """A TCP forwarder to the API server that can drop every connection and refuse new ones."""
+    """A TCP forwarder to the API server that can drop every connection and refuse new ones
+    (TLS passes through: the server's certificate names 127.0.0.1)."""
 
     def __init__(self, target: str) -> None:
-        host, _, port = target.removeprefix("http://").partition(":")
+        scheme, _, address = target.partition("://")
+        host, _, port = address.partition(":")
         self.target = (host, int(port))
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.url = f"{scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
         self.up = True
         self.open: list[socket.socket] = []
         self.lock = threading.Lock()
@@ -482,13 +496,16 @@ class Proxy:
 
 @pytest.mark.usefixtures("require_fuse")
 def test_an_unreachable_api_server_leaves_the_host_alone_and_the_agent_reports_once_back(
-    kube: RunningEmulator, tmp_path: Path
+    cluster: ControlPlane, tmp_path: Path
 ) -> None:
+    kube = cluster
     kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
     proxy = Proxy(kube.url)
     with mounted(A2_SPEC, tmp_path / "sys") as m:
         running = Running(kube, tmp_path, str(m.root))
-        kubeconfig = kube.write_kubeconfig(tmp_path / "via-proxy", server=proxy.url)
+        kubeconfig = kube.write_kubeconfig(
+            tmp_path / "via-proxy", token=running.token, server=proxy.url
+        )
         running.args[running.args.index("--kubeconfig") + 1] = str(kubeconfig)
         proc = running.start()
         try:
@@ -518,11 +535,12 @@ def test_an_unreachable_api_server_leaves_the_host_alone_and_the_agent_reports_o
 
 @pytest.mark.usefixtures("require_fuse")
 def test_a_deferred_switch_runs_when_its_holder_goes_not_at_the_next_resync(
-    kube: RunningEmulator, tmp_path: Path
+    cluster: ControlPlane, tmp_path: Path
 ) -> None:
     """The held A2-4C keeps every A2-8Q out: the switch waits and the free vGPUs stay;
     the VM stops (the in-use file empties) and the switch runs within seconds,
     although the resync is 300 s away."""
+    kube = cluster
     kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
     # The in-use file says who holds the A2-4C; the simulated driver holds nothing
     # itself, so once the file lets go the vGPU can be destroyed.

@@ -1,4 +1,8 @@
-"""The agent's rollout gate on Leases: disruptive plans wait for a slot, creates never do."""
+"""The agent's rollout gate on Leases: disruptive plans wait for a slot, creates never do.
+
+On the real API server (``tests/realcluster.py``), each node's gate with that
+node's agent token under the shipped RBAC (Leases in the agent's namespace).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import datetime as dt
 import threading
 from pathlib import Path
 
-from tests.kube_emulator import RunningEmulator
+from tests.realcluster import AGENT_SA, NAMESPACE, ControlPlane
 from tests.test_agent_reconciler import BATCH, Node
 from vgpu_state.agent.rollout import LeaseRolloutGate, disruptive
 from vgpu_state.catalog import default_catalog
@@ -17,8 +21,10 @@ from vgpu_state.reconcile import Settings, gather, plan_inputs
 CLOCK = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 
 
-def gate(kube: RunningEmulator, holder: str) -> LeaseRolloutGate:
-    slots = RolloutSlots(kube.api_client(), "vgpu-state", holder, clock=lambda: CLOCK)
+def gate(cluster: ControlPlane, holder: str) -> LeaseRolloutGate:
+    """The gate of the agent on node ``holder``, as that agent (its ServiceAccount's token)."""
+    client = cluster.api_client(cluster.agent_token(holder))
+    slots = RolloutSlots(client, NAMESPACE, holder, clock=lambda: CLOCK)
     return LeaseRolloutGate(slots, renew_every=0.05)
 
 
@@ -28,11 +34,11 @@ def plan_of(node: Node) -> Plan:
 
 
 def test_two_nodes_with_a_disruptive_change_apply_one_after_the_other(
-    kube: RunningEmulator, tmp_path: Path
+    cluster: ControlPlane, tmp_path: Path
 ) -> None:
     a, b = Node(tmp_path / "a", "swap"), Node(tmp_path / "b", "swap")
     try:
-        gate_a, gate_b = gate(kube, "node-a"), gate(kube, "node-b")
+        gate_a, gate_b = gate(cluster, "node-a"), gate(cluster, "node-b")
         plan_a = plan_of(a)
         assert disruptive(plan_a) and plan_a.policy.max_unavailable == 1
         assert gate_a.admit(plan_a), "the first node takes the only slot"
@@ -51,11 +57,11 @@ def test_two_nodes_with_a_disruptive_change_apply_one_after_the_other(
 
 
 def test_a_failed_apply_keeps_the_slot_until_it_expires(
-    kube: RunningEmulator, tmp_path: Path
+    cluster: ControlPlane, tmp_path: Path
 ) -> None:
     a = Node(tmp_path / "a", "swap")
     try:
-        gate_a = gate(kube, "node-a")
+        gate_a = gate(cluster, "node-a")
         assert gate_a.admit(plan_of(a))
         gate_a.finished(converged=False)
         assert gate_a.slots.holders() == {"vgpu-state-rollout-0": "node-a"}
@@ -63,13 +69,16 @@ def test_a_failed_apply_keeps_the_slot_until_it_expires(
         a.sim.close()
 
 
-def test_creates_pass_without_touching_the_leases(kube: RunningEmulator, tmp_path: Path) -> None:
+def test_creates_pass_without_touching_the_leases(cluster: ControlPlane, tmp_path: Path) -> None:
     a = Node(tmp_path / "a", "grow")
     try:
-        gate_a = gate(kube, "node-a")
+        gate_a = gate(cluster, "node-a")
+        mark = cluster.audit_mark()
         plan = plan_of(a)
         assert not disruptive(plan) and plan.actions
         assert gate_a.admit(plan)
-        assert not [r for r in kube.requests() if "leases" in str(r.url)]
+        agent = f"system:serviceaccount:{NAMESPACE}:{AGENT_SA}"
+        asked = [e.get("objectRef", {}).get("resource") for e in cluster.audit(mark, agent)]
+        assert "leases" not in asked
     finally:
         a.sim.close()

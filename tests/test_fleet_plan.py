@@ -1,10 +1,13 @@
-"""``vgpu-state fleet plan``: every node planned from its reported status, against the emulator.
+"""``vgpu-state fleet plan``: every node planned from its reported status, on a real API server.
 
-The cluster is the test API server (kmock's emulator, extended: real HTTP, the
-official client). Every ``VGPUNodeState`` status here is written by the real
-status writer (:class:`~vgpu_state.kube.cluster.KubeCluster`) from a scan of a
-simulated node, and one by a real reconcile of the agent's cluster port, so
-what ``fleet plan`` reads is what nodes report.
+The cluster is upstream's kube-apiserver with ``deploy/`` installed
+(``tests/realcluster.py``). Every ``VGPUNodeState`` status here is written by
+the real status writer (:class:`~vgpu_state.kube.cluster.KubeCluster`) from a
+scan of a simulated node, as that node's agent (its ServiceAccount token, bound
+to a Pod on the node, under the shipped RBAC), and one by a real reconcile of
+the agent's cluster port, so what ``fleet plan`` reads is what nodes report.
+``fleet plan`` runs as a person would, with their own credentials; the server's
+audit log shows every request it made.
 """
 
 from __future__ import annotations
@@ -20,19 +23,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.apiserver import (
-    KUBEVIRT,
-    NODES,
-    NODESTATES,
-    RunningApiServer,
-    closed_port_url,
-    crd_validator,
-)
+from tests.apiserver import KUBEVIRT, NODES, NODESTATES, closed_port_url
+from tests.realcluster import USER, ControlPlane
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.config import StaticConfigSource, load_text
-from vgpu_state.kube import crd
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.cluster import KubeCluster
 from vgpu_state.kube.nodestate import (
@@ -102,17 +98,26 @@ def _scan(spec_name: str, node: str) -> NodeSnapshot:
 class Fleet:
     """The test cluster, and nodes that report through the real status writer."""
 
-    def __init__(self, apiserver: RunningApiServer, tmp_path: Path) -> None:
-        self.server = apiserver
-        self.kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    def __init__(self, cluster: ControlPlane, tmp_path: Path) -> None:
+        self.server = cluster
+        self.tmp_path = tmp_path
+        # The person running fleet plan (and apply on a node): their own credentials.
+        self.kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig", identity="user")
         self.config = tmp_path / "fleet.yaml"
         self.config.write_text(CONFIG)
         self.api = KubeApi.connect(str(self.kubeconfig))
+        self._agents: dict[str, KubeApi] = {}
+
+    def agent_api(self, node: str) -> KubeApi:
+        """The API as the agent on ``node`` sees it: its ServiceAccount, bound to a Pod there."""
+        if node not in self._agents:
+            token = self.server.agent_token(node)
+            path = self.server.write_kubeconfig(self.tmp_path / f"agent-{node}", token=token)
+            self._agents[node] = KubeApi.connect(str(path))
+        return self._agents[node]
 
     def node(self, name: str, labels: Mapping[str, str]) -> None:
-        self.server.put(
-            NODES, name, {"apiVersion": "v1", "kind": "Node", "metadata": {"labels": dict(labels)}}
-        )
+        self.server.put(NODES, name, {"metadata": {"labels": dict(labels)}})
 
     def report(
         self,
@@ -125,7 +130,7 @@ class Fleet:
     ) -> None:
         """Write the node's status as its agent does after a scan."""
         moment = scanned or datetime.datetime.now(tz=datetime.UTC)
-        kube = KubeCluster(self.api, name, pod_resources=None, clock=lambda: moment)
+        kube = KubeCluster(self.agent_api(name), name, pod_resources=None, clock=lambda: moment)
         kube.observe(snapshot, held, in_use_known=in_use_known)
         kube.write_status(state=None)
 
@@ -144,14 +149,14 @@ class Fleet:
         argv = ["fleet", "plan", "-f", str(config or self.config), "--kubeconfig"]
         return CliRunner().invoke(cli, [*argv, str(self.kubeconfig), *map(str, args)])
 
-    def requests(self) -> int:
-        return len(self.server._call(lambda s: list(s)))
+    def requests(self, since: int = 0) -> list[dict[str, Any]]:
+        """What the person's credentials asked of the server (its audit log)."""
+        return self.server.audit(since, user=USER)
 
 
 @pytest.fixture
-def fleet(apiserver: RunningApiServer, tmp_path: Path) -> Fleet:
-    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
-    f = Fleet(apiserver, tmp_path)
+def fleet(cluster: ControlPlane, tmp_path: Path) -> Fleet:
+    f = Fleet(cluster, tmp_path)
     # node-a: A2 + T4 + L40S; the A2-4C is held by a VM and the new layout does not want it.
     f.node("node-a", {"nvidia.com/vgpu.config": "mixed"})
     f.report("node-a", _scan("mixed.yaml", "node-a"), {HELD_A2: "vm default/win-1"})
@@ -277,14 +282,13 @@ def test_table_shows_each_changed_node_with_its_holders_and_the_totals(fleet: Fl
 
 
 def test_fleet_plan_never_writes_to_the_cluster(fleet: Fleet) -> None:
-    before = fleet.requests()
+    before = fleet.server.audit_mark()
     for args in ((), ("-o", "json"), ("--detailed-exitcode",)):
         fleet.run(*args)
-    assert fleet.requests() > before  # it did read
-    seen = fleet.server._call(lambda s: list(s))[before:]
-    assert [str(r.method.value).upper() for r in seen if str(r.method.value).upper() != "GET"] == []
+    seen = fleet.requests(before)
+    assert [e["verb"] for e in seen if e["verb"] != "list"] == []
     # Two list requests per run, whatever the number of nodes.
-    assert len(seen) == 6
+    assert len(seen) == 6, [e["requestURI"] for e in seen]
 
 
 def test_detailed_exitcode(fleet: Fleet, tmp_path: Path) -> None:
@@ -383,17 +387,18 @@ def test_config_error_names_the_place_and_reads_nothing_from_the_cluster(
 ) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(CONFIG.replace("T4-8C: 1", "T4-8C: many"))
-    before = fleet.requests()
+    before = fleet.server.audit_mark()
     done = fleet.run(config=bad)
     assert done.exit_code == 1
     assert f"{bad}:19:16:" in done.stderr and "many" in done.stderr, done.stderr
     assert "Traceback" not in done.output
     # Not even a read: the config is checked before the cluster is asked.
-    assert fleet.requests() == before
+    assert fleet.requests(before) == []
 
 
 def test_an_unreachable_cluster_is_an_error(fleet: Fleet, tmp_path: Path) -> None:
-    kubeconfig = fleet.server.write_kubeconfig(tmp_path / "closed", closed_port_url())
+    closed = closed_port_url().replace("http:", "https:")
+    kubeconfig = fleet.server.write_kubeconfig(tmp_path / "closed", server=closed)
     done = CliRunner().invoke(
         cli, ["fleet", "plan", "-f", str(fleet.config), "--kubeconfig", str(kubeconfig)]
     )
@@ -422,7 +427,9 @@ def test_fleet_plan_agrees_with_the_agents_own_reconcile(fleet: Fleet) -> None:
     with SimHost(
         parse_spec(_spec("t4-pair.yaml", "node-r"), catalog=CATALOG), in_memory=True
     ) as host:
-        agent = AgentCluster(fleet.api, "node-r", pod_resources=None, in_use_source=lambda: held)
+        agent = AgentCluster(
+            fleet.agent_api("node-r"), "node-r", pod_resources=None, in_use_source=lambda: held
+        )
         ports = Ports(
             host,
             agent,
@@ -530,7 +537,10 @@ def test_a_steady_node_rewrites_its_scan_only_every_ten_minutes(fleet: Fleet) ->
     t0 = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
     now = [t0]
     fleet.node("node-s", {"nvidia.com/vgpu.config": "t4-as-is"})
-    kube = KubeCluster(fleet.api, "node-s", pod_resources=None, clock=lambda: now[0])
+    kube = KubeCluster(
+        fleet.agent_api("node-s"), "node-s", pod_resources=None, clock=lambda: now[0]
+    )
+    agent = "system:serviceaccount:vgpu-state:vgpu-state-agent"
 
     def report(snapshot: NodeSnapshot, minutes: int) -> str | None:
         now[0] = t0 + datetime.timedelta(minutes=minutes)
@@ -541,7 +551,12 @@ def test_a_steady_node_rewrites_its_scan_only_every_ten_minutes(fleet: Fleet) ->
         return status.snapshot.scanned_at
 
     def puts() -> int:
-        return fleet.server.counts["PUT"]
+        """Status writes of the agent on node-s, as the server's audit log shows them."""
+        return sum(
+            e["verb"] in ("update", "patch") and e["objectRef"].get("subresource") == "status"
+            for e in fleet.server.audit(user=agent)
+            if e["objectRef"].get("name") == "node-s"
+        )
 
     assert report(_scan("t4-pair.yaml", "node-s"), 0) == "2026-11-23T12:00:00Z"
     written = puts()

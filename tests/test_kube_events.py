@@ -1,4 +1,8 @@
-"""Events on the Node: reason codes, and a count bump instead of a new Event on repeats."""
+"""Events on the Node: reason codes, and a count bump instead of a new Event on repeats.
+
+On the real API server (its Event validation), as the agent (its ServiceAccount's
+token, bound to a Pod on the node, under the shipped RBAC).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.apiserver import EVENTS, NODES, RunningApiServer
+from tests.apiserver import EVENTS, NODES
+from tests.realcluster import ControlPlane
 from vgpu_state.kube import events
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.events import EventReason
@@ -17,12 +22,13 @@ T0 = datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.UTC)
 
 
 @pytest.fixture
-def api(apiserver: RunningApiServer, tmp_path: Path) -> KubeApi:
-    apiserver.put(NODES, "gpu-node-1", {"apiVersion": "v1", "kind": "Node", "metadata": {}})
-    return KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
+def api(cluster: ControlPlane, tmp_path: Path) -> KubeApi:
+    cluster.put(NODES, "gpu-node-1", {"metadata": {}})
+    token = cluster.agent_token("gpu-node-1")
+    return KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)))
 
 
-def test_an_event_names_the_node_and_the_reason(apiserver: RunningApiServer, api: KubeApi) -> None:
+def test_an_event_names_the_node_and_the_reason(cluster: ControlPlane, api: KubeApi) -> None:
     events.record(
         api,
         "gpu-node-1",
@@ -31,7 +37,7 @@ def test_an_event_names_the_node_and_the_reason(apiserver: RunningApiServer, api
         node_uid="uid-1",
         now=T0,
     )
-    [event] = apiserver.all(EVENTS)
+    [event] = cluster.all(EVENTS)
     assert event["metadata"]["namespace"] == "default"
     assert event["involvedObject"] == {
         "apiVersion": "v1",
@@ -45,7 +51,7 @@ def test_an_event_names_the_node_and_the_reason(apiserver: RunningApiServer, api
 
 
 def test_a_flapping_node_bumps_counts_instead_of_flooding(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
     for i in range(25):
         now = T0 + datetime.timedelta(minutes=i)
@@ -61,7 +67,7 @@ def test_a_flapping_node_bumps_counts_instead_of_flooding(
             )
         else:
             events.record(api, "gpu-node-1", EventReason.APPLY_SUCCEEDED, "done", now=now)
-    found = {e["reason"]: e for e in apiserver.all(EVENTS)}
+    found = {e["reason"]: e for e in cluster.all(EVENTS)}
     assert set(found) == {"ApplyStarted", "ApplyFailed", "ApplySucceeded"}
     assert found["ApplyStarted"]["count"] == 25
     assert found["ApplyFailed"]["count"] == 12

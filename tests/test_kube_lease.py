@@ -1,4 +1,7 @@
-"""The cluster-duties Lease: one holder at a time, renewal, take-over after expiry."""
+"""The cluster-duties Lease: one holder at a time, renewal, take-over after expiry.
+
+On the real API server, as the agent (its ServiceAccount's token, shipped RBAC).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.apiserver import LEASES, RunningApiServer
+from tests.apiserver import LEASES
+from tests.realcluster import ControlPlane
 from vgpu_state.kube import lease
 from vgpu_state.kube.api import KubeApi
 
@@ -16,12 +20,13 @@ T0 = datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.UTC)
 
 
 @pytest.fixture
-def api(apiserver: RunningApiServer, tmp_path: Path) -> KubeApi:
-    return KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
+def api(cluster: ControlPlane, tmp_path: Path) -> KubeApi:
+    token = cluster.agent_token("node-a")
+    return KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)))
 
 
 def test_first_comer_holds_others_wait_until_it_expires(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
     assert lease.try_acquire(api, "node-a", duration=60, now=T0).held
     later = T0 + datetime.timedelta(seconds=30)
@@ -34,7 +39,7 @@ def test_first_comer_holds_others_wait_until_it_expires(
     # node-a stops renewing: after the duration node-b takes over.
     taken = lease.try_acquire(api, "node-b", now=T0 + datetime.timedelta(seconds=91))
     assert taken.held
-    stored = apiserver.get(LEASES, lease.LEASE_NAME, lease.DEFAULT_NAMESPACE)
+    stored = cluster.get(LEASES, lease.LEASE_NAME, lease.DEFAULT_NAMESPACE)
     assert stored is not None
     assert stored["spec"]["holderIdentity"] == "node-b"
     assert stored["spec"]["leaseTransitions"] == 1
@@ -47,9 +52,9 @@ def test_release_lets_another_take_it_at_once(api: KubeApi) -> None:
     assert lease.try_acquire(api, "node-b", now=T0 + datetime.timedelta(seconds=1)).held
 
 
-def test_racing_agents_never_both_hold_it(apiserver: RunningApiServer, tmp_path: Path) -> None:
+def test_racing_agents_never_both_hold_it(cluster: ControlPlane, tmp_path: Path) -> None:
     winners: list[str] = []
-    config = str(apiserver.write_kubeconfig(tmp_path / "kc"))
+    config = str(cluster.write_kubeconfig(tmp_path / "kc", token=cluster.agent_token("node-a")))
     start = threading.Barrier(12)
 
     def contend(name: str) -> None:
@@ -64,5 +69,5 @@ def test_racing_agents_never_both_hold_it(apiserver: RunningApiServer, tmp_path:
     for t in threads:
         t.join(30)
     assert len(winners) == 1
-    stored = apiserver.get(LEASES, lease.LEASE_NAME, lease.DEFAULT_NAMESPACE)
+    stored = cluster.get(LEASES, lease.LEASE_NAME, lease.DEFAULT_NAMESPACE)
     assert stored is not None and stored["spec"]["holderIdentity"] == winners[0]

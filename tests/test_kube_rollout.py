@@ -1,4 +1,8 @@
-"""Rollout slots as Leases, against the Kubernetes API emulator (optimistic concurrency)."""
+"""Rollout slots as Leases on the real API server (its optimistic concurrency), as agents.
+
+Each node's slots use that node's agent token (``tests/realcluster.py``) under
+the shipped RBAC.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.kube_emulator import RunningEmulator
+from tests.realcluster import ControlPlane
 from vgpu_state.kube.rollout import RolloutSlots
 
 LEASES = "coordination.k8s.io/v1/leases"
@@ -25,21 +29,19 @@ class Clock:
         return self.now
 
 
-def slots(
-    kube: RunningEmulator, holder: str, n: int = 1, clock: Clock | None = None
-) -> RolloutSlots:
-    return RolloutSlots(
-        kube.api_client(), NS, holder, slots=n, lease_seconds=60, clock=clock or Clock()
-    )
+def slots(kube: ControlPlane, holder: str, n: int = 1, clock: Clock | None = None) -> RolloutSlots:
+    client = kube.api_client(kube.agent_token(holder))
+    return RolloutSlots(client, NS, holder, slots=n, lease_seconds=60, clock=clock or Clock())
 
 
-def lease(kube: RunningEmulator, name: str) -> dict[str, Any]:
+def lease(kube: ControlPlane, name: str) -> dict[str, Any]:
     found = kube.get(LEASES, name, NS)
     assert found is not None, f"no Lease {name}"
     return found
 
 
-def test_one_slot_goes_to_one_node_until_it_reports_success(kube: RunningEmulator) -> None:
+def test_one_slot_goes_to_one_node_until_it_reports_success(cluster: ControlPlane) -> None:
+    kube = cluster
     a, b = slots(kube, "node-a"), slots(kube, "node-b")
     got = a.acquire()
     assert got is not None and got.name == "vgpu-state-rollout-0"
@@ -55,7 +57,8 @@ def test_one_slot_goes_to_one_node_until_it_reports_success(kube: RunningEmulato
     assert not a.release(got), "a slot another node holds is not released"
 
 
-def test_a_restarted_agent_gets_back_the_slot_it_held(kube: RunningEmulator) -> None:
+def test_a_restarted_agent_gets_back_the_slot_it_held(cluster: ControlPlane) -> None:
+    kube = cluster
     first = slots(kube, "node-a", n=2).acquire()
     again = slots(kube, "node-a", n=2).acquire()
     assert first is not None and again is not None and again.name == first.name
@@ -63,7 +66,8 @@ def test_a_restarted_agent_gets_back_the_slot_it_held(kube: RunningEmulator) -> 
     assert slots(kube, "node-c", n=2).acquire() is None, "two slots, two holders"
 
 
-def test_a_slot_whose_holder_died_is_taken_after_the_lease_expires(kube: RunningEmulator) -> None:
+def test_a_slot_whose_holder_died_is_taken_after_the_lease_expires(cluster: ControlPlane) -> None:
+    kube = cluster
     clock = Clock()
     a, b = slots(kube, "node-a", clock=clock), slots(kube, "node-b", clock=clock)
     held = a.acquire()
@@ -78,7 +82,8 @@ def test_a_slot_whose_holder_died_is_taken_after_the_lease_expires(kube: Running
     assert a.renew(held) is None, "the old holder learns it lost the slot"
 
 
-def test_renewing_while_applying_keeps_the_slot(kube: RunningEmulator) -> None:
+def test_renewing_while_applying_keeps_the_slot(cluster: ControlPlane) -> None:
+    kube = cluster
     clock = Clock()
     a = slots(kube, "node-a", clock=clock)
     held = a.acquire()
@@ -97,8 +102,9 @@ def test_renewing_while_applying_keeps_the_slot(kube: RunningEmulator) -> None:
 
 @pytest.mark.parametrize("max_unavailable", [1, 2])
 def test_contending_nodes_never_exceed_max_unavailable(
-    kube: RunningEmulator, max_unavailable: int
+    cluster: ControlPlane, max_unavailable: int
 ) -> None:
+    kube = cluster
     active: list[str] = []
     peak = [0]
     rounds = [0]

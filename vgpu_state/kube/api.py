@@ -154,6 +154,9 @@ class KubeApi:
                 f"Kubernetes API server {self.server} is unreachable ({method} {path}): {_short(e)}"
             ) from e
         self.requests += 1
+        for warning in _warnings(response):
+            # E.g. a field the server does not know and drops ("unknown field"): a bug to see.
+            log.warning("the Kubernetes API server warns (%s %s): %s", method, path, warning)
         status = int(response.status)
         data = _decode(raw)
         if 200 <= status < 300:
@@ -192,6 +195,26 @@ class KubeApi:
         close = getattr(self._client, "close", None)
         if callable(close):
             close()
+
+
+def _warnings(response: Any) -> list[str]:
+    """The texts of the response's ``Warning`` headers (RFC 7234: ``299 - "text"``)."""
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return []
+    getlist = getattr(headers, "getlist", None)
+    values = getlist("Warning") if callable(getlist) else [headers.get("Warning")]
+    texts = []
+    for value in values:
+        if not isinstance(value, str) or not value:
+            continue
+        code, _, rest = value.partition(" ")
+        agent, _, text = rest.partition(" ")
+        if code.isdigit() and agent and text.startswith('"') and text.endswith('"'):
+            texts.append(text[1:-1].replace('\\"', '"'))
+        else:
+            texts.append(value)
+    return texts
 
 
 def _decode(raw: bytes | None) -> JsonObject:

@@ -1,0 +1,27 @@
+#!/bin/sh
+# Builds the real Kubernetes components the test suite runs (kube-apiserver,
+# etcd) from the Go module proxy, into hack/k8s/bin/ (ignored by git; or
+# $VGPU_STATE_K8S_BIN). Only
+# what is missing or older than go.mod/go.sum/its sources is built; the Go
+# build and module caches make a rebuild fast. Test infrastructure only.
+#   hack/k8s/build.sh [program ...]     (default: kube-apiserver etcd)
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here"
+GO=${GO:-go}
+command -v "$GO" >/dev/null 2>&1 || { echo "hack/k8s/build.sh: Go is not installed (need go >= 1.26)" >&2; exit 127; }
+bin=${VGPU_STATE_K8S_BIN:-$here/bin}
+mkdir -p "$bin"
+[ "$#" -gt 0 ] || set -- kube-apiserver etcd
+for prog in "$@"; do
+    out="$bin/$prog"
+    if [ -x "$out" ] && [ -z "$(find go.mod go.sum "cmd/$prog" -newer "$out" 2>/dev/null | head -n 1)" ]; then
+        continue
+    fi
+    echo "hack/k8s/build.sh: building $prog" >&2
+    start=$(date +%s)
+    # -trimpath and no VCS stamp: the same sources give the same binary anywhere.
+    "$GO" build -trimpath -buildvcs=false -o "$out.tmp" "./cmd/$prog"
+    mv "$out.tmp" "$out"
+    echo "hack/k8s/build.sh: built $prog in $(( $(date +%s) - start )) s" >&2
+done
