@@ -114,6 +114,12 @@ def test_sigkill_between_writes_keeps_exactly_the_writes_made(
     assert "L40S-8Q" not in spec.read_text()
     seen = steps_in(layout_of(spec))
     assert done <= seen <= done + 1, (done, seen)
+    # Planning reads the spec and its log and changes neither.
+    kept = (spec.read_bytes(), log_path(spec).read_bytes())
+    planned = run("plan", *args[1:7], "--journal", str(journal))
+    assert planned.exit_code == 0, planned.output
+    assert f"{done} of {ACTIONS} steps done" in planned.stderr
+    assert (spec.read_bytes(), log_path(spec).read_bytes()) == kept
 
     r = run(*args)
     assert r.exit_code == 0, r.output
@@ -150,8 +156,16 @@ def test_a_torn_last_line_is_a_write_that_never_happened(files: tuple[Path, Path
     log = log_path(spec)
     log.write_bytes(log.read_bytes()[:-5])
     assert layout_of(spec) == {"L40S-12Q": 5}
-    # A host that keeps changes folds the log into the spec when it opens it.
+    # Opening the node to read it changes no file.
+    assert layout_of(spec) == {"L40S-12Q": 5} and "vgpus" in spec.read_text()
+    whole = log.read_bytes()
+    # The next host that changes the node continues the log after its last whole
+    # line, and its save folds everything into the spec.
     with SimHost(spec, in_memory=True, autosave=True) as again:
-        assert not log.exists()
-        assert Counter(v.type_name for g in again.scan().gpus for v in g.vgpus) == {"L40S-12Q": 5}
-    assert layout_of(spec) == {"L40S-12Q": 5}
+        assert log.read_bytes() == whole and again.unsaved_writes == 1
+        again.clear_vf_type("0000:22:00.4")
+        assert log.read_bytes().count(b"\n") == 3  # header, the first write, this one
+        assert layout_of(spec) == {"L40S-12Q": 4}
+        again.save()
+    assert not log.exists()
+    assert layout_of(spec) == {"L40S-12Q": 4}

@@ -59,7 +59,8 @@ class SimHost:
     before it saved; see :mod:`vgpu_state.sim.writelog`). ``autosave`` (with a
     spec file): append every write to that log as it is made, so the file and
     its log always hold every change; :meth:`save` writes the spec once and
-    ends the log. A log found at start is folded into the spec at once.
+    ends the log. A log found at start is continued (nothing is written before
+    the first write), and :meth:`save` folds it into the spec with the rest.
     """
 
     def __init__(
@@ -75,21 +76,19 @@ class SimHost:
         self.catalog = catalog if catalog is not None else default_catalog()
         self.driver_types = driver_types if driver_types is not None else DriverTypeMemory()
         self._log: WriteLog | None = None
-        replayed = 0
         if isinstance(spec, NodeSpec):
             self.spec_path: Path | None = None
             loaded = spec
         else:
             self.spec_path = Path(spec)
-            loaded, data, replayed = load_node(self.spec_path, self.catalog)
+            loaded, data, log = load_node(self.spec_path, self.catalog)
             if autosave:
-                self._log = WriteLog(self.spec_path, data)
+                # Writes a killed process logged are part of the node now: this
+                # host's writes follow them in the same log until it saves.
+                self._log = WriteLog(self.spec_path, data, log)
         self.sysfs = SimSysfs(loaded, self.catalog)
         self.in_memory = in_memory
         self.autosave = self._log is not None
-        if replayed and self.autosave:
-            # Writes a killed process logged: this host keeps them in its spec now.
-            self.save()
         self._own_root = root is None and not in_memory
         self._rendered = self.sysfs.tree
         self._rendered_generation = self.sysfs.generation

@@ -51,55 +51,89 @@ def pending_writes(spec_path: Path, spec_bytes: bytes) -> list[tuple[str, bytes]
     (stale). Reading stops at a line that is not whole (the last write of a
     process killed while appending it never happened).
     """
+    return read_log(spec_path, spec_bytes)[0]
+
+
+def read_log(spec_path: Path, spec_bytes: bytes) -> tuple[list[tuple[str, bytes]], int | None]:
+    """:func:`pending_writes` and the length of the log up to its last whole line
+    (``None`` when there is no current log to continue)."""
     try:
         raw = log_path(spec_path).read_bytes()
     except FileNotFoundError:
-        return []
-    lines = raw.split(b"\n")
+        return [], None
+    first, newline, rest = raw.partition(b"\n")
     try:
-        header = json.loads(lines[0])
+        header = json.loads(first) if newline else None
     except ValueError:
-        return []
+        header = None
     if not isinstance(header, dict) or header.get("spec") != digest(spec_bytes):
-        return []
+        return [], None
+    length = len(first) + 1
     found: list[tuple[str, bytes]] = []
-    for line in lines[1:]:
+    for line in rest.split(b"\n")[:-1]:  # the last piece has no newline: not whole
         try:
             entry = json.loads(line)
             found.append((str(entry["path"]), str(entry["data"]).encode("latin-1")))
         except (ValueError, KeyError, TypeError, UnicodeEncodeError):
             break
-    return found
+        length += len(line) + 1
+    return found, length
 
 
 class WriteLog:
-    """Appends the writes made to a simulated node whose spec file holds ``spec_bytes``."""
+    """Appends the writes made to a simulated node whose spec file holds ``spec_bytes``.
 
-    def __init__(self, spec_path: Path, spec_bytes: bytes) -> None:
+    ``current``: the writes of the spec's current log and its length up to its
+    last whole line (:func:`read_log`), already replayed into the node; the
+    first write continues that log (a torn last line cut off) instead of
+    starting a new one. Nothing is written before the first write, so opening a
+    node to read it never changes its files.
+    """
+
+    def __init__(
+        self,
+        spec_path: Path,
+        spec_bytes: bytes,
+        current: tuple[list[tuple[str, bytes]], int | None] = ([], None),
+    ) -> None:
         self.path = log_path(spec_path)
         self._spec = digest(spec_bytes)
         self._fd: int | None = None
-        self.count = 0
-        """Writes appended since the spec was last saved."""
+        self._continue = current[1]
+        self.count = len(current[0])
+        """Writes in the log, not yet in the spec file."""
 
     def append(self, path: str, data: bytes) -> None:
         """Log one write; raises ``OSError`` when the log cannot be written."""
         if self._fd is None:
-            # A new log for the spec as it is now (a stale one is replaced).
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            self._fd = self._open()
+        os.write(self._fd, _line({"path": path, "data": data.decode("latin-1")}))
+        self.count += 1
+
+    def _open(self) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+        if self._continue is not None:
+            fd = os.open(self.path, flags | os.O_APPEND, 0o644)
             try:
-                os.write(fd, _line({"spec": self._spec, "format": FORMAT}))
+                os.ftruncate(fd, self._continue)
             except BaseException:
                 os.close(fd)
                 raise
-            self._fd = fd
-        os.write(self._fd, _line({"path": path, "data": data.decode("latin-1")}))
-        self.count += 1
+            return fd
+        # A new log for the spec as it is now (a stale one is replaced).
+        fd = os.open(self.path, flags | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, _line({"spec": self._spec, "format": FORMAT}))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def saved(self, spec_bytes: bytes) -> None:
         """The spec file now holds ``spec_bytes`` (every logged write): drop the log."""
         self.close()
         self._spec = digest(spec_bytes)
+        self._continue = None
         self.count = 0
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
@@ -114,16 +148,19 @@ def _line(record: dict[str, object]) -> bytes:
     return (json.dumps(record, separators=(",", ":")) + "\n").encode()
 
 
-def load_node(spec_path: Path, catalog: Catalog) -> tuple[NodeSpec, bytes, int]:
-    """The node a spec file and its write log describe: ``(spec, file bytes, writes replayed)``.
+def load_node(
+    spec_path: Path, catalog: Catalog
+) -> tuple[NodeSpec, bytes, tuple[list[tuple[str, bytes]], int | None]]:
+    """The node a spec file and its write log describe: ``(spec, file bytes, log)``,
+    ``log`` as :func:`read_log` returns it.
 
     Without a (current) log this is the file's spec; with one, the spec of the
     node after replaying its writes.
     """
     spec, data = read_spec(spec_path, catalog=catalog)
-    writes = pending_writes(spec_path, data)
-    if not writes:
-        return spec, data, 0
+    log = read_log(spec_path, data)
+    if not log[0]:
+        return spec, data, log
     sysfs = SimSysfs(spec, catalog)
-    sysfs.replay(writes)
-    return sysfs.to_spec(), data, len(writes)
+    sysfs.replay(log[0])
+    return sysfs.to_spec(), data, log
