@@ -125,11 +125,20 @@ def cluster(control_plane_session: object) -> Iterator[object]:
     everything the agent does. A test that provokes refusals sets
     ``cluster.refusals_expected = True``.
     """
+    yield from _per_test(control_plane_session)
+
+
+@pytest.fixture
+def real_cluster(control_plane_session: object) -> Iterator[object]:
+    """:func:`cluster` under another name, for modules whose own ``cluster`` fixture wraps it."""
+    yield from _per_test(control_plane_session)
+
+
+def _per_test(plane: object) -> Iterator[object]:
     from tests.realcluster import ControlPlane
 
-    plane = control_plane_session
     assert isinstance(plane, ControlPlane)
-    mark = plane.audit_mark()
+    mark = plane.test_mark = plane.audit_mark()
     plane.refusals_expected = False
     yield plane
     refused = [

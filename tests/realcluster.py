@@ -16,7 +16,9 @@ own OpenAPI definitions (:func:`kubevirt_crd`), so every object a test or the
 product writes is checked by the server's own validation.
 
 ``python -m tests.realcluster DIR`` (``make cluster``) runs one in the
-foreground and writes ``DIR/kubeconfig`` for the user.
+foreground and writes ``DIR/kubeconfig`` for the user; ``python -m
+tests.realcluster agent-kubeconfig DIR NODE`` writes one with the agent's token
+for NODE beside it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -238,6 +241,7 @@ class ControlPlane:
         self.url = ""
         self.startup_seconds = 0.0
         self.refusals_expected = False
+        self.test_mark = 0  # where the running test's part of the audit log begins
 
     # lifecycle -----------------------------------------------------------------------------
     def start(self, timeout: float = 120) -> ControlPlane:
@@ -538,8 +542,44 @@ class ControlPlane:
     def put(
         self, kind: str, name: str, body: dict[str, Any], namespace: str | None = None
     ) -> dict[str, Any]:
-        """Create the object (as ``kubectl create`` does)."""
-        return self.write(kind, name, body, namespace)
+        """Store ``body`` as the whole object, as an admin would (create, or replace: what it
+        does not name is gone); its ``status`` through ``/status``."""
+        current = self.get(kind, name, namespace)
+        if current is None:
+            return self.write(kind, name, body, namespace)
+        obj = json.loads(json.dumps(body))
+        status = obj.pop("status", None)
+        group_version, _, _ = kind.rpartition("/")
+        obj.setdefault("apiVersion", group_version)
+        obj.setdefault("kind", _KINDS[kind.rsplit("/", 1)[-1]])
+        meta = obj.setdefault("metadata", {})
+        for field in ("uid", "creationTimestamp", "managedFields", "generation"):
+            meta.pop(field, None)
+        meta.update(name=name, resourceVersion=current["metadata"]["resourceVersion"])
+        if namespace:
+            meta["namespace"] = namespace
+        path = api_path(kind, name, namespace)
+        result: dict[str, Any] = self.request("PUT", path, obj)
+        if status is not None:
+            result["status"] = status
+            result = self.request("PUT", path + "/status", result)
+        return result
+
+    @property
+    def counts(self) -> Counter[str]:
+        """The product's requests since the test began (everyone's but the test's own admin),
+        from the audit log: ``"GET"``, ``"PATCH"``, … for answered ones, the status code
+        (``"409"``, ``"422"``) for refused ones."""
+        counts: Counter[str] = Counter()
+        for event in self.audit(self.test_mark):
+            if event["user"]["username"] == ADMIN:
+                continue
+            code = int(event.get("responseStatus", {}).get("code", 0))
+            if 200 <= code < 300:
+                counts[_METHODS.get(event["verb"], event["verb"].upper())] += 1
+            else:
+                counts[str(code)] += 1
+        return counts
 
     def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
         self.request("DELETE", api_path(kind, name, namespace) + "?gracePeriodSeconds=0")
@@ -636,11 +676,12 @@ class ControlPlane:
         for kind, namespaces in (
             ("v1/nodes", [None]),
             ("vgpu-state.io/v1alpha1/vgpunodestates", [None]),
-            ("kubevirt.io/v1/kubevirts", ["kubevirt"]),
+            ("kubevirt.io/v1/kubevirts", ["kubevirt", "other"]),
             ("coordination.k8s.io/v1/leases", [NAMESPACE]),
             ("v1/pods", [NAMESPACE]),
             ("v1/events", [NAMESPACE, "default"]),
             ("resource.k8s.io/v1/resourceslices", [None]),
+            ("resource.k8s.io/v1/resourceclaims", ["default", "vms"]),
         ):
             for namespace in namespaces:
                 with contextlib.suppress(ApiError):
@@ -659,6 +700,10 @@ class _PortTaken(RuntimeError):
     pass
 
 
+_METHODS = {
+    "get": "GET", "list": "GET", "watch": "GET", "create": "POST",
+    "update": "PUT", "patch": "PATCH", "delete": "DELETE", "deletecollection": "DELETE",
+}  # fmt: skip
 _KINDS = {
     "nodes": "Node",
     "pods": "Pod",
@@ -706,8 +751,28 @@ def running(workdir: Path | None = None) -> Iterator[ControlPlane]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+def attach(workdir: Path) -> ControlPlane:
+    """The control plane running from ``workdir`` (``make cluster``'s ``.cluster``)."""
+    plane = ControlPlane(workdir)
+    config = json.loads((workdir / "kubeconfig").read_text())
+    plane.url = config["clusters"][0]["cluster"]["server"]
+    return plane
+
+
+def agent_kubeconfig_main(directory: Path, node: str) -> None:
+    """``python -m tests.realcluster agent-kubeconfig DIR NODE``: a kubeconfig with the
+    agent's token for NODE (the Node and a Pod bound to it are created if missing)."""
+    plane = attach(directory)
+    path = directory / f"agent-{node}.kubeconfig"
+    plane.write_kubeconfig(path, token=plane.agent_token(node))
+    print(path)
+
+
 def main() -> None:
     """``python -m tests.realcluster [DIR]``: run the control plane until Ctrl-C."""
+    if len(sys.argv) == 4 and sys.argv[1] == "agent-kubeconfig":
+        agent_kubeconfig_main(Path(sys.argv[2]).resolve(), sys.argv[3])
+        return
     directory = Path(sys.argv[1] if len(sys.argv) > 1 else ".cluster").resolve()
     directory.mkdir(parents=True, exist_ok=True)
     stop = False
@@ -717,6 +782,7 @@ def main() -> None:
         stop = True
 
     signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)  # also when started in the background
     try:
         with running(directory) as plane:
             print(f"kube-apiserver {plane.url} ready in {plane.startup_seconds:.1f} s")

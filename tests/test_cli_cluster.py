@@ -1,8 +1,8 @@
 """plan, apply and assert with --kubeconfig: a simulated node of a cluster.
 
-The cluster is the test API server (kmock's emulator, extended: real HTTP, the
-official client); the node is the simulator; the kubelet is a gRPC server on
-a unix socket when a test needs one.
+The cluster is the real API server (``tests/realcluster.py``, with the CRDs of
+``deploy/`` and KubeVirt); the node is the simulator; the kubelet is a gRPC
+server on a unix socket when a test needs one.
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from tests.apiserver import (
     NODESTATES,
     RunningApiServer,
     closed_port_url,
-    crd_validator,
 )
 from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
+from tests.realcluster import ControlPlane
 from vgpu_state.cli.main import cli
-from vgpu_state.kube import crd
 from vgpu_state.kube.kubevirt import OWNERSHIP_ANNOTATION
 from vgpu_state.kube.node import STATE_LABEL
 
@@ -38,9 +37,14 @@ HELD_T4 = "9a3e5f10-4b6d-4e3c-9f20-3b4c5d6e7f80"
 
 
 @pytest.fixture
-def cluster(apiserver: RunningApiServer, tmp_path: Path) -> tuple[RunningApiServer, Path, Path]:
+def apiserver(real_cluster: ControlPlane) -> ControlPlane:
+    """The real control plane, under the name these tests use."""
+    return real_cluster
+
+
+@pytest.fixture
+def cluster(apiserver: ControlPlane, tmp_path: Path) -> tuple[ControlPlane, Path, Path]:
     """The API server with the node (labelled for the ``mixed`` config) and a KubeVirt CR."""
-    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
     apiserver.put(
         NODES,
         NODE,
@@ -79,7 +83,7 @@ def _common(kubeconfig: Path, spec: Path) -> list[str | Path]:
 
 
 def test_apply_creates_the_layout_and_updates_the_cluster(
-    cluster: tuple[RunningApiServer, Path, Path],
+    cluster: tuple[ControlPlane, Path, Path],
 ) -> None:
     api, kubeconfig, spec = cluster
     result = run("apply", *_common(kubeconfig, spec), "--auto-approve")
@@ -132,7 +136,7 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
 
 
 def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(
-    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+    cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
     api, kubeconfig, spec = cluster
     text = run("plan", *_common(kubeconfig, spec))
@@ -175,7 +179,7 @@ def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(
 
 
 def test_an_unreachable_api_server_writes_nothing_to_the_host(
-    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+    cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
     _, _, spec = cluster
     before = spec.read_bytes()
@@ -190,7 +194,7 @@ def test_an_unreachable_api_server_writes_nothing_to_the_host(
 
 
 def test_a_config_error_writes_nothing_to_the_host_and_fails_the_state(
-    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+    cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
     api, kubeconfig, spec = cluster
     before = spec.read_bytes()
@@ -219,7 +223,7 @@ def test_a_config_error_writes_nothing_to_the_host_and_fails_the_state(
 
 
 def test_a_vgpu_a_pod_holds_is_not_destroyed_and_the_plan_names_the_pod(
-    cluster: tuple[RunningApiServer, Path, Path],
+    cluster: tuple[ControlPlane, Path, Path],
 ) -> None:
     _, kubeconfig, spec = cluster
     sock = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp")) / "kubelet.sock"
@@ -251,7 +255,7 @@ def test_a_vgpu_a_pod_holds_is_not_destroyed_and_the_plan_names_the_pod(
 
 
 def test_without_the_kubelet_plan_warns_and_apply_refuses(
-    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+    cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
     _, kubeconfig, spec = cluster
     missing = tmp_path / "no-kubelet.sock"
@@ -266,7 +270,7 @@ def test_without_the_kubelet_plan_warns_and_apply_refuses(
 
 
 def test_kubevirt_managing_mdevs_blocks_the_apply(
-    cluster: tuple[RunningApiServer, Path, Path],
+    cluster: tuple[ControlPlane, Path, Path],
 ) -> None:
     api, kubeconfig, spec = cluster
     cr: dict[str, Any] | None = api.get(KUBEVIRT, "kubevirt", "kubevirt")

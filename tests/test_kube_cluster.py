@@ -1,5 +1,6 @@
-"""KubeCluster, the cluster port on Kubernetes: the pieces together, against the test API
-server and a fake kubelet."""
+"""KubeCluster, the cluster port on Kubernetes: the pieces together, against the real API
+server (``tests/realcluster.py``: the CRDs of ``deploy/`` and KubeVirt, the agent's
+ServiceAccount token under the shipped RBAC) and a fake kubelet."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests.apiserver import EVENTS, KUBEVIRT, LEASES, NODES, NODESTATES, RunningApiServer
+from tests.apiserver import EVENTS, KUBEVIRT, LEASES, NODES, NODESTATES
 from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
-from vgpu_state.kube import crd, kubevirt, lease
+from tests.realcluster import ControlPlane
+from vgpu_state.kube import kubevirt, lease
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.cluster import KubeCluster
 from vgpu_state.kube.errors import PodResourcesUnavailableError
@@ -57,22 +59,21 @@ def _cr() -> dict[str, Any]:
 
 
 @pytest.fixture
-def kubeconfig(apiserver: RunningApiServer, tmp_path: Path) -> str:
-    from tests.apiserver import crd_validator
+def apiserver(cluster: ControlPlane) -> ControlPlane:
+    """The real control plane, under the name these tests use."""
+    return cluster
 
-    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
+
+@pytest.fixture
+def kubeconfig(apiserver: ControlPlane, tmp_path: Path) -> str:
+    """An agent's kubeconfig: its ServiceAccount's token, bound to a Pod on gpu-node-1."""
     for name in ("gpu-node-1", "gpu-node-2"):
         apiserver.put(
-            NODES,
-            name,
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"labels": {"nvidia.com/vgpu.config": "mixed", "zone": "a"}},
-            },
+            NODES, name, {"metadata": {"labels": {"nvidia.com/vgpu.config": "mixed", "zone": "a"}}}
         )
     apiserver.put(KUBEVIRT, "kubevirt", _cr(), namespace="kubevirt")
-    return str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))
+    token = apiserver.agent_token("gpu-node-1")
+    return str(apiserver.write_kubeconfig(tmp_path / "kubeconfig", token=token))
 
 
 def _mixed(sim_spec_paths: list[Path]) -> SimHost:
@@ -112,7 +113,7 @@ def test_labels_and_in_use_from_the_node_and_the_kubelet(kubeconfig: str) -> Non
 
 
 def test_report_status_writes_the_label_the_status_and_keeps_transition_times(
-    apiserver: RunningApiServer, kubeconfig: str, sim_spec_paths: list[Path]
+    apiserver: ControlPlane, kubeconfig: str, sim_spec_paths: list[Path]
 ) -> None:
     cluster = _cluster(kubeconfig, "gpu-node-1")
     snapshot = _mixed(sim_spec_paths).scan()
@@ -176,7 +177,7 @@ def test_report_status_writes_the_label_the_status_and_keeps_transition_times(
     assert times == {"2026-11-23T10:00:00Z"}
 
 
-def test_events_go_to_the_node(apiserver: RunningApiServer, kubeconfig: str) -> None:
+def test_events_go_to_the_node(apiserver: ControlPlane, kubeconfig: str) -> None:
     cluster = _cluster(kubeconfig, "gpu-node-1")
     for _ in range(3):
         cluster.emit_event(NodeEvent(type=EventType.WARNING, reason="ApplyFailed", message="EIO"))
@@ -188,7 +189,7 @@ def test_events_go_to_the_node(apiserver: RunningApiServer, kubeconfig: str) -> 
 
 
 def test_kubevirt_entries_added_by_any_node_removed_only_by_the_lease_holder(
-    apiserver: RunningApiServer, kubeconfig: str, sim_spec_paths: list[Path]
+    apiserver: ControlPlane, kubeconfig: str, sim_spec_paths: list[Path]
 ) -> None:
     host = _mixed(sim_spec_paths)
     snapshot = host.scan()
@@ -225,7 +226,7 @@ def test_kubevirt_entries_added_by_any_node_removed_only_by_the_lease_holder(
 
 
 def test_a_steady_node_costs_no_write(
-    apiserver: RunningApiServer, kubeconfig: str, sim_spec_paths: list[Path]
+    apiserver: ControlPlane, kubeconfig: str, sim_spec_paths: list[Path]
 ) -> None:
     """Reconciling an unchanged node every minute must not rewrite the Node or its status
     (every write is an etcd write and a watch event for every controller watching Nodes)."""
@@ -269,7 +270,7 @@ def test_a_steady_node_costs_no_write(
 
 
 def test_a_node_applying_adds_the_entries_another_node_requested_and_reports_only_its_own(
-    apiserver: RunningApiServer, kubeconfig: str, sim_spec_paths: list[Path]
+    apiserver: ControlPlane, kubeconfig: str, sim_spec_paths: list[Path]
 ) -> None:
     """gpu-node-1 lost a race earlier and left a request on the CR; gpu-node-2's apply adds
     it in the same write, and its plan's cluster actions stay its own."""

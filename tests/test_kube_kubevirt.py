@@ -1,8 +1,11 @@
 """The KubeVirt CR: entries from a scanned node, guarded writes, ownership, foreign writers.
 
-Everything here goes through the official ``kubernetes`` client to the test API
-server (``tests/apiserver.py``), which validates each CR written against
-KubeVirt's OpenAPI schema.
+Everything here goes through the official ``kubernetes`` client to the real API
+server (``tests/realcluster.py``) with a KubeVirt CRD built from KubeVirt's
+OpenAPI schema, as the agent (its ServiceAccount's token, under the shipped
+RBAC); conflicts and failed JSON Patch ``test`` ops are the server's own. One
+test keeps kmock's emulator: it needs a server that refuses one particular entry
+(fault injection).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.apiserver import KUBEVIRT, RunningApiServer
+from tests.realcluster import ControlPlane
 from vgpu_state.kube import kubevirt
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.errors import ClusterConflictError, ClusterError
@@ -45,8 +49,10 @@ def _cr(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 @pytest.fixture
-def api(apiserver: RunningApiServer, tmp_path: Path) -> KubeApi:
-    return KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
+def api(cluster: ControlPlane, tmp_path: Path) -> KubeApi:
+    """The API as an agent sees it (its ServiceAccount's token)."""
+    token = cluster.agent_token("gpu-node-1")
+    return KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)))
 
 
 def _mixed(sim_spec_paths: list[Path]) -> SimHost:
@@ -91,9 +97,9 @@ def test_the_scan_reads_the_vf_device_id(sim_spec_paths: list[Path]) -> None:
 
 
 def test_add_keeps_foreign_entries_in_place_and_records_ownership(
-    apiserver: RunningApiServer, api: KubeApi, sim_spec_paths: list[Path]
+    cluster: ControlPlane, api: KubeApi, sim_spec_paths: list[Path]
 ) -> None:
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         _cr(
@@ -114,7 +120,7 @@ def test_add_keeps_foreign_entries_in_place_and_records_ownership(
         "+ kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A2-4Q]",
         "+ kubevirt[kubevirt/kubevirt].pciHostDevices[nvidia.com/NVIDIA_L40S-12Q]",
     ]
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     devices = cr["spec"]["configuration"]["permittedHostDevices"]
     assert devices["mediatedDevices"][0] == FOREIGN_MDEV
@@ -128,19 +134,19 @@ def test_add_keeps_foreign_entries_in_place_and_records_ownership(
         desired.resources
     )
     # A second sync finds nothing to do and writes nothing.
-    writes = apiserver.counts["PATCH"]
+    writes = cluster.counts["PATCH"]
     again = kubevirt.sync(api, REF, desired.entries)
     assert again.changes == ()
-    assert apiserver.counts["PATCH"] == writes
+    assert cluster.counts["PATCH"] == writes
 
 
 def test_a_cr_without_configuration_gets_the_containers(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
-    apiserver.put(KUBEVIRT, "kubevirt", _cr(), namespace="kubevirt")
+    cluster.put(KUBEVIRT, "kubevirt", _cr(), namespace="kubevirt")
     entry = PermittedEntry("mediatedDevices", "nvidia.com/NVIDIA_A2-4Q", "NVIDIA A2-4Q")
     kubevirt.sync(api, REF, [entry])
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert cr["spec"]["configuration"]["permittedHostDevices"] == {
         "mediatedDevices": [entry.to_json()]
@@ -148,11 +154,9 @@ def test_a_cr_without_configuration_gets_the_containers(
     assert cr["spec"]["certificateRotateStrategy"] == {}
 
 
-def test_foreign_entry_for_our_resource_is_left_alone(
-    apiserver: RunningApiServer, api: KubeApi
-) -> None:
+def test_foreign_entry_for_our_resource_is_left_alone(cluster: ControlPlane, api: KubeApi) -> None:
     theirs = {"mdevNameSelector": "nvidia-745", "resourceName": "nvidia.com/NVIDIA_A2-4Q"}
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         _cr({"permittedHostDevices": {"mediatedDevices": [theirs]}}),
@@ -162,18 +166,18 @@ def test_foreign_entry_for_our_resource_is_left_alone(
     result = kubevirt.sync(api, REF, [entry], keep=lambda: frozenset())
     assert result.changes == ()
     assert result.foreign == ("nvidia.com/NVIDIA_A2-4Q",)
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [theirs]
 
 
 def test_remove_only_owned_entries_that_nobody_advertises(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
     a2 = PermittedEntry("mediatedDevices", "nvidia.com/NVIDIA_A2-4Q", "NVIDIA A2-4Q")
     t4 = PermittedEntry("mediatedDevices", "nvidia.com/GRID_T4-8C", "GRID T4-8C")
     l40 = PermittedEntry("pciHostDevices", "nvidia.com/NVIDIA_L40S-12Q", "10DE:26B9")
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         _cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
@@ -190,7 +194,7 @@ def test_remove_only_owned_entries_that_nobody_advertises(
         "- kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A2-4Q]",
         "- kubevirt[kubevirt/kubevirt].pciHostDevices[nvidia.com/NVIDIA_L40S-12Q]",
     ]
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     devices = cr["spec"]["configuration"]["permittedHostDevices"]
     assert devices["mediatedDevices"] == [FOREIGN_MDEV, t4.to_json()]
@@ -198,22 +202,22 @@ def test_remove_only_owned_entries_that_nobody_advertises(
     assert json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION]) == [t4.resource]
     # The foreign entry is never removed, even when nothing advertises it.
     kubevirt.sync(api, REF, [], keep=lambda: frozenset())
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [FOREIGN_MDEV]
 
 
 def test_concurrent_foreign_writer_loses_nothing(
-    apiserver: RunningApiServer, api: KubeApi, tmp_path: Path
+    cluster: ControlPlane, api: KubeApi, tmp_path: Path
 ) -> None:
     """Another controller appends to the same atomic lists while vgpu-state adds its entries."""
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         _cr({"permittedHostDevices": {"mediatedDevices": []}}),
         namespace="kubevirt",
     )
-    other = KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "other")))
+    other = KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "other")))
     foreign = [
         {"mdevNameSelector": f"FOREIGN {i}", "resourceName": f"example.com/foreign-{i}"}
         for i in range(15)
@@ -245,7 +249,7 @@ def test_concurrent_foreign_writer_loses_nothing(
             api, REF, [entry], backoff=Backoff(base=0.001, cap=0.01)
         ).conflicts
     writer.join(60)
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     names = [
         i["resourceName"]
@@ -264,9 +268,9 @@ def _with_list(cr: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any
     return new
 
 
-def test_a_lost_race_is_retried_with_backoff(apiserver: RunningApiServer, api: KubeApi) -> None:
+def test_a_lost_race_is_retried_with_backoff(cluster: ControlPlane, api: KubeApi) -> None:
     """Between our read and our write another writer changes the list: 422, re-read, retry."""
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         _cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
@@ -281,9 +285,9 @@ def test_a_lost_race_is_retried_with_backoff(apiserver: RunningApiServer, api: K
         obj = real_get(path)
         if not raced["done"]:
             raced["done"] = True
-            cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+            cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
             assert cr is not None
-            apiserver.put(
+            cluster.put(
                 KUBEVIRT, "kubevirt", _with_list(cr, [FOREIGN_MDEV, sneaky]), namespace="kubevirt"
             )
         return obj
@@ -293,8 +297,8 @@ def test_a_lost_race_is_retried_with_backoff(apiserver: RunningApiServer, api: K
     result = kubevirt.sync(api, REF, [entry], rng=random.Random(1), sleep=sleeps.append)
     assert result.conflicts == 1 and result.attempts == 2
     assert len(sleeps) == 1 and 0 <= sleeps[0] <= Backoff().base
-    assert apiserver.counts["422"] == 1
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cluster.counts["422"] == 1
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
         FOREIGN_MDEV,
@@ -303,12 +307,14 @@ def test_a_lost_race_is_retried_with_backoff(apiserver: RunningApiServer, api: K
     ]
 
 
-def test_single_cr_is_found_or_named(apiserver: RunningApiServer, api: KubeApi) -> None:
+def test_single_cr_is_found_or_named(cluster: ControlPlane, api: KubeApi) -> None:
     with pytest.raises(ClusterError, match="no KubeVirt CR found"):
         kubevirt.find(api, None)
-    apiserver.put(KUBEVIRT, "kubevirt", _cr(), namespace="kubevirt")
+    cluster.put(KUBEVIRT, "kubevirt", _cr(), namespace="kubevirt")
     assert kubevirt.find(api, None) == REF
-    apiserver.put(KUBEVIRT, "kv2", _cr(), namespace="other")
+    if cluster.get("v1/namespaces", "other") is None:
+        cluster.write("v1/namespaces", "other", {})
+    cluster.put(KUBEVIRT, "kv2", _cr(), namespace="other")
     with pytest.raises(ClusterError, match=r"2 KubeVirt CRs found .*NAMESPACE/NAME"):
         kubevirt.find(api, None)
     assert kubevirt.find(api, KubeVirtRef.parse("other/kv2")) == KubeVirtRef("other", "kv2")
@@ -403,12 +409,12 @@ def _requests(cr: dict[str, Any]) -> dict[str, str]:
 
 
 def test_many_nodes_adding_distinct_types_at_once_each_land_exactly_once(
-    apiserver: RunningApiServer, tmp_path: Path
+    cluster: ControlPlane, tmp_path: Path
 ) -> None:
     """Every node adds a type no other node has, all at the same moment, each with its own
     client: every entry lands once, the foreign ones stay first and unchanged, and no
     request is left on the CR."""
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         _cr(
@@ -422,7 +428,8 @@ def test_many_nodes_adding_distinct_types_at_once_each_land_exactly_once(
         namespace="kubevirt",
     )
     nodes = 24
-    config = str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))
+    token = cluster.agent_token("gpu-node-1")
+    config = str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token))
     barrier = threading.Barrier(nodes)
     results: dict[int, kubevirt.SyncResult] = {}
     failures: list[str] = []
@@ -445,7 +452,7 @@ def test_many_nodes_adding_distinct_types_at_once_each_land_exactly_once(
         t.join(120)
     assert failures == [] and len(results) == nodes
 
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     devices = cr["spec"]["configuration"]["permittedHostDevices"]
     assert devices["mediatedDevices"][0] == FOREIGN_MDEV
@@ -464,11 +471,11 @@ def test_many_nodes_adding_distinct_types_at_once_each_land_exactly_once(
 
 
 def test_a_write_adds_what_other_nodes_requested_and_removes_their_requests(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
     a16 = _mdev(4)
     requested_mdev, requested_pci = _mdev(2), _pci(12)
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         {
@@ -489,9 +496,9 @@ def test_a_write_adds_what_other_nodes_requested_and_removes_their_requests(
         },
         namespace="kubevirt",
     )
-    patches = apiserver.counts["PATCH"]
+    patches = cluster.counts["PATCH"]
     result = kubevirt.sync(api, REF, [a16], node="node-a")
-    assert apiserver.counts["PATCH"] == patches + 1, "one write serves every request"
+    assert cluster.counts["PATCH"] == patches + 1, "one write serves every request"
     assert [c.describe(REF) for c in result.own_changes] == [
         "+ kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A16-4Q]"
     ]
@@ -503,7 +510,7 @@ def test_a_write_adds_what_other_nodes_requested_and_removes_their_requests(
     assert sorted(result.served) == [
         kubevirt.pending_key(n) for n in ("node-b", "node-c", "node-d", "node-e")
     ]
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     devices = cr["spec"]["configuration"]["permittedHostDevices"]
     assert devices["mediatedDevices"] == [
@@ -521,21 +528,23 @@ def test_a_write_adds_what_other_nodes_requested_and_removes_their_requests(
     # node-b finds its entry there: it reads, and writes nothing.
     again = kubevirt.sync(api, REF, [requested_mdev], node="node-b")
     assert again.changes == () and again.attempts == 1
-    assert apiserver.counts["PATCH"] == patches + 1
+    assert cluster.counts["PATCH"] == patches + 1
 
 
 def test_a_node_that_loses_a_race_leaves_a_request_and_the_winner_adds_it(
-    apiserver: RunningApiServer, api: KubeApi, tmp_path: Path
+    cluster: ControlPlane, api: KubeApi, tmp_path: Path
 ) -> None:
     """node-a reads, node-b writes first; node-a's guarded write is refused, it leaves its
     entry as a request and backs off; node-b's next write adds it; node-a then finds it."""
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         _cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
         namespace="kubevirt",
     )
-    other = KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "node-b")))
+    other = KubeApi.connect(
+        str(cluster.write_kubeconfig(tmp_path / "node-b", token=cluster.agent_token("node-b")))
+    )
     mine, theirs, later = _mdev(1), _mdev(2), _pci(3)
     real_get = api.get
     raced = {"done": False}
@@ -551,7 +560,7 @@ def test_a_node_that_loses_a_race_leaves_a_request_and_the_winner_adds_it(
     served: list[kubevirt.SyncResult] = []
 
     def backoff_while_node_b_writes(delay: float) -> None:
-        cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+        cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
         assert cr is not None
         seen_requests.append(_requests(cr))
         served.append(kubevirt.sync(other, REF, [theirs, later], node="node-b"))
@@ -564,7 +573,7 @@ def test_a_node_that_loses_a_race_leaves_a_request_and_the_winner_adds_it(
     assert result.conflicts == 1 and result.requested == 1 and result.attempts == 2
     assert result.changes == (), "node-a's entry was added by node-b's write"
     assert served[0].served == (kubevirt.pending_key("node-a"),)
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     devices = cr["spec"]["configuration"]["permittedHostDevices"]
     assert devices["mediatedDevices"] == [FOREIGN_MDEV, theirs.to_json(), mine.to_json()]
@@ -573,9 +582,9 @@ def test_a_node_that_loses_a_race_leaves_a_request_and_the_winner_adds_it(
 
 
 def test_a_node_that_gives_up_says_so_and_its_request_is_added_by_the_next_writer(
-    apiserver: RunningApiServer, api: KubeApi, tmp_path: Path
+    cluster: ControlPlane, api: KubeApi, tmp_path: Path
 ) -> None:
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         {
@@ -590,12 +599,12 @@ def test_a_node_that_gives_up_says_so_and_its_request_is_added_by_the_next_write
     def get_then_foreign_write(path: str) -> dict[str, Any]:
         obj = real_get(path)
         # Another controller appends an entry after every read of ours.
-        cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+        cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
         assert cr is not None
         items = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
         n = next(foreign_added)
         extra = {"mdevNameSelector": f"OTHER {n}", "resourceName": f"example.com/other-{n}"}
-        apiserver.put(KUBEVIRT, "kubevirt", _with_list(cr, [*items, extra]), namespace="kubevirt")
+        cluster.put(KUBEVIRT, "kubevirt", _with_list(cr, [*items, extra]), namespace="kubevirt")
         return obj
 
     api.get = get_then_foreign_write  # type: ignore[method-assign]
@@ -608,7 +617,7 @@ def test_a_node_that_gives_up_says_so_and_its_request_is_added_by_the_next_write
     assert "3 concurrent changes in a row" in message
     assert "entries are not all in it yet" in message
     assert kubevirt.pending_key("node-a") in message
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert "pciHostDevices" not in cr["spec"]["configuration"]["permittedHostDevices"]
     assert _requests(cr) == {kubevirt.pending_key("node-a"): kubevirt.encode_request([mine])}
@@ -618,10 +627,12 @@ def test_a_node_that_gives_up_says_so_and_its_request_is_added_by_the_next_write
     ]
 
     # The next node to write adds node-a's entry; the foreign entries keep their order.
-    other = KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "node-b")))
+    other = KubeApi.connect(
+        str(cluster.write_kubeconfig(tmp_path / "node-b", token=cluster.agent_token("node-b")))
+    )
     result = kubevirt.sync(other, REF, [_mdev(1)], node="node-b")
     assert result.served == (kubevirt.pending_key("node-a"),)
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     devices = cr["spec"]["configuration"]["permittedHostDevices"]
     assert devices["pciHostDevices"] == [mine.to_json()]
@@ -633,7 +644,7 @@ def test_a_node_that_gives_up_says_so_and_its_request_is_added_by_the_next_write
 
 
 def test_the_lease_holder_keeps_requested_entries_and_adds_the_rest(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
     """A request proves a node has the type now, even before its status says so."""
     requested, added, gone = _mdev(1), _pci(2), _mdev(3)
@@ -646,14 +657,14 @@ def test_the_lease_holder_keeps_requested_entries_and_adds_the_rest(
             kubevirt.pending_key("node-x"): kubevirt.encode_request([requested, added]),
         }
     }
-    apiserver.put(KUBEVIRT, "kubevirt", kubevirt_cr, namespace="kubevirt")
+    cluster.put(KUBEVIRT, "kubevirt", kubevirt_cr, namespace="kubevirt")
     result = kubevirt.sync(api, REF, [], keep=lambda: frozenset(), node="holder")
     assert sorted(c.describe(REF) for c in result.changes) == [
         "+ kubevirt[kubevirt/kubevirt].pciHostDevices[nvidia.com/NVIDIA_L40S-2Q]"
         " (requested by node-x)",
         "- kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A16-3Q]",
     ]
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     devices = cr["spec"]["configuration"]["permittedHostDevices"]
     assert devices == {
@@ -678,11 +689,11 @@ def test_request_keys_are_valid_annotation_names_for_any_node_name() -> None:
 
 
 def test_without_annotations_on_the_cr_a_losing_node_retries_on_its_own(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
     """A request needs the CR's annotation map; the API server refuses to create it
     unguarded, so the node says plainly that its entries are not in the CR."""
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         _cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
@@ -693,12 +704,12 @@ def test_without_annotations_on_the_cr_a_losing_node_retries_on_its_own(
 
     def get_then_foreign_write(path: str) -> dict[str, Any]:
         obj = real_get(path)
-        cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+        cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
         assert cr is not None
         n = next(counter)
         extra = {"mdevNameSelector": f"OTHER {n}", "resourceName": f"example.com/other-{n}"}
         items = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
-        apiserver.put(KUBEVIRT, "kubevirt", _with_list(cr, [*items, extra]), namespace="kubevirt")
+        cluster.put(KUBEVIRT, "kubevirt", _with_list(cr, [*items, extra]), namespace="kubevirt")
         return obj
 
     api.get = get_then_foreign_write  # type: ignore[method-assign]
@@ -707,14 +718,14 @@ def test_without_annotations_on_the_cr_a_losing_node_retries_on_its_own(
             api, REF, [_mdev(1)], node="node-a", backoff=Backoff(attempts=2), sleep=lambda _: None
         )
     assert str(failed.value).endswith("this node's entries are not all in it yet")
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert "annotations" not in cr["metadata"] or _requests(cr) == {}
     assert _mdev(1).resource not in json.dumps(cr["spec"])
 
 
 def test_a_request_that_would_overflow_the_annotations_is_refused_and_the_node_retries_alone(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
     """The API server limits an object's annotations to 256 KiB in all; a request that
     does not fit is refused, and the node still gets its entry in by itself."""
@@ -722,7 +733,7 @@ def test_a_request_that_would_overflow_the_annotations_is_refused_and_the_node_r
 
     owned = json.dumps([_mdev(1).resource])
     filler = "x" * (ANNOTATIONS_LIMIT - len("example.com/big") - len(OWNERSHIP_ANNOTATION) - 60)
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         {
@@ -738,9 +749,9 @@ def test_a_request_that_would_overflow_the_annotations_is_refused_and_the_node_r
         obj = real_get(path)
         if not raced["done"]:
             raced["done"] = True
-            cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+            cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
             assert cr is not None
-            apiserver.put(
+            cluster.put(
                 KUBEVIRT,
                 "kubevirt",
                 _with_list(cr, [FOREIGN_MDEV, SNEAKY]),
@@ -751,7 +762,7 @@ def test_a_request_that_would_overflow_the_annotations_is_refused_and_the_node_r
     api.get = get_then_race  # type: ignore[method-assign]
     result = kubevirt.sync(api, REF, [_mdev(1)], node="node-a", sleep=lambda _: None)
     assert result.conflicts == 1 and result.requested == 0 and result.attempts == 2
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
         FOREIGN_MDEV,
@@ -781,12 +792,12 @@ def test_requests_that_vgpu_state_would_not_write_are_dropped() -> None:
 
 
 def test_a_node_whose_entries_are_in_leaves_unsettled_requests_to_others(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
     """Settling other nodes' requests is a courtesy: when that write loses a race, a node
     whose own entries the CR already holds is done, not failed."""
     mine, theirs = _mdev(1), _mdev(2)
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         {
@@ -804,26 +815,30 @@ def test_a_node_whose_entries_are_in_leaves_unsettled_requests_to_others(
 
     def get_then_race(path: str) -> dict[str, Any]:
         obj = real_get(path)
-        cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+        cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
         assert cr is not None
         items = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
-        apiserver.put(KUBEVIRT, "kubevirt", _with_list(cr, [*items, SNEAKY]), namespace="kubevirt")
+        cluster.put(KUBEVIRT, "kubevirt", _with_list(cr, [*items, SNEAKY]), namespace="kubevirt")
         return obj
 
     api.get = get_then_race  # type: ignore[method-assign]
     result = kubevirt.sync(api, REF, [mine], node="node-a", sleep=lambda _: None)
     assert result.conflicts == 1 and result.attempts == 1 and result.changes == ()
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert _requests(cr) == {kubevirt.pending_key("node-b"): kubevirt.encode_request([theirs])}
 
 
 def test_a_request_the_api_server_refuses_does_not_stop_a_node_adding_its_own(
-    apiserver: RunningApiServer, api: KubeApi
+    apiserver: RunningApiServer, tmp_path: Path
 ) -> None:
     """If a write carrying another node's request is refused although nothing changed
-    (say an admission check dislikes that entry), the node writes its own entries alone."""
+    (say an admission check dislikes that entry), the node writes its own entries alone.
+
+    On kmock's emulator: a server that refuses one particular entry (fault injection)."""
     from tests.apiserver import kubevirt_validator
+
+    api = KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
 
     poison = PermittedEntry("mediatedDevices", "nvidia.com/POISON", "POISON")
     schema = kubevirt_validator()
@@ -863,17 +878,19 @@ def test_a_request_the_api_server_refuses_does_not_stop_a_node_adding_its_own(
 
 
 def test_a_node_that_loses_to_a_node_adding_the_same_type_writes_no_request(
-    apiserver: RunningApiServer, api: KubeApi, tmp_path: Path
+    cluster: ControlPlane, api: KubeApi, tmp_path: Path
 ) -> None:
     """In a fleet most nodes share their types: the node that lost finds its entry added
     by the winner, and neither asks for it nor writes again."""
-    apiserver.put(
+    cluster.put(
         KUBEVIRT,
         "kubevirt",
         _cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
         namespace="kubevirt",
     )
-    other = KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "node-b")))
+    other = KubeApi.connect(
+        str(cluster.write_kubeconfig(tmp_path / "node-b", token=cluster.agent_token("node-b")))
+    )
     shared = _mdev(4)
     real_get = api.get
     raced = {"done": False}
@@ -886,12 +903,12 @@ def test_a_node_that_loses_to_a_node_adding_the_same_type_writes_no_request(
         return obj
 
     api.get = get_then_race  # type: ignore[method-assign]
-    patches = apiserver.counts["PATCH"] + apiserver.counts["422"]
+    patches = cluster.counts["PATCH"] + cluster.counts["422"]
     result = kubevirt.sync(api, REF, [shared], node="node-a", sleep=lambda _: None)
     assert result.conflicts == 1 and result.requested == 0 and result.changes == ()
     # node-b's write and node-a's refused one; no request, no second write.
-    assert apiserver.counts["PATCH"] + apiserver.counts["422"] == patches + 2
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cluster.counts["PATCH"] + cluster.counts["422"] == patches + 2
+    cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
         FOREIGN_MDEV,

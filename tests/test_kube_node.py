@@ -1,4 +1,8 @@
-"""The Node's labels and the keys vgpu-state writes on it, through the official client."""
+"""The Node's labels and the keys vgpu-state writes on it, through the official client.
+
+On the real API server, as the agent (its ServiceAccount's token bound to a Pod
+on the node, under the shipped RBAC).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.apiserver import NODES, RunningApiServer, closed_port_url
+from tests.apiserver import NODES, closed_port_url
+from tests.realcluster import ControlPlane
 from vgpu_state.kube import node
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.errors import ClusterUnreachableError, NotFoundError
@@ -27,17 +32,14 @@ FOREIGN_ANNOTATIONS = {"node.alpha.kubernetes.io/ttl": "0"}
 
 
 @pytest.fixture
-def api(apiserver: RunningApiServer, tmp_path: Path) -> KubeApi:
-    apiserver.put(
+def api(cluster: ControlPlane, tmp_path: Path) -> KubeApi:
+    cluster.put(
         NODES,
         "gpu-node-1",
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"labels": FOREIGN_LABELS, "annotations": FOREIGN_ANNOTATIONS},
-        },
+        {"metadata": {"labels": FOREIGN_LABELS, "annotations": FOREIGN_ANNOTATIONS}},
     )
-    return KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
+    token = cluster.agent_token("gpu-node-1")
+    return KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)))
 
 
 def test_labels_are_read_from_the_node(api: KubeApi) -> None:
@@ -45,9 +47,16 @@ def test_labels_are_read_from_the_node(api: KubeApi) -> None:
 
 
 def test_state_label_goes_pending_then_success_or_failed(
-    apiserver: RunningApiServer, api: KubeApi
+    cluster: ControlPlane, api: KubeApi
 ) -> None:
+    def state() -> str | None:
+        found = cluster.get(NODES, "gpu-node-1")
+        assert found is not None
+        return found["metadata"]["labels"].get(STATE_LABEL)
+
+    assert state() is None
     node.write_state(api, "gpu-node-1", ConfigState.PENDING)
+    assert state() == "pending"
     node.write_state(
         api,
         "gpu-node-1",
@@ -56,13 +65,10 @@ def test_state_label_goes_pending_then_success_or_failed(
         config_hash="sha256:abc",
         plan_summary="Plan: 2 to add, 0 to change, 1 to destroy.",
     )
-    history = apiserver.history(NODES, "gpu-node-1")
-    assert [h["metadata"]["labels"].get(STATE_LABEL) for h in history] == [
-        None,
-        "pending",
-        "success",
-    ]
-    final = history[-1]["metadata"]
+    assert state() == "success"
+    found = cluster.get(NODES, "gpu-node-1")
+    assert found is not None
+    final = found["metadata"]
     # Only our keys were added; every other label and annotation is as it was.
     assert final["labels"] == {**FOREIGN_LABELS, STATE_LABEL: "success"}
     assert final["annotations"] == {
@@ -72,7 +78,7 @@ def test_state_label_goes_pending_then_success_or_failed(
         LAST_PLAN_ANNOTATION: "Plan: 2 to add, 0 to change, 1 to destroy.",
     }
     node.write_state(api, "gpu-node-1", ConfigState.FAILED)
-    after = apiserver.get(NODES, "gpu-node-1")
+    after = cluster.get(NODES, "gpu-node-1")
     assert after is not None
     assert after["metadata"]["labels"][STATE_LABEL] == "failed"
     assert after["metadata"]["annotations"][APPLIED_CONFIG_ANNOTATION] == "a2-mixed"
@@ -90,10 +96,9 @@ def test_missing_node_is_not_found(api: KubeApi) -> None:
         node.read_node(api, "no-such-node")
 
 
-def test_unreachable_api_server_is_a_clear_error(
-    tmp_path: Path, apiserver: RunningApiServer
-) -> None:
-    config = apiserver.write_kubeconfig(tmp_path / "dead", server=closed_port_url())
+def test_unreachable_api_server_is_a_clear_error(tmp_path: Path, cluster: ControlPlane) -> None:
+    closed = closed_port_url().replace("http:", "https:")
+    config = cluster.write_kubeconfig(tmp_path / "dead", server=closed)
     dead = KubeApi.connect(str(config), timeout=(1.0, 1.0))
     with pytest.raises(ClusterUnreachableError, match=r"unreachable \(GET /api/v1/nodes/n1\)"):
         node.read_node(dead, "n1")

@@ -1,4 +1,9 @@
-"""VGPUNodeState: the CRD generated from the models, and status written through /status."""
+"""VGPUNodeState: the CRD generated from the models, and status written through /status.
+
+The writes go to the real API server with the CRD from ``deploy/`` installed (its
+schema and status subresource are the server's), as the agent (its
+ServiceAccount's token bound to a Pod on the node, under the shipped RBAC).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from tests.apiserver import NODES, NODESTATES, RunningApiServer, crd_validator
+from tests.apiserver import NODES, NODESTATES
+from tests.realcluster import ControlPlane
 from vgpu_state.kube import crd, nodestate
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.nodestate import (
@@ -27,10 +33,10 @@ T0 = datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.UTC)
 
 
 @pytest.fixture
-def api(apiserver: RunningApiServer, tmp_path: Path) -> KubeApi:
-    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
-    apiserver.put(NODES, "gpu-node-1", {"apiVersion": "v1", "kind": "Node", "metadata": {}})
-    return KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
+def api(cluster: ControlPlane, tmp_path: Path) -> KubeApi:
+    cluster.put(NODES, "gpu-node-1", {"metadata": {}})
+    token = cluster.agent_token("gpu-node-1")
+    return KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)))
 
 
 def _mixed(sim_spec_paths: list[Path]) -> SimHost:
@@ -92,7 +98,7 @@ def test_layout_and_capacity_come_from_the_scan(sim_spec_paths: list[Path]) -> N
 
 
 def test_status_round_trip_through_the_status_subresource(
-    apiserver: RunningApiServer, api: KubeApi, sim_spec_paths: list[Path]
+    cluster: ControlPlane, api: KubeApi, sim_spec_paths: list[Path]
 ) -> None:
     gpus, capacity = layout_status(_mixed(sim_spec_paths).scan())
     status = VGPUNodeStateStatus(
@@ -118,7 +124,7 @@ def test_status_round_trip_through_the_status_subresource(
         ),
     )
     nodestate.write_status(api, "gpu-node-1", status, node_uid="uid-1")
-    stored = apiserver.get(NODESTATES, "gpu-node-1")
+    stored = cluster.get(NODESTATES, "gpu-node-1")
     assert stored is not None
     assert stored["spec"] == {"nodeName": "gpu-node-1"}
     assert stored["metadata"]["ownerReferences"][0]["kind"] == "Node"
@@ -129,12 +135,12 @@ def test_status_round_trip_through_the_status_subresource(
 
     # A write to the main resource cannot change the status (and vice versa).
     api.patch(nodestate.object_path("gpu-node-1"), {"status": {"vgpuCount": 99}}, "merge")
-    again = apiserver.get(NODESTATES, "gpu-node-1")
+    again = cluster.get(NODESTATES, "gpu-node-1")
     assert again is not None and again["status"]["vgpuCount"] == 4
 
     # A later status without lastApply drops it: the status is replaced, not merged.
     nodestate.write_status(api, "gpu-node-1", VGPUNodeStateStatus(state=ConfigState.PENDING))
-    latest = apiserver.get(NODESTATES, "gpu-node-1")
+    latest = cluster.get(NODESTATES, "gpu-node-1")
     assert latest is not None
     assert latest["status"]["state"] == "pending"
     assert "lastApply" not in latest["status"] and "selectedConfig" not in latest["status"]
@@ -153,11 +159,11 @@ def test_transition_time_moves_only_when_a_condition_changes() -> None:
 
 
 def test_advertised_resources_leave_out_the_asking_node(
-    apiserver: RunningApiServer, api: KubeApi, sim_spec_paths: list[Path]
+    cluster: ControlPlane, api: KubeApi, sim_spec_paths: list[Path]
 ) -> None:
     _gpus, capacity = layout_status(_mixed(sim_spec_paths).scan())
     nodestate.write_status(api, "gpu-node-1", VGPUNodeStateStatus(capacity=capacity))
-    apiserver.put(NODES, "gpu-node-2", {"apiVersion": "v1", "kind": "Node", "metadata": {}})
+    cluster.put(NODES, "gpu-node-2", {"metadata": {}})
     nodestate.write_status(api, "gpu-node-2", VGPUNodeStateStatus(capacity=capacity[:1]))
     assert nodestate.advertised(api) == {c.resource_name for c in capacity}
     assert nodestate.advertised(api, except_node="gpu-node-1") == {capacity[0].resource_name}

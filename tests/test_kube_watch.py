@@ -1,4 +1,10 @@
-"""The Node watch against the Kubernetes API emulator (real HTTP, the official client)."""
+"""The Node watch against the Kubernetes API emulator (real HTTP, the official client).
+
+Fault injection a real API server cannot be made to do on demand: every open
+watch ended at a chosen moment, the history compacted so that a resume gets
+``410 Gone``, the server's answers counted per request. The agent's watch on a
+real server is exercised by ``tests/test_agent_e2e.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 #!/bin/sh
 # Builds the real Kubernetes components the test suite runs (kube-apiserver,
 # etcd) from the Go module proxy, into hack/k8s/bin/ (ignored by git; or
-# $VGPU_STATE_K8S_BIN). Only
-# what is missing or older than go.mod/go.sum/its sources is built; the Go
-# build and module caches make a rebuild fast. Test infrastructure only.
+# $VGPU_STATE_K8S_BIN). Only what is missing or was built from other sources is
+# built; the Go build and module caches make a rebuild fast. Test
+# infrastructure only.
 #   hack/k8s/build.sh [program ...]     (default: kube-apiserver etcd)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -15,7 +15,10 @@ mkdir -p "$bin"
 [ "$#" -gt 0 ] || set -- kube-apiserver etcd
 for prog in "$@"; do
     out="$bin/$prog"
-    if [ -x "$out" ] && [ -z "$(find go.mod go.sum "cmd/$prog" -newer "$out" 2>/dev/null | head -n 1)" ]; then
+    # Up to date when built from the same go.mod, go.sum, sources and Go version
+    # (contents, not times: a checkout or rebase touches files without changing them).
+    key=$( { cat go.mod go.sum "cmd/$prog"/*.go; "$GO" env GOVERSION; } | cksum)
+    if [ -x "$out" ] && [ "$(cat "$out.stamp" 2>/dev/null)" = "$key" ]; then
         continue
     fi
     echo "hack/k8s/build.sh: building $prog" >&2
@@ -23,5 +26,6 @@ for prog in "$@"; do
     # -trimpath and no VCS stamp: the same sources give the same binary anywhere.
     "$GO" build -trimpath -buildvcs=false -o "$out.tmp" "./cmd/$prog"
     mv "$out.tmp" "$out"
+    echo "$key" > "$out.stamp"
     echo "hack/k8s/build.sh: built $prog in $(( $(date +%s) - start )) s" >&2
 done
