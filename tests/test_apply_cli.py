@@ -177,7 +177,8 @@ def test_second_apply_waits_for_the_lock_then_names_the_holder(
             time.sleep(0.01)
         r = run("apply", *common, "--lock-timeout", "0.3")
         assert r.exit_code == 1
-        assert f"is held by pid {first.pid}" in r.stderr and "(apply," in r.stderr
+        assert f"is held by pid {first.pid}" in r.stderr and "(apply: " in r.stderr
+        assert "held for " in r.stderr and "waiting up to 0.3 s" in r.stderr
         assert "waited 0.3 s" in r.stderr
     finally:
         first.kill()

@@ -15,7 +15,8 @@ from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
-from vgpu_state.executor.drivertypes import DRIVER_TYPES_FILE, DriverTypesFile
+from vgpu_state.executor import STATE_DIR, StatePaths
+from vgpu_state.executor.drivertypes import DriverTypesFile
 from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.host.holders import ProcHolders
 from vgpu_state.kube.api import KubeApi
@@ -47,7 +48,7 @@ class AgentFlags:
     namespace: str = "vgpu-state"
     sysfs_root: str = "/sys"
     sim_spec: str | None = None
-    state_dir: Path = Path("/var/lib/vgpu-state")
+    state_dir: Path = STATE_DIR
     in_use_file: str | None = None
     pod_resources: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubevirt: str | None = None
@@ -71,9 +72,8 @@ def build(flags: AgentFlags) -> Agent:
     """Connect to the cluster and assemble an :class:`Agent` (nothing runs yet)."""
     api = KubeApi.connect(flags.kubeconfig)
     flags.state_dir.mkdir(parents=True, exist_ok=True)
-    host, sim_in_use, after, processes = _host(
-        flags, _driver_types(flags.state_dir / DRIVER_TYPES_FILE)
-    )
+    state = StatePaths(flags.state_dir)
+    host, sim_in_use, after, processes = _host(flags, _driver_types(state.driver_types))
     in_use: InUseSource | None = sim_in_use
     if flags.in_use_file:
         in_use = in_use_from_file(flags.in_use_file)
@@ -122,9 +122,9 @@ def build(flags: AgentFlags) -> Agent:
     catalog = default_catalog()
     settings = Settings(
         catalog=catalog,
-        journal_path=flags.state_dir / "journal.jsonl",
-        driver_types_path=flags.state_dir / DRIVER_TYPES_FILE,
-        lock_path=flags.state_dir / "apply.lock",
+        journal_path=state.journal,
+        driver_types_path=state.driver_types,
+        lock_path=state.lock,
         command=f"vgpu-state agent --node {flags.node}",
         sriov_manage=flags.sriov_manage,
     )

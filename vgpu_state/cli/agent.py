@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from vgpu_state.cli.common import handle_errors
+from vgpu_state.executor.state import STATE_DIR
 
 
 @click.command("agent")
@@ -66,7 +67,7 @@ from vgpu_state.cli.common import handle_errors
 )
 @click.option(
     "--state-dir",
-    default="/var/lib/vgpu-state",
+    default=str(STATE_DIR),
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
     help="Journal, host lock and the vGPU types the driver listed (driver-types.json).",

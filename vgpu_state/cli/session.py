@@ -22,7 +22,7 @@ from vgpu_state.cli.common import SessionArgs, parse_in_use, parse_labels
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.config.loader import MAX_CONFIG_BYTES
 from vgpu_state.config.source import FileConfigSource
-from vgpu_state.executor import DEFAULT_JOURNAL, DEFAULT_LOCK, Journal
+from vgpu_state.executor import DEFAULT_STATE, Journal
 from vgpu_state.executor.drivertypes import DRIVER_TYPES_FILE, DriverTypesFile
 from vgpu_state.host import DriverTypeMemory, SysfsHost
 from vgpu_state.host.holders import ProcHolders
@@ -56,7 +56,8 @@ def _nothing() -> None:
 
 
 def default_state_path(explicit: str | None, sim_spec: str | None, kind: str) -> Path:
-    """Journal and lock: flag, then env, then beside the sim spec, then the host default.
+    """Journal and lock: flag, then env, then beside the sim spec, then the node's state
+    directory (the agent's, :data:`~vgpu_state.executor.DEFAULT_STATE`).
 
     ``driver-types``: beside the journal (``explicit`` is the journal's flag).
     """
@@ -67,7 +68,7 @@ def default_state_path(explicit: str | None, sim_spec: str | None, kind: str) ->
         if sim_spec:
             spec = Path(sim_spec)
             return spec.with_name(f"{spec.name}.{DRIVER_TYPES_FILE}")
-        return Path(DEFAULT_JOURNAL).with_name(DRIVER_TYPES_FILE)
+        return DEFAULT_STATE.driver_types
     env = ENV_JOURNAL if kind == "journal" else ENV_LOCK
     chosen = explicit or os.environ.get(env)
     if chosen:
@@ -76,7 +77,7 @@ def default_state_path(explicit: str | None, sim_spec: str | None, kind: str) ->
         spec = Path(sim_spec)
         suffix = ".journal.jsonl" if kind == "journal" else ".lock"
         return spec.with_name(spec.name + suffix)
-    return Path(DEFAULT_JOURNAL if kind == "journal" else DEFAULT_LOCK)
+    return DEFAULT_STATE.journal if kind == "journal" else DEFAULT_STATE.lock
 
 
 def journal_for(explicit: str | None, sim_spec: str | None) -> Journal:

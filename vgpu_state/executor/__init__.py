@@ -16,11 +16,14 @@ from vgpu_state.executor.journal import (
     UnfinishedPlan,
 )
 from vgpu_state.executor.lock import DEFAULT_LOCK, HostLock, LockTimeoutError
+from vgpu_state.executor.state import DEFAULT_STATE, STATE_DIR, StatePaths
 from vgpu_state.ports.host import HostPort
 
 __all__ = [
     "DEFAULT_JOURNAL",
     "DEFAULT_LOCK",
+    "DEFAULT_STATE",
+    "STATE_DIR",
     "ApplyError",
     "ApplyResult",
     "HostLock",
@@ -30,6 +33,7 @@ __all__ = [
     "LockTimeoutError",
     "Outcome",
     "PastApply",
+    "StatePaths",
     "StepResult",
     "UnfinishedPlan",
     "VerificationError",

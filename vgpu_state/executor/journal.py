@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vgpu_state.executor.state import DEFAULT_STATE
 from vgpu_state.executor.statefile import StateFileError, open_state_file
 
-DEFAULT_JOURNAL = "/var/lib/vgpu-state/journal.jsonl"
+DEFAULT_JOURNAL = str(DEFAULT_STATE.journal)
 
 
 MAX_TAIL_BYTES = 8 * 1024 * 1024

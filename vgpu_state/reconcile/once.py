@@ -152,11 +152,18 @@ def plan_inputs(inputs: Inputs, settings: Settings) -> Plan:
 
 
 @contextmanager
-def _host_lock(settings: Settings) -> Iterator[None]:
+def _host_lock(settings: Settings, hear: Reporter) -> Iterator[None]:
     if settings.lock_path is None:
         yield
         return
-    with HostLock(settings.lock_path, settings.lock_timeout, "apply", settings.command):
+
+    def waiting(message: str) -> None:
+        log.info("%s", message)
+        hear.warning(message)
+
+    with HostLock(
+        settings.lock_path, settings.lock_timeout, "apply", settings.command, on_wait=waiting
+    ):
         yield
 
 
@@ -186,7 +193,7 @@ def reconcile_once(
     failed status to the cluster port when the node is known).
     """
     hear: Reporter = reporter or QuietReporter()
-    lock = _host_lock(settings) if mode is Mode.APPLY else nullcontext()
+    lock = _host_lock(settings, hear) if mode is Mode.APPLY else nullcontext()
     inputs: Inputs | None = None
     try:
         # The config is read before the host lock is taken, so a config error leaves
@@ -351,7 +358,7 @@ def apply_saved(
     there is nothing to do. ``processes``: the node's processes holding vGPUs.
     """
     hear: Reporter = reporter or QuietReporter()
-    with _host_lock(settings):
+    with _host_lock(settings, hear):
         live = host.scan()
         require_readable(live)
         if live.fingerprint() != saved.plan.snapshot_fingerprint:
