@@ -130,3 +130,24 @@ def test_plan_and_apply_see_a_process_holding_a_vgpu(tmp_path: Path) -> None:
         after = cli("plan", *common)
         assert "qemu-system-x86_64" not in after.stdout, after.stdout
         assert "3 to destroy, 0 blocked" in after.stdout, after.stdout
+
+
+@pytest.mark.usefixtures("require_fuse")
+def test_a_process_holding_another_simulated_nodes_vgpu_holds_nothing_here(
+    tmp_path: Path,
+) -> None:
+    """Two mounts of one spec have the same IOMMU group numbers: a process with one
+    mount's VFIO node open holds that node's vGPU only."""
+    (tmp_path / "node.yaml").write_text(SPEC)
+    config = tmp_path / "layout.yaml"
+    config.write_text(LAYOUT)
+    with (
+        mounted(tmp_path / "node.yaml", tmp_path / "a") as a,
+        mounted(tmp_path / "node.yaml", tmp_path / "b") as b,
+        qemu_holding(a.root / VFIO_NODES / _group(a.root, HELD)) as qemu,
+    ):
+        holder = f"process {qemu.pid}"
+        here = cli("plan", "-f", str(config), "-c", "a2-2q", "--sysfs-root", str(a.root))
+        there = cli("plan", "-f", str(config), "-c", "a2-2q", "--sysfs-root", str(b.root))
+    assert holder in here.stdout, here.stdout
+    assert holder not in there.stdout and "3 to destroy, 0 blocked" in there.stdout, there.stdout

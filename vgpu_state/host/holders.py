@@ -8,10 +8,12 @@ even when the kubelet knows nothing of them (a VM started by hand, a kubelet
 that is down). QEMU names its guest with ``-name guest=<name>,...``; the holder
 says so.
 
-An open file counts when its path ends with ``/dev/vfio/<group>`` or
-``/dev/vfio/devices/vfioN``: ``/proc`` shows a file as its process sees it, so
-a QEMU in a container or a chroot (and a simulated node's VFIO nodes under
-``.vgpu-sim/dev``) shows a longer path with the same tail.
+An open file counts when its path is ``/dev/vfio/<group>`` or
+``/dev/vfio/devices/vfioN`` (``/proc`` shows a file as its process sees it, so
+a QEMU in a container shows these paths too), or the same below the node's own
+sysfs root in :data:`SIM_VFIO_DIR`, where the FUSE-mounted simulator serves a
+simulated node's VFIO nodes. Another simulated node's nodes (another mount,
+with the same group numbers) never count.
 
 Only reads (``listdir``, ``readlink``, ``read``) through a
 :class:`~vgpu_state.host.reader.Filesystem`, so the same code reads the real
@@ -44,15 +46,20 @@ class ProcessHolder:
 
 
 VFIO_DIR = "/dev/vfio/"
+SIM_VFIO_DIR = ".vgpu-sim/dev/vfio"
+"""Where a simulated node serves its VFIO nodes, below its sysfs root."""
 
 
-def vfio_tail(path: str) -> str | None:
-    """The part of an open file's path after its last ``/dev/vfio/`` (``12``,
-    ``devices/vfio7``), or ``None`` when it is no VFIO node."""
-    at = path.rfind(VFIO_DIR)
-    if at < 0:
-        return None
-    return path[at + len(VFIO_DIR) :] or None
+def vfio_tail(path: str, sysfs_root: str | None = None) -> str | None:
+    """The part of an open file's path after ``/dev/vfio/`` (``12``, ``devices/vfio7``),
+    or after ``<sysfs_root>/.vgpu-sim/dev/vfio/``; ``None`` when it is no VFIO node."""
+    prefixes = [VFIO_DIR]
+    if sysfs_root:
+        prefixes.append(os.path.join(sysfs_root, SIM_VFIO_DIR, ""))
+    for prefix in prefixes:
+        if path.startswith(prefix):
+            return path[len(prefix) :] or None
+    return None
 
 
 def vfio_nodes(
@@ -104,6 +111,7 @@ def scan_holders(
     """
     fs = proc_fs or OsFilesystem()
     found = ProcScan()
+    root = os.path.realpath(sysfs_root or snapshot.sysfs_root)
     opened: dict[int, set[str]] = {}
     pids = sorted(int(p) for p in _listdir(fs, proc_root) if p.isdigit())
     for pid in pids:
@@ -119,14 +127,14 @@ def scan_holders(
                 target = fs.readlink(os.path.join(fd_dir, fd))
             except OSError:
                 continue  # closed meanwhile, or not ours to read
-            tail = vfio_tail(target)
+            tail = vfio_tail(target, root)
             if tail is not None and tail != "vfio":  # /dev/vfio/vfio is the container
                 opened.setdefault(pid, set()).add(tail)
     if not opened:
         return found
     nodes = {
         node[len(VFIO_DIR) :]: key
-        for node, key in vfio_nodes(snapshot, sysfs_root or snapshot.sysfs_root, sysfs_fs).items()
+        for node, key in vfio_nodes(snapshot, root, sysfs_fs).items()
     }
     for pid, tails in opened.items():
         keys = {nodes[t] for t in tails if t in nodes}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache, partial
 
 from vgpu_state.catalog import VgpuType
+from vgpu_state.host.holders import SIM_VFIO_DIR
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.sim.driver_model import SRIOV_OFFSET, SRIOV_STRIDE, SimDriver, SimGpu, SimVgpu
 
@@ -23,7 +24,7 @@ SRIOV_MANAGE_CONTROL = f"{CONTROL_DIR}/sriov-manage"
 SRIOV_MANAGE_OUTPUT = f"{CONTROL_DIR}/sriov-manage.out"
 RESET_CONTROL = f"{CONTROL_DIR}/reset"
 """Writing anything here puts the node back to the spec it was loaded from."""
-VFIO_NODES = f"{CONTROL_DIR}/dev/vfio"
+VFIO_NODES = SIM_VFIO_DIR
 """The VFIO nodes a VM would open (``/dev/vfio/<group>``, ``devices/vfioN``), one per
 vGPU: through FUSE a process that opens one holds that vGPU until it closes it."""
 
