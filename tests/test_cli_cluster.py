@@ -287,3 +287,18 @@ def test_kubevirt_managing_mdevs_blocks_the_apply(
     apply = run("apply", *_common(kubeconfig, spec), "--auto-approve")
     assert apply.exit_code == 1
     assert spec.read_bytes() == before
+
+
+def test_holders_on_standard_input_are_read_once_and_kept(
+    cluster: tuple[RunningApiServer, Path, Path],
+) -> None:
+    """``--in-use-file -`` with a cluster: the holders given on standard input block."""
+    _, kubeconfig, spec = cluster
+    plan = CliRunner().invoke(
+        cli,
+        ["plan", *map(str, _common(kubeconfig, spec)), "--in-use-file", "-"],
+        input=f"{HELD_T4} vm lab/cad-from-stdin\n",
+    )
+    assert plan.exit_code == 0, plan.output
+    assert f"vgpu[{HELD_T4}] T4-8C cannot be destroyed" in plan.output
+    assert "vm lab/cad-from-stdin" in plan.output
