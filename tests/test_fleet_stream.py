@@ -138,7 +138,8 @@ def _json_text(text: str) -> str:
 
 PAGING = [
     pytest.param((), id="default-chunks"),
-    pytest.param(("--chunk-size", "4"), id="pages-of-4"),
+    pytest.param(("--chunk-size", "4", "--jobs", "1"), id="pages-of-4"),
+    pytest.param(("--chunk-size", "3", "--jobs", "2"), id="pages-of-3-in-2-processes"),
     pytest.param(("--chunk-size", "0"), id="one-list-in-stored-order"),
 ]
 

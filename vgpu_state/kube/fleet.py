@@ -1,12 +1,13 @@
 """Read what every node last reported, for a fleet-wide plan: list requests, no writes.
 
-The Nodes are listed first (only their labels are kept), then the
-``VGPUNodeState`` objects, page by page (``limit``/``continue``, as kubectl's
-``--chunk-size``): each is decoded into a :class:`ReportedNode` and handed on
-before the next is read, so a fleet of any size is held one page of JSON and
-one node at a time. Each node's status gives the scan its agent last made
-(``status.snapshot``) and the vGPUs held then (``status.gpus[].vgpus[].holder``);
-the Node gives its labels now. A node whose report cannot be planned against
+The ``VGPUNodeState`` objects are listed page by page (``limit``/``continue``,
+as kubectl's ``--chunk-size``), the Nodes after the first page (only their
+labels are kept). Each page's objects are decoded into :class:`ReportedNode`
+values one at a time and handed on before the next page is requested, so a
+fleet of any size is held one page of JSON and one node at a time. Each
+node's status gives the scan its agent last made (``status.snapshot``) and the
+vGPUs held then (``status.gpus[].vgpus[].holder``); the Node gives its labels
+now. A node whose report cannot be planned against
 is returned with the reason (:class:`~vgpu_state.model.fleet.Unknown`), never
 raised.
 """
@@ -36,9 +37,9 @@ DEFAULT_CHUNK_SIZE = 500
 
 def list_pages(
     api: KubeApi, path: str, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> Iterator[JsonObject]:
-    """Every object of the collection at ``path``, requested ``chunk_size`` at a time
-    (``0``: all in one request). Each page is released once its objects are handed on.
+) -> Iterator[list[JsonObject]]:
+    """The collection at ``path``, a page of at most ``chunk_size`` objects per request
+    (``0``: all in one request).
 
     Raises the API's errors; a continue token that expired while the list was
     read (HTTP 410) says so.
@@ -60,13 +61,10 @@ def list_pages(
                 ) from None
             raise
         token = str((body.get("metadata") or {}).get("continue") or "")
-        items = body.pop("items", None) or []
+        items = body.get("items") or []
         del body
-        items.reverse()
-        while items:
-            item = items.pop()
-            if isinstance(item, dict):
-                yield item
+        yield [i for i in items if isinstance(i, dict)]
+        del items
         if not token or chunk_size <= 0:
             return
 
@@ -74,23 +72,27 @@ def list_pages(
 def read_labels(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> dict[str, dict[str, str]]:
     """Every Node's labels by name (the rest of each Node is dropped as it is read)."""
     labels: dict[str, dict[str, str]] = {}
-    for node in list_pages(api, path_of("", "v1", "nodes"), chunk_size):
-        name = (node.get("metadata") or {}).get("name")
-        if isinstance(name, str):
-            labels[name] = labels_of(node)
+    for page in list_pages(api, path_of("", "v1", "nodes"), chunk_size):
+        for node in page:
+            name = (node.get("metadata") or {}).get("name")
+            if isinstance(name, str):
+                labels[name] = labels_of(node)
     return labels
 
 
-def stream_fleet(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[ReportedNode]:
-    """Every node that has a ``VGPUNodeState``, one at a time, in the order the API
-    server lists them (by name, for a real one; callers that need an order sort).
+def fleet_pages(
+    api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> tuple[dict[str, dict[str, str]], Iterator[list[JsonObject]]]:
+    """Every Node's labels, and the ``VGPUNodeState`` objects page by page (each page
+    requested when the previous one is done with), in the order the API server lists
+    them (by name, for a real one; callers that need an order sort).
 
     Raises :class:`~vgpu_state.kube.errors.ClusterError` when the resource is
     not installed, and the API's errors when the cluster cannot be read.
     """
-    states = list_pages(api, nodestate.object_path(), chunk_size)
+    pages = list_pages(api, nodestate.object_path(), chunk_size)
     try:
-        first = next(states, None)
+        first = next(pages, [])
     except NotFoundError as e:
         raise NotFoundError(
             f"the cluster has no {nodestate.KIND} resource (is vgpu-state installed? "
@@ -98,21 +100,38 @@ def stream_fleet(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator
             e.status,
             e.api_reason,
         ) from None
-    if first is None:
-        return
     labels = read_labels(api, chunk_size)
-    decoder = SnapshotDecoder()
-    obj: JsonObject | None = first
-    while obj is not None:
+
+    def every_page() -> Iterator[list[JsonObject]]:
+        yield first
+        yield from pages
+
+    return labels, every_page()
+
+
+def reported_nodes(
+    page: list[JsonObject],
+    labels: Mapping[str, Mapping[str, str]],
+    decoder: SnapshotDecoder,
+) -> Iterator[ReportedNode]:
+    """Each ``VGPUNodeState`` of ``page`` as a :class:`ReportedNode`, one at a time."""
+    for obj in page:
         name = (obj.get("metadata") or {}).get("name")
         if isinstance(name, str) and name:
             yield reported_node(name, obj, labels.get(name), decoder)
-        obj = next(states, None)
+
+
+def stream_fleet(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[ReportedNode]:
+    """Every node that has a ``VGPUNodeState``, one at a time (see :func:`fleet_pages`)."""
+    labels, pages = fleet_pages(api, chunk_size)
+    decoder = SnapshotDecoder()
+    for page in pages:
+        yield from reported_nodes(page, labels, decoder)
 
 
 def read_fleet(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[ReportedNode, ...]:
     """Every node that has a ``VGPUNodeState``, sorted by name, all at once (for small
-    fleets and tests; ``fleet plan`` streams with :func:`stream_fleet`)."""
+    fleets and tests; ``fleet plan`` streams with :func:`fleet_pages`)."""
     found = {n.name: n for n in stream_fleet(api, chunk_size)}
     return tuple(found[name] for name in sorted(found))
 

@@ -172,6 +172,22 @@ class FleetSummary:
             row[2] += c.held
             row[3] += 1
 
+    def merge(self, other: FleetSummary) -> None:
+        """Add what ``other`` counted (another part of the same fleet)."""
+        self.nodes += other.nodes
+        for o, n in other.count.items():
+            self.count[o] += n
+        self.create += other.create
+        self.destroy += other.destroy
+        self.sriov += other.sriov
+        self.blocked += other.blocked
+        for level, n in other.levels.items():
+            self.levels[level] += n
+        for key, row in other.capacity.items():
+            mine = self.capacity.setdefault(key, [0, 0, 0, 0])
+            for i, value in enumerate(row):
+                mine[i] += value
+
     def totals(self) -> Totals:
         ordered = sorted(
             self.capacity.items(), key=lambda kv: (kv[0][0] or "~", kv[0][1], kv[0][2])
