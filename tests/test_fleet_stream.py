@@ -229,3 +229,22 @@ def test_the_decoder_decodes_scans_it_cannot_split_whole_with_the_same_errors() 
     )
     with pytest.raises(SnapshotDecodeError, match="not a valid scan: 1 validation error"):
         decoder.decode(damaged)
+
+
+def _dying_worker(page: list[dict[str, Any]]) -> Any:
+    os._exit(9)  # as a worker killed by the kernel
+
+
+def test_a_worker_process_that_dies_fails_the_command_and_prints_no_plan(
+    cluster: tuple[RunningApiServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vgpu_state.cli import fleet as fleet_cli
+
+    server, config = cluster
+    monkeypatch.setattr(fleet_cli, "plan_page", _dying_worker)
+    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+    argv = ["fleet", "plan", "-f", str(config), "--kubeconfig", str(kubeconfig)]
+    done = CliRunner().invoke(cli, [*argv, "--chunk-size", "5", "--jobs", "2"])
+    assert done.exit_code == 1
+    assert "a process planning the fleet stopped unexpectedly" in done.stderr
+    assert done.stdout == ""

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
@@ -29,6 +30,7 @@ from vgpu_state.cli.common import handle_errors
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE
 from vgpu_state.kube.nodestate import SnapshotDecoder
+from vgpu_state.model.errors import TransientError
 from vgpu_state.model.plan import ActionKind, Blocked, GpuPlan, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.planner.render import before_after
@@ -592,6 +594,10 @@ class PageWork:
     decoder: SnapshotDecoder = field(default_factory=SnapshotDecoder)
 
 
+class FleetWorkerError(TransientError):
+    """A worker process died while it planned a page of the fleet."""
+
+
 _WORK: PageWork | None = None
 """The work of this process (the command's, inherited by its workers)."""
 
@@ -655,6 +661,11 @@ def plan_pages(
                     yield waiting.popleft().result()
             while waiting:
                 yield waiting.popleft().result()
+        except BrokenProcessPool:
+            raise FleetWorkerError(
+                "a process planning the fleet stopped unexpectedly (killed, or out of "
+                "memory?); nothing was printed: run the command again, or with --jobs 1"
+            ) from None
         finally:
             for future in waiting:
                 future.cancel()
