@@ -546,7 +546,10 @@ def main() -> int:
                 assert server.stdout is not None
                 port = int(server.stdout.readline())
                 kube = kubeconfig(root / "kubeconfig", port)
+                # Any age: a kept fleet's scans grow older than the default 30 minutes,
+                # and a stale node is listed, not planned.
                 base = ["fleet", "plan", "-f", str(config), "--kubeconfig", str(kube)]
+                base += ["--max-age", "0"]
                 for extra in outputs:
                     what = "table" if not extra else "-o json"
                     runs: dict[str, list[Run]] = {label: [] for label, _ in trees}

@@ -620,6 +620,21 @@ def plan_page(page: list[dict[str, Any]]) -> tuple[FleetSummary, list[Rendered]]
     return summary, out
 
 
+def _worker_start(parent: int) -> None:
+    """In a worker: end with the command, even when it is killed (Linux's parent-death
+    signal); a worker would otherwise wait for work forever."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return
+    if os.getppid() != parent:  # the command ended before the signal was asked for
+        os._exit(1)
+
+
 def default_jobs() -> int:
     """Processes that plan pages: the CPUs this process may use, at most 4; 1 (none) where
     processes cannot be forked."""
@@ -648,7 +663,9 @@ def plan_pages(
     # A worker that dies (killed, out of memory) fails the command (BrokenProcessPool)
     # instead of leaving it waiting for a page that never comes.
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        jobs, mp_context=context, initializer=_worker_start, initargs=(os.getpid(),)
+    ) as pool:
         waiting: collections.deque[Future[tuple[FleetSummary, list[Rendered]]]]
         waiting = collections.deque()
         chained = itertools.chain((first, second), pages)
