@@ -34,6 +34,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.apiserver import NODES, NODESTATES, RunningApiServer
+from vgpu_state.cli.fleet import plan_page
 from vgpu_state.cli.main import cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -231,8 +232,13 @@ def test_the_decoder_decodes_scans_it_cannot_split_whole_with_the_same_errors() 
         decoder.decode(damaged)
 
 
+_TEST_PROCESS = os.getpid()
+
+
 def _dying_worker(page: list[dict[str, Any]]) -> Any:
-    os._exit(9)  # as a worker killed by the kernel
+    if os.getpid() == _TEST_PROCESS:  # the pages the command plans itself
+        return plan_page(page)
+    os._exit(9)  # a worker, as if killed by the kernel
 
 
 def test_a_worker_process_that_dies_fails_the_command_and_prints_no_plan(

@@ -100,7 +100,7 @@ def fleet() -> None:
     "--jobs",
     type=click.IntRange(min=0),
     default=0,
-    help="Processes that plan nodes in parallel when the fleet spans several pages "
+    help="Processes that plan nodes in parallel when the fleet spans more than two pages "
     "(default 0: one per CPU, at most 4; 1: none).",
 )
 @click.option(
@@ -129,7 +129,7 @@ def plan_cmd(
 
     The fleet is read page by page (--chunk-size objects per request) and each
     node is planned and summarised as it is read, so memory does not grow with
-    the fleet's size beyond a line per node; pages after the first are planned
+    the fleet's size beyond a line per node; pages after the first two are planned
     by --jobs processes while the next are read.
     """
     from vgpu_state.catalog import default_catalog
@@ -598,6 +598,9 @@ class FleetWorkerError(TransientError):
     """A worker process died while it planned a page of the fleet."""
 
 
+IN_PROCESS_PAGES = 2
+"""Pages planned in the command's own process before workers are started."""
+
 _WORK: PageWork | None = None
 """The work of this process (the command's, inherited by its workers)."""
 
@@ -646,17 +649,27 @@ def default_jobs() -> int:
 def plan_pages(
     work: PageWork, pages: Iterator[list[dict[str, Any]]], jobs: int
 ) -> Iterator[tuple[FleetSummary, list[Rendered]]]:
-    """Every page planned (:func:`plan_page`), in order. With ``jobs`` above 1 and more
-    than one page, ``jobs`` forked processes plan them while this one reads the next
-    pages; at most two pages per process wait, so memory stays a few pages."""
+    """Every page planned (:func:`plan_page`), in order. The first pages are planned in
+    this process; with ``jobs`` above 1 and more pages than those, ``jobs`` forked
+    processes plan the rest while this one reads the next pages (a small fleet pays
+    for no processes). At most two pages per process wait, so memory stays a few
+    pages."""
     global _WORK
     _WORK = work
+    for _ in range(IN_PROCESS_PAGES if jobs > 1 else -1):
+        page = next(pages, None)
+        if page is None:
+            return
+        yield plan_page(page)
+        del page
     first = next(pages, None)
     if first is None:
         return
-    second = next(pages, None) if jobs > 1 else None
-    if second is None:
+    second = next(pages, None)
+    if jobs <= 1 or second is None:
         yield plan_page(first)
+        if second is not None:
+            yield plan_page(second)
         for page in pages:
             yield plan_page(page)
         return
