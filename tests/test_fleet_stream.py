@@ -254,3 +254,36 @@ def test_a_worker_process_that_dies_fails_the_command_and_prints_no_plan(
     assert done.exit_code == 1
     assert "a process planning the fleet stopped unexpectedly" in done.stderr
     assert done.stdout == ""
+
+
+def test_a_real_api_server_pages_the_fleet_and_the_plan_is_the_same_in_any_page_size(
+    real_cluster: Any, tmp_path: Path
+) -> None:
+    """Upstream's kube-apiserver (``tests/realcluster.py``): the fleet above (but the
+    status the CRD's schema refuses) stored there; ``fleet plan`` with pages of 4, of
+    500 and in one request prints the same plan of every node, by name."""
+    stored = []
+    for name, node, state in fleet_objects():
+        if name == "gpu-bbb-broken":  # the server refuses it (a string for a count)
+            continue
+        if node is not None:
+            real_cluster.write(NODES, name, {"metadata": {"labels": node["metadata"]["labels"]}})
+        if state is not None:
+            body = {k: v for k, v in state.items() if k in ("metadata", "spec", "status")}
+            body["metadata"] = {"labels": state["metadata"].get("labels", {})}
+            real_cluster.write(NODESTATES, name, body)
+        stored.append(name)
+    config = tmp_path / "fleet.yaml"
+    config.write_text(BENCH.CONFIG)
+    kubeconfig = real_cluster.write_kubeconfig(tmp_path / "kubeconfig", identity="user")
+    argv = ["fleet", "plan", "-f", str(config), "--kubeconfig", str(kubeconfig), "--max-age", "0"]
+    outputs = {}
+    for chunk in ("4", "500", "0"):
+        done = CliRunner().invoke(cli, [*argv, "-o", "json", "--chunk-size", chunk])
+        assert done.exit_code == 1, done.output  # the unselected node is an error
+        outputs[chunk] = _json_text(done.stdout)
+    assert outputs["4"] == outputs["500"] == outputs["0"]
+    doc = json.loads(outputs["4"])
+    assert [n["node"] for n in doc["nodes"]] == sorted(stored)
+    assert doc["totals"]["nodes"] == len(stored) == COUNT + 3
+    assert doc["totals"]["errors"] == 1 and doc["totals"]["unknown"] == 2
