@@ -317,6 +317,70 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     assert "the Kubernetes API server warns" not in agent.log.read_text()
 
 
+def test_kubevirt_managing_mdevs_stops_the_agent_and_it_says_why(agent: Running) -> None:
+    """KubeVirt's own mdev management (``mediatedDevicesConfiguration`` set, no
+    ``DisableMDEVConfiguration`` gate) would undo the agent's work: the agent applies
+    nothing, and the state label, the status, the last-plan annotation and an Event
+    say why, until the CR hands the mdevs over."""
+    agent.kube.put(
+        "kubevirt.io/v1/kubevirts",
+        "kubevirt",
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "spec": {
+                "configuration": {
+                    "mediatedDevicesConfiguration": {"mediatedDeviceTypes": ["nvidia-745"]}
+                }
+            },
+        },
+        namespace="kubevirt",
+    )
+    agent.label("grow")
+    before = scan(agent.root, catalog=CATALOG).fingerprint()
+    proc = agent.start()
+    def reported() -> bool:
+        found = agent.kube.get("vgpu-state.io/v1alpha1/vgpunodestates", NODE)
+        conditions = ((found or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Blocked" and c["status"] == "True" for c in conditions)
+
+    wait_for("the status", reported, proc)
+    assert agent.state() == "failed"
+    time.sleep(1)  # a reconcile that would apply has had its chance
+    assert scan(agent.root, catalog=CATALOG).fingerprint() == before, "nothing applied"
+    conditions = {c["type"]: c for c in agent.nodestate()["conditions"]}
+    assert conditions["Blocked"]["reason"] == "KubeVirtMdevManagementActive"
+    assert conditions["Synced"]["reason"] == "KubeVirtMdevManagementActive"
+    assert "nothing was applied" in conditions["Synced"]["message"]
+    assert "KubeVirt manages mediated devices" in agent.annotation("vgpu-state.io/last-plan")
+    events = [
+        e
+        for e in agent.kube.all("v1/events")
+        if e.get("reason") == "KubeVirtMdevManagementActive"
+    ]
+    assert events and "KubeVirt manages mediated devices" in events[0]["message"]
+
+    # The CR hands the mdevs over: the agent applies the layout.
+    agent.kube.put(
+        "kubevirt.io/v1/kubevirts",
+        "kubevirt",
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "spec": {
+                "configuration": {
+                    "mediatedDevicesConfiguration": {"mediatedDeviceTypes": ["nvidia-745"]},
+                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]},
+                }
+            },
+        },
+        namespace="kubevirt",
+    )
+    agent.edit_config(CONFIG + "  # touched\n")  # a trigger: the agent does not watch the CR
+    wait_for("the grown layout", lambda: layout(agent.root).get("A2-4Q") == 2, proc)
+    wait_for("success", lambda: agent.state() == "success", proc)
+
+
 SLOW_SPEC = A2_SPEC.read_text() + "faults:\n  - {op: any, delay-ms: 400}\n"
 SWAP = (
     CONFIG

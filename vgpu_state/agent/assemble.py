@@ -135,6 +135,7 @@ def build(flags: AgentFlags) -> Agent:
         sink,
         dra,
         processes=cluster,
+        kubevirt=cluster,
     )
     slots = RolloutSlots(api.client, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
     if after is not None:

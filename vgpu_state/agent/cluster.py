@@ -32,6 +32,7 @@ from vgpu_state.kube.errors import (
 from vgpu_state.kube.nodestate import ConditionKind, LastApply, SelectedConfig, VGPUNodeStateStatus
 from vgpu_state.model.errors import TransientError
 from vgpu_state.model.inuse import InUse
+from vgpu_state.model.plan import ClusterPart
 from vgpu_state.model.publish import join
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConditionType, ConfigState, EventType, NodeStatus
@@ -90,6 +91,22 @@ class AgentCluster(KubeCluster):
         merged = InUse({**self._process_held, **held})
         self.last_in_use = merged
         return merged
+
+    def cluster_plan(
+        self, expected: NodeSnapshot, labels: Mapping[str, str] | None = None
+    ) -> ClusterPart:
+        """:meth:`KubeCluster.cluster_plan`; a KubeVirt CR that cannot be found or read is
+        a problem, not an error: with no CR there is no KubeVirt to hand the mdevs over.
+
+        A transient failure (the API server unreachable) is raised: the reconcile is
+        retried rather than run without knowing KubeVirt's settings.
+        """
+        try:
+            return super().cluster_plan(expected, labels)
+        except ClusterConflictError:
+            raise
+        except ClusterError as e:
+            return ClusterPart(problems=(f"KubeVirt CR not read, its settings not checked: {e}",))
 
     def report_status(self, status: NodeStatus) -> None:
         shown = status.condition(ConditionType.DEGRADED) or status.condition(ConditionType.SYNCED)

@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Literal
 
 from vgpu_state.cli.common import SessionArgs, parse_labels
 from vgpu_state.cli.session import Target
-from vgpu_state.model.errors import BlockedError, SelectionError
+from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.inuse import InUse
-from vgpu_state.model.plan import Action, ClusterAction, Plan
+from vgpu_state.model.plan import Action, ClusterAction, ClusterPart, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConfigState, NodeEvent, NodeStatus
-from vgpu_state.planner import expected_snapshot
 from vgpu_state.ports import HostPort, NoProcesses, ProcessHolders
 from vgpu_state.reconcile import Mode, Ports
 
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
     from vgpu_state.reconcile.report import Reporter
 
 Warn = Callable[[str], None]
-Gate = Callable[[Plan], bool]
 
 
 @dataclass(frozen=True)
@@ -141,38 +139,16 @@ class KubeNodeCluster:
         self.kube.emit_event(event)
 
     # the plan's cluster part ---------------------------------------------------------
-    def decorate(self, plan: Plan) -> Plan:
-        """``plan`` with the KubeVirt CR changes it implies, and the CR's blockers."""
-        if self.plan is not None and self.plan.snapshot_fingerprint == plan.snapshot_fingerprint:
-            return self.plan
-        snapshot = self.snapshot or self.host.scan()
-        part = self.kube.cluster_plan(expected_snapshot(plan, snapshot))
-        for problem in part.problems:
-            self.warn(problem)
-        self.plan = plan.with_cluster(part.actions, part.blocked)
-        return self.plan
-
-    def gate(self, inner: Gate | None, skip_blocked: bool) -> Gate:
-        """Stop on a cluster blocker (unless skipped), then ask ``inner`` with the whole plan."""
-
-        def check(plan: Plan) -> bool:
-            shown = self.decorate(plan)
-            cluster_blocked = [b for b in shown.blocked if b.gpu == ""]
-            if cluster_blocked and not skip_blocked:
-                raise BlockedError(
-                    f"{cluster_blocked[0].address}: {cluster_blocked[0].reason} "
-                    "Nothing was changed."
-                )
-            return inner(shown) if inner is not None else True
-
-        return check
+    def cluster_plan(self, expected: NodeSnapshot, labels: Mapping[str, str]) -> ClusterPart:
+        """The KubeVirt CR changes ``expected`` implies, and the CR's blockers (reads only)."""
+        return self.kube.cluster_plan(expected, labels)
 
     def reporter(self, inner: Reporter) -> Reporter:
         return _ClusterReporter(self, inner)
 
 
 class _ClusterReporter:
-    """Shows the plan with its cluster part; everything else goes to ``inner``."""
+    """Remembers the plan (the status reports its id and result); the rest goes to ``inner``."""
 
     def __init__(self, cluster: KubeNodeCluster, inner: Reporter) -> None:
         self.cluster = cluster
@@ -182,16 +158,17 @@ class _ClusterReporter:
         self.inner.warning(message)
 
     def planned(self, plan: Plan) -> None:
-        self.inner.planned(self.cluster.decorate(plan))
+        self.cluster.plan = plan
+        self.inner.planned(plan)
 
     def applying(self, plan: Plan) -> None:
-        self.inner.applying(self.cluster.decorate(plan))
+        self.inner.applying(plan)
 
     def step(self, action: Action, result: StepResult) -> None:
         self.inner.step(action, result)
 
     def applied(self, plan: Plan, result: ApplyResult) -> None:
-        self.inner.applied(self.cluster.decorate(plan), result)
+        self.inner.applied(plan, result)
 
 
 class KubeVirtSink:
@@ -263,4 +240,5 @@ def kube_ports(
         warn=warn,
     )
     sink = KubeVirtSink(cluster) if mode is Mode.APPLY else base.device_plugin
-    return Ports(target.host, cluster, base.config, sink, processes=cluster), cluster
+    ports = Ports(target.host, cluster, base.config, sink, processes=cluster, kubevirt=cluster)
+    return ports, cluster

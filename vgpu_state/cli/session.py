@@ -246,8 +246,6 @@ def reconcile(
 
         node_ports, cluster = kube_ports(node_ports, target, args, flagged, mode, reporter.warning)
         reporter = cluster.reporter(reporter)
-        if kwargs.get("gate") is not None:
-            kwargs["gate"] = cluster.gate(kwargs["gate"], bool(kwargs.get("skip_blocked")))
     report = reconcile_once(
         node_ports,
         settings,
@@ -260,7 +258,7 @@ def reconcile(
         return report
     for action in cluster.applied:
         click.echo(f"  {action.op} {action.address}   resource: {action.resource}")
-    return dataclasses.replace(report, plan=cluster.decorate(report.plan))
+    return report
 
 
 def warn_unfinished(journal: Journal) -> None:

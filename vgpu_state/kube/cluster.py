@@ -29,7 +29,7 @@ from vgpu_state.kube.nodestate import (
 from vgpu_state.kube.podresources.client import DEFAULT_SOCKET, list_holders
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.inuse import InUse
-from vgpu_state.model.plan import ActionKind, Blocked, ClusterAction
+from vgpu_state.model.plan import ActionKind, Blocked, ClusterAction, ClusterPart
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConditionType, ConfigState, EventType, NodeEvent, NodeStatus
 
@@ -40,15 +40,6 @@ Clock = Callable[[], datetime.datetime]
 
 def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(tz=datetime.UTC)
-
-
-@dataclass(frozen=True)
-class ClusterPlan:
-    """The cluster's part of a plan: actions after the host's, and what blocks vGPU changes."""
-
-    actions: tuple[ClusterAction, ...] = ()
-    blocked: tuple[Blocked, ...] = ()
-    problems: tuple[str, ...] = ()
 
 
 _BLOCKED_CODES = {
@@ -315,7 +306,7 @@ class KubeCluster:
 
     def cluster_plan(
         self, expected: NodeSnapshot, labels: Mapping[str, str] | None = None
-    ) -> ClusterPlan:
+    ) -> ClusterPart:
         """What the cluster needs once the host looks like ``expected`` (reads only).
 
         The KubeVirt CR entries to add or update for the node's vGPU types, and
@@ -340,7 +331,7 @@ class KubeCluster:
                 for r in view.plan.foreign
             ),
         )
-        return ClusterPlan(actions, blocked, problems)
+        return ClusterPart(actions=actions, blocked=blocked, problems=problems)
 
     def apply_cluster(self, final: NodeSnapshot) -> tuple[ClusterAction, ...]:
         """After the host's actions: the KubeVirt CR for ``final`` (a fresh scan)."""

@@ -152,6 +152,19 @@ class DeferredSwitch(Frozen):
     """vGPUs the layout wants created on the GPU once the switch can run."""
 
 
+class ClusterPart(Frozen):
+    """The cluster's part of a plan: what follows the host's actions, and what blocks them.
+
+    ``blocked`` items have an empty ``gpu``: a setting of a cluster object (the
+    KubeVirt CR managing mdevs itself) that makes any vGPU change on the node
+    unsafe. ``problems`` are worth a warning and stop nothing.
+    """
+
+    actions: tuple[ClusterAction, ...] = ()
+    blocked: tuple[Blocked, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
 class GpuPlan(Frozen):
     """Per-GPU header of a plan: what it is and how many vGPUs stay unchanged."""
 
@@ -307,6 +320,11 @@ class Plan(Frozen):
                 "capacity": capacity,
             }
         )
+
+    @property
+    def cluster_blocked(self) -> tuple[Blocked, ...]:
+        """Blocked items of the cluster (``gpu`` empty): while any is there, nothing is applied."""
+        return tuple(b for b in self.blocked if b.gpu == "")
 
     @property
     def is_converged(self) -> bool:

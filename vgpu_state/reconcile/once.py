@@ -23,15 +23,17 @@ from vgpu_state.model.errors import (
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner import differences
+from vgpu_state.planner import differences, expected_snapshot
 from vgpu_state.planner import plan as make_plan
 from vgpu_state.planner.inuse import normalise_in_use
 from vgpu_state.planner.saved import SavedPlan, check_saved_plan
 from vgpu_state.ports import (
+    ClusterPlanner,
     ClusterPort,
     ConfigSource,
     DevicePluginSink,
     HostPort,
+    NoClusterPlan,
     NoDevicePlugin,
     NoProcesses,
     ProcessHolders,
@@ -63,6 +65,8 @@ class Ports:
     """Gets the vGPUs published through Dynamic Resource Allocation (never the plugin's)."""
     processes: ProcessHolders = field(default_factory=NoProcesses)
     """The node's processes holding a vGPU open (``/proc``), read on every reconcile."""
+    kubevirt: ClusterPlanner = field(default_factory=NoClusterPlan)
+    """The plan's cluster part: the KubeVirt CR entries it implies, and the CR's blockers."""
 
 
 class NoConfigSelectedError(SelectionError):
@@ -151,6 +155,16 @@ def plan_inputs(inputs: Inputs, settings: Settings) -> Plan:
     return make_plan(inputs.desired, inputs.snapshot, inputs.in_use, catalog=settings.catalog)
 
 
+def with_cluster_part(plan: Plan, inputs: Inputs, planner: ClusterPlanner, hear: Reporter) -> Plan:
+    """``plan`` with its cluster part: the cluster actions and the cluster's blockers."""
+    part = planner.cluster_plan(expected_snapshot(plan, inputs.snapshot), inputs.labels)
+    for problem in part.problems:
+        hear.warning(problem)
+    if not part.actions and not part.blocked:
+        return plan
+    return plan.with_cluster(part.actions, part.blocked)
+
+
 @contextmanager
 def _host_lock(settings: Settings, hear: Reporter) -> Iterator[None]:
     if settings.lock_path is None:
@@ -185,7 +199,10 @@ def reconcile_once(
 
     In :attr:`Mode.APPLY` the host lock is held from the first read to the
     last; ``gate`` sees the plan before any change (the CLI's confirmation);
-    blocked items stop the apply unless ``skip_blocked``. Every report ends
+    blocked items stop the apply unless ``skip_blocked``. A blocked item of the
+    cluster (KubeVirt managing mdevs itself) stops every change: it raises
+    :class:`BlockedError` without ``skip_blocked``, and with it the report
+    says that nothing was applied and why. Every report ends
     with a fresh scan compared with the desired layout; the cluster port gets
     the status and Events, the device plugin the fresh snapshot.
 
@@ -204,7 +221,7 @@ def reconcile_once(
             inputs = gather(ports, settings, config_name, document)
             for message in inputs.warnings:
                 hear.warning(message)
-            plan = plan_inputs(inputs, settings)
+            plan = with_cluster_part(plan_inputs(inputs, settings), inputs, ports.kubevirt, hear)
             log.info(
                 "node %s: configuration %r (%s): %d action(s), %d blocked",
                 inputs.node,
@@ -251,6 +268,21 @@ def _apply(
     hear: Reporter,
     warning: str | None,
 ) -> Report:
+    held_back = plan.cluster_blocked
+    if held_back and plan.actions:
+        # Another manager of this node's vGPUs (KubeVirt's virt-handler) would undo any
+        # change and sweep what we create: nothing is applied, whatever is skipped.
+        if not skip_blocked:
+            raise BlockedError(
+                f"{held_back[0].address}: {held_back[0].reason} Nothing was changed."
+            )
+        log.warning(
+            "node %s: nothing applied: %s: %s",
+            inputs.node,
+            held_back[0].address,
+            held_back[0].reason,
+        )
+        return _verified(ports, inputs, plan, None, warning)
     journal = Journal(settings.journal_path, settings.clock) if settings.journal_path else None
     nothing_to_run = not plan.actions and (skip_blocked or not plan.blocked)
     if nothing_to_run:

@@ -15,10 +15,23 @@ from vgpu_state.reconcile.report import Report
 
 
 def node_status(report: Report) -> NodeStatus:
-    """Synced / Ready / Blocked conditions with reason codes, and the state label's value."""
+    """Synced / Ready / Blocked conditions with reason codes, and the state label's value.
+
+    A blocked item of the cluster (KubeVirt managing mdevs itself) makes the
+    state ``failed`` and, when the plan had changes, ``Synced`` names it.
+    """
     plan = report.plan
     blocked = plan.blocked
-    if report.matches:
+    held_back = plan.cluster_blocked
+    if held_back and plan.actions:
+        synced = Condition(
+            type=ConditionType.SYNCED,
+            status=False,
+            reason=held_back[0].code.value,
+            message=f"nothing was applied: {held_back[0].address}: {held_back[0].reason}"
+            + "".join(f"; {d}" for d in report.differences),
+        )
+    elif report.matches:
         synced = Condition(
             type=ConditionType.SYNCED,
             status=True,
@@ -48,7 +61,12 @@ def node_status(report: Report) -> NodeStatus:
         reason="ConfigOutdated" if report.config_warning else "Ready",
         message=report.config_warning or "",
     )
-    state = ConfigState.SUCCESS if report.matches else ConfigState.PENDING
+    if held_back:
+        # Another manager of the node's vGPUs is active: what the host shows now cannot
+        # be called a success, and nothing changes until an operator hands it over.
+        state = ConfigState.FAILED
+    else:
+        state = ConfigState.SUCCESS if report.matches else ConfigState.PENDING
     return NodeStatus(
         node=report.inputs.node,
         config=plan.selection.config,
