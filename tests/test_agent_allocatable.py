@@ -237,7 +237,7 @@ class InProcess:
             self.plugin_dir, present=lambda device: True, poll_interval=0.02
         )
         self.monitor = allocatable_monitor(self.cluster, self.plugin, GRACE)
-        sink = ClusterSink(self.cluster, self.plugin, manage_kubevirt=False)
+        sink = ClusterSink(self.cluster, self.plugin)
         config_dir = tmp / "config"
         config_dir.mkdir()
         (config_dir / "config.yaml").write_text(CONFIG)
@@ -429,7 +429,7 @@ def test_dra_published_vgpus_are_in_the_status_but_not_expected_in_allocatable(
             KubeApi(kube.api_client(), kube.url, (5.0, 10.0)), NODE, pod_resources=None
         )
         monitor = allocatable_monitor(cluster, plugin, GRACE)
-        sink = ClusterSink(cluster, plugin, manage_kubevirt=False)
+        sink = ClusterSink(cluster, plugin)
         cluster.last_in_use = InUse()
         # One reconcile's order: the device plugin, then DRA, then the status.
         sink.refresh(channels.device_plugin)

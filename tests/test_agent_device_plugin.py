@@ -22,7 +22,6 @@ from tests.builders import V, build_gpu, build_snapshot
 from vgpu_state.agent.cluster import ClusterSink
 from vgpu_state.deviceplugin import DevicePluginManager
 from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
-from vgpu_state.kube.errors import ClusterConflictError, ClusterError
 from vgpu_state.model.errors import UserError
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.publish import join, split
@@ -50,23 +49,11 @@ class Cluster:
 
     def __init__(self) -> None:
         self.observed: list[NodeSnapshot] = []
-        self.synced: list[NodeSnapshot] = []
         self.events: list[tuple[str, str, EventType]] = []
         self.last_in_use: Mapping[str, str] | None = {}
-        self.sync_fails: Exception | None = None
 
     def observe(self, snapshot: NodeSnapshot, held: Any, *, in_use_known: bool) -> None:
         self.observed.append(snapshot)
-
-    def sync_kubevirt(self, snapshot: NodeSnapshot) -> Any:
-        self.synced.append(snapshot)
-        if self.sync_fails is not None:
-            raise self.sync_fails
-
-        class Result:
-            problems: tuple[str, ...] = ()
-
-        return Result()
 
     def event(self, reason: str, message: str, type: EventType) -> None:
         self.events.append((reason, message, type))
@@ -91,7 +78,7 @@ def test_split_and_join_are_inverse() -> None:
         assert join(channels.device_plugin, channels.dra) == snapshot
 
 
-def test_the_status_describes_dra_vgpus_too_but_the_plugin_and_kubevirt_never_see_them() -> None:
+def test_the_status_describes_dra_vgpus_too_but_the_plugin_never_sees_them() -> None:
     snapshot = two_gpus()
     channels = split(snapshot, lambda a: Publish.DRA if a == B else Publish.DEVICE_PLUGIN)
     cluster, plugin, dra = Cluster(), Plugin(), Plugin()
@@ -103,7 +90,6 @@ def test_the_status_describes_dra_vgpus_too_but_the_plugin_and_kubevirt_never_se
     dra_port.refresh(channels.dra)
 
     assert by_gpu(plugin.seen[-1])[B] == set()
-    assert by_gpu(cluster.synced[-1])[B] == set()
     assert by_gpu(dra.seen[-1])[A] == set() and len(by_gpu(dra.seen[-1])[B]) == 1
     assert by_gpu(cluster.observed[-1]) == by_gpu(snapshot)
 
@@ -123,34 +109,11 @@ def test_a_device_plugin_that_cannot_serve_is_an_event_not_a_lost_status() -> No
     sink = ClusterSink(cluster, Plugin(fail=RuntimeError("Failed to bind to address unix:/x")))  # type: ignore[arg-type]
     sink.refresh(two_gpus())
     sink.refresh(two_gpus())
-    assert len(cluster.observed) == 2 and len(cluster.synced) == 2
+    assert len(cluster.observed) == 2
     assert len(cluster.events) == 1, "one Event per distinct failure, not one per reconcile"
     reason, message, kind = cluster.events[0]
     assert reason == "DevicePluginFailed" and kind is EventType.WARNING
     assert "Failed to bind" in message
-
-
-def test_kubevirt_entries_not_in_the_cr_fail_the_reconcile_with_one_warning_event() -> None:
-    """A node whose entries did not make it into the KubeVirt CR never counts as converged:
-    the reconcile fails (and is retried), and the Node gets a Warning Event saying why."""
-    cluster = Cluster()
-    waiting = (
-        "KubeVirt CR kubevirt/kubevirt: 40 concurrent changes in a row; this node's entries "
-        "are not all in it yet; its missing entries wait in the request annotation "
-        "pending.vgpu-state.io/node-a, which the next write by any vgpu-state agent adds"
-    )
-    cluster.sync_fails = ClusterConflictError(waiting)
-    sink = ClusterSink(cluster, Plugin())  # type: ignore[arg-type]
-    for _ in range(2):
-        with pytest.raises(ClusterConflictError):
-            sink.refresh(two_gpus())
-    assert cluster.events == [("KubeVirtCRNotUpdated", waiting, EventType.WARNING)]
-    # A CR that cannot be written at all is reported too, and the host's state still is.
-    cluster.sync_fails = ClusterError("KubeVirt CR kubevirt/kubevirt not found")
-    sink.refresh(two_gpus())
-    assert cluster.events[-1][0] == "KubeVirtCRNotUpdated"
-    assert "not found" in cluster.events[-1][1]
-    assert len(cluster.observed) == 3
 
 
 def test_a_plugin_directory_too_long_for_unix_sockets_is_refused() -> None:

@@ -247,9 +247,6 @@ def test_vgpus_held_by_claims_are_held_in_the_reported_status_too() -> None:
         def observe(self, snapshot: object, held: object, *, in_use_known: bool) -> None:
             self.observed.append((held, in_use_known))
 
-        def sync_kubevirt(self, snapshot: object) -> None:
-            raise AssertionError("not managed here")
-
     class Claims:
         fail = False
 
@@ -264,7 +261,7 @@ def test_vgpus_held_by_claims_are_held_in_the_reported_status_too() -> None:
         "pod-held": "pod default/p",
         "claim-held": "ResourceClaim vms/gpu (pod vms/virt-launcher-x)",
     }
-    sink = ClusterSink(inner, None, manage_kubevirt=False)  # type: ignore[arg-type]
+    sink = ClusterSink(inner, None)  # type: ignore[arg-type]
     sink.refresh(NodeSnapshot(node=NODE))
     held, known = inner.observed[-1]  # type: ignore[misc]
     assert known and "claim-held" in held  # type: ignore[operator]

@@ -175,6 +175,16 @@ class Running:
             "merge",
         )
 
+    def controller_pass(self) -> Any:
+        """``vgpu-state controller --once`` against the same API server."""
+        from click.testing import CliRunner
+
+        from vgpu_state.cli.main import cli
+
+        kubeconfig = self.args[self.args.index("--kubeconfig") + 1]
+        args = ["controller", "--kubeconfig", kubeconfig, "--once", "--identity", "c-1"]
+        return CliRunner().invoke(cli, args)
+
     def edit_config(self, text: str) -> None:
         self.generation += 1
         swap_configmap(self.config_dir, self.generation, text)
@@ -261,11 +271,13 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     grown = uuids(agent.root, "A2-4Q")
     assert len(grown) == 2
     wait_for("the kubelet told", lambda: agent.advertised().get(A2_4Q) == grown, proc)
+    wait_for("the status", lambda: agent.nodestate_so_far().get("vgpuCount") == 4, proc)
+    # The controller permits the node's types in the KubeVirt CR, from its status.
+    assert agent.controller_pass().exit_code == 0
     cr = agent.kube.get("kubevirt.io/v1/kubevirts", "kubevirt", "kubevirt")
     assert cr is not None
     mdevs = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
     assert {e["mdevNameSelector"] for e in mdevs} >= {"NVIDIA A2-4Q", "NVIDIA A2-4C"}
-    wait_for("the status", lambda: agent.nodestate_so_far().get("vgpuCount") == 4, proc)
     status = agent.nodestate()
     assert status["state"] == "success"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Synced"] == "True"

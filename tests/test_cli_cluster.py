@@ -94,6 +94,14 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     assert node["metadata"]["labels"][STATE_LABEL] == "success"
     assert node["metadata"]["labels"]["zone"] == "a"
 
+    # The node never writes the KubeVirt CR: the controller does, from the node's status.
+    cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert cr["spec"]["configuration"]["permittedHostDevices"] == {"mediatedDevices": [FOREIGN]}
+    controller = run("controller", "--kubeconfig", kubeconfig, "--once", "--identity", "c-1")
+    assert controller.exit_code == 0, controller.output
+    assert "+ kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-4Q]" in controller.output
+
     cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     mdevs = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
@@ -131,8 +139,9 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     assert status["vgpuCount"] == sum(len(g["vgpus"]) for g in scan["gpus"])
     assert {c["type"]: c["status"] for c in status["conditions"]}["Synced"] == "True"
     assert status["lastApply"]["result"] == "success"
-    # The apply printed the cluster actions it made.
-    assert "add kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-4Q]" in result.output
+    # A second pass finds nothing to change and writes nothing.
+    again = run("controller", "--kubeconfig", kubeconfig, "--once", "--identity", "c-1")
+    assert "KubeVirt CR kubevirt/kubevirt: no changes" in again.output
 
 
 def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(

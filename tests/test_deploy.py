@@ -42,10 +42,14 @@ def by_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [m for m in manifests if m["kind"] == kind]
 
 
-def only(manifests: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = by_kind(manifests, kind)
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+def only(manifests: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [m for m in by_kind(manifests, kind) if name is None or m["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
+
+
+AGENT = "vgpu-state-agent"
+CONTROLLER = "vgpu-state-controller"
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -99,11 +103,12 @@ def rules_as_set(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 
 def test_cluster_role_grants_exactly_what_the_agent_uses(manifests: list[dict[str, Any]]) -> None:
-    granted = rules_as_set(only(manifests, "ClusterRole"))
+    granted = rules_as_set(only(manifests, "ClusterRole", AGENT))
     assert not any("*" in part for rule in granted for part in rule), "no wildcards"
     expected = {
         *(("", "nodes", v) for v in ("get", "list", "watch", "patch")),
-        *(("kubevirt.io", "kubevirts", v) for v in ("get", "list", "watch", "patch")),
+        # Read only: the controller is the KubeVirt CR's only vgpu-state writer.
+        *(("kubevirt.io", "kubevirts", v) for v in ("get", "list")),
         *(
             ("vgpu-state.io", "vgpunodestates", v)
             for v in ("get", "list", "watch", "create", "update", "patch")
@@ -114,27 +119,60 @@ def test_cluster_role_grants_exactly_what_the_agent_uses(manifests: list[dict[st
     }
     assert granted == expected
     # Leases only in the agent's namespace, through a Role.
-    role = only(manifests, "Role")
+    role = only(manifests, "Role", AGENT)
     assert role["metadata"]["namespace"] == "vgpu-state"
     assert {(g, r) for g, r, _ in rules_as_set(role)} == {("coordination.k8s.io", "leases")}
     assert "delete" not in {v for _, _, v in rules_as_set(role)}
 
 
-def test_bindings_name_the_daemonsets_service_account(manifests: list[dict[str, Any]]) -> None:
-    pod = only(manifests, "DaemonSet")["spec"]["template"]["spec"]
+@pytest.mark.parametrize(("workload", "name"), [("DaemonSet", AGENT), ("Deployment", CONTROLLER)])
+def test_bindings_name_each_workloads_own_service_account(
+    manifests: list[dict[str, Any]], workload: str, name: str
+) -> None:
+    pod = only(manifests, workload, name)["spec"]["template"]["spec"]
     account = pod["serviceAccountName"]
-    assert only(manifests, "ServiceAccount")["metadata"]["name"] == account
+    assert account == name
+    assert only(manifests, "ServiceAccount", name)["metadata"]["name"] == account
     for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = only(manifests, kind)
+        binding = only(manifests, kind, name)
         assert binding["roleRef"]["kind"] == role_kind
-        assert binding["roleRef"]["name"] == only(manifests, role_kind)["metadata"]["name"]
+        assert binding["roleRef"]["name"] == only(manifests, role_kind, name)["metadata"]["name"]
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": "vgpu-state"}
         ]
 
 
+def test_the_controller_is_the_only_kubevirt_writer_and_elects_a_leader(
+    manifests: list[dict[str, Any]],
+) -> None:
+    deployment = only(manifests, "Deployment", CONTROLLER)
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][:1] == ["controller"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert not container.get("securityContext", {}).get("privileged")
+    assert rules_as_set(only(manifests, "ClusterRole", CONTROLLER)) == {
+        ("vgpu-state.io", "vgpunodestates", "get"),
+        ("vgpu-state.io", "vgpunodestates", "list"),
+        ("kubevirt.io", "kubevirts", "get"),
+        ("kubevirt.io", "kubevirts", "list"),
+        ("kubevirt.io", "kubevirts", "patch"),
+    }
+    assert rules_as_set(only(manifests, "Role", CONTROLLER)) == {
+        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
+    }
+    writers = [
+        r["metadata"]["name"]
+        for r in by_kind(manifests, "ClusterRole")
+        if ("kubevirt.io", "kubevirts", "patch") in rules_as_set(r)
+    ]
+    assert writers == [CONTROLLER]
+
+
 def test_daemonset_runs_the_agent_for_its_own_node(manifests: list[dict[str, Any]]) -> None:
-    pod = only(manifests, "DaemonSet")["spec"]["template"]["spec"]
+    pod = only(manifests, "DaemonSet", AGENT)["spec"]["template"]["spec"]
     assert pod["nodeSelector"], "GPU nodes only"
     (agent,) = pod["containers"]
     env = {e["name"]: e for e in agent["env"]}
@@ -189,7 +227,7 @@ def test_daemonset_passes_the_hosts_proc_and_sriov_manage(
 
 
 def test_only_the_agent_container_is_privileged(manifests: list[dict[str, Any]]) -> None:
-    pod = only(manifests, "DaemonSet")["spec"]["template"]["spec"]
+    pod = only(manifests, "DaemonSet", AGENT)["spec"]["template"]["spec"]
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
     privileged = [
         c["name"]

@@ -434,7 +434,7 @@ def test_fleet_plan_agrees_with_the_agents_own_reconcile(fleet: Fleet) -> None:
             host,
             agent,
             StaticConfigSource(document),
-            ClusterSink(agent, manage_kubevirt=False),
+            ClusterSink(agent),
         )
         settings = Settings(catalog=default_catalog())
         # The agent in plan-only mode: plan, hand the scan to its sink, report.

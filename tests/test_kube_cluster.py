@@ -5,26 +5,19 @@ ServiceAccount token under the shipped RBAC) and a fake kubelet."""
 from __future__ import annotations
 
 import datetime
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.apiserver import EVENTS, KUBEVIRT, LEASES, NODES, NODESTATES
+from tests.apiserver import EVENTS, KUBEVIRT, NODES, NODESTATES
 from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
 from tests.realcluster import ControlPlane
-from vgpu_state.kube import kubevirt, lease
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.cluster import KubeCluster
 from vgpu_state.kube.errors import PodResourcesUnavailableError
-from vgpu_state.kube.kubevirt import (
-    OWNERSHIP_ANNOTATION,
-    KubeVirtRef,
-    PermittedEntry,
-    desired_entries,
-)
+from vgpu_state.kube.kubevirt import KubeVirtRef
 from vgpu_state.kube.node import STATE_LABEL
 from vgpu_state.kube.nodestate import SelectedConfig
 from vgpu_state.model.status import (
@@ -188,43 +181,6 @@ def test_events_go_to_the_node(apiserver: ControlPlane, kubeconfig: str) -> None
     assert event["involvedObject"]["uid"] == node["metadata"]["uid"]
 
 
-def test_kubevirt_entries_added_by_any_node_removed_only_by_the_lease_holder(
-    apiserver: ControlPlane, kubeconfig: str, sim_spec_paths: list[Path]
-) -> None:
-    host = _mixed(sim_spec_paths)
-    snapshot = host.scan()
-    one = _cluster(kubeconfig, "gpu-node-1")
-    two = _cluster(kubeconfig, "gpu-node-2")
-    assert lease.try_acquire(one.api, "gpu-node-1", now=T0).held  # node 1 holds the duties
-
-    view = two.kubevirt_view(snapshot)
-    assert [c.describe(view.ref) for c in view.plan.changes][:1] == [
-        "+ kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-8C]"
-    ]
-    two.sync_kubevirt(snapshot)  # adds, though it does not hold the Lease
-    one.sync_kubevirt(snapshot)
-    two.observe(snapshot)
-    two.write_status(state=ConfigState.SUCCESS)  # node 2 advertises the mixed node's types
-
-    # Node 1's vGPUs are all gone; node 2 still advertises the types: nothing is removed.
-    empty = snapshot.model_copy(update={"gpus": ()})
-    assert one.sync_kubevirt(empty).changes == ()
-    # Node 2 loses its vGPUs too, but it does not hold the Lease: it removes nothing.
-    two.observe(empty)
-    two.write_status(state=ConfigState.SUCCESS)
-    assert two.sync_kubevirt(empty).changes == ()
-    # The Lease holder removes what nobody advertises; the foreign entry stays.
-    removed = one.sync_kubevirt(empty)
-    assert len(removed.changes) == 4 and {c.op for c in removed.changes} == {"remove"}
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
-    assert cr is not None
-    assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
-        {"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}
-    ]
-    assert json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION]) == []
-    assert apiserver.get(LEASES, lease.LEASE_NAME, lease.DEFAULT_NAMESPACE) is not None
-
-
 def test_a_steady_node_costs_no_write(
     apiserver: ControlPlane, kubeconfig: str, sim_spec_paths: list[Path]
 ) -> None:
@@ -267,31 +223,3 @@ def test_a_steady_node_costs_no_write(
     cluster.report_status(status.model_copy(update={"state": ConfigState.PENDING}))
     node = apiserver.get(NODES, "gpu-node-1")
     assert node is not None and node["metadata"]["labels"][STATE_LABEL] == "pending"
-
-
-def test_a_node_applying_adds_the_entries_another_node_requested_and_reports_only_its_own(
-    apiserver: ControlPlane, kubeconfig: str, sim_spec_paths: list[Path]
-) -> None:
-    """gpu-node-1 lost a race earlier and left a request on the CR; gpu-node-2's apply adds
-    it in the same write, and its plan's cluster actions stay its own."""
-    requested = PermittedEntry("mediatedDevices", "nvidia.com/NVIDIA_A16-8Q", "NVIDIA A16-8Q")
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
-    assert cr is not None
-    cr["metadata"]["annotations"] = {
-        kubevirt.pending_key("gpu-node-1"): kubevirt.encode_request([requested])
-    }
-    apiserver.put(KUBEVIRT, "kubevirt", cr, namespace="kubevirt")
-    snapshot = _mixed(sim_spec_paths).scan()
-    two = _cluster(kubeconfig, "gpu-node-2")
-    actions = two.apply_cluster(snapshot)
-    assert {a.resource for a in actions} == set(desired_entries(snapshot).resources)
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
-    assert cr is not None
-    names = [
-        e["resourceName"]
-        for e in cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
-    ]
-    assert names.count(requested.resource) == 1
-    annotations = cr["metadata"]["annotations"]
-    assert kubevirt.pending_key("gpu-node-1") not in annotations
-    assert requested.resource in json.loads(annotations[OWNERSHIP_ANNOTATION])

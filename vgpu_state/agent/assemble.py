@@ -26,7 +26,13 @@ from vgpu_state.model.allocatable import DEFAULT_GRACE
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.ports import ClusterPort, DevicePluginSink, HostPort, ProcessHolders
+from vgpu_state.ports import (
+    ClusterPort,
+    DevicePluginSink,
+    HostPort,
+    NoClusterPlan,
+    ProcessHolders,
+)
 from vgpu_state.reconcile import Ports, Settings
 
 if TYPE_CHECKING:
@@ -117,7 +123,7 @@ def build(flags: AgentFlags) -> Agent:
         watches.append(_kubelet_restarts(plugin))
         # Last of all: every resource advertises an empty list, then the servers stop.
         shutdown.append(("device plugin", plugin.stop))
-    sink = ClusterSink(cluster, plugin, manage_kubevirt=flags.manage_kubevirt)
+    sink = ClusterSink(cluster, plugin)
     dra: DevicePluginSink = sink.dra_channel(dra_sink)
     catalog = default_catalog()
     settings = Settings(
@@ -135,7 +141,7 @@ def build(flags: AgentFlags) -> Agent:
         sink,
         dra,
         processes=cluster,
-        kubevirt=cluster,
+        kubevirt=cluster if flags.manage_kubevirt else NoClusterPlan(),
     )
     slots = RolloutSlots(api.client, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
     if after is not None:

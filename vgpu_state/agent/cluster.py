@@ -12,7 +12,8 @@ every status it writes (and :meth:`AgentCluster.rewrite_status` when only that
 condition changed), and, where the kubelet cannot be asked (a simulated node,
 a test), held vGPUs from another source.
 :class:`ClusterSink` follows every reconcile's fresh scan: the device plugin
-advertises it, the status describes it, the KubeVirt CR permits its types.
+advertises it, the status describes it (and the cluster controller permits its
+types in the KubeVirt CR from that status).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from vgpu_state.kube.errors import (
     PodResourcesUnavailableError,
 )
 from vgpu_state.kube.nodestate import ConditionKind, LastApply, SelectedConfig, VGPUNodeStateStatus
-from vgpu_state.model.errors import TransientError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import ClusterPart
 from vgpu_state.model.publish import join
@@ -208,8 +208,7 @@ class PluginSink(Protocol):
 
 
 class ClusterSink:
-    """The device-plugin channel (``Ports.device_plugin``): the device plugin, the status,
-    the KubeVirt CR.
+    """The device-plugin channel (``Ports.device_plugin``): the device plugin and the status.
 
     The status describes every vGPU of the node, so the DRA channel is passed
     through :meth:`dra_channel`, which lets the sink see both halves of the
@@ -217,16 +216,9 @@ class ClusterSink:
     then reports the status).
     """
 
-    def __init__(
-        self,
-        cluster: AgentCluster,
-        plugin: PluginSink | None = None,
-        manage_kubevirt: bool = True,
-    ) -> None:
+    def __init__(self, cluster: AgentCluster, plugin: PluginSink | None = None) -> None:
         self.cluster = cluster
         self.plugin = plugin
-        self._manage = manage_kubevirt
-        self._warned: str | None = None
         self._advertised: NodeSnapshot | None = None
         self._plugin_failed: str | None = None
 
@@ -237,32 +229,6 @@ class ClusterSink:
         self._observe(snapshot)
         if self.plugin is not None:
             self._refresh_plugin(self.plugin, snapshot)
-        if not self._manage:
-            return
-        try:
-            result = self.cluster.sync_kubevirt(snapshot)
-        except ClusterConflictError as e:
-            # Not converged: the reconcile fails and is retried; the request the node left
-            # on the CR lets any other node's write add the entries meanwhile.
-            self._warn(e)
-            raise
-        except ClusterError as e:
-            self._warn(e)
-            return
-        self._warned = None
-        for problem in result.problems:
-            log.warning("%s", problem)
-
-    def _warn(self, e: Exception) -> None:
-        """Log and record (a Warning Event on the Node) each distinct KubeVirt CR failure once."""
-        if self._warned == str(e):
-            return
-        log.warning("KubeVirt CR not updated: %s", e)
-        self._warned = str(e)
-        try:
-            self.cluster.event("KubeVirtCRNotUpdated", str(e)[:1000], EventType.WARNING)
-        except (ClusterError, TransientError) as failed:
-            log.warning("Event not recorded: %s", failed)
 
     def _refresh_plugin(self, plugin: PluginSink, snapshot: NodeSnapshot) -> None:
         """A device plugin that cannot serve never stops the status and the KubeVirt CR."""

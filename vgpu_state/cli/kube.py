@@ -19,7 +19,7 @@ from vgpu_state.cli.common import SessionArgs, parse_labels
 from vgpu_state.cli.session import Target
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.inuse import InUse
-from vgpu_state.model.plan import Action, ClusterAction, ClusterPart, Plan
+from vgpu_state.model.plan import Action, ClusterPart, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConfigState, NodeEvent, NodeStatus
 from vgpu_state.ports import HostPort, NoProcesses, ProcessHolders
@@ -67,7 +67,8 @@ class KubeNodeCluster:
     """The holders the last reconcile found, processes and pods (the status reports them)."""
     process_held: Mapping[str, str] = field(default_factory=dict)
     plan: Plan | None = None
-    applied: tuple[ClusterAction, ...] = ()
+    final: NodeSnapshot | None = None
+    """The fresh scan after an apply (what the status describes)."""
 
     def node_name(self) -> str:
         return self.kube.node_name()
@@ -123,7 +124,7 @@ class KubeNodeCluster:
                 )
             )
             self.kube.observe(
-                self.kube.last_snapshot or self.snapshot or NodeSnapshot(),
+                self.final or self.kube.last_snapshot or self.snapshot or NodeSnapshot(),
                 self.held,
                 selected=SelectedConfig(
                     name=plan.selection.config,
@@ -171,19 +172,15 @@ class _ClusterReporter:
         self.inner.applied(plan, result)
 
 
-class KubeVirtSink:
-    """:class:`~vgpu_state.ports.DevicePluginSink` that makes the cluster actions.
-
-    The reconcile hands the fresh scan after the host's actions to the device
-    plugin sink before it reports the status: the KubeVirt CR follows the host
-    there, and the status that follows describes both.
-    """
+class FinalScan:
+    """:class:`~vgpu_state.ports.DevicePluginSink` that keeps the reconcile's fresh scan
+    after the host's actions: the status that follows describes it."""
 
     def __init__(self, cluster: KubeNodeCluster) -> None:
         self.cluster = cluster
 
     def refresh(self, snapshot: NodeSnapshot) -> None:
-        self.cluster.applied = self.cluster.kube.apply_cluster(snapshot)
+        self.cluster.final = snapshot
 
 
 def _source(source: str) -> Literal["label", "node-selector", "default", "explicit", "none"]:
@@ -239,6 +236,6 @@ def kube_ports(
         extra_in_use=held,
         warn=warn,
     )
-    sink = KubeVirtSink(cluster) if mode is Mode.APPLY else base.device_plugin
+    sink = FinalScan(cluster) if mode is Mode.APPLY else base.device_plugin
     ports = Ports(target.host, cluster, base.config, sink, processes=cluster, kubevirt=cluster)
     return ports, cluster

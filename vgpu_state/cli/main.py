@@ -48,6 +48,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "dra_remove_slices",
         "Delete the DRA driver's ResourceSlices (uninstall); check none is left.",
     ),
+    "controller": (
+        "vgpu_state.cli.controller",
+        "controller",
+        "Run the cluster controller: the KubeVirt CR from every node's VGPUNodeState.",
+    ),
     "deviceplugin": (
         "vgpu_state.cli.deviceplugin",
         "deviceplugin",

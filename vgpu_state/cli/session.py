@@ -240,13 +240,12 @@ def reconcile(
     flagged = parse_in_use(args.in_use, args.in_use_file)  # standard input is read once
     node_ports = ports(target, args.config_file, parse_labels(args.labels), flagged, settings)
     reporter = kwargs.pop("reporter", None) or Warnings()
-    cluster = None
     if args.kubeconfig or args.in_cluster:
         from vgpu_state.cli.kube import kube_ports
 
         node_ports, cluster = kube_ports(node_ports, target, args, flagged, mode, reporter.warning)
         reporter = cluster.reporter(reporter)
-    report = reconcile_once(
+    return reconcile_once(
         node_ports,
         settings,
         mode=mode,
@@ -254,11 +253,6 @@ def reconcile(
         reporter=reporter,
         **kwargs,
     )
-    if cluster is None:
-        return report
-    for action in cluster.applied:
-        click.echo(f"  {action.op} {action.address}   resource: {action.resource}")
-    return report
 
 
 def warn_unfinished(journal: Journal) -> None:

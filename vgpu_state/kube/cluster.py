@@ -1,11 +1,11 @@
 """``KubeCluster``: the :class:`~vgpu_state.ports.ClusterPort` on a Kubernetes cluster.
 
 One object per node. It reads the Node's labels, asks the kubelet which vGPUs
-pods hold, and writes what the node reports: the state label and annotations
-on the Node, the ``VGPUNodeState`` status, Events, and the KubeVirt CR's
-permitted devices. The cluster-wide part (removing KubeVirt CR entries that no
-node advertises any more) runs only while this node's agent holds the
-cluster-duties Lease.
+pods hold, and writes what the node reports, to its own objects only: the
+state label and annotations on the Node, the ``VGPUNodeState`` status and
+Events. It reads the KubeVirt CR (the plan's cluster part and KubeVirt's
+blockers) and never writes it: the cluster controller derives the CR's
+permitted devices from every node's ``VGPUNodeState``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from vgpu_state.kube import events, kubevirt, lease, nodestate
 from vgpu_state.kube import node as node_api
 from vgpu_state.kube.api import JsonObject, KubeApi
 from vgpu_state.kube.errors import PodResourcesUnavailableError
-from vgpu_state.kube.kubevirt import Blocker, KubeVirtPlan, KubeVirtRef, SyncResult
+from vgpu_state.kube.kubevirt import Blocker, KubeVirtPlan, KubeVirtRef
 from vgpu_state.kube.nodestate import (
     ConditionKind,
     LastApply,
@@ -29,7 +29,7 @@ from vgpu_state.kube.nodestate import (
 from vgpu_state.kube.podresources.client import DEFAULT_SOCKET, list_holders
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.inuse import InUse
-from vgpu_state.model.plan import ActionKind, Blocked, ClusterAction, ClusterPart
+from vgpu_state.model.plan import ActionKind, Blocked, ClusterPart
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConditionType, ConfigState, EventType, NodeEvent, NodeStatus
 
@@ -64,7 +64,7 @@ class KubeCluster:
     ``pod_resources``: the kubelet's pod-resources socket; ``None`` when the
     kubelet is not reachable from here (then :meth:`in_use` raises).
     ``kubevirt``: the KubeVirt CR to manage; ``None`` finds the single one.
-    ``identity``: who holds the cluster-duties Lease (default: the node name).
+    ``identity``: the reporting instance of its Events (default: the node name).
     """
 
     def __init__(
@@ -293,7 +293,7 @@ class KubeCluster:
     def kubevirt_view(
         self, snapshot: NodeSnapshot, labels: Mapping[str, str] | None = None
     ) -> KubeVirtView:
-        """What :meth:`sync_kubevirt` would change for ``snapshot`` (no write)."""
+        """What the controller will change in the CR for ``snapshot``, and the CR's blockers."""
         ref = self.kubevirt_ref()
         cr = kubevirt.read(self.api, ref)
         desired = kubevirt.desired_entries(snapshot)
@@ -332,41 +332,3 @@ class KubeCluster:
             ),
         )
         return ClusterPart(actions=actions, blocked=blocked, problems=problems)
-
-    def apply_cluster(self, final: NodeSnapshot) -> tuple[ClusterAction, ...]:
-        """After the host's actions: the KubeVirt CR for ``final`` (a fresh scan)."""
-        self._snapshot, self._snapshot_at = final, self.clock()
-        result = self.sync_kubevirt(final)
-        return tuple(c.action(result.ref) for c in result.own_changes)
-
-    def holds_cluster_duties(self) -> bool:
-        state = lease.try_acquire(
-            self.api,
-            self.identity,
-            namespace=self.lease_namespace,
-            duration=self.lease_duration,
-            now=self.clock(),
-        )
-        return state.held
-
-    def sync_kubevirt(self, snapshot: NodeSnapshot, *, cluster_duties: bool = True) -> SyncResult:
-        """Add this node's entries; with the Lease, remove owned entries nobody advertises.
-
-        The write also adds what other nodes' request annotations on the CR ask
-        for, and a lost race leaves this node's own request there
-        (:func:`kubevirt.sync`).
-
-        ``snapshot`` must be a fresh scan (after the host actions ran): the
-        node's own entries come from it, not from its possibly stale status.
-        """
-        ref = self.kubevirt_ref()
-        desired = kubevirt.desired_entries(snapshot)
-        keep: Callable[[], frozenset[str]] | None = None
-        if cluster_duties and self.holds_cluster_duties():
-
-            def keep() -> frozenset[str]:
-                return nodestate.advertised(self.api, except_node=self.node) | desired.resources
-
-        result = kubevirt.sync(self.api, ref, desired.entries, keep, node=self.node)
-        result.problems = desired.problems
-        return result

@@ -1,12 +1,10 @@
-"""The cluster-duties Lease: at most one agent at a time does cluster-wide clean-up.
+"""A Lease one identity holds at a time: the cluster controller's leader election.
 
-Adding a KubeVirt CR entry is safe from any node. Removing one is not: it
-needs a view of every node, and two agents removing at once would race. The
-agent that holds the ``coordination.k8s.io/v1`` Lease ``vgpu-state-cluster-duties``
-does it. A holder renews the Lease on every reconcile; one that stops renewing
-(a deleted pod, a dead node) loses it after ``leaseDurationSeconds``, and the
-next agent to look takes it over. Every write is guarded by the Lease's
-``resourceVersion``, so two agents can never both believe they took it.
+Every controller replica calls :func:`try_acquire` each pass; the holder renews
+the Lease, the others see it held. A holder that stops renewing (a deleted
+pod, a dead node) loses it after ``leaseDurationSeconds``, and the next
+replica to look takes it over. Every write is guarded by the Lease's
+``resourceVersion``, so two replicas can never both believe they took it.
 """
 
 from __future__ import annotations
@@ -18,9 +16,9 @@ from typing import Any
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import NotFoundError
 
-LEASE_NAME = "vgpu-state-cluster-duties"
+LEASE_NAME = "vgpu-state-controller"
 DEFAULT_NAMESPACE = "vgpu-state"
-DEFAULT_DURATION = 60
+DEFAULT_DURATION = 30
 
 
 @dataclass(frozen=True)

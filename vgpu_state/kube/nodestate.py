@@ -14,6 +14,7 @@ import binascii
 import datetime
 import functools
 import gzip
+import json
 import re
 import zlib
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,7 @@ from pydantic.alias_generators import to_camel
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import ClusterConflictError, NotFoundError
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.lenient import known_fields
 from vgpu_state.model.resources import ResourceNameError, resource_name
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
 from vgpu_state.model.status import ConfigState
@@ -246,7 +248,9 @@ class SnapshotDecoder:
         snapshot = self._by_gpu(raw)
         if snapshot is None:
             try:
-                snapshot = NodeSnapshot.model_validate_json(raw)
+                # Validated whole; a newer agent's scan may carry fields this version does
+                # not know (the shared per-GPU path refuses them): they are ignored.
+                snapshot = NodeSnapshot.model_validate(known_fields(NodeSnapshot, json.loads(raw)))
             except ValueError as e:
                 first = str(e).splitlines()
                 raise SnapshotDecodeError(
@@ -422,11 +426,23 @@ def read(api: KubeApi, node: str) -> JsonObject | None:
 
 
 def status_of(obj: Mapping[str, Any] | None) -> VGPUNodeStateStatus | None:
+    """The status of a ``VGPUNodeState`` as this version knows it; ``None`` when it cannot
+    be read.
+
+    Forward compatible: fields and condition types a newer agent writes are
+    ignored, so a rolling upgrade never makes a status unreadable.
+    """
     raw = (obj or {}).get("status")
     if not isinstance(raw, dict):
         return None
+    known = known_fields(VGPUNodeStateStatus, raw)
+    conditions = known.get("conditions")
+    if isinstance(conditions, list):
+        known["conditions"] = [
+            c for c in conditions if isinstance(c, dict) and c.get("type") in CONDITION_KINDS
+        ]
     try:
-        return VGPUNodeStateStatus.model_validate(raw)
+        return VGPUNodeStateStatus.model_validate(known)
     except ValueError:
         return None
 

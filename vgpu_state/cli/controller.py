@@ -1,0 +1,126 @@
+"""``vgpu-state controller``: the cluster controller (see docs/cluster.md)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+from types import FrameType
+
+import click
+
+from vgpu_state.cli.common import handle_errors
+
+
+@click.command("controller")
+@click.option(
+    "--kubeconfig", default=None, help="Kubeconfig (default: in-cluster, then ~/.kube/config)."
+)
+@click.option(
+    "--namespace",
+    envvar="POD_NAMESPACE",
+    default="vgpu-state",
+    show_default=True,
+    help="Namespace of the leader-election Lease ($POD_NAMESPACE).",
+)
+@click.option(
+    "--identity",
+    envvar="POD_NAME",
+    default=None,
+    help="This replica's name in the Lease ($POD_NAME; default: the host name).",
+)
+@click.option(
+    "--kubevirt", default=None, help="NAMESPACE/NAME of the KubeVirt CR (default: the only one)."
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    help="Seconds an entry vgpu-state added stays in the KubeVirt CR after the last node "
+    "stopped reporting its resource.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds between passes over every node's VGPUNodeState.",
+)
+@click.option(
+    "--lease-seconds",
+    type=click.IntRange(min=1),
+    default=30,
+    show_default=True,
+    help="Leader-election Lease duration; another replica takes over after it expires.",
+)
+@click.option("--once", is_flag=True, help="Take the Lease, make one pass, exit.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+@handle_errors
+def controller(
+    kubeconfig: str | None,
+    namespace: str,
+    identity: str | None,
+    kubevirt: str | None,
+    grace: float,
+    interval: float,
+    lease_seconds: int,
+    once: bool,
+    log_level: str,
+) -> None:
+    """The only writer of the KubeVirt CR's permitted devices: derives them from every
+    node's VGPUNodeState (one replica acts; the others wait on the Lease)."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from vgpu_state.controller.run import Controller, ControllerSettings
+    from vgpu_state.kube.api import KubeApi
+    from vgpu_state.kube.kubevirt import KubeVirtRef
+    from vgpu_state.model.errors import SelectionError
+
+    try:
+        ref = KubeVirtRef.parse(kubevirt) if kubevirt else None
+    except ValueError as e:
+        raise SelectionError(f"--kubevirt {e}") from None
+    settings = ControllerSettings(
+        identity=identity or socket.gethostname(),
+        namespace=namespace,
+        kubevirt=ref,
+        grace=grace,
+        interval=interval,
+        lease_seconds=lease_seconds,
+    )
+    ctl = Controller(KubeApi.connect(kubeconfig), settings)
+    if once:
+        result = ctl.run_once()
+        if result is None:
+            click.echo(f"{settings.identity}: another replica leads; nothing done")
+            return
+        for change in result.write.changes:
+            click.echo(change.describe(result.write.ref))
+        for resource, left in result.decision.waiting:
+            click.echo(f"  {resource}: reported by no node; removed in {left:.0f} s")
+        if result.decision.held:
+            click.echo(f"warning: removals suspended: {result.decision.held}", err=True)
+        for why in result.decision.refused:
+            click.echo(f"warning: VGPUNodeState refused: {why}", err=True)
+        if not result.write.changes:
+            click.echo(f"KubeVirt CR {result.write.ref}: no changes")
+        return
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    ctl.run(stop)

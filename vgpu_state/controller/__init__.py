@@ -1,0 +1,1 @@
+"""The cluster controller: the KubeVirt CR from every node's ``VGPUNodeState``."""

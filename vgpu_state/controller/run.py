@@ -1,0 +1,136 @@
+"""The controller loop: leader election, then one guarded KubeVirt CR write per change.
+
+Every replica runs this loop; only the one holding the Lease
+``vgpu-state-controller`` (in the controller's namespace) acts. A pass lists
+every ``VGPUNodeState``, reads each node's checked report
+(:mod:`vgpu_state.controller.reports`), reads the KubeVirt CR and sends at most
+one JSON Patch guarded by ``test`` ops (:mod:`vgpu_state.controller.desired`).
+A steady fleet costs a list, a read and a Lease renewal per pass, no CR write.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vgpu_state.controller.desired import Decision, Missing, decide
+from vgpu_state.controller.reports import NodeReport, read_report
+from vgpu_state.kube import kubevirt, lease, nodestate
+from vgpu_state.kube.api import JsonObject, KubeApi
+from vgpu_state.kube.errors import ClusterError
+from vgpu_state.kube.kubevirt import KubeVirtPlan, KubeVirtRef, WriteResult
+from vgpu_state.model.errors import TransientError
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = lease.LEASE_NAME
+DEFAULT_GRACE = 300.0
+"""Seconds an owned entry stays after the last node stopped reporting its resource."""
+DEFAULT_INTERVAL = 10.0
+DEFAULT_LEASE_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    identity: str
+    """This replica's name in the Lease (the pod's name)."""
+    namespace: str = lease.DEFAULT_NAMESPACE
+    kubevirt: KubeVirtRef | None = None
+    """The KubeVirt CR; ``None``: the only one in the cluster."""
+    grace: float = DEFAULT_GRACE
+    interval: float = DEFAULT_INTERVAL
+    lease_seconds: int = DEFAULT_LEASE_SECONDS
+    lease_name: str = LEASE_NAME
+
+
+@dataclass
+class PassResult:
+    """What one pass saw and did."""
+
+    reports: tuple[NodeReport, ...]
+    decision: Decision
+    write: WriteResult
+
+
+@dataclass
+class Controller:
+    api: KubeApi
+    settings: ControllerSettings
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], datetime.datetime] = field(
+        default=lambda: datetime.datetime.now(tz=datetime.UTC)
+    )
+    missing: Missing = field(default_factory=Missing)
+    leading: bool = False
+    writes: int = 0
+    """Accepted KubeVirt CR writes since start."""
+
+    def lead(self) -> bool:
+        """Take or renew the Lease; ``True`` while this replica leads."""
+        s = self.settings
+        state = lease.try_acquire(
+            self.api,
+            s.identity,
+            namespace=s.namespace,
+            name=s.lease_name,
+            duration=s.lease_seconds,
+            now=self.wall(),
+        )
+        if state.held != self.leading:
+            if state.held:
+                log.info("%s leads (Lease %s/%s)", s.identity, s.namespace, s.lease_name)
+            else:
+                log.info("%s follows %s", s.identity, state.holder)
+            # A new term starts every grace clock afresh: what the last leader saw is unknown.
+            self.missing = Missing()
+        self.leading = state.held
+        return state.held
+
+    def sync(self) -> PassResult:
+        """One pass (whether or not this replica leads: the caller decides)."""
+        ref = kubevirt.find(self.api, self.settings.kubevirt)
+        reports = tuple(read_report(obj) for obj in nodestate.list_all(self.api))
+        decisions: list[Decision] = []
+
+        def compute(cr: JsonObject) -> KubeVirtPlan:
+            decisions.append(decide(cr, reports, self.missing, self.clock(), self.settings.grace))
+            return decisions[-1].plan
+
+        result = kubevirt.write(self.api, ref, compute)
+        decision = decisions[-1]
+        self.missing = decision.missing
+        self.writes += result.writes
+        if decision.held:
+            log.warning("KubeVirt CR %s: removals suspended: %s", ref, decision.held)
+        for why in decision.refused:
+            log.warning("VGPUNodeState refused: %s", why)
+        for resource, left in decision.waiting:
+            log.debug("%s: reported by no node; removed in %.0f s", resource, left)
+        for r in reports:
+            for skipped in r.skipped:
+                log.info("node %s: %s", r.node, skipped)
+        return PassResult(reports, decision, result)
+
+    def run_once(self) -> PassResult | None:
+        """Lead, then one pass; ``None`` when another replica leads."""
+        return self.sync() if self.lead() else None
+
+    def run(self, stop: threading.Event) -> None:
+        """Pass every ``interval`` seconds until ``stop``; errors are logged and retried."""
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except (TransientError, ClusterError) as e:
+                log.warning("pass failed, retried in %.0f s: %s", self.settings.interval, e)
+            stop.wait(self.settings.interval)
+        if self.leading:
+            lease.release(
+                self.api,
+                self.settings.identity,
+                namespace=self.settings.namespace,
+                name=self.settings.lease_name,
+            )

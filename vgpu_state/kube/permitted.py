@@ -1,0 +1,406 @@
+"""The KubeVirt CR's permitted host devices, as values: which entries a node's vGPUs need,
+what in the CR stops vgpu-state, and the guarded JSON Patch of a change. No I/O here
+(:mod:`vgpu_state.kube.kubevirt` reads and writes the CR).
+
+A VM may only request a vGPU resource that
+``spec.configuration.permittedHostDevices`` lists. For every vGPU type live on
+a node vgpu-state wants one entry, with ``externalResourceProvider: true`` (our
+device plugin advertises the resource, not virt-handler):
+
+* mdev types in ``mediatedDevices``: ``mdevNameSelector`` is the type's sysfs
+  name (``NVIDIA A2-4Q``);
+* vendor-VFIO types (a VF carrying a vGPU type) in ``pciHostDevices``:
+  ``pciVendorSelector`` is ``10DE:<the VF's device id>``.
+
+The resource name is :func:`vgpu_state.model.resources.resource_name` of the
+sysfs type name, the one rule the device plugin uses too.
+
+Both lists are ``x-kubernetes-list-type: atomic``: a merge patch would replace a
+whole list and drop entries another writer added meanwhile. A write is
+therefore a JSON Patch that first ``test``s each list it replaces (and the
+ownership annotation) against the value it was computed from; when a
+container had to be created, it also tests ``metadata.resourceVersion``.
+
+Ownership: the annotation ``vgpu-state.io/managed-resources`` lists the resource
+names vgpu-state added. Entries not listed there are never changed, removed or
+reordered. An owned entry is removed only when the caller's ``keep`` (the
+resources some node still reports) leaves it out.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vgpu_state.model.ids import NVIDIA_VENDOR_ID
+from vgpu_state.model.plan import ClusterAction
+from vgpu_state.model.resources import (
+    DEFAULT_DOMAIN,
+    ResourceNameError,
+    driver_type_name,
+    name_prefix,
+    resource_name,
+    sysfs_names,
+)
+from vgpu_state.model.snapshot import NodeSnapshot, SysfsInterface
+
+JsonObject = dict[str, Any]
+
+OWNERSHIP_ANNOTATION = "vgpu-state.io/managed-resources"
+DISABLE_MDEV_GATE = "DisableMDEVConfiguration"
+
+ListName = Literal["mediatedDevices", "pciHostDevices"]
+LISTS: tuple[ListName, ...] = ("mediatedDevices", "pciHostDevices")
+_SELECTOR: dict[ListName, str] = {
+    "mediatedDevices": "mdevNameSelector",
+    "pciHostDevices": "pciVendorSelector",
+}
+_BASE = "/spec/configuration/permittedHostDevices"
+
+
+@dataclass(frozen=True, order=True)
+class PermittedEntry:
+    """One entry vgpu-state wants in ``permittedHostDevices``."""
+
+    list: ListName
+    resource: str
+    selector: str
+
+    def to_json(self) -> JsonObject:
+        return {
+            _SELECTOR[self.list]: self.selector,
+            "resourceName": self.resource,
+            "externalResourceProvider": True,
+        }
+
+    @property
+    def label(self) -> str:
+        """How a plan names it: ``mediatedDevices[NVIDIA A2-4Q]``."""
+        return f"{self.list}[{self.selector if self.list == 'mediatedDevices' else self.resource}]"
+
+
+@dataclass(frozen=True)
+class EntryChange:
+    op: Literal["add", "update", "remove"]
+    entry: PermittedEntry
+
+    def describe(self, ref: object) -> str:
+        """``+ kubevirt[<ref>].mediatedDevices[NVIDIA A2-4Q]`` (``ref``: NAMESPACE/NAME)."""
+        sign = {"add": "+", "update": "~", "remove": "-"}[self.op]
+        return f"{sign} kubevirt[{ref}].{self.entry.label}"
+
+    def action(self, ref: object) -> ClusterAction:
+        """The change as a plan's cluster action."""
+        return ClusterAction(
+            op=self.op,
+            address=f"kubevirt[{ref}].{self.entry.label}",
+            resource=self.entry.resource,
+            entry=self.entry.to_json(),
+        )
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Something in the KubeVirt CR that makes it unsafe for vgpu-state to manage vGPUs."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Desired:
+    """The entries a node's live vGPU types need, and types that cannot have one."""
+
+    entries: tuple[PermittedEntry, ...]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def resources(self) -> frozenset[str]:
+        return frozenset(e.resource for e in self.entries)
+
+
+@dataclass(frozen=True)
+class KubeVirtPlan:
+    """What a write to the CR would change, computed from one read of it."""
+
+    changes: tuple[EntryChange, ...]
+    patch: tuple[JsonObject, ...]
+    foreign: tuple[str, ...] = ()
+    """Resources we need that an entry vgpu-state does not own already lists."""
+    managed: tuple[str, ...] = ()
+    """The ownership annotation after the write."""
+    resource_version: str = ""
+
+
+# desired entries --------------------------------------------------------------------
+def desired_entries(snapshot: NodeSnapshot, domain: str = DEFAULT_DOMAIN) -> Desired:
+    """One entry per vGPU type live on the node (sorted, no duplicates).
+
+    A vGPU of an expected snapshot (one a plan will create) carries no sysfs
+    name yet; the driver's name for its type id is taken from the snapshot's
+    creatable types, else made from the product prefix the driver gives the
+    GPU's other types. When neither is known (a GPU whose VFs do not exist
+    yet), the entry is left out with a problem saying so.
+    """
+    found: dict[tuple[ListName, str], PermittedEntry] = {}
+    problems: list[str] = []
+    known = sysfs_names(snapshot)
+    for gpu in snapshot.gpus:
+        prefix = name_prefix(gpu)
+        for v in gpu.vgpus:
+            name = driver_type_name(v, known, prefix)
+            if not name:
+                what = v.type_name or f"type id {v.type_id}"
+                problems.append(
+                    f"vGPU {v.key or '(new)'} on {gpu.address} ({what}): the driver's name of "
+                    "its type is not known yet, so its KubeVirt CR entry is not shown"
+                )
+                continue
+            try:
+                resource = resource_name(name, domain)
+            except ResourceNameError as e:
+                problems.append(str(e))
+                continue
+            entry: PermittedEntry
+            if v.kind == "mdev":
+                entry = PermittedEntry("mediatedDevices", resource, name)
+            else:
+                vf = gpu.vf(v.parent)
+                device = vf.device_id if vf is not None and vf.device_id else gpu.device_id
+                entry = PermittedEntry(
+                    "pciHostDevices", resource, f"{NVIDIA_VENDOR_ID:04X}:{device:04X}"
+                )
+            found.setdefault((entry.list, entry.resource), entry)
+    return Desired(tuple(sorted(found.values())), tuple(problems))
+
+
+# reading the CR -------------------------------------------------------------------
+def managed_resources(cr: Mapping[str, Any]) -> frozenset[str]:
+    """The resource names the ownership annotation lists (a malformed one lists none)."""
+    raw = ((cr.get("metadata") or {}).get("annotations") or {}).get(OWNERSHIP_ANNOTATION)
+    if not raw:
+        return frozenset()
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return frozenset(p.strip() for p in str(raw).split(",") if p.strip())
+    if isinstance(value, list):
+        return frozenset(str(v) for v in value)
+    return frozenset()
+
+
+def permitted(cr: Mapping[str, Any]) -> dict[ListName, list[JsonObject]]:
+    devices = _get(cr, "spec", "configuration", "permittedHostDevices") or {}
+    return {name: list(devices.get(name) or []) for name in LISTS}
+
+
+def blockers(
+    cr: Mapping[str, Any], node_labels: Mapping[str, str], snapshot: NodeSnapshot | None = None
+) -> tuple[Blocker, ...]:
+    """Why vgpu-state must not create or remove mdevs on this node while the CR is as it is.
+
+    KubeVirt's own mediated-device handling creates mdevs of the types it is told
+    to (``mediatedDevicesConfiguration``) on every free parent and removes every
+    mdev of other types, unless ``mediatedDevicesConfiguration.enabled`` is
+    ``false`` (KubeVirt 1.8+) or the ``DisableMDEVConfiguration`` feature gate is
+    listed. Nodes without mdev-layout GPUs are not affected.
+    """
+    found: list[Blocker] = []
+    if snapshot is not None and not any(g.layout == SysfsInterface.MDEV for g in snapshot.gpus):
+        return ()
+    config = _get(cr, "spec", "configuration") or {}
+    mdev_config = config.get("mediatedDevicesConfiguration") or {}
+    gates = (config.get("developerConfiguration") or {}).get("featureGates") or []
+    enabled = mdev_config.get("enabled")
+    types = _node_mdev_types(mdev_config, node_labels)
+    handled = enabled is True or (enabled is None and DISABLE_MDEV_GATE not in gates)
+    if types and handled:
+        found.append(
+            Blocker(
+                "KubeVirtMdevManagementActive",
+                "KubeVirt manages mediated devices on this node (mediatedDevicesConfiguration "
+                f"asks for {', '.join(sorted(types))}); virt-handler would create its own vGPUs "
+                "and remove the ones vgpu-state creates. Set spec.configuration."
+                "mediatedDevicesConfiguration.enabled: false in the KubeVirt CR (KubeVirt 1.8 "
+                f"or later) or add the {DISABLE_MDEV_GATE} feature gate to spec.configuration."
+                "developerConfiguration.featureGates, and let vgpu-state own the layout.",
+            )
+        )
+    owners = (cr.get("metadata") or {}).get("ownerReferences") or []
+    if any(isinstance(o, dict) and o.get("kind") == "HyperConverged" for o in owners):
+        found.append(
+            Blocker(
+                "KubeVirtManagedByHCO",
+                "the KubeVirt CR is owned by a HyperConverged CR, whose operator reverts edits "
+                "to permittedHostDevices; list the vGPU resources in the HyperConverged CR's "
+                "spec.permittedHostDevices (with externalResourceProvider: true) instead.",
+            )
+        )
+    return tuple(found)
+
+
+def _node_mdev_types(mdev_config: Mapping[str, Any], labels: Mapping[str, str]) -> set[str]:
+    """The types KubeVirt would configure on a node with ``labels``."""
+    per_node: set[str] = set()
+    for item in mdev_config.get("nodeMediatedDeviceTypes") or []:
+        selector = item.get("nodeSelector") or {}
+        if all(labels.get(k) == v for k, v in selector.items()):
+            per_node.update(item.get("mediatedDeviceTypes") or [])
+            per_node.update(item.get("mediatedDevicesTypes") or [])
+    if per_node:
+        return per_node
+    return set(mdev_config.get("mediatedDeviceTypes") or []) | set(
+        mdev_config.get("mediatedDevicesTypes") or []
+    )
+
+
+# planning a write -----------------------------------------------------------------
+def plan(
+    cr: Mapping[str, Any],
+    desired: Iterable[PermittedEntry],
+    keep: Set[str] | None = None,
+) -> KubeVirtPlan:
+    """The changes and the guarded JSON Patch that bring ``cr`` to hold ``desired``.
+
+    ``keep``: when given, the resources that must stay; owned entries whose
+    resource is neither there nor in ``desired`` are removed. ``None`` removes
+    nothing. The first entry of ``desired`` for a resource wins.
+    """
+    owned = managed_resources(cr)
+    lists = permitted(cr)
+    new_lists = {name: [copy.deepcopy(e) for e in items] for name, items in lists.items()}
+    changes: list[EntryChange] = []
+    foreign: list[str] = []
+    wanted: list[PermittedEntry] = []
+    seen: set[str] = set()
+    for entry in desired:
+        if entry.resource not in seen:
+            seen.add(entry.resource)
+            wanted.append(entry)
+    added: set[str] = set()
+    for entry in wanted:
+        items = new_lists[entry.list]
+        index = next(
+            (i for i, item in enumerate(items) if item.get("resourceName") == entry.resource), None
+        )
+        other = next(
+            (
+                name
+                for name in LISTS
+                if name != entry.list
+                and any(i.get("resourceName") == entry.resource for i in new_lists[name])
+            ),
+            None,
+        )
+        if index is None and other is not None and entry.resource not in owned:
+            foreign.append(entry.resource)
+            continue
+        if index is None:
+            items.append(entry.to_json())
+            changes.append(EntryChange("add", entry))
+            added.add(entry.resource)
+        elif entry.resource not in owned:
+            foreign.append(entry.resource)
+        elif items[index] != entry.to_json():
+            items[index] = entry.to_json()
+            changes.append(EntryChange("update", entry))
+    removed: set[str] = set()
+    if keep is not None:
+        for name in LISTS:
+            kept: list[JsonObject] = []
+            for item in new_lists[name]:
+                res = item.get("resourceName")
+                if res in owned and res not in seen and res not in keep:
+                    removed.add(str(res))
+                    changes.append(EntryChange("remove", _entry_of(name, item)))
+                else:
+                    kept.append(item)
+            new_lists[name] = kept
+    managed = sorted((owned | added) - removed)
+    ops: list[JsonObject] = []
+    if changes or set(managed) != owned:
+        ops = _patch(cr, lists, new_lists, owned, managed)
+    rv = str(_get(cr, "metadata", "resourceVersion") or "")
+    return KubeVirtPlan(
+        tuple(changes),
+        tuple(ops),
+        tuple(sorted(set(foreign))),
+        tuple(managed),
+        rv,
+    )
+
+
+def _annotation_path(key: str) -> str:
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def _entry_of(name: ListName, item: Mapping[str, Any]) -> PermittedEntry:
+    return PermittedEntry(
+        name, str(item.get("resourceName", "")), str(item.get(_SELECTOR[name], ""))
+    )
+
+
+def _patch(
+    cr: Mapping[str, Any],
+    old: Mapping[ListName, list[JsonObject]],
+    new: Mapping[ListName, list[JsonObject]],
+    owned: frozenset[str],
+    managed: list[str],
+) -> list[JsonObject]:
+    ops: list[JsonObject] = []
+    guard_version = False
+    devices = _get(cr, "spec", "configuration", "permittedHostDevices")
+    changed = [name for name in LISTS if old[name] != new[name]]
+    if changed and not isinstance(devices, dict):
+        guard_version = True
+        body = {name: new[name] for name in changed}
+        if not isinstance(_get(cr, "spec", "configuration"), dict):
+            if not isinstance(cr.get("spec"), dict):
+                ops.append({"op": "add", "path": "/spec", "value": {}})
+            ops.append({"op": "add", "path": "/spec/configuration", "value": {}})
+        ops.append({"op": "add", "path": _BASE, "value": body})
+    else:
+        for name in changed:
+            path = f"{_BASE}/{name}"
+            if isinstance(devices, dict) and name in devices:
+                ops.append({"op": "test", "path": path, "value": devices[name]})
+                ops.append({"op": "replace", "path": path, "value": new[name]})
+            else:
+                guard_version = True
+                ops.append({"op": "add", "path": path, "value": new[name]})
+    annotations = _get(cr, "metadata", "annotations")
+    key = _annotation_path(OWNERSHIP_ANNOTATION)
+    value = json.dumps(managed)
+    if not isinstance(annotations, dict):
+        guard_version = True
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        ops.append({"op": "add", "path": key, "value": value})
+    elif OWNERSHIP_ANNOTATION not in annotations:
+        guard_version = True
+        ops.append({"op": "add", "path": key, "value": value})
+    elif annotations[OWNERSHIP_ANNOTATION] != value or managed != sorted(owned):
+        ops.append({"op": "test", "path": key, "value": annotations[OWNERSHIP_ANNOTATION]})
+        ops.append({"op": "replace", "path": key, "value": value})
+    else:
+        # Unchanged ownership still guards the lists: a writer that changed it meanwhile
+        # (e.g. removed an entry we would re-add) makes this write fail and re-plan.
+        ops.append({"op": "test", "path": key, "value": annotations[OWNERSHIP_ANNOTATION]})
+    if guard_version:
+        rv = _get(cr, "metadata", "resourceVersion")
+        if rv is not None:
+            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+    return ops
+
+
+def _get(obj: Mapping[str, Any], *keys: str) -> Any:
+    cur: Any = obj
+    for key in keys:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(key)
+    return cur
+
+
