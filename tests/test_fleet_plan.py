@@ -567,3 +567,30 @@ def test_a_steady_node_rewrites_its_scan_only_every_ten_minutes(fleet: Fleet) ->
     assert puts() == written + 1
     assert report(_scan("mixed.yaml", "node-s"), 11) == "2026-11-23T12:11:00Z"
     assert puts() == written + 2
+
+
+def test_a_status_carrying_another_nodes_scan_or_repeated_gpus_is_unknown(fleet: Fleet) -> None:
+    """A status is a claim: one that copies node-a's scan, or lists the same GPUs 750 times,
+    is not planned against (it is listed as unknown, with the reason); one from a newer
+    agent with a field this version does not know still is."""
+    copied = fleet.server.get(NODESTATES, "node-a")
+    assert copied is not None
+    fleet.node("node-x", {"nvidia.com/vgpu.config": "mixed"})
+    fleet.raw_state("node-x", copied["status"])
+    scan = _scan("t4-pair.yaml", "node-y")
+    repeated = scan.model_copy(update={"gpus": scan.gpus * 750})
+    fleet.node("node-y", {"nvidia.com/vgpu.config": "t4-as-is"})
+    reported = encode_snapshot(repeated, datetime.datetime.now(datetime.UTC))
+    fleet.raw_state("node-y", {"snapshot": reported.to_json()})
+    newer = fleet.server.get(NODESTATES, "node-c")
+    assert newer is not None
+    newer["status"]["placementHints"] = {"numa": [0, 1]}
+    fleet.server.put(NODESTATES, "node-c", newer)
+
+    nodes = _by_node(json.loads(fleet.run("-o", "json").stdout))
+    assert nodes["node-x"]["outcome"] == "unknown"
+    assert nodes["node-x"]["reason"] == "ScanRefused"
+    assert "its scan is of node 'node-a', not 'node-x'" in nodes["node-x"]["message"]
+    assert nodes["node-y"]["reason"] == "ScanRefused"
+    assert "repeats PCI addresses" in nodes["node-y"]["message"]
+    assert nodes["node-c"]["outcome"] == "no-changes"

@@ -55,6 +55,22 @@ def _bench() -> Any:
 BENCH = _bench()
 
 
+def _scan_of(node: str, reported: dict[str, Any]) -> dict[str, Any]:
+    """``reported`` (a status's scan) as the scan of ``node``."""
+    from vgpu_state.kube.nodestate import (
+        ReportedSnapshot,
+        decode_snapshot,
+        encode_snapshot,
+        parse_time,
+    )
+
+    value = ReportedSnapshot.model_validate(reported)
+    scanned = parse_time(value.scanned_at)
+    assert scanned is not None
+    own = decode_snapshot(value).model_copy(update={"node": node})
+    return encode_snapshot(own, scanned).to_json()
+
+
 def fleet_objects() -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
     """(name, Node or None, VGPUNodeState or None) for every node of the test fleet."""
     out: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
@@ -76,6 +92,10 @@ def fleet_objects() -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | N
         obj["metadata"]["name"] = name
         if "labels" in obj["metadata"] and labels:
             obj["metadata"]["labels"].update(labels)
+        reported = (obj.get("status") or {}).get("snapshot")
+        if reported is not None:
+            # A node reports a scan of its own (one naming another node is refused).
+            obj["status"]["snapshot"] = _scan_of(name, reported)
         return obj
 
     # A node that has not reported (a VGPUNodeState without status).

@@ -223,3 +223,42 @@ def test_a_steady_node_costs_no_write(
     cluster.report_status(status.model_copy(update={"state": ConfigState.PENDING}))
     node = apiserver.get(NODES, "gpu-node-1")
     assert node is not None and node["metadata"]["labels"][STATE_LABEL] == "pending"
+
+
+def test_the_last_plan_annotation_follows_every_reconcile_a_failed_one_too(
+    apiserver: ControlPlane, kubeconfig: str
+) -> None:
+    from vgpu_state.agent.cluster import AgentCluster
+    from vgpu_state.kube.node import LAST_PLAN_ANNOTATION
+    from vgpu_state.model.errors import HostError
+    from vgpu_state.reconcile.status import failed_status
+
+    agent = AgentCluster(KubeApi.connect(kubeconfig), "gpu-node-1", pod_resources=None)
+    agent.labels()
+    matched = NodeStatus(
+        node="gpu-node-1",
+        config="mixed",
+        state=ConfigState.SUCCESS,
+        conditions=(
+            Condition(
+                type=ConditionType.SYNCED,
+                status=True,
+                reason="Synced",
+                message='the node matches configuration "mixed"',
+            ),
+        ),
+    )
+    agent.report_status(matched)
+
+    def annotation() -> str:
+        node = apiserver.get(NODES, "gpu-node-1")
+        assert node is not None
+        return str(node["metadata"]["annotations"][LAST_PLAN_ANNOTATION])
+
+    assert annotation() == 'the node matches configuration "mixed"'
+    agent.report_status(
+        failed_status("gpu-node-1", "mixed", HostError("0000:3b:00.0: create failed: EBUSY"))
+    )
+    assert annotation() == "0000:3b:00.0: create failed: EBUSY"
+    node = apiserver.get(NODES, "gpu-node-1")
+    assert node is not None and node["metadata"]["labels"][STATE_LABEL] == "failed"

@@ -109,8 +109,14 @@ class AgentCluster(KubeCluster):
             return ClusterPart(problems=(f"KubeVirt CR not read, its settings not checked: {e}",))
 
     def report_status(self, status: NodeStatus) -> None:
-        shown = status.condition(ConditionType.DEGRADED) or status.condition(ConditionType.SYNCED)
-        summary = (shown.message if shown is not None else "")[:1000] or None
+        # The last-plan annotation always says what the latest reconcile said, a failed one
+        # too (its Ready condition carries the error): never a stale "matches".
+        shown = (
+            status.condition(ConditionType.DEGRADED)
+            or status.condition(ConditionType.SYNCED)
+            or status.condition(ConditionType.READY)
+        )
+        summary = (shown.message if shown is not None else "")[:1000]
         self.set_state(status.state, applied_config=status.config, plan_summary=summary)
         degraded = status.condition(ConditionType.DEGRADED)
         if degraded is None:

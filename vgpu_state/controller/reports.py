@@ -15,13 +15,13 @@ the resource name follows from the type name. So no report can make the
 controller permit a non-NVIDIA device (a NIC ``8086:1572`` has no way in).
 
 A status whose scan names another node or repeats a PCI address is refused
-whole (:func:`scan_problem`); one that cannot be read at all is *unreadable*,
-which the controller treats as "may still need anything".
+whole (:func:`~vgpu_state.model.snapshot.scan_problem`); one that cannot be
+read at all is *unreadable*, which the controller treats as "may still need
+anything".
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +39,7 @@ from vgpu_state.model.resources import (
     name_prefix,
     resource_name,
 )
-from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu, scan_problem
 
 
 @dataclass(frozen=True)
@@ -59,24 +59,6 @@ class NodeReport:
     @property
     def resources(self) -> frozenset[str]:
         return frozenset(e.resource for e in self.entries)
-
-
-def scan_problem(node: str, snapshot: NodeSnapshot) -> str | None:
-    """Why a scan reported for ``node`` cannot be that node's own scan, or ``None``.
-
-    A scan names its node; a host has each PCI address once (GPUs and their VFs).
-    """
-    if snapshot.node and snapshot.node != node:
-        return f"its scan is of node {snapshot.node!r}, not {node!r}"
-    addresses = Counter(
-        str(a) for g in snapshot.gpus for a in (g.address, *(vf.address for vf in g.vfs))
-    )
-    repeated = sorted(a for a, n in addresses.items() if n > 1)
-    if repeated:
-        more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
-        shown = ", ".join(repeated[:3]) + more
-        return f"its scan repeats PCI addresses ({shown}); a host has each address once"
-    return None
 
 
 def _driver_names(gpu: Gpu) -> set[str]:

@@ -242,6 +242,10 @@ class KubeCluster:
         """Write the node's ``VGPUNodeState`` status; conditions keep their transition times."""
         snap = snapshot or self._snapshot
         scanned_at = self._snapshot_at if snap is self._snapshot else None
+        if snap is not None and snap.node != self.node:
+            # The scan of this node, whatever a simulator's spec calls it: readers refuse a
+            # status whose scan names another node.
+            snap = snap.model_copy(update={"node": self.node})
         found = nodestate.read(self.api, self.node)
         previous = nodestate.status_of(found)
         gpus, capacity = nodestate.layout_status(snap, self._in_use) if snap else ((), ())

@@ -27,9 +27,11 @@ from vgpu_state.kube.nodestate import (
     SnapshotDecodeError,
     SnapshotDecoder,
     VGPUNodeStateStatus,
+    known_status,
     parse_time,
 )
 from vgpu_state.model.fleet import ReportedNode, Unknown, UnknownReason
+from vgpu_state.model.snapshot import scan_problem
 
 DEFAULT_CHUNK_SIZE = 500
 """Objects per list request (kubectl's default ``--chunk-size``)."""
@@ -149,7 +151,7 @@ def reported_node(
     if not isinstance(raw, dict) or not raw:
         return _unknown(name, labels, UnknownReason.NO_STATUS, "the node has not reported yet")
     try:
-        status = VGPUNodeStateStatus.model_validate(raw)
+        status = VGPUNodeStateStatus.model_validate(known_status(raw))
     except ValidationError as e:
         problem = e.errors()[0]
         where = ".".join(str(p) for p in problem["loc"])
@@ -185,6 +187,9 @@ def reported_node(
         snapshot = (decoder or SnapshotDecoder()).decode(status.snapshot)
     except SnapshotDecodeError as e:
         return _unknown(name, labels, UnknownReason.SNAPSHOT_UNREADABLE, str(e), **common)
+    refused = scan_problem(name, snapshot)
+    if refused is not None:
+        return _unknown(name, labels, UnknownReason.SCAN_REFUSED, refused, **common)
     if labels is None:
         return _unknown(
             name,

@@ -435,16 +435,22 @@ def status_of(obj: Mapping[str, Any] | None) -> VGPUNodeStateStatus | None:
     raw = (obj or {}).get("status")
     if not isinstance(raw, dict):
         return None
-    known = known_fields(VGPUNodeStateStatus, raw)
+    try:
+        return VGPUNodeStateStatus.model_validate(known_status(raw))
+    except ValueError:
+        return None
+
+
+def known_status(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` (a status as stored) without the fields and condition types this version
+    does not know: what a newer agent adds is ignored, never an error."""
+    known: dict[str, Any] = known_fields(VGPUNodeStateStatus, dict(raw))
     conditions = known.get("conditions")
     if isinstance(conditions, list):
         known["conditions"] = [
             c for c in conditions if isinstance(c, dict) and c.get("type") in CONDITION_KINDS
         ]
-    try:
-        return VGPUNodeStateStatus.model_validate(known)
-    except ValueError:
-        return None
+    return known
 
 
 def list_all(api: KubeApi) -> list[JsonObject]:

@@ -33,6 +33,8 @@ class UnknownReason(StrEnum):
     """The agent's last scan could not read the host."""
     STALE = "Stale"
     """The last scan is older than the plan accepts."""
+    SCAN_REFUSED = "ScanRefused"
+    """The reported scan cannot be the node's own (another node's, or repeated addresses)."""
 
 
 @dataclass(frozen=True)

@@ -216,3 +216,28 @@ class NodeSnapshot(Frozen):
         # Not a field: equality, hashing and serialisation ignore it.
         self.__dict__["_fingerprint"] = (self.gpus, value)
         return value
+
+
+def scan_problem(node: str, snapshot: NodeSnapshot) -> str | None:
+    """Why a scan reported for ``node`` cannot be that node's own scan, or ``None``.
+
+    A scan names the node it was made on, and a host has each PCI address once
+    (GPUs and their VFs): a report that copies another node's scan, or repeats
+    GPUs, is not believed.
+    """
+    if snapshot.node and snapshot.node != node:
+        return f"its scan is of node {snapshot.node!r}, not {node!r}"
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for gpu in snapshot.gpus:
+        for address in (gpu.address, *(vf.address for vf in gpu.vfs)):
+            if str(address) in seen and str(address) not in repeated:
+                repeated.append(str(address))
+            seen.add(str(address))
+    if repeated:
+        more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
+        return (
+            f"its scan repeats PCI addresses ({', '.join(sorted(repeated)[:3])}{more}); "
+            "a host has each address once"
+        )
+    return None
