@@ -101,9 +101,16 @@ from vgpu_state.executor.state import STATE_DIR
     "re-read every reconcile.",
 )
 @click.option(
-    "--kubevirt", default=None, help="NAMESPACE/NAME of the KubeVirt CR (default: the only one)."
+    "--kubevirt",
+    default=None,
+    help="NAMESPACE/NAME of the KubeVirt CR whose blockers the agent honours (default: the "
+    "only one; the agent reads it, the controller writes it).",
 )
-@click.option("--no-kubevirt", is_flag=True, help="Leave the KubeVirt CR alone.")
+@click.option(
+    "--no-kubevirt",
+    is_flag=True,
+    help="Do not read the KubeVirt CR (a cluster without KubeVirt): its blockers go unchecked.",
+)
 @click.option(
     "--device-plugin-dir",
     default="/var/lib/kubelet/device-plugins",
