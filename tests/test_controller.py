@@ -301,3 +301,31 @@ def test_the_leader_writes_once_per_change_and_the_other_replica_waits(
     assert cr is not None
     left = set(json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION]))
     assert "nvidia.com/NVIDIA_L40S-12Q" not in left and "nvidia.com/NVIDIA_A2-4Q" in left
+
+
+def test_an_unchanged_status_is_not_decoded_again(
+    apiserver: RunningApiServer, api: KubeApi, sim_spec_paths: list[Path], monkeypatch: Any
+) -> None:
+    import vgpu_state.controller.run as run
+
+    status = VGPUNodeStateStatus(
+        snapshot=encode_snapshot(_scan(sim_spec_paths, "mixed.yaml", "gpu-1"), T0)
+    )
+    nodestate.write_status(api, "gpu-1", status)
+    decoded: list[str] = []
+    real = run.read_report
+
+    def counting(obj: dict[str, Any]) -> NodeReport:
+        decoded.append(obj["metadata"]["name"])
+        return real(obj)
+
+    monkeypatch.setattr(run, "read_report", counting)
+    ctl = Controller(api, ControllerSettings(identity="c-1"))
+    first = ctl.run_once()
+    again = ctl.run_once()
+    assert first is not None and again is not None
+    assert decoded == ["gpu-1"]
+    assert again.reports == first.reports
+    nodestate.write_status(api, "gpu-1", status.model_copy(update={"vgpu_count": 1}))
+    assert ctl.run_once() is not None
+    assert decoded == ["gpu-1", "gpu-1"]

@@ -68,6 +68,9 @@ class Controller:
     leading: bool = False
     writes: int = 0
     """Accepted KubeVirt CR writes since start."""
+    _reports: dict[str, tuple[str, NodeReport]] = field(default_factory=dict)
+    """Each node's last report, with the ``resourceVersion`` it was read from: an unchanged
+    status is not decoded and checked again."""
 
     def lead(self) -> bool:
         """Take or renew the Lease; ``True`` while this replica leads."""
@@ -93,7 +96,10 @@ class Controller:
     def sync(self) -> PassResult:
         """One pass (whether or not this replica leads: the caller decides)."""
         ref = kubevirt.find(self.api, self.settings.kubevirt)
-        reports = tuple(read_report(obj) for obj in nodestate.list_all(self.api))
+        listed = nodestate.list_all(self.api)
+        reports = tuple(self._report(obj) for obj in listed)
+        names = {str((obj.get("metadata") or {}).get("name") or "") for obj in listed}
+        self._reports = {name: kept for name, kept in self._reports.items() if name in names}
         decisions: list[Decision] = []
 
         def compute(cr: JsonObject) -> KubeVirtPlan:
@@ -114,6 +120,16 @@ class Controller:
             for skipped in r.skipped:
                 log.info("node %s: %s", r.node, skipped)
         return PassResult(reports, decision, result)
+
+    def _report(self, obj: JsonObject) -> NodeReport:
+        meta = obj.get("metadata") or {}
+        name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        kept = self._reports.get(name)
+        if kept is not None and version and kept[0] == version:
+            return kept[1]
+        report = read_report(obj)
+        self._reports[name] = (version, report)
+        return report
 
     def run_once(self) -> PassResult | None:
         """Lead, then one pass; ``None`` when another replica leads."""
