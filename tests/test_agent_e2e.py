@@ -79,10 +79,21 @@ def wait_for(
     proc: subprocess.Popen[str] | list[subprocess.Popen[str]],
     timeout: float = 30,
 ) -> None:
-    """Poll ``check`` until true; fail at once if any of the agents ``proc`` exits."""
+    """Poll ``check`` until true; fail at once if any of the agents ``proc`` exits.
+
+    A check that fails an assertion (an object the agent has not written yet: it sets
+    the state label before it writes the ``VGPUNodeState``) counts as not yet true.
+    """
     procs = proc if isinstance(proc, list) else [proc]
     deadline = time.monotonic() + timeout
-    while not check():
+
+    def holds() -> bool:
+        try:
+            return check()
+        except AssertionError:
+            return False
+
+    while not holds():
         for p in procs:
             if p.poll() is not None:
                 raise AssertionError(f"the agent exited ({p.returncode}) while waiting for {what}")
