@@ -114,6 +114,7 @@ class Running:
     def __init__(self, kube: ControlPlane, tmp: Path, root: str, node: str = NODE) -> None:
         self.kube = kube
         self.root = root
+        self.tmp = tmp
         self.config_dir = tmp / "config"
         self.config_dir.mkdir()
         swap_configmap(self.config_dir, 1, CONFIG)
@@ -187,13 +188,15 @@ class Running:
         )
 
     def controller_pass(self) -> Any:
-        """``vgpu-state controller --once`` against the same API server."""
+        """``vgpu-state controller --once`` against the same API server, as the controller's
+        own ServiceAccount (its token bound to its pod)."""
         from click.testing import CliRunner
 
         from vgpu_state.cli.main import cli
 
-        kubeconfig = self.args[self.args.index("--kubeconfig") + 1]
-        args = ["controller", "--kubeconfig", kubeconfig, "--once", "--identity", "c-1"]
+        token = self.kube.agent_token("control-node", service_account="vgpu-state-controller")
+        kubeconfig = self.kube.write_kubeconfig(self.tmp / "controller", token=token)
+        args = ["controller", "--kubeconfig", str(kubeconfig), "--once", "--identity", "c-1"]
         return CliRunner().invoke(cli, args)
 
     def edit_config(self, text: str) -> None:
@@ -353,7 +356,8 @@ def test_kubevirt_managing_mdevs_stops_the_agent_and_it_says_why(agent: Running)
             "kind": "KubeVirt",
             "spec": {
                 "configuration": {
-                    "mediatedDevicesConfiguration": {"mediatedDeviceTypes": ["nvidia-745"]}
+                    "mediatedDevicesConfiguration": {"mediatedDeviceTypes": ["nvidia-745"]},
+                    "developerConfiguration": {"featureGates": []},
                 }
             },
         },
