@@ -272,7 +272,8 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     proc = agent.start()
     wait_for("the first reconcile", lambda: agent.state() == "success", proc)
     assert layout(agent.root) == {"A2-4C": 1, "A2-4Q": 1, "A2-4A": 1}
-    assert agent.get("/readyz")[0] == 200
+    # Ready once the first reconcile has finished (the state label is written inside it).
+    wait_for("ready", lambda: agent.get("/readyz")[0] == 200, proc)
     told = lambda: agent.advertised().get(A2_4Q) == uuids(agent.root, "A2-4Q")  # noqa: E731
     wait_for("the kubelet told", told, proc)
     assert set(agent.advertised()) == {A2_4Q, "nvidia.com/NVIDIA_A2-4C", "nvidia.com/NVIDIA_A2-4A"}
@@ -331,8 +332,10 @@ def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> N
     assert degraded["status"] == "True" and degraded["reason"] == "ConfigInvalid"
     assert "config.yaml:8:39:" in degraded["message"]
 
+    # The reconcile counts itself after it reported (the state label comes first).
+    counter = 'vgpu_state_reconciles_total{result="degraded"}'
+    wait_for("the degraded reconcile counted", lambda: counter in agent.get("/metrics")[1], proc)
     metrics = agent.get("/metrics")[1]
-    assert 'vgpu_state_reconciles_total{result="degraded"}' in metrics
     assert "vgpu_state_config_generation 2.0" in metrics, "the invalid one does not count"
 
     # SIGTERM: exit 0, every resource withdrawn first.
