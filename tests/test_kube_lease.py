@@ -1,6 +1,7 @@
-"""The cluster-duties Lease: one holder at a time, renewal, take-over after expiry.
+"""The controller's leader-election Lease: one holder at a time, renewal, take-over after
+expiry.
 
-On the real API server, as the agent (its ServiceAccount's token, shipped RBAC).
+On the real API server, as the controller (its ServiceAccount's token, shipped RBAC).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ T0 = datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.UTC)
 
 @pytest.fixture
 def api(cluster: ControlPlane, tmp_path: Path) -> KubeApi:
-    token = cluster.agent_token("node-a")
+    """The API as the controller sees it: the Lease is its leader election."""
+    token = cluster.agent_token("node-a", service_account="vgpu-state-controller")
     return KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)))
 
 
@@ -52,9 +54,10 @@ def test_release_lets_another_take_it_at_once(api: KubeApi) -> None:
     assert lease.try_acquire(api, "node-b", now=T0 + datetime.timedelta(seconds=1)).held
 
 
-def test_racing_agents_never_both_hold_it(cluster: ControlPlane, tmp_path: Path) -> None:
+def test_racing_replicas_never_both_hold_it(cluster: ControlPlane, tmp_path: Path) -> None:
     winners: list[str] = []
-    config = str(cluster.write_kubeconfig(tmp_path / "kc", token=cluster.agent_token("node-a")))
+    token = cluster.agent_token("node-a", service_account="vgpu-state-controller")
+    config = str(cluster.write_kubeconfig(tmp_path / "kc", token=token))
     start = threading.Barrier(12)
 
     def contend(name: str) -> None:

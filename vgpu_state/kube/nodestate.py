@@ -508,15 +508,3 @@ def write_status(
         except ConflictError:
             continue
     raise ClusterConflictError(f"VGPUNodeState {node}: the status kept changing; retry later")
-
-
-def advertised(api: KubeApi, except_node: str | None = None) -> frozenset[str]:
-    """Resources some node's ``VGPUNodeState`` still advertises (``except_node`` left out)."""
-    found: set[str] = set()
-    for obj in list_all(api):
-        if (obj.get("metadata") or {}).get("name") == except_node:
-            continue
-        status = status_of(obj)
-        if status is not None:
-            found |= status.resources
-    return frozenset(found)
