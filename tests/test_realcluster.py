@@ -41,13 +41,15 @@ def test_the_shipped_rbac_refuses_what_it_does_not_grant(cluster: ControlPlane) 
         return 200
 
     assert status("GET", "/api/v1/nodes/gpu-a") == 200
-    assert status("GET", "/apis/vgpu-state.io/v1alpha1/vgpunodestates") == 200
+    # Its own VGPUNodeState by name (a 404 here: none yet); listing them all is not granted.
+    assert status("GET", "/apis/vgpu-state.io/v1alpha1/vgpunodestates/gpu-a") == 200
     assert status("GET", "/api/v1/secrets") == 403
     assert status("DELETE", "/api/v1/nodes/gpu-a") == 403
     assert status("GET", "/api/v1/namespaces/default/configmaps") == 403
     # Leases only in the agent's namespace.
-    assert status("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases") == 200
-    assert status("GET", "/apis/coordination.k8s.io/v1/namespaces/default/leases") == 403
+    rollout = "leases/vgpu-state-rollout-0"
+    assert status("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/{rollout}") == 200
+    assert status("GET", f"/apis/coordination.k8s.io/v1/namespaces/default/{rollout}") == 403
     refused = [e for e in cluster.audit(mark, AGENT) if e["responseStatus"]["code"] == 403]
     assert len(refused) == 4, "the audit log records each refusal"
 
