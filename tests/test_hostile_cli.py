@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -116,9 +115,17 @@ def test_ctrl_c_exits_130(tmp_path: Path, spec: Path) -> None:
              str(spec), "--auto-approve", "--lock-file", str(lock), "--lock-timeout", "60"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        time.sleep(3)
+        # Ctrl-C while the apply waits for the lock: wait for it to say so (a fixed
+        # sleep can land before it gets there on a loaded machine).
+        assert proc.stderr is not None
+        first = ""
+        while "waiting up to" not in first:
+            line = proc.stderr.readline()
+            assert line, f"the apply ended before it waited for the lock: {first}"
+            first += line
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, rest = proc.communicate(timeout=30)
+        err = first + rest
     finally:
         os.close(fd)
     assert proc.returncode == 130, err
