@@ -171,6 +171,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "  The FUSE tests need /dev/fuse and Debian's fuse3 (fusermount3); `make test` "
             "installs fuse3 when run as root. VGPU_STATE_REQUIRE_FUSE=1 makes them fail instead."
         )
+    if any("no kubelet harness" in reason for reason in reasons):
+        terminalreporter.write_line(
+            "  The kubelet tests build the kubelet's device and DRA managers with Go "
+            "(hack/k8s/build.sh kubelet-harness). VGPU_STATE_REQUIRE_K8S=1 makes them fail "
+            "instead."
+        )
     if any("no real control plane" in reason for reason in reasons):
         terminalreporter.write_line(
             "  The real-cluster tests build kube-apiserver and etcd with Go (hack/k8s/build.sh, "

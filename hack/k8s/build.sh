@@ -1,10 +1,10 @@
 #!/bin/sh
 # Builds the real Kubernetes components the test suite runs (kube-apiserver,
-# etcd) from the Go module proxy, into hack/k8s/bin/ (ignored by git; or
-# $VGPU_STATE_K8S_BIN). Only what is missing or was built from other sources is
-# built; the Go build and module caches make a rebuild fast. Test
-# infrastructure only.
-#   hack/k8s/build.sh [program ...]     (default: kube-apiserver etcd)
+# etcd, and kubelet-harness: the kubelet's device and DRA managers) from the Go
+# module proxy, into hack/k8s/bin/ (ignored by git; or $VGPU_STATE_K8S_BIN).
+# Only what is missing or was built from other sources is built; the Go build
+# and module caches make a rebuild fast. Test infrastructure only.
+#   hack/k8s/build.sh [program ...]     (default: kube-apiserver etcd kubelet-harness)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
@@ -12,7 +12,7 @@ GO=${GO:-go}
 command -v "$GO" >/dev/null 2>&1 || { echo "hack/k8s/build.sh: Go is not installed (need go >= 1.26)" >&2; exit 127; }
 bin=${VGPU_STATE_K8S_BIN:-$here/bin}
 mkdir -p "$bin"
-[ "$#" -gt 0 ] || set -- kube-apiserver etcd
+[ "$#" -gt 0 ] || set -- kube-apiserver etcd kubelet-harness
 for prog in "$@"; do
     out="$bin/$prog"
     # Up to date when built from the same go.mod, go.sum, sources and Go version
