@@ -158,7 +158,8 @@ def rig(cluster: Any, tmp_path: Path) -> Iterator[Rig]:
     # The agent's DRA permissions are the shipped ones (deploy/ with components/dra).
     if cluster.request("GET", f"/api/v1/namespaces/{NS}") is None:
         cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
-        # No controller-manager creates the namespace's default ServiceAccount.
+    # No controller-manager creates a namespace's default ServiceAccount.
+    if cluster.request("GET", f"/api/v1/namespaces/{NS}/serviceaccounts/default") is None:
         cluster.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts",
                         {"metadata": {"name": "default"}})  # fmt: skip
     token = cluster.agent_token(NODE)
