@@ -5,8 +5,10 @@
 5. edit the config (one vGPU fewer on the A2, one more on the L40S), plan the
    minimal diff;  6. apply again;  7. assert;  8. history;
 9. the agent (scripts/demo_agent.py): a simulated node in a Kubernetes API
-   emulator; a label change, and the agent converges the node; the kubelet
-   loses a resource, and the agent notices and registers it again.
+   emulator, installed as deploy/ installs it (plan-only); a label change is
+   planned and not applied, `fleet plan` shows it; the node is promoted with
+   the label vgpu-state.io/mode=enforce and the agent converges it; the
+   kubelet loses a resource, and the agent notices and registers it again.
 
 The node is a copy of configs/sim/mixed.yaml (A2 with mdevs on VFs, T4 with
 mdevs on the PF, L40S with vendor-specific VFIO; one vGPU held by a VM) in a
@@ -91,7 +93,7 @@ def main() -> int:
         demo_agent.main()
         print(
             "\nDemo complete: plan, apply and assert converged twice on the simulated node, "
-            "and the agent converged it after a label change."
+            "and the agent, installed plan-only, converged it once the node was promoted."
         )
         return 0
     finally:

@@ -1,12 +1,14 @@
 """The agent part of `make demo`: a simulated node in a cluster emulator, a label change.
 
 Starts a Kubernetes API server emulator (kmock, the suite's), creates the
-Node, runs `vgpu-state agent` as a real process against a simulated node, then
-changes the Node's label the way `kubectl label` does and shows the agent
-converging the node, the device plugin (a stand-in kubelet shows what it is
-told, and writes the Node's allocatable from it as a kubelet does), the
-KubeVirt CR and the state label; then the stand-in kubelet loses one resource
-and the agent notices and registers it again.
+Node, runs `vgpu-state agent` as a real process against a simulated node in
+plan-only mode, as deploy/ installs it, then changes the Node's layout label
+the way `kubectl label` does: the agent reports the plan and changes nothing,
+`vgpu-state fleet plan` shows it; then the node is promoted with the label
+vgpu-state.io/mode=enforce and the agent converges it, the device plugin (a
+stand-in kubelet shows what it is told, and writes the Node's allocatable from
+it as a kubelet does), the KubeVirt CR and the state label; then the stand-in
+kubelet loses one resource and the agent notices and registers it again.
 """
 
 from __future__ import annotations
@@ -96,8 +98,10 @@ def main() -> int:
             "--kubeconfig", str(kubeconfig), "--sim", str(spec),
             "--state-dir", str(work / "state"), "--listen", "", "--resync", "300",
             "--device-plugin-dir", kubelet.plugin_dir, "--allocatable-grace", "2",
+            "--mode", "plan-only",
         ]  # fmt: skip
         print("\n=== 9. The agent: a simulated node in a cluster emulator")
+        print("   installed as deploy/ installs it: plan-only, nothing is applied until promoted")
         print(f"$ vgpu-state {' '.join(args)}")
         proc = subprocess.Popen(
             [sys.executable, "-m", "vgpu_state.cli.main", *args],
@@ -115,12 +119,40 @@ def main() -> int:
         print(f"   kubelet sees: {_devices(advertised())}")
 
         print(f"\n$ kubectl label node {NODE} nvidia.com/vgpu.config=a2-4q --overwrite")
+        before = (work / "node.yaml").read_text()
         api.patch(
             f"/api/v1/nodes/{NODE}",
             {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4q"}}},
             "merge",
         )
+        wait_for("the plan", lambda: state() == "pending", proc)
+        planned = next(
+            line for line in reversed(log.read_text().splitlines()) if "plan-only" in line
+        )
+        print("   | " + planned.split(" ", 2)[-1])
+        print(f"   node {NODE}: {STATE}={state()}; the host is unchanged (plan-only)")
+        if (work / "node.yaml").read_text() != before:
+            raise SystemExit("demo failed: the plan-only agent changed the node")
+        fleet = [
+            "fleet", "plan", "-f", str(config_dir / "config.yaml"),
+            "--kubeconfig", str(kubeconfig),
+        ]  # fmt: skip
+        print(f"\n$ vgpu-state {' '.join(fleet)}")
+        shown = subprocess.run(
+            [sys.executable, "-m", "vgpu_state.cli.main", *fleet],
+            cwd=REPO, capture_output=True, text=True, env={**os.environ, "COLUMNS": "100"},
+        )  # fmt: skip
+        sys.stdout.write(shown.stdout + shown.stderr)
+        if shown.returncode != 0:
+            raise SystemExit(f"demo failed: fleet plan exited {shown.returncode}")
+
+        print(f"\n$ kubectl label node {NODE} vgpu-state.io/mode=enforce   # promote the node")
         seen = len(log.read_text().splitlines())
+        api.patch(
+            f"/api/v1/nodes/{NODE}",
+            {"metadata": {"labels": {"vgpu-state.io/mode": "enforce"}}},
+            "merge",
+        )
 
         def converged() -> bool:
             return "config 'a2-4q'" in log.read_text() and state() == "success"

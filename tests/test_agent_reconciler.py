@@ -10,7 +10,7 @@ import pytest
 
 from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.agent.queue import Batch
-from vgpu_state.agent.reconciler import SLOT_POLL, AgentMode, NodeReconciler
+from vgpu_state.agent.reconciler import MODE_LABEL, SLOT_POLL, AgentMode, NodeReconciler
 from vgpu_state.agent.rollout import disruptive
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource, load_text
@@ -120,6 +120,46 @@ def test_plan_only_changes_nothing_and_reports_the_plan(node: Node) -> None:
     status = node.cluster.last_status
     assert status is not None and status.state is ConfigState.PENDING
     assert node.plugin.snapshots, "the device plugin still advertises what exists"
+
+
+def test_the_node_mode_label_promotes_or_holds_one_node(node: Node) -> None:
+    """``--mode plan-only`` (the shipped install) and ``vgpu-state.io/mode=enforce`` on the
+    node: that node applies; removing the label makes it plan-only again."""
+    reconcile = node.reconciler(AgentMode.PLAN_ONLY)
+    node.cluster.set_label(MODE_LABEL, "enforce")
+    outcome = reconcile(BATCH, threading.Event())
+    assert outcome.ok and "converged" in outcome.summary
+    assert node.layout() == {"A2-4C": 1, "A2-4Q": 2, "A2-4A": 1}
+    assert metric(node, 'vgpu_state_reconcile_duration_seconds_count{mode="enforce"')
+    made = len(node.host.changes)
+    # Back to plan-only: the next change is planned, not applied.
+    node.cluster.set_label(MODE_LABEL, None)
+    node.cluster.set_label("nvidia.com/vgpu.config", "swap")
+    outcome = reconcile(BATCH, threading.Event())
+    assert "planned, not applied (plan-only)" in outcome.summary
+    assert node.layout() == {"A2-4C": 1, "A2-4Q": 2, "A2-4A": 1}
+    # An enforce agent is held in plan-only on a labelled node; a label value it does not
+    # know leaves --mode in force.
+    held = node.reconciler(AgentMode.ENFORCE)
+    node.cluster.set_label(MODE_LABEL, "plan-only")
+    assert "plan-only" in held(BATCH, threading.Event()).summary
+    node.cluster.set_label(MODE_LABEL, "enforced")
+    assert "plan-only" in reconcile(BATCH, threading.Event()).summary
+    assert len(node.host.changes) == made  # nothing written since the label went
+
+
+@pytest.mark.parametrize("mode", AgentMode.ALL)
+def test_a_node_nothing_selects_is_left_alone_and_reports_its_scan(node: Node, mode: str) -> None:
+    node.cluster.set_label("nvidia.com/vgpu.config", None)
+    outcome = node.reconciler(mode)(BATCH, threading.Event())
+    assert outcome.ok and outcome.summary.startswith("left alone: no config selected")
+    assert node.host.changes == []
+    status = node.cluster.last_status
+    assert status is not None and (status.config, status.state) == (None, None)
+    ready = status.condition(ConditionType.READY)
+    assert ready is not None and (ready.status, ready.reason) == (True, "NoConfigSelected")
+    assert node.plugin.snapshots, "the vGPUs that exist are still advertised"
+    assert node.cluster.events == []
 
 
 def test_an_invalid_config_is_degraded_with_its_location_and_nothing_is_written(

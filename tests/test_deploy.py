@@ -236,16 +236,30 @@ def test_only_the_agent_container_is_privileged(manifests: list[dict[str, Any]])
     assert privileged == ["agent"]
 
 
-def test_configmap_carries_the_default_config_and_it_validates(
+def test_configmap_carries_the_default_layouts_without_default_and_they_validate(
     manifests: list[dict[str, Any]],
 ) -> None:
     from vgpu_state.config.loader import load_text
 
     data = only(manifests, "ConfigMap")["data"]
     assert set(data) == {"config.yaml"}
-    shipped = (REPO / "configs" / "default.yaml").read_text(encoding="utf-8")
-    assert data["config.yaml"] == shipped
-    load_text(data["config.yaml"], "deploy/config.yaml", catalog=CATALOG)
+    rendered = load_text(data["config.yaml"], "deploy/config.yaml", catalog=CATALOG)
+    shipped = load_text(
+        (REPO / "configs" / "default.yaml").read_text(encoding="utf-8"),
+        "configs/default.yaml",
+        catalog=CATALOG,
+    )
+    # The same layouts, but no node gets one by default: installing changes nothing.
+    assert rendered.configs == shipped.configs
+    assert shipped.spec.default == "default"
+    assert rendered.spec.default is None and rendered.spec.node_selectors == ()
+    assert "\ndefault:" not in data["config.yaml"]
+
+
+def test_the_agent_is_installed_in_plan_only_mode(manifests: list[dict[str, Any]]) -> None:
+    (agent,) = only(manifests, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    args = agent["args"]
+    assert args[args.index("--mode") + 1] == "plan-only"
 
 
 def test_dockerfile_installs_the_package_and_runs_the_command() -> None:

@@ -149,6 +149,27 @@ def test_a_missing_or_empty_sysfs_is_never_matches(tmp_path: Path, command: str)
     assert not (tmp_path / "j").exists()
 
 
+def test_assert_where_the_gpus_fell_off_the_bus_says_no_gpus_found(tmp_path: Path) -> None:
+    """The host reads fine (other PCI devices) but shows no NVIDIA GPU, while the config
+    lays out vGPUs by device-filter: no entry applies and nothing differs, yet a health
+    check built on assert must go red."""
+    spec = tmp_path / "node.yaml"
+    spec.write_text(
+        "node: n1\nlabels: {nvidia.com/vgpu.config: default}\ngpus: []\nextra-pci-devices: 2\n"
+    )
+    r = run("assert", "-f", str(REPO / "configs" / "default.yaml"), "--sim", str(spec))
+    assert r.exit_code == 1, r.output
+    assert 'Assertion failure: no GPUs found: configuration "default"' in r.stdout
+    assert "matches" not in r.stdout
+    # A config that lays out no vGPU still matches a node without GPUs.
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(
+        "version: v1\nvgpu-configs:\n  default:\n    - devices: all\n      vgpu-devices: {}\n"
+    )
+    r = run("assert", "-f", str(empty), "--sim", str(spec))
+    assert r.exit_code == 0 and "matches" in r.stdout, r.output
+
+
 def test_assert_on_nonexistent_root_exits_1() -> None:
     r = run("assert", "--sysfs-root", "/nonexistent", "-f", str(REPO / "configs/default.yaml"))
     assert r.exit_code == 1

@@ -170,6 +170,18 @@ def test_report_status_writes_the_label_the_status_and_keeps_transition_times(
     assert times == {"2026-11-23T10:00:00Z"}
 
 
+def _success(message: str = "") -> NodeStatus:
+    return NodeStatus(
+        node="gpu-node-1",
+        config="mixed",
+        state=ConfigState.SUCCESS,
+        conditions=(
+            Condition(type=ConditionType.SYNCED, status=True, reason="Converged", message=message),
+            Condition(type=ConditionType.READY, status=True, reason="Reconciled"),
+        ),
+    )
+
+
 def test_events_go_to_the_node(apiserver: ControlPlane, kubeconfig: str) -> None:
     cluster = _cluster(kubeconfig, "gpu-node-1")
     for _ in range(3):

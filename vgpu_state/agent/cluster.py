@@ -109,6 +109,19 @@ class AgentCluster(KubeCluster):
             return ClusterPart(problems=(f"KubeVirt CR not read, its settings not checked: {e}",))
 
     def report_status(self, status: NodeStatus) -> None:
+        degraded = status.condition(ConditionType.DEGRADED)
+        if degraded is None:
+            super().report_status(status)
+            return
+        self.write_state_label(status.state, status)
+        conditions: list[tuple[Any, bool | None, str, str]] = [
+            (c.type.value, c.status, c.reason, c.message) for c in status.conditions
+        ]
+        self.write_status(state=status.state, conditions=conditions)
+
+    def write_state_label(self, state: ConfigState | None, status: NodeStatus) -> None:
+        """The state label with the applied-config and plan-summary annotations; ``None``
+        removes the label (no config selects the node)."""
         # The last-plan annotation always says what the latest reconcile said, a failed one
         # too (its Ready condition carries the error): never a stale "matches".
         shown = (
@@ -117,15 +130,9 @@ class AgentCluster(KubeCluster):
             or status.condition(ConditionType.READY)
         )
         summary = (shown.message if shown is not None else "")[:1000]
-        self.set_state(status.state, applied_config=status.config, plan_summary=summary)
-        degraded = status.condition(ConditionType.DEGRADED)
-        if degraded is None:
-            super().report_status(status)
-            return
-        conditions: list[tuple[Any, bool | None, str, str]] = [
-            (c.type.value, c.status, c.reason, c.message) for c in status.conditions
-        ]
-        self.write_status(state=status.state, conditions=conditions)
+        if state is None:
+            self.clear_state()
+        self.set_state(state, applied_config=status.config, plan_summary=summary)
 
     def write_status(
         self,

@@ -8,7 +8,10 @@ agent needs:
   drift with the last good document) and reports the node ``Degraded`` with
   every located error (``file:line:column: message``).
 * **Modes.** ``enforce`` applies, skipping blocked items (they are reported);
-  ``plan-only`` plans and reports what it would do.
+  ``plan-only`` plans and reports what it would do. ``--mode`` is the default;
+  the node label ``vgpu-state.io/mode`` (``enforce`` or ``plan-only``), read
+  every reconcile, overrides it for that node, so a node pool is promoted to
+  enforce (or held in plan-only) by labelling its nodes.
 * **Rollout safety.** A plan that destroys anything applies only once the
   rollout gate grants one of the cluster's slots; otherwise nothing changes
   and the reconcile is retried. The slot goes back when the node matches.
@@ -35,7 +38,13 @@ from vgpu_state.agent.queue import Batch
 from vgpu_state.agent.worker import Outcome
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.executor import ApplyResult, StepResult
-from vgpu_state.model.errors import ConfigError, TransientError, UserError, VgpuStateError
+from vgpu_state.model.errors import (
+    ConfigError,
+    Reason,
+    TransientError,
+    UserError,
+    VgpuStateError,
+)
 from vgpu_state.model.plan import Action, Plan
 from vgpu_state.model.status import (
     Condition,
@@ -47,6 +56,7 @@ from vgpu_state.model.status import (
 )
 from vgpu_state.reconcile import (
     Mode,
+    NoConfigSelectedError,
     Ports,
     QuietReporter,
     Report,
@@ -63,6 +73,10 @@ class AgentMode:
     ENFORCE = "enforce"
     PLAN_ONLY = "plan-only"
     ALL = (ENFORCE, PLAN_ONLY)
+
+
+MODE_LABEL = "vgpu-state.io/mode"
+"""Node label that sets this node's agent mode (``enforce`` / ``plan-only``), over ``--mode``."""
 
 
 class RolloutGate(Protocol):
@@ -123,6 +137,11 @@ class NodeReconciler:
         self.settings = settings
         self.metrics = metrics
         self.mode = mode
+        """The default mode (``--mode``)."""
+        self.current_mode = mode
+        """The mode of the last reconcile: the node's ``vgpu-state.io/mode`` label, else
+        :attr:`mode`."""
+        self._bad_mode_label: str | None = None
         self.rollout = rollout
         self._clock = clock
         self._slot_poll = slot_poll
@@ -137,7 +156,7 @@ class NodeReconciler:
         started = time.monotonic()
         with self._busy:
             outcome, result = self._reconcile(stopping)
-        self.metrics.reconcile_duration.labels(mode=self.mode, result=result).observe(
+        self.metrics.reconcile_duration.labels(mode=self.current_mode, result=result).observe(
             time.monotonic() - started
         )
         self.metrics.reconciles.labels(result=result).inc()
@@ -152,7 +171,13 @@ class NodeReconciler:
             self._degraded(error)
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
             return Outcome(True, f"degraded: config invalid: {first}"), "degraded"
-        mode = Mode.APPLY if self.mode == AgentMode.ENFORCE else Mode.PLAN
+        try:
+            self._set_mode(self.ports.cluster.labels().get(MODE_LABEL))
+        except TransientError as e:
+            return Outcome(False, f"will retry: {e}"), "failed"
+        except VgpuStateError as e:
+            return Outcome(False, f"failed: {e}"), "failed"
+        mode = Mode.APPLY if self.current_mode == AgentMode.ENFORCE else Mode.PLAN
         gate = self.rollout.admit if self.rollout is not None and mode is Mode.APPLY else None
         try:
             report = reconcile_once(
@@ -166,6 +191,14 @@ class NodeReconciler:
             )
         except StopRequested as stop:
             return Outcome(True, str(stop)), "stopped"
+        except NoConfigSelectedError as e:
+            try:
+                self._unselected(e)
+            except TransientError as failed:
+                return Outcome(False, f"will retry: {failed}"), "failed"
+            except VgpuStateError as failed:
+                return Outcome(False, f"failed: {failed}"), "failed"
+            return Outcome(True, f"left alone: {e}"), "unselected"
         except TransientError as e:
             return Outcome(False, f"will retry: {e}"), "failed"
         except UserError as e:
@@ -224,8 +257,27 @@ class NodeReconciler:
         return True
 
     def _finished(self, converged: bool) -> None:
-        if self.rollout is not None and self.mode == AgentMode.ENFORCE:
+        if self.rollout is not None and self.current_mode == AgentMode.ENFORCE:
             self.rollout.finished(converged)
+
+    def _set_mode(self, label: str | None) -> None:
+        """This reconcile's mode: the node's mode label when it names one, else ``--mode``."""
+        if label is not None and label not in AgentMode.ALL:
+            if self._bad_mode_label != label:
+                log.warning(
+                    "node label %s=%r is neither %s; using --mode %s",
+                    MODE_LABEL,
+                    label,
+                    " nor ".join(AgentMode.ALL),
+                    self.mode,
+                )
+                self._bad_mode_label = label
+            label = None
+        mode = label or self.mode
+        if mode != self.current_mode:
+            source = f"node label {MODE_LABEL}" if label else "--mode"
+            log.info("mode %s (from %s)", mode, source)
+        self.current_mode = mode
 
     # config ------------------------------------------------------------------------
     def _read_config(self) -> tuple[ConfigDocument | None, ConfigError | None]:
@@ -275,6 +327,32 @@ class NodeReconciler:
         )
 
     # reporting ---------------------------------------------------------------------
+    def _unselected(self, error: NoConfigSelectedError) -> None:
+        """No config selects the node (a fresh install, before an operator labels it): it
+        is left alone. Its scan still goes to the status (``fleet plan`` plans it from
+        there) and the vGPUs that exist are advertised, as plan-only does; no state label."""
+        snapshot = self.ports.host.scan()
+        self.ports.device_plugin.refresh(snapshot)
+        reason = Reason.NO_CONFIG_SELECTED.value
+        self.ports.cluster.report_status(
+            NodeStatus(
+                node=self.ports.cluster.node_name(),
+                config=None,
+                state=None,
+                conditions=(
+                    Condition(
+                        type=ConditionType.SYNCED,
+                        status=True,
+                        reason=reason,
+                        message="no config selects this node; it is left as it is",
+                    ),
+                    Condition(
+                        type=ConditionType.READY, status=True, reason=reason, message=str(error)
+                    ),
+                ),
+            )
+        )
+
     def _report_plan_only(self, report: Report) -> None:
         """Plan-only mode: the status says what enforce would do; the plugin gets the scan."""
         self.ports.device_plugin.refresh(report.advertised)
@@ -300,7 +378,7 @@ class NodeReconciler:
             parts.append(f"{changed} change(s) made")
         if report.plan.blocked:
             parts.append(f"{len(report.plan.blocked)} blocked")
-        if self.mode == AgentMode.PLAN_ONLY and report.plan.actions:
+        if self.current_mode == AgentMode.PLAN_ONLY and report.plan.actions:
             parts.append(f"{len(report.plan.actions)} change(s) planned, not applied (plan-only)")
         elif not report.matches:
             parts.append("not converged: " + "; ".join(report.differences[:3]))

@@ -25,7 +25,8 @@ from vgpu_state.executor.state import STATE_DIR
     type=click.Choice(["enforce", "plan-only"]),
     default="enforce",
     show_default=True,
-    help="enforce: apply (blocked items are skipped and reported); plan-only: report only.",
+    help="enforce: apply (blocked items are skipped and reported); plan-only: report only. "
+    "The node label vgpu-state.io/mode (enforce or plan-only) overrides it per node.",
 )
 @click.option(
     "--resync",

@@ -14,6 +14,15 @@ from vgpu_state.cli.session import (
     settings,
     warn_unfinished,
 )
+from vgpu_state.config.document import ConfigDocument
+
+
+def expects_vgpus(document: ConfigDocument, config: str | None) -> bool:
+    """The selected config lays out at least one vGPU somewhere."""
+    named = document.configs.get(config) if config else None
+    return named is not None and any(
+        count > 0 for e in named.entries for count in e.vgpu_devices.values()
+    )
 
 
 @click.command("assert")
@@ -30,6 +39,14 @@ def assert_cmd(session: SessionArgs, journal_file: str | None) -> None:
     finally:
         target.close()
     config = report.inputs.desired.config
+    if not report.inputs.snapshot.gpus and expects_vgpus(report.inputs.document, config):
+        # A health check built on assert must go red when the GPUs fall off the bus:
+        # entries selected by device-filter match nothing then, and nothing differs.
+        click.echo(
+            f'Assertion failure: no GPUs found: configuration "{config}" lays out vGPUs, '
+            "but the scan found no NVIDIA GPU on this node."
+        )
+        sys.exit(1)
     if report.differences:
         click.echo(f'Assertion failure: the node does not match configuration "{config}":')
         for line in report.differences:

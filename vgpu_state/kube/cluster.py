@@ -27,7 +27,7 @@ from vgpu_state.kube.nodestate import (
     VGPUNodeStateStatus,
 )
 from vgpu_state.kube.podresources.client import DEFAULT_SOCKET, list_holders
-from vgpu_state.model.errors import BlockedReason
+from vgpu_state.model.errors import BlockedReason, VgpuStateError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import ActionKind, Blocked, ClusterPart
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -132,9 +132,14 @@ class KubeCluster:
         return InUse({key: str(holder) for key, holder in held.items()})
 
     def report_status(self, status: NodeStatus) -> None:
-        """The state label, and the ``VGPUNodeState`` status built from ``status`` and the
-        last :meth:`observe`d scan."""
-        self.set_state(status.state)
+        """The ``VGPUNodeState`` status built from ``status`` and the last :meth:`observe`d
+        scan, then the state label.
+
+        The label never says ``success`` for a node the cluster cannot see converged:
+        when the status cannot be written the label is set to ``failed`` before the
+        error is raised.
+        """
+        state = status.state
         conditions: list[tuple[ConditionKind, bool | None, str, str]] = []
         for kind in ConditionType:
             c = status.condition(kind)
@@ -147,8 +152,35 @@ class KubeCluster:
                 source="none" if status.config is None else "explicit",
                 reason="no config selected" if status.config is None else "selected",
             )
-        self.write_status(
-            state=status.state, selected=selected, conditions=conditions, snapshot=self._snapshot
+        try:
+            self.write_status(
+                state=state, selected=selected, conditions=conditions, snapshot=self._snapshot
+            )
+        except VgpuStateError:
+            if state is ConfigState.SUCCESS:
+                try:
+                    self.write_state_label(ConfigState.FAILED, status)
+                except VgpuStateError as e:
+                    log.warning("state label not written: %s", e)
+            raise
+        self.write_state_label(state, status)
+
+    def write_state_label(self, state: ConfigState | None, status: NodeStatus) -> None:
+        """The state label of a reported status (the agent adds its annotations);
+        ``None`` removes it (no config selects the node)."""
+        if state is None:
+            self.clear_state()
+        self.set_state(state)
+
+    def clear_state(self) -> None:
+        """Remove the state label, when the Node (as last read) carries one."""
+        current = self._node_obj if self._node_obj is not None else None
+        if current is not None and node_api.STATE_LABEL not in node_api.labels_of(current):
+            return
+        self._node_obj = self.api.patch(
+            node_api.node_path(self.node),
+            {"metadata": {"labels": {node_api.STATE_LABEL: None}}},
+            "merge",
         )
 
     def emit_event(self, event: NodeEvent) -> None:

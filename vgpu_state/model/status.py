@@ -42,7 +42,8 @@ class NodeStatus(Frozen):
     node: str
     config: str | None
     """The selected config; ``None`` when nothing selects one."""
-    state: ConfigState
+    state: ConfigState | None
+    """``None`` when no config selects the node: it carries no state label."""
     conditions: tuple[Condition, ...] = ()
     vgpus: tuple[tuple[str, int], ...] = ()
     """The live layout after the reconcile: (type name, count), sorted by name."""

@@ -245,7 +245,8 @@ def reconcile_once(
     except VgpuStateError as e:
         node = inputs.node if inputs is not None else ports.cluster.node_name()
         config = inputs.config if inputs is not None else None
-        if mode is Mode.APPLY:
+        # A node nothing selects is left alone: an outcome the caller reports, not a failure.
+        if mode is Mode.APPLY and not isinstance(e, NoConfigSelectedError):
             ports.cluster.report_status(failed_status(node, config, e))
             ports.cluster.emit_event(failed_event(e))
         raise
