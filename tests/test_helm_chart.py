@@ -1,0 +1,293 @@
+"""The Helm chart (deploy/helm/vgpu-state): lint, render, and the same objects as deploy/.
+
+Helm is upstream's, built from the Go module proxy by hack/helm/build.sh (``make
+test`` runs it through scripts/ensure-k8s). Without it these tests are skipped,
+saying why; VGPU_STATE_REQUIRE_K8S=1 (set by .ci/run) fails them instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import io
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "deploy" / "helm" / "vgpu-state"
+NAMESPACE = "vgpu-state"
+# The labels Helm charts carry and the kustomize base does not.
+HELM_ONLY_LABELS = {
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+}
+# The API server drops metadata.namespace from these; kustomize sets it on the
+# admission policies, whose scope it does not know.
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "DeviceClass",
+    "Namespace",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "ValidatingWebhookConfiguration",
+}
+KUBERNETES_VERSIONS = ("1.32.0", "1.37.0")
+DRA_KUBERNETES_VERSIONS = ("1.34.0", "1.37.0")  # resource.k8s.io/v1
+
+
+def helm_binary() -> str:
+    directory = os.environ.get("VGPU_STATE_HELM_BIN")
+    path = Path(directory) / "helm" if directory else REPO / "hack" / "helm" / "bin" / "helm"
+    if path.is_file() and os.access(path, os.X_OK):
+        return str(path)
+    reason = f"{path} is not built (sh hack/helm/build.sh, needs Go >= 1.26)"
+    if os.environ.get("VGPU_STATE_REQUIRE_K8S") == "1":
+        pytest.fail(f"helm is required (VGPU_STATE_REQUIRE_K8S=1): {reason}")
+    pytest.skip(f"no helm: {reason}")
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    return helm_binary()
+
+
+def load_all(text: str) -> list[dict[str, Any]]:
+    return [d for d in YAML(typ="safe").load_all(text) if d]
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, check=False)
+
+
+def template(helm: str, *values: str) -> list[dict[str, Any]]:
+    proc = run_helm(helm, "template", "vgpu-state", str(CHART), "--namespace", NAMESPACE, *values)
+    assert proc.returncode == 0, f"helm template failed:\n{proc.stderr}"
+    docs = load_all(proc.stdout)
+    assert docs, "helm template rendered nothing"
+    return docs
+
+
+def kustomize(tmp_path: Path, kustomization: str = "") -> list[dict[str, Any]]:
+    """deploy/ through an overlay in tmp_path (kustomize takes relative paths only)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is required to render deploy/ (kubectl kustomize) but is not on PATH")
+    base = os.path.relpath(REPO / "deploy", tmp_path)
+    text = kustomization.replace("BASE", base) or f"resources: [{base}]\n"
+    (tmp_path / "kustomization.yaml").write_text(text, encoding="utf-8")
+    proc = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, f"kubectl kustomize failed:\n{proc.stderr}"
+    return load_all(proc.stdout)
+
+
+def key(doc: dict[str, Any]) -> str:
+    meta = normalised(doc)["metadata"]
+    where = f"{meta['namespace']}/" if "namespace" in meta else ""
+    return f"{doc['kind']} {where}{meta['name']} ({doc['apiVersion']})"
+
+
+def normalised(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the cluster would hold: without Helm's own labels, without a namespace on
+    cluster-scoped objects, and with volumes and volume mounts (sets keyed by name
+    and path) in one order."""
+    doc = copy.deepcopy(doc)
+    if doc["kind"] in CLUSTER_SCOPED:
+        doc["metadata"].pop("namespace", None)
+    labels = doc["metadata"].get("labels", {})
+    for label in HELM_ONLY_LABELS:
+        labels.pop(label, None)
+    pod = doc.get("spec", {}).get("template", {}).get("spec")
+    if pod is not None:
+        pod["volumes"] = sorted(pod.get("volumes", []), key=lambda v: v["name"])
+        for container in pod["containers"]:
+            container["volumeMounts"] = sorted(
+                container.get("volumeMounts", []), key=lambda m: m["mountPath"]
+            )
+    return doc
+
+
+def by_key(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    keyed = {key(d): normalised(d) for d in docs}
+    assert len(keyed) == len(docs), "two objects share a kind, namespace and name"
+    return keyed
+
+
+def assert_same_objects(chart: list[dict[str, Any]], base: list[dict[str, Any]]) -> None:
+    # The chart installs into the release's namespace (helm install --create-namespace);
+    # the base creates its own.
+    base = [d for d in base if d["kind"] != "Namespace"]
+    rendered, expected = by_key(chart), by_key(base)
+    assert sorted(rendered) == sorted(expected), (
+        f"only in the chart: {sorted(set(rendered) - set(expected))}; "
+        f"only in deploy/: {sorted(set(expected) - set(rendered))}"
+    )
+    differ = [k for k in expected if rendered[k] != expected[k]]
+    if differ:
+        k = differ[0]
+        dump = YAML()
+        chart_text, base_text = io.StringIO(), io.StringIO()
+        # Keys in one order, so that the diff shows only what differs.
+        dump.dump(json.loads(json.dumps(rendered[k], sort_keys=True)), chart_text)
+        dump.dump(json.loads(json.dumps(expected[k], sort_keys=True)), base_text)
+        diff = "\n".join(
+            difflib.unified_diff(
+                base_text.getvalue().splitlines(),
+                chart_text.getvalue().splitlines(),
+                "deploy/",
+                "chart",
+                lineterm="",
+            )
+        )
+        pytest.fail(f"{len(differ)} object(s) differ: {differ}; the first:\n{diff}")
+
+
+def validate(docs: list[dict[str, Any]], version: str) -> list[str]:
+    import kubernetes_validate
+
+    problems = []
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{key(doc)}: {str(exc).splitlines()[0]} at {list(exc.path)}")
+        except kubernetes_validate.SchemaNotFoundError:
+            problems.append(f"{key(doc)}: no schema for Kubernetes {version}")
+    return problems
+
+
+def test_helm_lint_strict_passes(helm: str) -> None:
+    for values in ([], ["--set", "agent.mode=enforce", "--set", "dra.enabled=true"]):
+        proc = run_helm(helm, "lint", "--strict", str(CHART), *values)
+        assert proc.returncode == 0, f"helm lint --strict {values}:\n{proc.stdout}{proc.stderr}"
+        assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+def test_the_chart_files_are_the_bases_own() -> None:
+    proc = subprocess.run(
+        ["python3", str(REPO / "scripts" / "sync_chart_files.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_default_values_render_what_the_base_renders(helm: str, tmp_path: Path) -> None:
+    assert_same_objects(template(helm), kustomize(tmp_path))
+
+
+def test_enforce_with_dra_renders_what_the_base_with_the_dra_component_renders(
+    helm: str, tmp_path: Path
+) -> None:
+    (daemonset,) = [d for d in kustomize(tmp_path) if d["kind"] == "DaemonSet"]
+    args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+    mode = args.index("--mode") + 1
+    base = kustomize(
+        tmp_path,
+        "resources: [BASE]\n"
+        "components: [BASE/components/dra]\n"
+        "patches:\n"
+        "  - target: {kind: DaemonSet, name: vgpu-state-agent}\n"
+        "    patch: |-\n"
+        f"      - op: replace\n"
+        f"        path: /spec/template/spec/containers/0/args/{mode}\n"
+        "        value: enforce\n",
+    )
+    chart = template(helm, "--set", "agent.mode=enforce", "--set", "dra.enabled=true")
+    assert_same_objects(chart, base)
+    (agent,) = [d for d in chart if d["kind"] == "DaemonSet"]
+    args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--mode") + 1] == "enforce" and "--dra" in args
+
+
+def test_the_default_install_is_plan_only_without_a_default_layout(helm: str) -> None:
+    docs = template(helm)
+    (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--mode") + 1] == "plan-only"
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert "\ndefault:" not in configmap["data"]["config.yaml"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_of_the_default_install_is_valid(helm: str, version: str) -> None:
+    assert not validate(template(helm), version)
+
+
+@pytest.mark.parametrize("version", DRA_KUBERNETES_VERSIONS)
+def test_every_object_with_every_option_set_is_valid(helm: str, version: str) -> None:
+    docs = template(
+        helm,
+        "--set", "agent.mode=enforce",
+        "--set", "dra.enabled=true",
+        "--set", "imagePullSecrets[0].name=registry",
+        "--set", "image.repository=registry.example/vgpu-state",
+        "--set", "image.tag=1.2.3",
+        "--set", "agent.maxUnavailable=10%",
+        "--set", "agent.nvidiaLibPath=/run/nvidia/driver/usr/lib/nvidia",
+        "--set-json", 'agent.extraArgs=["--resync", "120"]',
+        "--set", "controller.replicas=3",
+        "--set", "controller.grace=600",
+    )  # fmt: skip
+    assert not validate(docs, version)
+    (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = agent["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["containers"][0]["image"] == "registry.example/vgpu-state:1.2.3"
+    assert pod["containers"][0]["args"][-2:] == ["--resync", "120"]
+    nvidia = [v for v in pod["volumes"] if v["name"] == "nvidia-lib"]
+    assert nvidia[0]["hostPath"]["path"] == "/run/nvidia/driver/usr/lib/nvidia"
+    (controller,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert controller["spec"]["replicas"] == 3
+    assert controller["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "600"
+
+
+def test_a_layouts_file_given_to_the_chart_is_the_configmap(helm: str, tmp_path: Path) -> None:
+    layouts = (REPO / "configs" / "default.yaml").read_text(encoding="utf-8")
+    (tmp_path / "config.yaml").write_text(layouts, encoding="utf-8")
+    docs = template(helm, "--set-file", f"config={tmp_path / 'config.yaml'}")
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert configmap["data"] == {"config.yaml": layouts}
+
+
+def test_the_controller_can_be_left_out(helm: str) -> None:
+    docs = template(helm, "--set", "controller.enabled=false")
+    assert not [d for d in docs if "controller" in d["metadata"]["name"]]
+    assert [d for d in docs if d["kind"] == "DaemonSet"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            ["--set", "agent.mode=enforced"],
+            "at '/agent/mode': value must be one of 'plan-only', 'enforce'",
+        ),
+        (
+            ["--set", "agent.modee=enforce"],
+            "at '/agent': additional properties 'modee' not allowed",
+        ),
+        (["--set", "dra=true"], "at '/dra': got boolean, want object"),
+        (["--set", "agent.port=70000"], "at '/agent/port': maximum: got 70,000, want 65,535"),
+        (["--set", "agent.nvidiaLibPath=usr/lib/nvidia"], "at '/agent/nvidiaLibPath'"),
+        (["--set", "config=layouts: ["], "config: not a YAML layouts file"),
+        (["--set", "config=version: v1"], "config: the layouts file has no vgpu-configs"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_is_refused_naming_it(helm: str, values: list[str], message: str) -> None:
+    proc = run_helm(helm, "template", "vgpu-state", str(CHART), *values)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
