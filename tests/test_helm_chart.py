@@ -269,6 +269,18 @@ def test_the_controller_can_be_left_out(helm: str) -> None:
     assert [d for d in docs if d["kind"] == "DaemonSet"]
 
 
+def test_dra_on_a_cluster_older_than_1_34_is_refused(helm: str) -> None:
+    proc = run_helm(
+        helm, "template", "vgpu-state", str(CHART), "--set", "dra.enabled=true",
+        "--kube-version", "1.33.4",
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "dra.enabled: Dynamic Resource Allocation needs Kubernetes 1.34 or later" in (
+        proc.stderr
+    )
+    assert template(helm, "--set", "dra.enabled=true", "--kube-version", "1.34.0")
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
