@@ -78,21 +78,31 @@ def rootfs() -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def in_image(rootfs: Path, *command: str) -> list[str]:
-    """``command`` in a chroot of the image, with the host's /dev and a fresh /proc
-    mounted in a private mount namespace (gone when the command exits)."""
-    script = 'mount --bind /dev "$0/dev" && mount -t proc proc "$0/proc" && exec chroot "$0" "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-            str(rootfs), *command]  # fmt: skip
-
-
-def test_the_image_runs_its_own_vgpu_state(rootfs: Path) -> None:
-    proc = subprocess.run(
-        in_image(rootfs, "/opt/vgpu-state/bin/vgpu-state", "--help"),
-        capture_output=True,
-        text=True,
-        check=False,
+def in_image(rootfs: Path, *command: str, user: str = "0:0") -> list[str]:
+    """``command`` in a chroot of the image as ``user`` (UID:GID), with the host's /dev
+    and a fresh /proc mounted in a private mount namespace (gone when it exits)."""
+    script = (
+        'mount --bind /dev "$0/dev" && mount -t proc proc "$0/proc" && '
+        'u=$1 && shift && exec chroot --userspec="$u" "$0" "$@"'
     )
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+            str(rootfs), user, *command]  # fmt: skip
+
+
+@pytest.mark.parametrize("user", ["0:0", "65532:65532"])
+def test_the_images_entrypoint_runs_as_root_and_as_the_controllers_user(
+    rootfs: Path, user: str
+) -> None:
+    """The image's own ENTRYPOINT, CMD and environment (the runtime config umoci wrote),
+    as root (the agent's pod) and as user 65532 (the controller's pod)."""
+    process = json.loads((rootfs.parent / "config.json").read_text(encoding="utf-8"))["process"]
+    assert process["args"] == ["vgpu-state", "--help"]
+    env = dict(e.split("=", 1) for e in process["env"])
+    assert env["PATH"].startswith("/opt/vgpu-state/bin:")
+    proc = subprocess.run(
+        in_image(rootfs, "/usr/bin/env", "-i", *process["env"], *process["args"], user=user),
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "agent" in proc.stdout and "controller" in proc.stdout
 
