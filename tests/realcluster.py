@@ -305,6 +305,9 @@ class ControlPlane:
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
             "--endpoint-reconciler-type=none",
+            # Webhooks behind a Service are called at the Service's endpoints (there is no
+            # Service network here): the controller's layouts webhook is reached as shipped.
+            "--enable-aggregator-routing=true",
             "--allow-privileged=true",  # as kubeadm sets it: the agent runs privileged
             "--profiling=false",
             f"--audit-policy-file={self._audit_policy()}",

@@ -88,7 +88,13 @@ def test_base_holds_the_agent_and_everything_it_needs(manifests: list[dict[str, 
         m
         for m in manifests
         if m["kind"]
-        not in {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+        not in {
+            "Namespace",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "ValidatingWebhookConfiguration",
+        }
     ]
     assert {m["metadata"]["namespace"] for m in namespaced} == {"vgpu-state"}
 
@@ -158,10 +164,22 @@ def test_the_controller_is_the_only_kubevirt_writer_and_elects_a_leader(
         ("kubevirt.io", "kubevirts", "get"),
         ("kubevirt.io", "kubevirts", "list"),
         ("kubevirt.io", "kubevirts", "patch"),
+        # The layouts webhook's caBundle: that one object only (below).
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get"),
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch"),
     }
     assert rules_as_set(only(manifests, "Role", CONTROLLER)) == {
-        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
+        *(("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")),
+        *(("", "secrets", v) for v in ("create", "get", "update")),
     }
+    # Every read and write of a Secret or webhook configuration names its one object.
+    for kind in ("ClusterRole", "Role"):
+        for rule in only(manifests, kind, CONTROLLER)["rules"]:
+            if {"secrets", "validatingwebhookconfigurations"} & set(rule["resources"]):
+                assert rule["verbs"] == ["create"] or rule["resourceNames"] in (
+                    ["vgpu-state-controller-tls"],
+                    ["vgpu-state-layouts"],
+                ), rule
     writers = [
         r["metadata"]["name"]
         for r in by_kind(manifests, "ClusterRole")

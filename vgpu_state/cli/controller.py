@@ -56,6 +56,39 @@ from vgpu_state.cli.common import handle_errors
     show_default=True,
     help="Leader-election Lease duration; another replica takes over after it expires.",
 )
+@click.option(
+    "--webhook-port",
+    type=click.IntRange(min=0, max=65535),
+    default=8443,
+    show_default=True,
+    help="Port of the layouts ConfigMap's validating webhook (HTTPS; 0: not served).",
+)
+@click.option(
+    "--webhook-service",
+    default="vgpu-state-controller",
+    show_default=True,
+    help="The Service the API server calls the webhook through (the certificate names it).",
+)
+@click.option(
+    "--webhook-secret",
+    default="vgpu-state-controller-tls",
+    show_default=True,
+    help="Secret (in --namespace) holding the webhook's CA and serving certificate; "
+    "created and renewed by the controller.",
+)
+@click.option(
+    "--webhook-configuration",
+    default="vgpu-state-layouts",
+    show_default=True,
+    help="ValidatingWebhookConfiguration whose caBundle the controller keeps in step.",
+)
+@click.option(
+    "--webhook-cert-dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Serve tls.crt/tls.key from this directory (e.g. a cert-manager Secret) instead: "
+    "the controller then writes no Secret and no caBundle.",
+)
 @click.option("--once", is_flag=True, help="Take the Lease, make one pass, exit.")
 @click.option(
     "--log-level",
@@ -72,6 +105,11 @@ def controller(
     grace: float,
     interval: float,
     lease_seconds: int,
+    webhook_port: int,
+    webhook_service: str,
+    webhook_secret: str,
+    webhook_configuration: str,
+    webhook_cert_dir: str | None,
     once: bool,
     log_level: str,
 ) -> None:
@@ -99,7 +137,8 @@ def controller(
         interval=interval,
         lease_seconds=lease_seconds,
     )
-    ctl = Controller(KubeApi.connect(kubeconfig), settings)
+    api = KubeApi.connect(kubeconfig)
+    ctl = Controller(api, settings)
     if once:
         result = ctl.run_once()
         if result is None:
@@ -123,4 +162,21 @@ def controller(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if webhook_port:
+        from pathlib import Path
+
+        from vgpu_state.controller.webhook import WebhookKeeper, WebhookSettings
+
+        # Every replica serves the webhook, leader or not: the Service may route to any.
+        WebhookKeeper(
+            api,
+            WebhookSettings(
+                port=webhook_port,
+                namespace=namespace,
+                service=webhook_service,
+                secret=webhook_secret,
+                configuration=webhook_configuration,
+                cert_dir=Path(webhook_cert_dir) if webhook_cert_dir else None,
+            ),
+        ).start(stop)
     ctl.run(stop)

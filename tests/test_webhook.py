@@ -1,0 +1,143 @@
+"""The layouts webhook's answers and its HTTPS server (the API server's side is in
+tests/test_webhook_real.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import json
+import ssl
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from vgpu_state.controller import tls
+from vgpu_state.controller.webhook import REVIEW_PATH, WebhookServer, review
+
+GOOD = (
+    "version: v1\nvgpu-configs:\n  default:\n    - devices: all\n"
+    "      vgpu-devices:\n        A2-4Q: 4\n"
+)
+UNKNOWN_TYPE = GOOD.replace("A2-4Q", "XYZ-4Q")  # a family the catalog does not know
+
+
+def request(obj: dict[str, Any] | None, operation: str = "UPDATE") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u-1", "operation": operation, "object": obj},
+    }
+
+
+def cm(data: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "data": data, **extra}
+
+
+def test_a_valid_layout_is_allowed() -> None:
+    answer = review(request(cm({"config.yaml": GOOD})))
+    assert answer["response"] == {"uid": "u-1", "allowed": True}
+    assert answer["kind"] == "AdmissionReview"
+
+
+def test_an_invalid_layout_is_refused_with_file_line_column() -> None:
+    bad = GOOD.replace("A2-4Q: 4", "A2-4Q: many")
+    response = review(request(cm({"config.yaml": bad})))["response"]
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert message.startswith("invalid vGPU layouts:\nconfig.yaml:6:16: ")
+    assert "'many'" in message
+
+
+def test_a_type_the_catalog_does_not_know_is_a_warning_not_a_refusal() -> None:
+    response = review(request(cm({"config.yaml": UNKNOWN_TYPE})))["response"]
+    assert response["allowed"] is True
+    assert any("XYZ-4Q" in w and w.startswith("config.yaml:6:") for w in response["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("obj", "needle"),
+    [
+        (cm({"other.yaml": GOOD}), "has no data key 'config.yaml'"),
+        (cm(None, binaryData={"config.yaml": "eA=="}), "it is in binaryData"),
+    ],
+)
+def test_a_configmap_without_the_layouts_key_is_refused(obj: dict[str, Any], needle: str) -> None:
+    response = review(request(obj))["response"]
+    assert response["allowed"] is False
+    assert needle in response["status"]["message"]
+
+
+def test_a_delete_is_not_judged() -> None:
+    assert review(request(None, "DELETE"))["response"]["allowed"] is True
+
+
+def test_a_long_list_of_errors_is_cut_and_counted() -> None:
+    entries = "".join(
+        f"  c{i}:\n    - devices: all\n      vgpu-devices: {{A2-4Q: x}}\n" for i in range(30)
+    )
+    response = review(request(cm({"config.yaml": f"version: v1\nvgpu-configs:\n{entries}"})))
+    message = response["response"]["status"]["message"]
+    assert message.count("\nconfig.yaml:") == 20
+    assert "... and 10 more (vgpu-state validate lists all)" in message
+
+
+@pytest.fixture
+def server() -> Iterator[WebhookServer]:
+    material = tls.issue("vgpu-state-controller", "vgpu-state", dt.datetime.now(dt.UTC))
+    srv = WebhookServer("127.0.0.1", 0)
+    assert srv.load(material) is True
+    assert srv.load(material) is False  # unchanged: nothing reloaded
+    srv.start()
+    srv.ca = material.ca_cert  # type: ignore[attr-defined]
+    yield srv
+    srv.stop()
+
+
+def post(server: WebhookServer, path: str, body: bytes) -> tuple[int, bytes]:
+    context = ssl.create_default_context(cadata=server.ca.decode())  # type: ignore[attr-defined]
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=10)
+    # The certificate names the Service, as the API server checks it.
+    conn._context.check_hostname = False  # type: ignore[attr-defined]
+    conn.request("POST", path, body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def test_the_server_answers_over_tls_signed_by_its_ca(server: WebhookServer) -> None:
+    status, body = post(
+        server, REVIEW_PATH, json.dumps(request(cm({"config.yaml": "x: ["}))).encode()
+    )
+    assert status == 200
+    answer = json.loads(body)
+    assert answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["message"].startswith("invalid vGPU layouts:\nconfig.yaml:")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        (REVIEW_PATH, b"not json", 400),
+        (REVIEW_PATH, b'{"request": {"operation": "UPDATE"}}', 400),
+        ("/elsewhere", b"{}", 404),
+    ],
+)
+def test_bad_requests_get_a_clear_status(
+    server: WebhookServer, path: str, body: bytes, status: int
+) -> None:
+    assert post(server, path, body)[0] == status
+
+
+def test_renewal_is_needed_near_expiry_and_when_the_names_differ() -> None:
+    now = dt.datetime.now(dt.UTC)
+    material = tls.issue("vgpu-state-controller", "vgpu-state", now)
+    assert tls.needs_renewal(material, "vgpu-state-controller", "vgpu-state", now) is None
+    later = now + dt.timedelta(days=340)
+    assert "expires" in (
+        tls.needs_renewal(material, "vgpu-state-controller", "vgpu-state", later) or ""
+    )
+    other = tls.needs_renewal(material, "vgpu-state-controller", "elsewhere", now)
+    assert other == "the serving certificate does not name vgpu-state-controller.elsewhere.svc"
+    renewed = tls.renewed(material, "vgpu-state-controller", "vgpu-state", later)
+    assert renewed.ca_cert == material.ca_cert and renewed.cert != material.cert
+    assert tls.needs_renewal(renewed, "vgpu-state-controller", "vgpu-state", later) is None

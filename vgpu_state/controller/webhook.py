@@ -1,0 +1,302 @@
+"""The validating admission webhook for the layouts ConfigMap.
+
+The API server sends an ``AdmissionReview`` for every change of the layouts ConfigMap
+(the ValidatingWebhookConfiguration ``vgpu-state-layouts`` of deploy/ selects only that
+object); :func:`review` answers it with the result of the same check ``vgpu-state
+validate`` runs, so ``kubectl apply``, Argo CD and Flux show the same
+``config.yaml:LINE:COLUMN: message`` lines at sync time. Warnings (types the catalog
+cannot vouch for) come back as admission warnings, which kubectl prints and allows.
+
+:class:`WebhookServer` serves it over HTTPS on every controller replica; the serving
+certificate comes from :mod:`vgpu_state.controller.tls` and is swapped in place when
+it is renewed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import ssl
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from vgpu_state.catalog import Catalog, default_catalog
+from vgpu_state.config import load_text
+from vgpu_state.controller import tls
+from vgpu_state.controller.tls import Material
+from vgpu_state.kube.api import KubeApi
+from vgpu_state.kube.errors import ClusterError, NotFoundError
+from vgpu_state.model.errors import ConfigError, TransientError
+
+log = logging.getLogger(__name__)
+
+LAYOUTS_KEY = "config.yaml"
+"""The ConfigMap key the agents read (deploy/daemonset.yaml mounts it as a file)."""
+REVIEW_PATH = "/validate-layouts"
+MAX_BODY = 4 * 1024 * 1024
+"""An AdmissionReview of a ConfigMap (at most 1 MiB of data, old and new object)."""
+MAX_MESSAGES = 20
+"""Refusal lines shown; the rest are counted (``vgpu-state validate`` lists them all)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+
+
+def check_configmap(
+    obj: Mapping[str, Any], key: str = LAYOUTS_KEY, catalog: Catalog | None = None
+) -> Verdict:
+    """What ``vgpu-state validate -f KEY`` says of the ConfigMap's ``key``."""
+    data = obj.get("data")
+    if not isinstance(data, Mapping) or key not in data:
+        binary = obj.get("binaryData")
+        where = (
+            " (it is in binaryData; the agents read data)"
+            if isinstance(binary, Mapping) and key in binary
+            else ""
+        )
+        return Verdict(
+            False, f"the layouts ConfigMap has no data key {key!r}{where}: the agents read it"
+        )
+    text = data[key]
+    if not isinstance(text, str):
+        return Verdict(False, f"data key {key!r} is not text")
+    try:
+        document = load_text(text, key, catalog=catalog or default_catalog())
+    except ConfigError as exc:
+        lines = [str(issue) for issue in exc.issues]
+        shown = lines[:MAX_MESSAGES]
+        if len(lines) > len(shown):
+            shown.append(f"... and {len(lines) - len(shown)} more (vgpu-state validate lists all)")
+        return Verdict(False, "invalid vGPU layouts:\n" + "\n".join(shown))
+    warnings = tuple(
+        f"{w.file}:{w.line}:{w.column}: warning: {w.message}" for w in document.warnings
+    )
+    return Verdict(True, warnings=warnings)
+
+
+def review(body: Any, key: str = LAYOUTS_KEY, catalog: Catalog | None = None) -> dict[str, Any]:
+    """The ``AdmissionReview`` answer to ``body`` (an ``AdmissionReview`` request)."""
+    request = body.get("request") if isinstance(body, Mapping) else None
+    if not isinstance(request, Mapping):
+        raise ValueError("not an AdmissionReview request (no .request)")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise ValueError("AdmissionReview request without a uid")
+    obj = request.get("object")
+    if request.get("operation") == "DELETE" or not isinstance(obj, Mapping):
+        verdict = Verdict(True)
+    else:
+        verdict = check_configmap(obj, key, catalog)
+    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
+    if not verdict.allowed:
+        response["status"] = {"code": 422, "reason": "Invalid", "message": verdict.message}
+    if verdict.warnings:
+        # kubectl prints each as "Warning: ..." and applies the change.
+        response["warnings"] = list(verdict.warnings)
+    return {
+        "apiVersion": str(body.get("apiVersion") or "admission.k8s.io/v1"),
+        "kind": "AdmissionReview",
+        "response": response,
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    timeout = 10  # seconds a connection may stay silent (handshake included)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("webhook %s: " + format, self.client_address[0], *args)
+
+    def _send(self, code: int, payload: bytes, content_type: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        if self.path in ("/healthz", "/readyz"):
+            self._send(200, b"ok\n", "text/plain")
+        else:
+            self._send(404, b"not found\n", "text/plain")
+
+    def do_POST(self) -> None:
+        if self.path.split("?", 1)[0] != REVIEW_PATH:
+            self._send(404, b"not found\n", "text/plain")
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or "-1")
+        except ValueError:
+            length = -1
+        if length < 0 or length > MAX_BODY:
+            self.close_connection = True
+            self._send(413 if length > MAX_BODY else 411, b"bad length\n", "text/plain")
+            return
+        raw = self.rfile.read(length)
+        try:
+            answer = review(json.loads(raw), self.server.key, self.server.catalog)
+        except (ValueError, UnicodeDecodeError) as e:
+            self._send(400, f"bad AdmissionReview: {e}\n".encode(), "text/plain")
+            return
+        allowed = answer["response"]["allowed"]
+        if not allowed:
+            message = answer["response"]["status"]["message"]
+            log.info("layouts ConfigMap change refused: %s", message)
+        self._send(200, json.dumps(answer).encode())
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    key: str
+    catalog: Catalog
+    context: ssl.SSLContext
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A failed handshake or a dropped connection: the peer's problem, not a crash.
+        log.info("webhook connection from %s failed", client_address[0], exc_info=True)
+
+    def get_request(self) -> tuple[Any, Any]:
+        # The TLS handshake runs on the connection's own thread (first read), never in
+        # the accept loop: one slow client cannot stall the others.
+        sock, address = self.socket.accept()
+        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), (
+            address
+        )
+
+
+class WebhookServer:
+    """HTTPS on ``host:port``; :meth:`load` swaps the certificate without a restart."""
+
+    def __init__(self, host: str, port: int, key: str = LAYOUTS_KEY) -> None:
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._server = _Server((host, port), _Handler, bind_and_activate=True)
+        self._server.key = key
+        self._server.catalog = default_catalog()
+        self._server.context = self._context
+        self._thread: threading.Thread | None = None
+        self._loaded: Material | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def load(self, material: Material) -> bool:
+        """Serve ``material``'s certificate from the next connection on; ``True`` if new."""
+        if material == self._loaded:
+            return False
+        # The ssl module reads key pairs from files only: a private directory, removed at once.
+        with tempfile.TemporaryDirectory(prefix="vgpu-state-tls-") as tmp:
+            cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+            cert.write_bytes(material.cert)
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(material.key)
+            self._context.load_cert_chain(cert, key)
+        self._loaded = material
+        return True
+
+    def load_files(self, cert: Path, key: Path) -> None:
+        """Serve a key pair another issuer keeps in files (cert-manager's mounted Secret)."""
+        self._context.load_cert_chain(cert, key)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="vgpu-state-webhook", daemon=True
+        )
+        self._thread.start()
+        log.info("layouts webhook serving on port %d (%s)", self.port, REVIEW_PATH)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    port: int
+    namespace: str
+    service: str = "vgpu-state-controller"
+    secret: str = "vgpu-state-controller-tls"
+    configuration: str = "vgpu-state-layouts"
+    """The ValidatingWebhookConfiguration whose ``caBundle`` is kept in step."""
+    cert_dir: Path | None = None
+    """A key pair another issuer keeps (cert-manager): served as it is, nothing written."""
+    key: str = LAYOUTS_KEY
+    check_every: float = 3600.0
+    """Seconds between checks of the Secret (renewal) and of the ``caBundle``."""
+    host: str = "0.0.0.0"
+
+
+class WebhookKeeper:
+    """Serves the webhook and keeps its certificate and ``caBundle`` current."""
+
+    def __init__(self, api: KubeApi, settings: WebhookSettings) -> None:
+        self.api = api
+        self.settings = settings
+        self.server = WebhookServer(settings.host, settings.port, settings.key)
+        self._files: tuple[float, float] | None = None
+        self.started = False
+
+    def check(self, now: dt.datetime | None = None) -> None:
+        """One round: load the current key pair; keep ``caBundle`` equal to the CA."""
+        s = self.settings
+        if s.cert_dir is not None:
+            cert, key = s.cert_dir / "tls.crt", s.cert_dir / "tls.key"
+            stamp = (cert.stat().st_mtime, key.stat().st_mtime)
+            if stamp != self._files:
+                self.server.load_files(cert, key)
+                self._files = stamp
+                log.info("webhook certificate loaded from %s", s.cert_dir)
+        else:
+            when = now or dt.datetime.now(dt.UTC)
+            material = tls.ensure_secret(self.api, s.namespace, s.secret, s.service, when)
+            if self.server.load(material):
+                log.info("webhook certificate loaded from Secret %s/%s", s.namespace, s.secret)
+            try:
+                tls.sync_ca_bundle(
+                    self.api, s.configuration, s.service, s.namespace, material.ca_cert
+                )
+            except NotFoundError:
+                log.warning(
+                    "ValidatingWebhookConfiguration %s not found: layouts are not checked at "
+                    "admission (the agents still refuse an invalid one)",
+                    s.configuration,
+                )
+        if not self.started:
+            self.server.start()
+            self.started = True
+
+    def run(self, stop: threading.Event) -> None:
+        """:meth:`check` now and every ``check_every`` seconds (every 10 s until it works)."""
+        while not stop.is_set():
+            try:
+                self.check()
+                wait = self.settings.check_every
+            except (ClusterError, TransientError, OSError, ssl.SSLError) as e:
+                log.warning("layouts webhook: %s (retried in 10 s)", e)
+                wait = 10.0
+            stop.wait(wait)
+        if self.started:
+            self.server.stop()
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(
+            target=self.run, args=(stop,), name="vgpu-state-webhook-tls", daemon=True
+        )
+        thread.start()
+        return thread
