@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from vgpu_state.catalog import default_catalog
 from vgpu_state.controller import tls
 from vgpu_state.controller.webhook import REVIEW_PATH, WebhookServer, review
 
@@ -19,6 +20,7 @@ GOOD = (
     "version: v1\nvgpu-configs:\n  default:\n    - devices: all\n"
     "      vgpu-devices:\n        A2-4Q: 4\n"
 )
+CATALOG = default_catalog()
 UNKNOWN_TYPE = GOOD.replace("A2-4Q", "XYZ-4Q")  # a family the catalog does not know
 
 
@@ -35,14 +37,14 @@ def cm(data: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
 
 
 def test_a_valid_layout_is_allowed() -> None:
-    answer = review(request(cm({"config.yaml": GOOD})))
+    answer = review(request(cm({"config.yaml": GOOD})), CATALOG)
     assert answer["response"] == {"uid": "u-1", "allowed": True}
     assert answer["kind"] == "AdmissionReview"
 
 
 def test_an_invalid_layout_is_refused_with_file_line_column() -> None:
     bad = GOOD.replace("A2-4Q: 4", "A2-4Q: many")
-    response = review(request(cm({"config.yaml": bad})))["response"]
+    response = review(request(cm({"config.yaml": bad})), CATALOG)["response"]
     assert response["allowed"] is False
     message = response["status"]["message"]
     assert message.startswith("invalid vGPU layouts:\nconfig.yaml:6:16: ")
@@ -50,7 +52,7 @@ def test_an_invalid_layout_is_refused_with_file_line_column() -> None:
 
 
 def test_a_type_the_catalog_does_not_know_is_a_warning_not_a_refusal() -> None:
-    response = review(request(cm({"config.yaml": UNKNOWN_TYPE})))["response"]
+    response = review(request(cm({"config.yaml": UNKNOWN_TYPE})), CATALOG)["response"]
     assert response["allowed"] is True
     assert any("XYZ-4Q" in w and w.startswith("config.yaml:6:") for w in response["warnings"])
 
@@ -63,20 +65,22 @@ def test_a_type_the_catalog_does_not_know_is_a_warning_not_a_refusal() -> None:
     ],
 )
 def test_a_configmap_without_the_layouts_key_is_refused(obj: dict[str, Any], needle: str) -> None:
-    response = review(request(obj))["response"]
+    response = review(request(obj), CATALOG)["response"]
     assert response["allowed"] is False
     assert needle in response["status"]["message"]
 
 
 def test_a_delete_is_not_judged() -> None:
-    assert review(request(None, "DELETE"))["response"]["allowed"] is True
+    assert review(request(None, "DELETE"), CATALOG)["response"]["allowed"] is True
 
 
 def test_a_long_list_of_errors_is_cut_and_counted() -> None:
     entries = "".join(
         f"  c{i}:\n    - devices: all\n      vgpu-devices: {{A2-4Q: x}}\n" for i in range(30)
     )
-    response = review(request(cm({"config.yaml": f"version: v1\nvgpu-configs:\n{entries}"})))
+    response = review(
+        request(cm({"config.yaml": f"version: v1\nvgpu-configs:\n{entries}"})), CATALOG
+    )
     message = response["response"]["status"]["message"]
     assert message.count("\nconfig.yaml:") == 20
     assert "... and 10 more (vgpu-state validate lists all)" in message
@@ -85,7 +89,7 @@ def test_a_long_list_of_errors_is_cut_and_counted() -> None:
 @pytest.fixture
 def server() -> Iterator[WebhookServer]:
     material = tls.issue("vgpu-state-controller", "vgpu-state", dt.datetime.now(dt.UTC))
-    srv = WebhookServer("127.0.0.1", 0)
+    srv = WebhookServer("127.0.0.1", 0, CATALOG)
     assert srv.load(material) is True
     assert srv.load(material) is False  # unchanged: nothing reloaded
     srv.start()

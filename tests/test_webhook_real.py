@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.realcluster import ApiError, ControlPlane
+from vgpu_state.catalog import default_catalog
 from vgpu_state.controller import tls
 from vgpu_state.controller.webhook import WebhookKeeper, WebhookSettings
 from vgpu_state.kube.api import KubeApi
@@ -120,7 +121,9 @@ class Replica:
         token = cluster.agent_token(f"node-{name}", service_account="vgpu-state-controller")
         kubeconfig = cluster.write_kubeconfig(tmp / f"{name}.kubeconfig", token=token)
         self.api = KubeApi.connect(str(kubeconfig))
-        self.keeper = WebhookKeeper(self.api, WebhookSettings(port=0, namespace=NS))
+        self.keeper = WebhookKeeper(
+            self.api, WebhookSettings(port=0, namespace=NS), default_catalog()
+        )
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
 

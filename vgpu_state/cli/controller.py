@@ -165,6 +165,7 @@ def controller(
     if webhook_port:
         from pathlib import Path
 
+        from vgpu_state.catalog import default_catalog
         from vgpu_state.controller.webhook import WebhookKeeper, WebhookSettings
 
         # Every replica serves the webhook, leader or not: the Service may route to any.
@@ -178,5 +179,6 @@ def controller(
                 configuration=webhook_configuration,
                 cert_dir=Path(webhook_cert_dir) if webhook_cert_dir else None,
             ),
+            default_catalog(),
         ).start(stop)
     ctl.run(stop)

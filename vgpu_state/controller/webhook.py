@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from vgpu_state.catalog import Catalog, default_catalog
+from vgpu_state.catalog import Catalog
 from vgpu_state.config import load_text
 from vgpu_state.controller import tls
 from vgpu_state.controller.tls import Material
@@ -53,9 +53,7 @@ class Verdict:
     warnings: tuple[str, ...] = ()
 
 
-def check_configmap(
-    obj: Mapping[str, Any], key: str = LAYOUTS_KEY, catalog: Catalog | None = None
-) -> Verdict:
+def check_configmap(obj: Mapping[str, Any], catalog: Catalog, key: str = LAYOUTS_KEY) -> Verdict:
     """What ``vgpu-state validate -f KEY`` says of the ConfigMap's ``key``."""
     data = obj.get("data")
     if not isinstance(data, Mapping) or key not in data:
@@ -72,7 +70,7 @@ def check_configmap(
     if not isinstance(text, str):
         return Verdict(False, f"data key {key!r} is not text")
     try:
-        document = load_text(text, key, catalog=catalog or default_catalog())
+        document = load_text(text, key, catalog=catalog)
     except ConfigError as exc:
         lines = [str(issue) for issue in exc.issues]
         shown = lines[:MAX_MESSAGES]
@@ -85,7 +83,7 @@ def check_configmap(
     return Verdict(True, warnings=warnings)
 
 
-def review(body: Any, key: str = LAYOUTS_KEY, catalog: Catalog | None = None) -> dict[str, Any]:
+def review(body: Any, catalog: Catalog, key: str = LAYOUTS_KEY) -> dict[str, Any]:
     """The ``AdmissionReview`` answer to ``body`` (an ``AdmissionReview`` request)."""
     request = body.get("request") if isinstance(body, Mapping) else None
     if not isinstance(request, Mapping):
@@ -97,7 +95,7 @@ def review(body: Any, key: str = LAYOUTS_KEY, catalog: Catalog | None = None) ->
     if request.get("operation") == "DELETE" or not isinstance(obj, Mapping):
         verdict = Verdict(True)
     else:
-        verdict = check_configmap(obj, key, catalog)
+        verdict = check_configmap(obj, catalog, key)
     response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
     if not verdict.allowed:
         response["status"] = {"code": 422, "reason": "Invalid", "message": verdict.message}
@@ -146,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         raw = self.rfile.read(length)
         try:
-            answer = review(json.loads(raw), self.server.key, self.server.catalog)
+            answer = review(json.loads(raw), self.server.catalog, self.server.key)
         except (ValueError, UnicodeDecodeError) as e:
             self._send(400, f"bad AdmissionReview: {e}\n".encode(), "text/plain")
             return
@@ -179,12 +177,12 @@ class _Server(ThreadingHTTPServer):
 class WebhookServer:
     """HTTPS on ``host:port``; :meth:`load` swaps the certificate without a restart."""
 
-    def __init__(self, host: str, port: int, key: str = LAYOUTS_KEY) -> None:
+    def __init__(self, host: str, port: int, catalog: Catalog, key: str = LAYOUTS_KEY) -> None:
         self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._context.minimum_version = ssl.TLSVersion.TLSv1_2
         self._server = _Server((host, port), _Handler, bind_and_activate=True)
         self._server.key = key
-        self._server.catalog = default_catalog()
+        self._server.catalog = catalog
         self._server.context = self._context
         self._thread: threading.Thread | None = None
         self._loaded: Material | None = None
@@ -245,10 +243,10 @@ class WebhookSettings:
 class WebhookKeeper:
     """Serves the webhook and keeps its certificate and ``caBundle`` current."""
 
-    def __init__(self, api: KubeApi, settings: WebhookSettings) -> None:
+    def __init__(self, api: KubeApi, settings: WebhookSettings, catalog: Catalog) -> None:
         self.api = api
         self.settings = settings
-        self.server = WebhookServer(settings.host, settings.port, settings.key)
+        self.server = WebhookServer(settings.host, settings.port, catalog, settings.key)
         self._files: tuple[float, float] | None = None
         self.started = False
 
