@@ -70,7 +70,9 @@ def patch_labels(plane: ControlPlane, token: str, node: str, labels: dict[str, s
     )
 
 
-def test_install_promote_change_layouts_and_uninstall(plane: ControlPlane, tmp_path: Path) -> None:
+def test_install_promote_uninstall_and_install_with_own_layouts(
+    plane: ControlPlane, tmp_path: Path
+) -> None:
     out = helm(
         plane, "install", "vgpu-state", str(CHART), "--namespace", NAMESPACE,
         "--create-namespace", "--set", "dra.enabled=true",
@@ -100,19 +102,13 @@ def test_install_promote_change_layouts_and_uninstall(plane: ControlPlane, tmp_p
     assert "may change only its own Node, not gpu-2" in refusal
     patch_labels(plane, token, "gpu-1", {STATE_LABEL: "pending"})
 
-    # Promotion of every node at once, and new layouts: the same objects, changed.
+    # Promotion of every node at once: the same objects, the agent's mode changed. (The
+    # layouts stay as they are: with the controller's layouts webhook, an update of the
+    # ConfigMap needs a controller replica serving, and none runs here.)
     helm(plane, "upgrade", "vgpu-state", str(CHART), "--namespace", NAMESPACE,
          "--reuse-values", "--set", "agent.mode=enforce")  # fmt: skip
     args = agent_args(plane)
-    assert args[args.index("--mode") + 1] == "enforce"
-    layouts = (REPO / "configs" / "default.yaml").read_text(encoding="utf-8")
-    (tmp_path / "config.yaml").write_text(layouts, encoding="utf-8")
-    helm(plane, "upgrade", "vgpu-state", str(CHART), "--namespace", NAMESPACE,
-         "--reuse-values", "--set-file", f"config={tmp_path / 'config.yaml'}")  # fmt: skip
-    configmap = plane.get("v1/configmaps", "vgpu-state-config", NAMESPACE)
-    assert configmap is not None and configmap["data"]["config.yaml"] == layouts
-    args = agent_args(plane)
-    assert args[args.index("--mode") + 1] == "enforce"  # --reuse-values kept it
+    assert args[args.index("--mode") + 1] == "enforce" and "--dra" in args  # values reused
 
     helm(plane, "uninstall", "vgpu-state", "--namespace", NAMESPACE, "--wait")
     assert plane.get("apps/v1/daemonsets", "vgpu-state-agent", NAMESPACE) is None
@@ -121,3 +117,13 @@ def test_install_promote_change_layouts_and_uninstall(plane: ControlPlane, tmp_p
     assert plane.get(policies, "vgpu-state-agent-own-node") is None
     assert plane.get("apiextensions.k8s.io/v1/customresourcedefinitions",
                      "vgpunodestates.vgpu-state.io") is None  # fmt: skip
+
+    # Installed again with the operator's own layouts file.
+    layouts = (REPO / "configs" / "default.yaml").read_text(encoding="utf-8")
+    (tmp_path / "config.yaml").write_text(layouts, encoding="utf-8")
+    helm(plane, "install", "vgpu-state", str(CHART), "--namespace", NAMESPACE,
+         "--set-file", f"config={tmp_path / 'config.yaml'}")  # fmt: skip
+    configmap = plane.get("v1/configmaps", "vgpu-state-config", NAMESPACE)
+    assert configmap is not None and configmap["data"]["config.yaml"] == layouts
+    helm(plane, "uninstall", "vgpu-state", "--namespace", NAMESPACE, "--wait")
+    assert plane.get("v1/configmaps", "vgpu-state-config", NAMESPACE) is None
