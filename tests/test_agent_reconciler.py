@@ -56,11 +56,11 @@ class Gate:
 
 
 class Node:
-    def __init__(self, tmp: Path, label: str, config: str = CONFIG) -> None:
+    def __init__(self, tmp: Path, label: str, config: str = CONFIG, spec: Path = A2_SPEC) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         self.config_path = tmp / "config.yaml"
         self.config_path.write_text(config)
-        self.sim = open_sim(A2_SPEC)
+        self.sim = open_sim(spec)
         self.host = RecordingHost(self.sim.host)
         self.cluster = FakeCluster(
             "a2-node", {"nvidia.com/vgpu.config": label}, {HELD: "vm default/win-1"}
@@ -268,3 +268,69 @@ def test_one_reconcile_reads_the_config_once_and_applies_what_it_checked(node: N
     assert outcome.ok, outcome.summary
     assert source.reads == 1
     assert node.layout() == {"A2-4C": 1, "A2-4Q": 2, "A2-4A": 1}
+
+
+def series(node: Node, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of one metric as the /metrics page shows them: labels -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[tuple[tuple[str, str], ...], float] = {}
+    for family in text_string_to_metric_families(node.metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def test_the_node_state_and_a_deferred_switch_are_exported_with_their_since_time(
+    tmp_path: Path,
+) -> None:
+    """What the alerts read: the state label the node got (with the agent's mode), and
+    since when a GPU's layout switch has waited for its holder; the since-time stays
+    while the switch waits and the series goes once the switch runs."""
+    # The cluster says who holds the A2-4C; the simulated driver holds nothing itself,
+    # so once the holder goes the vGPU can be destroyed.
+    spec = tmp_path / "a2.yaml"
+    spec.write_text(A2_SPEC.read_text().replace(', in-use: "vm default/win-1"', ""))
+    eight = CONFIG + "  eight:\n    - devices: all\n      vgpu-devices: {A2-8Q: 2}\n"
+    node = Node(tmp_path / "node", "grow", eight, spec)
+    try:
+        now = [1e9]
+        settings = Settings(catalog=default_catalog())
+        reconcile = NodeReconciler(node.ports, settings, node.metrics, clock=lambda: now[0])
+        assert reconcile(BATCH, threading.Event()).ok
+        state = "vgpu_state_node_state"
+        assert series(node, state) == {(("mode", "enforce"), ("state", "success")): 1.0}
+        since = "vgpu_state_layout_switch_deferred_since_timestamp_seconds"
+        assert series(node, since) == {}
+
+        node.cluster.set_label("nvidia.com/vgpu.config", "eight")  # the held A2-4C is in the way
+        reconcile(BATCH, threading.Event())
+        assert node.layout() == {"A2-4C": 1, "A2-4Q": 2, "A2-4A": 1}, "the switch waits"
+        assert series(node, state) == {(("mode", "enforce"), ("state", "pending")): 1.0}
+        gpu = str(node.sim.host.scan().gpus[0].address)
+        assert series(node, since) == {(("gpu", gpu),): 1e9}
+        now[0] = 1e9 + 600
+        reconcile(BATCH, threading.Event())
+        assert series(node, since) == {(("gpu", gpu),): 1e9}, "still waiting since the first time"
+
+        node.cluster.release(HELD)
+        assert reconcile(BATCH, threading.Event()).ok
+        assert node.layout() == {"A2-8Q": 2}
+        assert series(node, since) == {}, "a switch that ran is no longer deferred"
+        assert series(node, state) == {(("mode", "enforce"), ("state", "success")): 1.0}
+    finally:
+        node.sim.close()
+
+
+def test_the_node_state_series_says_plan_only_failed_and_left_alone(node: Node) -> None:
+    state = "vgpu_state_node_state"
+    node.reconciler(AgentMode.PLAN_ONLY)(BATCH, threading.Event())
+    assert series(node, state) == {(("mode", "plan-only"), ("state", "pending")): 1.0}
+    node.config_path.write_text(CONFIG.replace("A2-4Q: 3", "A2-4Q: three"))
+    node.reconciler()(BATCH, threading.Event())
+    assert series(node, state) == {(("mode", "enforce"), ("state", "failed")): 1.0}
+    node.config_path.write_text(CONFIG)
+    node.cluster.set_label("nvidia.com/vgpu.config", None)
+    node.reconciler()(BATCH, threading.Event())
+    assert series(node, state) == {}, "a node nothing selects has no state"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -74,12 +74,46 @@ class AgentMetrics:
             ["resource"],
             registry=self.registry,
         )
+        self.node_state = Gauge(
+            f"{PREFIX}_node_state",
+            "1 for the state the agent last reported for its node (its state label: "
+            "pending, success or failed) and the mode it ran in; no series while no "
+            "config selects the node.",
+            ["state", "mode"],
+            registry=self.registry,
+        )
+        self.switch_deferred_since = Gauge(
+            f"{PREFIX}_layout_switch_deferred_since_timestamp_seconds",
+            "Unix time since which the agent has seen a GPU's layout switch deferred "
+            "(held vGPUs in its way), by GPU; no series for a GPU whose switch is not deferred.",
+            ["gpu"],
+            registry=self.registry,
+        )
 
     def set_vgpus(self, counts: Mapping[tuple[str, str], int]) -> None:
         """Replace the vGPU gauge with ``{(type, state): count}`` (types that vanished go)."""
         self.vgpus.clear()
         for (type_name, state), count in sorted(counts.items()):
             self.vgpus.labels(type=type_name, state=state).set(count)
+
+    def set_node_state(self, state: str | None, mode: str) -> None:
+        """Record the node's reported state (``None``: no state, the node is left alone)."""
+        self.node_state.clear()
+        if state is not None:
+            self.node_state.labels(state=state, mode=mode).set(1)
+
+    def set_switches_deferred(self, gpus: Iterable[str], now: float) -> None:
+        """Keep the since-time of GPUs still deferred, start it at ``now`` for newly
+        deferred ones, and drop the series of the GPUs no longer deferred."""
+        wanted = set(gpus)
+        known: dict[str, float] = {}
+        for metric in self.switch_deferred_since.collect():
+            for sample in metric.samples:
+                known[sample.labels["gpu"]] = sample.value
+        for gpu in known.keys() - wanted:
+            self.switch_deferred_since.remove(gpu)
+        for gpu in sorted(wanted - known.keys()):
+            self.switch_deferred_since.labels(gpu=gpu).set(now)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

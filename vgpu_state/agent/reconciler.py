@@ -19,7 +19,8 @@ agent needs:
   progress finishes and the apply stops there (the journal lets the next
   start resume).
 * **Metrics.** Duration, actions by kind and result, vGPUs by type and state,
-  blocked items, last success, config generation.
+  blocked items, last success, config generation, the node's reported state and
+  since when each deferred layout switch waits (``docs/alerts.md`` alerts on them).
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ class NodeReconciler:
         document, error = self._read_config()
         if error is not None:
             self._degraded(error)
+            self.metrics.set_node_state(ConfigState.FAILED, self.current_mode)
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
             return Outcome(True, f"degraded: config invalid: {first}"), "degraded"
         try:
@@ -198,14 +200,19 @@ class NodeReconciler:
                 return Outcome(False, f"will retry: {failed}"), "failed"
             except VgpuStateError as failed:
                 return Outcome(False, f"failed: {failed}"), "failed"
+            self.metrics.set_node_state(None, self.current_mode)
+            self.metrics.set_switches_deferred((), self._clock())
             return Outcome(True, f"left alone: {e}"), "unselected"
         except TransientError as e:
+            self._failed_reported(mode)
             return Outcome(False, f"will retry: {e}"), "failed"
         except UserError as e:
             # Reported as a failed status already; retrying will not help until an input changes.
+            self._failed_reported(mode)
             self._finished(converged=False)
             return Outcome(True, f"failed: {e}"), "failed"
         except VgpuStateError as e:
+            self._failed_reported(mode)
             self._finished(converged=False)
             return Outcome(False, f"failed: {e}"), "failed"
         self.last_report = report
@@ -255,6 +262,11 @@ class NodeReconciler:
             return False
         self._asked = asked
         return True
+
+    def _failed_reported(self, mode: Mode) -> None:
+        """An apply that raised has reported the node failed (a plan reports nothing)."""
+        if mode is Mode.APPLY:
+            self.metrics.set_node_state(ConfigState.FAILED, self.current_mode)
 
     def _finished(self, converged: bool) -> None:
         if self.rollout is not None and self.current_mode == AgentMode.ENFORCE:
@@ -368,6 +380,10 @@ class NodeReconciler:
                 counts[(name, "in_use" if v.key in held else "free")] += 1
         self.metrics.set_vgpus(counts)
         self.metrics.blocked_items.set(len(report.plan.blocked))
+        # The state the node's status got (reconcile_once's, or _report_plan_only's).
+        self.metrics.set_node_state(status_of(report).state, self.current_mode)
+        deferred = (str(g.address) for g in report.plan.gpus if g.deferred_switch is not None)
+        self.metrics.set_switches_deferred(deferred, self._clock())
 
     def _summary(self, report: Report) -> str:
         vgpus = sum(n for _, n in report.live_layout())
