@@ -187,6 +187,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "  The Helm chart tests run helm built with Go (hack/helm/build.sh, which `make "
             "test` runs when Go is there). VGPU_STATE_REQUIRE_K8S=1 makes them fail instead."
         )
+    if any(reason.startswith("no promtool") for reason in reasons):
+        terminalreporter.write_line(
+            "  The monitoring tests run Prometheus's promtool built with Go "
+            "(hack/promtool/build.sh, which `make test` runs when Go is there). "
+            "VGPU_STATE_REQUIRE_K8S=1 makes them fail instead."
+        )
     if any("no real control plane" in reason for reason in reasons):
         terminalreporter.write_line(
             "  The real-cluster tests build kube-apiserver and etcd with Go (hack/k8s/build.sh, "
