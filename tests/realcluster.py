@@ -23,6 +23,7 @@ for NODE beside it.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -512,7 +513,7 @@ class ControlPlane:
         found = self.request("GET", api_path(kind, None, namespace))
         return list(found["items"])
 
-    def all(self, kind: str) -> list[dict[str, Any]]:
+    def all(self, kind: str) -> builtins.list[dict[str, Any]]:
         """Every object of ``kind``, in every namespace."""
         return self.list(kind)
 

@@ -89,6 +89,34 @@ from vgpu_state.cli.common import handle_errors
     help="Serve tls.crt/tls.key from this directory (e.g. a cert-manager Secret) instead: "
     "the controller then writes no Secret and no caBundle.",
 )
+@click.option(
+    "--listen",
+    default=":9410",
+    show_default=True,
+    help="HOST:PORT of /metrics, /healthz and /readyz (empty: not served).",
+)
+@click.option(
+    "-f",
+    "--config-file",
+    "config_file",
+    default="/etc/vgpu-state/config.yaml",
+    show_default=True,
+    help="The layouts (the agents' ConfigMap, mounted) the fleet view plans with; "
+    "empty: no fleet view.",
+)
+@click.option(
+    "--fleet-interval",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds between fleet views (the plan of every node, exported as metrics).",
+)
+@click.option(
+    "--max-age",
+    default="30m",
+    show_default=True,
+    help="In the fleet view, a node whose last scan is older is unknown (0: any age).",
+)
 @click.option("--once", is_flag=True, help="Take the Lease, make one pass, exit.")
 @click.option(
     "--log-level",
@@ -110,6 +138,10 @@ def controller(
     webhook_secret: str,
     webhook_configuration: str,
     webhook_cert_dir: str | None,
+    listen: str,
+    config_file: str,
+    fleet_interval: float,
+    max_age: str,
     once: bool,
     log_level: str,
 ) -> None:
@@ -120,15 +152,28 @@ def controller(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from vgpu_state.controller.run import Controller, ControllerSettings
+    from vgpu_state.catalog import default_catalog
+    from vgpu_state.cli.fleet import parse_duration
+    from vgpu_state.config import FileConfigSource
+    from vgpu_state.controller.run import Controller, ControllerSettings, FleetViewSettings
     from vgpu_state.kube.api import KubeApi
     from vgpu_state.kube.kubevirt import KubeVirtRef
     from vgpu_state.model.errors import SelectionError
+    from vgpu_state.reconcile.settings import Settings
 
     try:
         ref = KubeVirtRef.parse(kubevirt) if kubevirt else None
     except ValueError as e:
         raise SelectionError(f"--kubevirt {e}") from None
+    catalog = default_catalog()
+    fleet = None
+    if config_file:
+        fleet = FleetViewSettings(
+            layouts=FileConfigSource(config_file, catalog),
+            settings=Settings(catalog=catalog),
+            max_age=parse_duration(max_age),
+            interval=fleet_interval,
+        )
     settings = ControllerSettings(
         identity=identity or socket.gethostname(),
         namespace=namespace,
@@ -136,6 +181,7 @@ def controller(
         grace=grace,
         interval=interval,
         lease_seconds=lease_seconds,
+        fleet=fleet,
     )
     api = KubeApi.connect(kubeconfig)
     ctl = Controller(api, settings)
@@ -165,7 +211,6 @@ def controller(
     if webhook_port:
         from pathlib import Path
 
-        from vgpu_state.catalog import default_catalog
         from vgpu_state.controller.webhook import WebhookKeeper, WebhookSettings
 
         # Every replica serves the webhook, leader or not: the Service may route to any.
@@ -179,6 +224,13 @@ def controller(
                 configuration=webhook_configuration,
                 cert_dir=Path(webhook_cert_dir) if webhook_cert_dir else None,
             ),
-            default_catalog(),
+            catalog,
         ).start(stop)
+    if listen:
+        from vgpu_state.agent.health import parse_listen
+        from vgpu_state.controller.metrics import MetricsServer
+
+        host, port = parse_listen(listen)
+        server = MetricsServer(ctl.metrics, host, port).start()
+        logging.getLogger(__name__).info("serving /metrics on %s:%d", host, server.port)
     ctl.run(stop)

@@ -18,12 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vgpu_state.controller.desired import Decision, Missing, decide
+from vgpu_state.controller.fleetview import fleet_totals
+from vgpu_state.controller.metrics import ControllerMetrics
 from vgpu_state.controller.reports import NodeReport, read_report
 from vgpu_state.kube import kubevirt, lease, nodestate
 from vgpu_state.kube.api import JsonObject, KubeApi
 from vgpu_state.kube.errors import ClusterError
 from vgpu_state.kube.kubevirt import KubeVirtPlan, KubeVirtRef, WriteResult
-from vgpu_state.model.errors import TransientError
+from vgpu_state.model.errors import TransientError, VgpuStateError
+from vgpu_state.ports.config import ConfigSource
+from vgpu_state.reconcile.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,18 @@ DEFAULT_GRACE = 300.0
 """Seconds an owned entry stays after the last node stopped reporting its resource."""
 DEFAULT_INTERVAL = 10.0
 DEFAULT_LEASE_SECONDS = 30
+DEFAULT_FLEET_INTERVAL = 60.0
+"""Seconds between fleet views (each is a plan of every node)."""
+
+
+@dataclass(frozen=True)
+class FleetViewSettings:
+    """The layouts the fleet view plans with, as ``fleet plan -f`` would."""
+
+    layouts: ConfigSource
+    settings: Settings
+    max_age: datetime.timedelta | None = datetime.timedelta(minutes=30)
+    interval: float = DEFAULT_FLEET_INTERVAL
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,8 @@ class ControllerSettings:
     interval: float = DEFAULT_INTERVAL
     lease_seconds: int = DEFAULT_LEASE_SECONDS
     lease_name: str = LEASE_NAME
+    fleet: FleetViewSettings | None = None
+    """Make the fleet view (metrics) while leading; ``None``: no fleet view."""
 
 
 @dataclass
@@ -68,6 +86,8 @@ class Controller:
     leading: bool = False
     writes: int = 0
     """Accepted KubeVirt CR writes since start."""
+    metrics: ControllerMetrics = field(default_factory=ControllerMetrics)
+    _last_view: float | None = None
     _reports: dict[str, tuple[str, NodeReport]] = field(default_factory=dict)
     """Each node's last report, with the ``resourceVersion`` it was read from: an unchanged
     status is not decoded and checked again."""
@@ -91,6 +111,7 @@ class Controller:
             # A new term starts every grace clock afresh: what the last leader saw is unknown.
             self.missing = Missing()
         self.leading = state.held
+        self.metrics.leader.set(1 if state.held else 0)
         return state.held
 
     def sync(self) -> PassResult:
@@ -106,10 +127,21 @@ class Controller:
             decisions.append(decide(cr, reports, self.missing, self.clock(), self.settings.grace))
             return decisions[-1].plan
 
-        result = kubevirt.write(self.api, ref, compute)
+        try:
+            result = kubevirt.write(self.api, ref, compute)
+        except (ClusterError, TransientError):
+            self.metrics.kubevirt_in_step.set(0)
+            raise
         decision = decisions[-1]
         self.missing = decision.missing
         self.writes += result.writes
+        m = self.metrics
+        if result.writes:
+            m.kubevirt_writes.labels("ok").inc(result.writes)
+        m.kubevirt_in_step.set(1)
+        m.removals_waiting.set(len(decision.waiting))
+        m.reports_refused.set(len(decision.refused))
+        m.last_pass.set(time.time())
         if decision.held:
             log.warning("KubeVirt CR %s: removals suspended: %s", ref, decision.held)
         for why in decision.refused:
@@ -135,13 +167,35 @@ class Controller:
         """Lead, then one pass; ``None`` when another replica leads."""
         return self.sync() if self.lead() else None
 
+    def fleet_view(self, force: bool = False) -> bool:
+        """Make the fleet view when it is due (every ``fleet.interval`` s); ``True`` if made."""
+        view = self.settings.fleet
+        if view is None:
+            return False
+        now = self.clock()
+        if not force and self._last_view is not None and now - self._last_view < view.interval:
+            return False
+        self._last_view = now
+        try:
+            totals = fleet_totals(self.api, view.layouts, view.settings, self.wall(), view.max_age)
+        except (VgpuStateError, ClusterError, TransientError) as e:
+            self.metrics.fleet_view_errors.inc()
+            log.warning("fleet view failed (retried in %.0f s): %s", view.interval, e)
+            return False
+        self.metrics.fleet(totals, time.time())
+        return True
+
     def run(self, stop: threading.Event) -> None:
         """Pass every ``interval`` seconds until ``stop``; errors are logged and retried."""
         while not stop.is_set():
             try:
                 self.run_once()
+                self.metrics.passes.labels("ok").inc()
             except (TransientError, ClusterError) as e:
+                self.metrics.passes.labels("error").inc()
                 log.warning("pass failed, retried in %.0f s: %s", self.settings.interval, e)
+            if self.leading:
+                self.fleet_view()
             stop.wait(self.settings.interval)
         if self.leading:
             lease.release(

@@ -1,0 +1,305 @@
+"""Benchmark: a fleet of agents and the controller against the real kube-apiserver.
+
+N agents (100 by default; in-memory simulated A2 nodes, each a full ``vgpu-state
+agent`` assembled as in the DaemonSet, with its own pod-bound token, run as threads
+of this process) and ``vgpu-state controller`` (its own process, its own token)
+against upstream's kube-apiserver and etcd (tests/realcluster.py, ``deploy/``
+installed). Prints:
+
+- steady state: API requests per node per minute (and how many are writes), from
+  the API server's audit log, over ``--steady`` seconds with nothing changing;
+- a fleet-wide layout change (one ConfigMap edit: every node destroys one free vGPU
+  and creates two) under ``policy.max-unavailable`` = 10 % of the nodes: the time
+  until every node reports success with the new layout, the most nodes seen
+  holding a rollout slot at once, and the KubeVirt CR writes (the controller's)
+  per change of the set of permitted resources;
+- the controller's peak RSS.
+
+    python bench/fleet_cluster.py [--nodes 100] [--steady 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.realcluster import ControlPlane, running  # noqa: E402
+from vgpu_state.agent.assemble import AgentFlags, build  # noqa: E402
+from vgpu_state.agent.run import Agent  # noqa: E402
+
+A2_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
+STATE_LABEL = "nvidia.com/vgpu.config.state"
+LAYOUT_LABEL = "nvidia.com/vgpu.config"
+AGENT_USER = "system:serviceaccount:vgpu-state:vgpu-state-agent"
+CONTROLLER_USER = "system:serviceaccount:vgpu-state:vgpu-state-controller"
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+GRACE = 5  # seconds: a resource no node reports leaves the CR within the run
+
+LAYOUTS = """\
+version: v1
+policy:
+  max-unavailable: {slots}
+vgpu-configs:
+  a2-4g:
+    - devices: all
+      vgpu-devices: {{A2-4C: 1, A2-4Q: 1, A2-4A: 1}}
+"""
+# The change: the A2-4A goes (free, destroyed), two more A2-4Q come. Disruptive: a slot each.
+CHANGED = LAYOUTS.replace("{{A2-4C: 1, A2-4Q: 1, A2-4A: 1}}", "{{A2-4C: 1, A2-4Q: 3}}")
+
+
+def swap_configmap(directory: Path, generation: int, text: str) -> None:
+    """What the kubelet does to a mounted ConfigMap: a new ..data symlink, swapped in."""
+    data = directory / f"..{generation}"
+    data.mkdir()
+    (data / "config.yaml").write_text(text)
+    link = directory / "..data_tmp"
+    link.symlink_to(data.name)
+    link.rename(directory / "..data")
+    target = directory / "config.yaml"
+    if not target.is_symlink():
+        target.symlink_to("..data/config.yaml")
+
+
+def labels(plane: ControlPlane, prefix: str) -> dict[str, str | None]:
+    return {
+        n["metadata"]["name"]: n["metadata"].get("labels", {}).get(STATE_LABEL)
+        for n in plane.list("v1/nodes")
+        if n["metadata"]["name"].startswith(prefix)
+    }
+
+
+def host_types(agent: Agent) -> Counter[str]:
+    """The vGPU types on the agent's (simulated) host, read fresh."""
+    snapshot = agent.parts.ports.host.scan()
+    return Counter(v.type_name for g in snapshot.gpus for v in g.vgpus if v.type_name)
+
+
+def rss_peak_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def audit_counts(plane: ControlPlane, mark: int) -> tuple[Counter[str], Counter[str]]:
+    """Requests and writes since ``mark``, by user (agents as one)."""
+    requests: Counter[str] = Counter()
+    writes: Counter[str] = Counter()
+    for e in plane.audit(mark):
+        user = e.get("user", {}).get("username", "")
+        who = "agents" if user == AGENT_USER else "controller" if user == CONTROLLER_USER else ""
+        if not who:
+            continue
+        requests[who] += 1
+        if e.get("verb") in WRITES:
+            writes[who] += 1
+            writes[f"{who} {e.get('objectRef', {}).get('resource', '?')}"] += 1
+    return requests, writes
+
+
+def kubevirt_writes(plane: ControlPlane, mark: int) -> int:
+    return sum(
+        1
+        for e in plane.audit(mark, CONTROLLER_USER)
+        if e.get("verb") == "patch"
+        and e.get("objectRef", {}).get("resource") == "kubevirts"
+        and e.get("responseStatus", {}).get("code") == 200
+    )
+
+
+def permitted(plane: ControlPlane) -> set[str]:
+    cr = plane.get("kubevirt.io/v1/kubevirts", "kubevirt", "kubevirt") or {}
+    devices = (cr.get("spec", {}).get("configuration", {}).get("permittedHostDevices") or {})
+    return {d.get("resourceName", "") for d in devices.get("mediatedDevices") or []}
+
+
+def wait(what: str, check: Any, timeout: float, every: float = 0.5) -> float:
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise SystemExit(f"fleet_cluster: timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+    return time.monotonic() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady state")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args()
+    n = args.nodes
+    slots = max(1, n // 10)
+    load = os.getloadavg()
+    print(
+        f"Python {platform.python_version()}, {os.cpu_count()} cores, "
+        f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC"
+    )
+    work = Path(tempfile.mkdtemp(prefix="vgpu-fleet-cluster-"))
+    agents: list[Agent] = []
+    threads: list[threading.Thread] = []
+    controller: subprocess.Popen[bytes] | None = None
+    try:
+        with running(work / "k8s") as plane:
+            print(f"kube-apiserver ready in {plane.startup_seconds:.1f} s")
+            plane.put(
+                "kubevirt.io/v1/kubevirts",
+                "kubevirt",
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "KubeVirt",
+                    "spec": {
+                        "configuration": {
+                            "developerConfiguration": {
+                                "featureGates": ["DisableMDEVConfiguration"]
+                            }
+                        }
+                    },
+                },
+                namespace="kubevirt",
+            )
+            config_dir = work / "config"  # one ConfigMap, mounted on every node
+            config_dir.mkdir()
+            swap_configmap(config_dir, 1, LAYOUTS.format(slots=slots))
+            spec_text = A2_SPEC.read_text()
+            started = time.monotonic()
+            for i in range(n):
+                node = f"gpu-{i:03d}"
+                plane.ensure_node(node, {LAYOUT_LABEL: "a2-4g"})
+                home = work / node
+                home.mkdir()
+                spec = home / "node.yaml"
+                spec.write_text(spec_text.replace("node: a2-node", f"node: {node}"))
+                kubeconfig = plane.write_kubeconfig(
+                    home / "kubeconfig", token=plane.agent_token(node)
+                )
+                flags = AgentFlags(
+                    node=node,
+                    config_dir=config_dir,
+                    mode="enforce",
+                    resync=300.0,
+                    listen="",
+                    kubeconfig=str(kubeconfig),
+                    sim_spec=str(spec),
+                    state_dir=home / "state",
+                    device_plugin=False,
+                )
+                agent = build(flags)
+                agents.append(agent)
+                thread = threading.Thread(
+                    target=agent.run, kwargs={"install_signals": False}, name=node, daemon=True
+                )
+                thread.start()
+                threads.append(thread)
+            token = plane.agent_token("control-node", service_account="vgpu-state-controller")
+            ckube = plane.write_kubeconfig(work / "controller.kubeconfig", token=token)
+            controller = subprocess.Popen(
+                [sys.executable, "-m", "vgpu_state.cli.main", "controller",
+                 "--kubeconfig", str(ckube), "--identity", "c-1", "--grace", str(GRACE),
+                 "--webhook-port", "0", "--log-level", "warning"],
+                cwd=REPO, stdout=(work / "controller.log").open("wb"), stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            ready = wait(
+                "every node ready",
+                lambda: list(labels(plane, "gpu-").values()).count("success") == n,
+                args.timeout,
+            )
+            wait("the KubeVirt CR permits A2-4A", lambda: any(
+                "A2-4A" in r for r in permitted(plane)), 60)  # fmt: skip
+            print(f"{n} agents started and reported success in {time.monotonic() - started:.1f} s"
+                  f" ({ready:.1f} s after the last agent started)")  # fmt: skip
+
+            # Steady state: nothing changes.
+            time.sleep(5)
+            mark = plane.audit_mark()
+            time.sleep(args.steady)
+            requests, writes = audit_counts(plane, mark)
+            minutes = args.steady / 60
+            per_node = requests["agents"] / n / minutes
+            print(
+                f"steady state over {args.steady:.0f} s: agents {per_node:.2f} requests per node "
+                f"per minute ({writes['agents'] / n / minutes:.2f} writes), controller "
+                f"{requests['controller'] / minutes:.1f} requests per minute "
+                f"({writes['controller'] / minutes:.2f} writes)"
+            )
+            detail = {k: v for k, v in writes.items() if " " in k}
+            if detail:
+                print(f"  steady-state writes by resource: {dict(sorted(detail.items()))}")
+
+            # The fleet-wide change.
+            mark = plane.audit_mark()
+            before = permitted(plane)
+            most = 0
+            holding = threading.Event()
+
+            def watch_slots() -> None:
+                nonlocal most
+                while not holding.is_set():
+                    held = sum(
+                        1
+                        for lease in plane.list("coordination.k8s.io/v1/leases", "vgpu-state")
+                        if lease["metadata"]["name"].startswith("vgpu-state-rollout-")
+                        and lease.get("spec", {}).get("holderIdentity")
+                    )
+                    most = max(most, held)
+                    time.sleep(0.2)
+
+            sampler = threading.Thread(target=watch_slots, daemon=True)
+            sampler.start()
+            swap_configmap(config_dir, 2, CHANGED.format(slots=slots))
+
+            def converged() -> bool:
+                if list(labels(plane, "gpu-").values()).count("success") != n:
+                    return False
+                wanted = Counter({"A2-4C": 1, "A2-4Q": 3})
+                return all(host_types(agent) == wanted for agent in agents)
+
+            took = wait("the fleet to converge", converged, args.timeout, every=1.0)
+            holding.set()
+            sampler.join(5)
+            wait("A2-4A to leave the KubeVirt CR", lambda: not any(
+                "A2-4A" in r for r in permitted(plane)), GRACE + 60)  # fmt: skip
+            after = permitted(plane)
+            cr_writes = kubevirt_writes(plane, mark)
+            set_changes = 1 if after != before else 0
+            print(
+                f"fleet-wide change on {n} nodes, max-unavailable {slots}: converged in "
+                f"{took:.1f} s; at most {most} rollout slots held at once"
+            )
+            print(
+                f"KubeVirt CR writes: {cr_writes} for {set_changes} change of the set of "
+                f"permitted resources ({len(before)} -> {len(after)})"
+            )
+            print(f"controller peak RSS {rss_peak_kb(controller.pid) / 1024:.0f} MB")
+    finally:
+        for agent in agents:
+            agent.stop()
+        for thread in threads:
+            thread.join(10)
+        if controller is not None:
+            controller.terminate()
+            try:
+                controller.wait(10)
+            except subprocess.TimeoutExpired:
+                controller.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
