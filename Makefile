@@ -17,9 +17,20 @@ $(BIN)/.installed-test: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[sim,test]'
 	$(BIN)/python -m compileall -q vgpu_state
-	touch $@ $(BIN)/.installed
+	touch $@ $(BIN)/.installed $(BIN)/.installed-demo
 
-demo: $(BIN)/.installed-test
+# The demo's packages only: the product, its simulator (mfusepy) and the API server
+# emulator its agent part talks to (kmock); not the test toolchain.
+$(BIN)/.installed-demo: pyproject.toml
+	@echo "==> [1/3] creating $(VENV)"
+	$(PYTHON) -m venv $(VENV)
+	@echo "==> [2/3] installing vgpu-state with the simulator and the demo's API server emulator"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[demo]'
+	$(BIN)/python -m compileall -q vgpu_state
+	touch $@
+	@echo "==> [3/3] running the demo"
+
+demo: $(BIN)/.installed-demo
 	$(BIN)/python scripts/demo.py
 
 test: lint
