@@ -153,6 +153,8 @@ WRITES: list[tuple[str, Write, Write | None]] = [
     # Not even on its own Node: the operator picks the layout, and taints are not ours.
     ("the Node's layout label", _label(B, "nvidia.com/vgpu.config", "evil"), None),
     ("its own Node's layout label", _label(A, "nvidia.com/vgpu.config", "evil"), None),
+    # Promotion is the operator's: a node cannot put itself into enforce mode.
+    ("its own Node's mode label", _label(A, "vgpu-state.io/mode", "enforce"), None),
     (
         "the Node's taints",
         _node(B, {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}),
