@@ -41,8 +41,13 @@ def expected_gpu(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
                 type_name=a.type_name,
             )
             vgpus[v.key] = v
+    # A VF whose type stays is kept as it is (the models are frozen): most VFs of a
+    # fleet's GPUs are untouched by a plan, and a copy per VF per node adds up.
     vfs: tuple[VirtualFunction, ...] = tuple(
-        vf.model_copy(update={"current_type_id": vf_types.get(vf.address)}) for vf in g.vfs
+        vf
+        if vf_types.get(vf.address) == vf.current_type_id
+        else vf.model_copy(update={"current_type_id": vf_types.get(vf.address)})
+        for vf in g.vfs
     )
     return g.model_copy(
         update={
