@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Copy the kustomize base's fixed objects into the Helm chart's files/ (deploy/helm/vgpu-state).
 
-The chart renders these files as they are (adding its labels), so the chart and
-``deploy/`` install the same CRD, admission policies, DeviceClass and default layouts.
+The chart renders these files as they are (adding its labels, and putting namespaced
+objects in the release's namespace), so the chart and ``deploy/`` install the same CRD,
+admission policies, DeviceClass, monitoring objects and default layouts.
 Run it after changing one of the sources; ``--check`` exits 1 (naming the stale
 files) when a copy differs, as the test suite does.
 """
@@ -20,6 +21,8 @@ SOURCES = {
     "policies.yaml": DEPLOY / "policies.yaml",
     "config.yaml": DEPLOY / "config.yaml",
     "deviceclass.yaml": DEPLOY / "components" / "dra" / "deviceclass.yaml",
+    "podmonitor.yaml": DEPLOY / "monitoring" / "podmonitor.yaml",
+    "prometheusrule.yaml": DEPLOY / "monitoring" / "prometheusrule.yaml",
 }
 HEADER = "# Copied from {source} by scripts/sync_chart_files.py; do not edit.\n"
 

@@ -154,11 +154,18 @@ def assert_same_objects(chart: list[dict[str, Any]], base: list[dict[str, Any]])
         pytest.fail(f"{len(differ)} object(s) differ: {differ}; the first:\n{diff}")
 
 
+# The Prometheus Operator's kinds: no Kubernetes schema to check them against
+# (tests/test_monitoring.py checks the rules with promtool).
+OPERATOR_KINDS = {"PodMonitor", "PrometheusRule"}
+
+
 def validate(docs: list[dict[str, Any]], version: str) -> list[str]:
     import kubernetes_validate
 
     problems = []
     for doc in docs:
+        if doc["kind"] in OPERATOR_KINDS:
+            continue
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -189,7 +196,7 @@ def test_default_values_render_what_the_base_renders(helm: str, tmp_path: Path) 
     assert_same_objects(template(helm), kustomize(tmp_path))
 
 
-def test_enforce_with_dra_renders_what_the_base_with_the_dra_component_renders(
+def test_enforce_with_dra_and_monitoring_renders_what_the_base_with_both_components_renders(
     helm: str, tmp_path: Path
 ) -> None:
     (daemonset,) = [d for d in kustomize(tmp_path) if d["kind"] == "DaemonSet"]
@@ -198,7 +205,11 @@ def test_enforce_with_dra_renders_what_the_base_with_the_dra_component_renders(
     base = kustomize(
         tmp_path,
         "resources: [BASE]\n"
-        "components: [BASE/components/dra]\n"
+        "components: [BASE/components/dra, BASE/monitoring]\n"
+        # The monitoring component's objects carry no labels of their own; the chart
+        # labels everything it installs, as these overlay labels do.
+        "labels:\n"
+        "  - pairs: {app.kubernetes.io/name: vgpu-state, app.kubernetes.io/part-of: vgpu-state}\n"
         "patches:\n"
         "  - target: {kind: DaemonSet, name: vgpu-state-agent}\n"
         "    patch: |-\n"
@@ -206,7 +217,11 @@ def test_enforce_with_dra_renders_what_the_base_with_the_dra_component_renders(
         f"        path: /spec/template/spec/containers/0/args/{mode}\n"
         "        value: enforce\n",
     )
-    chart = template(helm, "--set", "agent.mode=enforce", "--set", "dra.enabled=true")
+    chart = template(
+        helm, "--set", "agent.mode=enforce", "--set", "dra.enabled=true",
+        "--set", "monitoring.enabled=true",
+    )  # fmt: skip
+    assert {"PodMonitor", "PrometheusRule"} <= {d["kind"] for d in chart}
     assert_same_objects(chart, base)
     (agent,) = [d for d in chart if d["kind"] == "DaemonSet"]
     args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -241,10 +256,16 @@ def test_every_object_with_every_option_set_is_valid(helm: str, version: str) ->
         "--set-json", 'agent.extraArgs=["--resync", "120"]',
         "--set", "controller.replicas=3",
         "--set", "controller.grace=600",
+        "--set", "monitoring.enabled=true",
     )  # fmt: skip
     assert not validate(docs, version)
     (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
     pod = agent["spec"]["template"]["spec"]
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    alert = rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
+    assert "{{ $labels.node }}" in alert  # the rule's own template, not Helm's
     assert pod["imagePullSecrets"] == [{"name": "registry"}]
     assert pod["containers"][0]["image"] == "registry.example/vgpu-state:1.2.3"
     assert pod["containers"][0]["args"][-2:] == ["--resync", "120"]

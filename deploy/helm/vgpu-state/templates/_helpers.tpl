@@ -14,7 +14,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 The objects of one of the chart's files/ (copies of deploy/, kept equal by
-scripts/sync_chart_files.py), each with the chart's labels added.
+scripts/sync_chart_files.py), each with the chart's labels added and, if it has a
+namespace, in the release's. Read as data, never as a template.
 Called with (list $ "files/NAME.yaml").
 */}}
 {{- define "vgpu-state.static" -}}
@@ -24,6 +25,9 @@ Called with (list $ "files/NAME.yaml").
 {{- $obj := fromYaml $doc }}
 {{- if $obj }}
 {{- $_ := set $obj.metadata "labels" (merge (dict) (get $obj.metadata "labels" | default dict) $labels) }}
+{{- if hasKey $obj.metadata "namespace" }}
+{{- $_ := set $obj.metadata "namespace" $root.Release.Namespace }}
+{{- end }}
 ---
 {{ toYaml $obj }}
 {{- end }}
