@@ -313,7 +313,15 @@ def test_the_node_state_and_a_deferred_switch_are_exported_with_their_since_time
         now[0] = 1e9 + 600
         reconcile(BATCH, threading.Event())
         assert series(node, since) == {(("gpu", gpu),): 1e9}, "still waiting since the first time"
-
+        # The same plan in plan-only mode waits for nobody: no switch is deferred there.
+        node.cluster.set_label(MODE_LABEL, "plan-only")
+        reconcile(BATCH, threading.Event())
+        assert series(node, since) == {}
+        assert series(node, state) == {(("mode", "plan-only"), ("state", "pending")): 1.0}
+        node.cluster.set_label(MODE_LABEL, None)
+        now[0] = 1e9 + 900
+        reconcile(BATCH, threading.Event())
+        assert series(node, since) == {(("gpu", gpu),): 1e9 + 900}, "waiting again, since now"
         node.cluster.release(HELD)
         assert reconcile(BATCH, threading.Event()).ok
         assert node.layout() == {"A2-8Q": 2}

@@ -382,8 +382,10 @@ class NodeReconciler:
         self.metrics.blocked_items.set(len(report.plan.blocked))
         # The state the node's status got (reconcile_once's, or _report_plan_only's).
         self.metrics.set_node_state(status_of(report).state, self.current_mode)
-        deferred = (str(g.address) for g in report.plan.gpus if g.deferred_switch is not None)
-        self.metrics.set_switches_deferred(deferred, self._clock())
+        # Only an enforcing agent waits for a holder; in plan-only mode nothing runs anyway.
+        deferred = [str(g.address) for g in report.plan.gpus if g.deferred_switch is not None]
+        enforcing = self.current_mode == AgentMode.ENFORCE
+        self.metrics.set_switches_deferred(deferred if enforcing else (), self._clock())
 
     def _summary(self, report: Report) -> str:
         vgpus = sum(n for _, n in report.live_layout())
