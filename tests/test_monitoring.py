@@ -240,11 +240,13 @@ def exported_names(page: str) -> set[str]:
 
 # The real agent ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def agent_metrics(
+def agent_pages(
     control_plane_session: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """The /metrics page of a real agent whose node waits for a holder: a vGPU held by a
-    VM is in the way of the layout it is labelled with, so the switch is deferred."""
+) -> Iterator[dict[str, str]]:
+    """/metrics pages of a real agent: ``before`` the controller has permitted the node's
+    vGPU types in the KubeVirt CR, and ``deferred`` (after a controller pass) while its
+    node waits for a holder: a vGPU held by a VM is in the way of the layout it is
+    labelled with, so the switch is deferred."""
     from vgpu_state.sim.fuse import fuse_unavailable_reason
 
     reason = fuse_unavailable_reason()
@@ -255,6 +257,21 @@ def agent_metrics(
     kube = control_plane_session
     tmp = tmp_path_factory.mktemp("agent")
     kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
+    # KubeVirt with its own mdev handling off, and no vGPU type permitted yet.
+    kube.put(
+        "kubevirt.io/v1/kubevirts",
+        "kubevirt",
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "spec": {
+                "configuration": {
+                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]}
+                }
+            },
+        },
+        namespace="kubevirt",
+    )
     # The in-use file says who holds the A2-4C; the simulated driver holds nothing itself.
     spec = tmp / "a2.yaml"
     spec.write_text(A2_SPEC.read_text().replace(', in-use: "vm default/win-1"', ""))
@@ -266,6 +283,10 @@ def agent_metrics(
         proc = running.start()
         try:
             wait_for("the first reconcile", lambda: running.state() == "success", proc)
+            before = running.get("/metrics")[1]
+            # The controller permits the node's three types; the agent's next reconcile
+            # (the label below) finds them in the CR.
+            assert running.controller_pass().exit_code == 0
             running.label("a2-8q")
             since = "vgpu_state_layout_switch_deferred_since_timestamp_seconds{gpu="
             wait_for(
@@ -274,7 +295,7 @@ def agent_metrics(
             assert layout(running.root) == {"A2-4C": 1, "A2-4Q": 1, "A2-4A": 1}, "none destroyed"
             status, page = running.get("/metrics")
             assert status == 200
-            yield page
+            yield {"before": before, "deferred": page}
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
         finally:
@@ -283,6 +304,32 @@ def agent_metrics(
             shutil.rmtree(running.plugin_dir, ignore_errors=True)
             print(running.log.read_text())
             kube.reset()
+
+
+@pytest.fixture(scope="module")
+def agent_metrics(agent_pages: dict[str, str]) -> str:
+    return agent_pages["deferred"]
+
+
+def sample(page: str, name: str) -> float:
+    values = [
+        s.value
+        for f in text_string_to_metric_families(page)
+        for s in f.samples
+        if s.name == name and not s.labels
+    ]
+    assert len(values) == 1, f"{name} is not on the page once"
+    return values[0]
+
+
+def test_kubevirt_cr_entries_the_controller_has_not_written_are_counted(
+    agent_pages: dict[str, str],
+) -> None:
+    """What VgpuStateKubeVirtCRNotUpdated reads: before a controller pass the CR permits
+    none of the node's three vGPU types; after it, nothing is missing."""
+    name = "vgpu_state_kubevirt_cr_entries_missing"
+    assert sample(agent_pages["before"], name) == 3
+    assert sample(agent_pages["deferred"], name) == 0
 
 
 def test_the_real_agents_metrics_pass_promtool_check_metrics(

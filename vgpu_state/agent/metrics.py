@@ -82,6 +82,13 @@ class AgentMetrics:
             ["state", "mode"],
             registry=self.registry,
         )
+        self.kubevirt_entries_missing = Gauge(
+            f"{PREFIX}_kubevirt_cr_entries_missing",
+            "KubeVirt CR permittedHostDevices entries the node's vGPU types need that the CR "
+            "lacks or has out of date, as the last reconcile read the CR (enforce mode; 0 in "
+            "plan-only mode). The cluster controller writes them.",
+            registry=self.registry,
+        )
         self.switch_deferred_since = Gauge(
             f"{PREFIX}_layout_switch_deferred_since_timestamp_seconds",
             "Unix time since which the agent has seen a GPU's layout switch deferred "

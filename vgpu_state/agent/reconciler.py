@@ -386,6 +386,10 @@ class NodeReconciler:
         deferred = [str(g.address) for g in report.plan.gpus if g.deferred_switch is not None]
         enforcing = self.current_mode == AgentMode.ENFORCE
         self.metrics.set_switches_deferred(deferred if enforcing else (), self._clock())
+        # What the node has that the KubeVirt CR does not permit yet (the controller's
+        # to write); a plan-only node creates nothing, so its plan's entries are not due.
+        missing = len(report.plan.cluster_actions) if enforcing else 0
+        self.metrics.kubevirt_entries_missing.set(missing)
 
     def _summary(self, report: Report) -> str:
         vgpus = sum(n for _, n in report.live_layout())
