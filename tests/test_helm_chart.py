@@ -261,8 +261,12 @@ def test_every_object_with_every_option_set_is_valid(helm: str, version: str) ->
     assert not validate(docs, version)
     (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
     pod = agent["spec"]["template"]["spec"]
-    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
-    assert monitor["metadata"]["namespace"] == NAMESPACE
+    monitors = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert {m["metadata"]["name"] for m in monitors} == {
+        "vgpu-state-agent",
+        "vgpu-state-controller",
+    }
+    assert {m["metadata"]["namespace"] for m in monitors} == {NAMESPACE}
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     alert = rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
     assert "{{ $labels.node }}" in alert  # the rule's own template, not Helm's

@@ -6,8 +6,9 @@ promtool is built from the Go module proxy (``hack/promtool/build.sh``, which
 rules`` (``tests/monitoring/*_test.yaml``: every alert fires where it should and
 stays quiet where it should not) run on the rules of the PrometheusRule;
 ``promtool check metrics`` runs on the /metrics page of a real agent (a real
-kube-apiserver, a FUSE-simulated A2 with a layout switch waiting for its holder);
-every metric an alert or a dashboard panel reads is one that page declares.
+kube-apiserver, a FUSE-simulated A2 with a layout switch waiting for its holder)
+and on a real controller's (its own ServiceAccount, a pass and a fleet view);
+every metric an alert or a dashboard panel reads is one those pages declare.
 """
 
 from __future__ import annotations
@@ -145,8 +146,9 @@ def kustomize(tmp_path: Path, extra: str = "") -> list[dict[str, Any]]:
 
 def test_monitoring_is_an_optional_component_of_the_base(tmp_path: Path) -> None:
     """The base renders no Prometheus Operator object (a cluster without the Operator's
-    CRDs installs it); with the component, the PodMonitor selects the agent's pods and
-    port, in the base's namespace and with its labels."""
+    CRDs installs it); with the component, one PodMonitor selects the agent's pods and
+    port and another the controller's, in the base's namespace, each with the job label
+    its alerts select on."""
     base = kustomize(tmp_path)
     assert not [d for d in base if d["apiVersion"].startswith("monitoring.coreos.com/")]
     relative = os.path.relpath(MONITORING, tmp_path)
@@ -154,25 +156,33 @@ def test_monitoring_is_an_optional_component_of_the_base(tmp_path: Path) -> None
     extra = {(d["kind"], d["metadata"]["name"]) for d in objects} - {
         (d["kind"], d["metadata"]["name"]) for d in base
     }
-    assert extra == {("PodMonitor", "vgpu-state-agent"), ("PrometheusRule", "vgpu-state")}
-    agent = next(d for d in objects if d["kind"] == "DaemonSet")
-    monitor = next(d for d in objects if d["kind"] == "PodMonitor")
-    assert monitor["metadata"]["namespace"] == agent["metadata"]["namespace"] == "vgpu-state"
-    pod_labels = agent["spec"]["template"]["metadata"]["labels"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    ports = {p["name"] for c in agent["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
-    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
-    # The alerts select the agent's series by the job the PodMonitor sets.
-    jobs = {
-        r["replacement"]
-        for e in monitor["spec"]["podMetricsEndpoints"]
-        for r in e["relabelings"]
-        if r["targetLabel"] == "job"
+    assert extra == {
+        ("PodMonitor", "vgpu-state-agent"),
+        ("PodMonitor", "vgpu-state-controller"),
+        ("PrometheusRule", "vgpu-state"),
     }
-    assert jobs == {"vgpu-state-agent"}
-    assert all(
-        'job="vgpu-state-agent"' in a["expr"] for a in alerts() if "up" in names_in(a["expr"])
-    )
+    workloads = {"vgpu-state-agent": "DaemonSet", "vgpu-state-controller": "Deployment"}
+    for monitor in (d for d in objects if d["kind"] == "PodMonitor"):
+        name = monitor["metadata"]["name"]
+        workload = next(d for d in objects if d["kind"] == workloads[name])
+        assert monitor["metadata"]["namespace"] == workload["metadata"]["namespace"]
+        assert workload["metadata"]["namespace"] == "vgpu-state"
+        pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items(), name
+        containers = workload["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"] for c in containers for p in c.get("ports", [])}
+        assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports, name
+        # The alerts select each component's series by the job its PodMonitor sets.
+        jobs = {
+            r["replacement"]
+            for e in monitor["spec"]["podMetricsEndpoints"]
+            for r in e["relabelings"]
+            if r["targetLabel"] == "job"
+        }
+        assert jobs == {name}
+    for alert in alerts():
+        if "up" in names_in(alert["expr"]):
+            assert re.search(r'job="vgpu-state-(agent|controller)"', alert["expr"]), alert
 
 
 # PromQL: the metric names an expression reads ----------------------------------------
@@ -311,6 +321,74 @@ def agent_metrics(agent_pages: dict[str, str]) -> str:
     return agent_pages["deferred"]
 
 
+# The real controller -----------------------------------------------------------------
+CONTROLLER_LAYOUTS = CONFIG + "  a2-8q:\n    - devices: all\n      vgpu-devices: {A2-8Q: 2}\n"
+
+
+@pytest.fixture(scope="module")
+def controller_metrics(
+    control_plane_session: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The /metrics page a real controller serves over HTTP, as its own ServiceAccount,
+    after a pass that wrote the KubeVirt CR and a fleet view of two reporting nodes
+    (one whose layout changes)."""
+    import urllib.request
+
+    from tests.test_controller_real import _report, _scan
+    from vgpu_state.catalog import default_catalog
+    from vgpu_state.config import FileConfigSource
+    from vgpu_state.controller.metrics import MetricsServer
+    from vgpu_state.controller.run import Controller, ControllerSettings, FleetViewSettings
+    from vgpu_state.kube.api import KubeApi
+    from vgpu_state.reconcile.settings import Settings
+
+    kube = control_plane_session
+    tmp = tmp_path_factory.mktemp("controller")
+    layouts = tmp / "layouts.yaml"
+    layouts.write_text(CONTROLLER_LAYOUTS)
+    kube.request("POST", "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts", {
+        "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt"},
+        "spec": {},
+    })  # fmt: skip
+    for node, config in (("gpu-1", "a2-4g"), ("gpu-2", "a2-8q")):
+        kube.ensure_node(node, {"nvidia.com/vgpu.config": config})
+        _report(kube, node, _scan("a2-host.yaml", node))
+    token = kube.agent_token("control-node", service_account="vgpu-state-controller")
+    api = KubeApi.connect(str(kube.write_kubeconfig(tmp / "kubeconfig", token=token)))
+    catalog = default_catalog()
+    fleet = FleetViewSettings(FileConfigSource(layouts, catalog), Settings(catalog=catalog))
+    ctl = Controller(api, ControllerSettings(identity="c-0", fleet=fleet))
+    server = MetricsServer(ctl.metrics, "127.0.0.1", 0).start()
+    try:
+        assert ctl.run_once() is not None, "the controller leads and passes"
+        assert ctl.fleet_view() is True
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200
+            page = response.read().decode()
+    finally:
+        server.stop()
+        api.close()
+        kube.reset()  # before the page is used: the agent's tests want a cluster of their own
+    yield page
+
+
+def test_the_real_controllers_metrics_pass_promtool_check_metrics(
+    promtool: str, controller_metrics: str
+) -> None:
+    proc = promtool_run(promtool, "check", "metrics", stdin=controller_metrics)
+    assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), (
+        f"promtool check metrics:\n{proc.stdout}{proc.stderr}\n--- the page:\n{controller_metrics}"
+    )
+    # What the controller alerts read, with this pass's values: it leads, its pass
+    # ended well, and the fleet view planned the node whose layout changes.
+    assert sample(controller_metrics, "vgpu_state_controller_leader") == 1
+    assert sample(controller_metrics, "vgpu_state_controller_last_pass_timestamp_seconds") > 0
+    assert sample(controller_metrics, "vgpu_state_controller_kubevirt_in_step") == 1
+    assert 'vgpu_state_fleet_nodes{outcome="changes"} 1.0' in controller_metrics
+    assert 'vgpu_state_fleet_nodes{outcome="no-changes"} 1.0' in controller_metrics
+
+
 def sample(page: str, name: str) -> float:
     values = [
         s.value
@@ -344,8 +422,10 @@ def test_the_real_agents_metrics_pass_promtool_check_metrics(
     assert "vgpu_state_kubelet_allocatable_mismatched_resources 0.0" in agent_metrics
 
 
-def test_every_metric_the_alerts_and_the_dashboard_read_is_exported(agent_metrics: str) -> None:
-    exported = exported_names(agent_metrics) | SYNTHETIC
+def test_every_metric_the_alerts_and_the_dashboard_read_is_exported(
+    agent_metrics: str, controller_metrics: str
+) -> None:
+    exported = exported_names(agent_metrics) | exported_names(controller_metrics) | SYNTHETIC
     for alert in alerts():
         names = names_in(alert["expr"])
         assert names, f"{alert['alert']}: no metric found in {alert['expr']!r}"
