@@ -25,8 +25,8 @@ from vgpu_state.cli.session import (
     warn_unfinished,
 )
 from vgpu_state.executor import ApplyError, ApplyResult, Outcome, StepResult
+from vgpu_state.inputfiles import read_input
 from vgpu_state.model.errors import StalePlanError
-from vgpu_state.model.files import read_input
 from vgpu_state.model.plan import Action, Plan
 from vgpu_state.planner import render_text
 from vgpu_state.planner.saved import MAX_SAVED_PLAN_BYTES, parse_saved_plan

@@ -11,8 +11,8 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
+from vgpu_state.inputfiles import MiB, decode_utf8, read_input, read_stream
 from vgpu_state.model.errors import ConfigError, Reason, VgpuStateError
-from vgpu_state.model.files import MiB, decode_utf8, read_input, read_stream
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -26,8 +26,8 @@ from vgpu_state.executor import DEFAULT_STATE, Journal
 from vgpu_state.executor.drivertypes import DRIVER_TYPES_FILE, DriverTypesFile
 from vgpu_state.host import DriverTypeMemory, SysfsHost
 from vgpu_state.host.holders import ProcHolders
+from vgpu_state.inputfiles import decode_utf8, read_stream
 from vgpu_state.model.errors import SelectionError
-from vgpu_state.model.files import decode_utf8, read_stream
 from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster, NoProcesses, ProcessHolders
 from vgpu_state.reconcile import Mode, Ports, QuietReporter, Report, Settings, reconcile_once
 

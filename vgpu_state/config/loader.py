@@ -22,8 +22,8 @@ from vgpu_state.config.sections.context import LoadContext, known_keys
 from vgpu_state.config.sections.policy import policy
 from vgpu_state.config.sections.selectors import config_ref, selectors
 from vgpu_state.config.yamlnodes import Issues, compose, describe, gc_paused, is_str, position
+from vgpu_state.inputfiles import InputFileError, read_input
 from vgpu_state.model.errors import ConfigError
-from vgpu_state.model.files import InputFileError, read_input
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 """The largest config file read (NVIDIA's full example config is about 60 KiB)."""

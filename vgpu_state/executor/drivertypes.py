@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vgpu_state.executor.statefile import StateFileError, open_state_file
+from vgpu_state.inputfiles import MiB
 from vgpu_state.model.drivertypes import DriverTypes, DriverTypesError
-from vgpu_state.model.files import MiB
 
 DRIVER_TYPES_FILE = "driver-types.json"
 """The file's name in a state directory."""

@@ -18,8 +18,8 @@ from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from vgpu_state.catalog import Catalog, parse_type_name, suggest
 from vgpu_state.config.yamlnodes import YamlProblem, compose_text, safe_yaml
+from vgpu_state.inputfiles import InputFileError, decode_utf8, read_input
 from vgpu_state.model.errors import VgpuStateError
-from vgpu_state.model.files import InputFileError, decode_utf8, read_input
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.pci import parse_pci_address
 
