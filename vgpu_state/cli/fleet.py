@@ -81,6 +81,13 @@ def fleet() -> None:
     help="The cluster (default: in-cluster, then $KUBECONFIG or ~/.kube/config).",
 )
 @click.option("--context", help="The kubeconfig context (default: its current context).")
+@click.option(
+    "--from",
+    "snapshot",
+    type=click.Path(dir_okay=False),
+    help="Plan from this fleet snapshot (vgpu-state fleet snapshot), without any cluster "
+    "access, as of the moment it was taken.",
+)
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
 @click.option(
     "--max-age",
@@ -113,6 +120,7 @@ def plan_cmd(
     config_file: str,
     kubeconfig: str | None,
     context: str | None,
+    snapshot: str | None,
     output: str,
     max_age: str,
     chunk_size: int,
@@ -131,17 +139,20 @@ def plan_cmd(
     node is planned and summarised as it is read, so memory does not grow with
     the fleet's size beyond a line per node; pages after the first two are planned
     by --jobs processes while the next are read.
+
+    With --from FILE the fleet is read from a snapshot file instead of the
+    cluster, and node ages (--max-age) count from the moment it was taken: the
+    output is the one planning against the cluster then would have printed.
     """
     from vgpu_state.catalog import default_catalog
+    from vgpu_state.cli.fleet_snapshot import FleetSource
     from vgpu_state.cli.session import config_source
-    from vgpu_state.kube.api import KubeApi
-    from vgpu_state.kube.fleet import fleet_pages
 
     limit = parse_duration(max_age)
     settings = Settings(catalog=default_catalog())
     document = config_source(config_file, settings).document()
-    api = KubeApi.connect(kubeconfig, context)
-    now = datetime.datetime.now(tz=datetime.UTC)
+    source = FleetSource.open(snapshot, kubeconfig, context)
+    now = source.now
     colour = output == "table" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     writer: FleetWriter = JsonWriter() if output == "json" else TableWriter(colour)
     summary = FleetSummary()
@@ -151,14 +162,14 @@ def plan_cmd(
                 # A page at a time, each node decoded, planned and rendered into the
                 # writer's spool, counted, then dropped. Nothing is printed before the
                 # last node is read.
-                labels, pages = fleet_pages(api, chunk_size)
+                labels, pages = source.read(chunk_size)
                 work = PageWork(document, settings, now, limit, labels, writer)
                 for part, rendered in plan_pages(work, pages, jobs or default_jobs()):
                     summary.merge(part)
                     for one in rendered:
                         writer.store(one)
             finally:
-                api.close()
+                source.close()
             result = FleetTotals(summary.totals(), now, limit)
             writer.finish(result, config_file, sys.stdout)
     finally:
@@ -699,3 +710,12 @@ def plan_pages(
         finally:
             for future in waiting:
                 future.cancel()
+
+
+def _register() -> None:
+    from vgpu_state.cli.fleet_snapshot import snapshot_cmd
+
+    fleet.add_command(snapshot_cmd)
+
+
+_register()
