@@ -20,11 +20,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from vgpu_state.deviceplugin import DevicePluginManager
-from vgpu_state.deviceplugin.allocation import first_fit, preferred
+from vgpu_state.deviceplugin.allocation import preferred
 from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.deviceplugin.inventory import Device, ResourceInventory
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
@@ -33,6 +34,17 @@ TARGET_MS = 100.0
 RESTART_TARGET_S = 2.0
 DEVICES = 8
 ROUNDS = 30
+
+
+def first_fit(available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+    """The baseline without packing: ``must_include``, then available IDs in sorted order."""
+    chosen = list(dict.fromkeys(must_include))[: max(size, 0)]
+    for i in sorted(available):
+        if len(chosen) >= size:
+            break
+        if i not in chosen:
+            chosen.append(i)
+    return chosen
 
 
 def snapshot(resources: int, generation: int) -> NodeSnapshot:

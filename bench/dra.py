@@ -31,8 +31,7 @@ from kubernetes.client import ApiClient, Configuration
 from tests.dra_apiserver import NODES, RunningDraApiServer, claims
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
-from vgpu_state.dra.claims import AllocatedDevice, Claim, MemoryClaims
-from vgpu_state.dra.fakekubelet import FakeKubelet
+from vgpu_state.dra.claims import AllocatedDevice, Claim
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
@@ -41,7 +40,8 @@ from vgpu_state.kube.dra import KubeClaims, SlicePublisher
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
-from vgpu_state.testing import FakeCluster
+from vgpu_state.testing import FakeCluster, MemoryClaims
+from vgpu_state.testing.dra_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 

@@ -22,12 +22,17 @@ def write_configmap_volume(directory: Path, generation: str, text: str) -> None:
         user_link.symlink_to("..data/config.yaml")
 
 
+def wait_watching(watcher: ConfigDirWatcher, timeout: float) -> bool:
+    """True once the watch is set up (changes from then on are seen)."""
+    return watcher._watching.wait(timeout)
+
+
 def test_a_symlink_swap_of_the_configmap_triggers_once(tmp_path: Path) -> None:
     write_configmap_volume(tmp_path, "1", "version: v1\n")
     queue = WorkQueue(settle=0.3)
     watcher = ConfigDirWatcher(tmp_path, lambda: queue.trigger("config"), poll=0.1).start()
     try:
-        assert watcher.wait_watching(5)
+        assert wait_watching(watcher, 5)
         assert queue.get(timeout=0.3) is None, "nothing changed yet"
         write_configmap_volume(tmp_path, "2", "version: v1\ndefault: x\n")
         batch = queue.get(timeout=5)
@@ -46,9 +51,9 @@ def test_a_directory_that_appears_later_is_watched(tmp_path: Path) -> None:
         directory, lambda: queue.trigger("config"), poll=0.1, retry=0.1
     ).start()
     try:
-        assert not watcher.wait_watching(0.3)
+        assert not wait_watching(watcher, 0.3)
         directory.mkdir()
-        assert watcher.wait_watching(5)
+        assert wait_watching(watcher, 5)
         write_configmap_volume(directory, "1", "version: v1\n")
         assert queue.get(timeout=5) is not None
     finally:
@@ -57,6 +62,6 @@ def test_a_directory_that_appears_later_is_watched(tmp_path: Path) -> None:
 
 def test_stop_ends_the_watch_thread(tmp_path: Path) -> None:
     watcher = ConfigDirWatcher(tmp_path, lambda: None, poll=0.1).start()
-    assert watcher.wait_watching(5)
+    assert wait_watching(watcher, 5)
     watcher.stop(timeout=5)
     assert not watcher._thread.is_alive()

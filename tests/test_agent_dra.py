@@ -20,7 +20,6 @@ from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
 from vgpu_state.agent.dra import ClaimsHoldVgpus, DraNode
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
-from vgpu_state.dra.fakekubelet import FakeKubelet
 from vgpu_state.dra.prepare import DraPaths
 from vgpu_state.dra.slices import DRIVER, PCI_BUS_ID, device_key
 from vgpu_state.kube.api import KubeApi
@@ -28,6 +27,7 @@ from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster, RecordingDevicePlugin
+from vgpu_state.testing.dra_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 

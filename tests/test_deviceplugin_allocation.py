@@ -10,7 +10,6 @@ from vgpu_state.deviceplugin.allocation import (
     AllocationError,
     UnknownDevicesError,
     allocate,
-    first_fit,
     preferred,
 )
 from vgpu_state.deviceplugin.inventory import Device, ResourceInventory, inventory
@@ -74,7 +73,6 @@ def test_preferred_packs_onto_the_fullest_gpu() -> None:
     available = [d.id for d in inv.devices if d.id not in allocated]
     assert preferred(inv, available, [], 1) == ["g1-3"]
     assert preferred(inv, available, [], 3) == ["g1-3", "g0-1", "g0-2"]
-    assert first_fit(available, [], 1) == ["g0-1"]
 
 
 def test_preferred_prefers_the_tighter_gpu_on_a_tie_and_keeps_must_include() -> None:

@@ -19,7 +19,6 @@ from kubernetes.client import ApiClient, Configuration
 from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
-from vgpu_state.dra.fakekubelet import FakeKubelet
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, MDEV_UUID, PCI_BUS_ID, build_pool
@@ -29,6 +28,7 @@ from vgpu_state.model.publish import split
 from vgpu_state.reconcile import Mode, Ports, Report, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster
+from vgpu_state.testing.dra_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 

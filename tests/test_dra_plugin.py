@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from vgpu_state.catalog import default_catalog
-from vgpu_state.dra.claims import AllocatedDevice, Claim, Consumer, MemoryClaims
-from vgpu_state.dra.fakekubelet import FakeKubelet
+from vgpu_state.dra.claims import AllocatedDevice, Claim, Consumer
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
 from vgpu_state.sim.host import SimHost
+from vgpu_state.testing import MemoryClaims
+from vgpu_state.testing.dra_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 
@@ -309,9 +310,7 @@ def _files(rig: Rig) -> list[str]:
 
 
 @pytest.mark.parametrize("hostile", ["*", "../two", "", ".", "a/b", "[0-9]*"])
-def test_a_claim_uid_that_is_no_uid_is_refused_and_deletes_nothing(
-    rig: Rig, hostile: str
-) -> None:
+def test_a_claim_uid_that_is_no_uid_is_refused_and_deletes_nothing(rig: Rig, hostile: str) -> None:
     a, b, files = _two_claims(rig)
     out = rig.kubelet.unprepare(DRIVER, [("vms", "one", hostile)]).claims[hostile]
     assert "is not a Kubernetes UID" in out.error

@@ -7,11 +7,13 @@ use; the real reader finds them, in memory and as files on disk.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vgpu_state.catalog import default_catalog
-from vgpu_state.host.holders import ProcessHolder, find_holders, qemu_guest_name, vfio_nodes
+from vgpu_state.host.holders import ProcessHolder, qemu_guest_name, scan_holders, vfio_nodes
+from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.proc import open_proc
 from vgpu_state.sim.spec import parse_spec
@@ -46,6 +48,11 @@ EXPECTED = {
     "0000:81:00.4": "ml_a",  # through the VF's group node
     "0000:81:00.5": "ml_b",  # through the VF's iommufd cdev
 }
+
+
+def find_holders(snapshot: NodeSnapshot, proc_root: str, **kw: Any) -> dict[str, ProcessHolder]:
+    """vGPU key -> the process holding its VFIO device open (the lowest pid if several)."""
+    return scan_holders(snapshot, proc_root, **kw).held
 
 
 @pytest.mark.parametrize("on_disk", [False, True], ids=["in-memory", "directory"])

@@ -15,7 +15,7 @@ from tests.apiserver import EVENTS, NODES
 from tests.realcluster import ControlPlane
 from vgpu_state.kube import events
 from vgpu_state.kube.api import KubeApi
-from vgpu_state.kube.events import EventReason
+from vgpu_state.model.errors import BlockedReason, Reason
 from vgpu_state.model.status import EventType
 
 T0 = datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.UTC)
@@ -32,7 +32,7 @@ def test_an_event_names_the_node_and_the_reason(cluster: ControlPlane, api: Kube
     events.record(
         api,
         "gpu-node-1",
-        EventReason.APPLY_STARTED,
+        "Applied",
         "applying plan sha256:ab (3 actions)",
         node_uid="uid-1",
         now=T0,
@@ -45,7 +45,7 @@ def test_an_event_names_the_node_and_the_reason(cluster: ControlPlane, api: Kube
         "name": "gpu-node-1",
         "uid": "uid-1",
     }
-    assert (event["reason"], event["type"], event["count"]) == ("ApplyStarted", "Normal", 1)
+    assert (event["reason"], event["type"], event["count"]) == ("Applied", "Normal", 1)
     assert event["source"] == {"component": "vgpu-state", "host": "gpu-node-1"}
     assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-11-23T10:00:00Z"
 
@@ -55,24 +55,24 @@ def test_a_flapping_node_bumps_counts_instead_of_flooding(
 ) -> None:
     for i in range(25):
         now = T0 + datetime.timedelta(minutes=i)
-        events.record(api, "gpu-node-1", EventReason.APPLY_STARTED, f"plan {i}", now=now)
+        events.record(api, "gpu-node-1", "Applied", f"plan {i}", now=now)
         if i % 2:
             events.record(
                 api,
                 "gpu-node-1",
-                EventReason.APPLY_FAILED,
+                Reason.DRIVER_ERROR,
                 f"EIO on try {i}",
                 EventType.WARNING,
                 now=now,
             )
         else:
-            events.record(api, "gpu-node-1", EventReason.APPLY_SUCCEEDED, "done", now=now)
+            events.record(api, "gpu-node-1", BlockedReason.IN_USE, "done", now=now)
     found = {e["reason"]: e for e in cluster.all(EVENTS)}
-    assert set(found) == {"ApplyStarted", "ApplyFailed", "ApplySucceeded"}
-    assert found["ApplyStarted"]["count"] == 25
-    assert found["ApplyFailed"]["count"] == 12
-    assert found["ApplySucceeded"]["count"] == 13
-    failed = found["ApplyFailed"]
+    assert set(found) == {"Applied", "DriverError", "InUse"}
+    assert found["Applied"]["count"] == 25
+    assert found["DriverError"]["count"] == 12
+    assert found["InUse"]["count"] == 13
+    failed = found["DriverError"]
     assert failed["type"] == "Warning"
     assert failed["message"] == "EIO on try 23"  # the newest message
     assert failed["firstTimestamp"] == "2026-11-23T10:01:00Z"
@@ -80,6 +80,6 @@ def test_a_flapping_node_bumps_counts_instead_of_flooding(
 
 
 def test_event_names_are_valid_object_names() -> None:
-    name = events.event_name("GPU_Node.1", "ApplyBlocked")
-    assert name == "gpu-node.1.vgpu-state.applyblocked"
-    assert len(events.event_name("n" * 300, "ApplyFailed")) <= 253
+    name = events.event_name("GPU_Node.1", "NoCapacity")
+    assert name == "gpu-node.1.vgpu-state.nocapacity"
+    assert len(events.event_name("n" * 300, "DriverError")) <= 253

@@ -46,10 +46,6 @@ class ConfigDirWatcher:
         self._thread.start()
         return self
 
-    def wait_watching(self, timeout: float | None = None) -> bool:
-        """True once the watch is set up (changes from then on are seen)."""
-        return self._watching.wait(timeout)
-
     def stop(self, timeout: float | None = None) -> None:
         self._stop.set()
         if self._thread.is_alive():

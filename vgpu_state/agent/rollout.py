@@ -38,10 +38,6 @@ class LeaseRolloutGate:
         self._renewal: contextlib.ExitStack | None = None
         self.waiting = False
 
-    @property
-    def holding(self) -> Slot | None:
-        return self._slot
-
     def admit(self, plan: Plan) -> bool:
         if not disruptive(plan):
             self.waiting = False

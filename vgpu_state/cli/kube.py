@@ -33,21 +33,6 @@ if TYPE_CHECKING:
 Warn = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class ClusterFlags:
-    """The cluster options of one command."""
-
-    kubeconfig: str | None = None
-    in_cluster: bool = False
-    kubevirt: str | None = None
-    pod_resources: str | None = None
-    proc_root: str | None = None
-
-    @property
-    def wanted(self) -> bool:
-        return bool(self.kubeconfig or self.in_cluster)
-
-
 @dataclass
 class KubeNodeCluster:
     """The :class:`~vgpu_state.ports.ClusterPort` of a node in a Kubernetes cluster."""

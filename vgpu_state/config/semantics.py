@@ -30,7 +30,6 @@ class EntryFacts:
     path: str
     node: Node
     filters: tuple[tuple[DeviceFilter, Node], ...]
-    filter_node: Node | None
     types: dict[str, tuple[int, Node, Node]]
     """type name as written → (count, key node, count node)."""
     types_node: Node
@@ -91,9 +90,7 @@ class _Verdict:
 
 def check_entry(facts: EntryFacts, catalog: Catalog, issues: Issues) -> None:
     vpath = join(facts.path, "vgpu-devices")
-    per_name = {
-        name: ms for name in facts.types if (ms := candidate_models(name, catalog))
-    }
+    per_name = {name: ms for name in facts.types if (ms := candidate_models(name, catalog))}
     candidates: tuple[GpuModel, ...] | None = None
     for ms in per_name.values():
         candidates = ms if candidates is None else tuple(m for m in candidates if m in ms)

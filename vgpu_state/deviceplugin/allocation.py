@@ -17,7 +17,6 @@ from vgpu_state.model.resources import env_var
 
 VFIO_CONTAINER = "/dev/vfio/vfio"
 IOMMUFD = "/dev/iommu"
-PERMISSIONS = "mrw"
 
 
 class AllocationError(Exception):
@@ -103,15 +102,4 @@ def preferred(
         free.remove(best)
         used_on[gpu_of[best]] += 1
         free_on[gpu_of[best]] -= 1
-    return chosen
-
-
-def first_fit(available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
-    """The baseline without packing: ``must_include``, then available IDs in sorted order."""
-    chosen = list(dict.fromkeys(must_include))[: max(size, 0)]
-    for i in sorted(available):
-        if len(chosen) >= size:
-            break
-        if i not in chosen:
-            chosen.append(i)
     return chosen

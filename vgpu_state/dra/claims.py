@@ -97,19 +97,6 @@ class ClaimSource(Protocol):
     def get_claim(self, namespace: str, name: str) -> Claim | None: ...
 
 
-class MemoryClaims:
-    """A :class:`ClaimSource` over claims held in memory (unit tests, benchmarks)."""
-
-    def __init__(self, claims: Iterable[Claim] = ()) -> None:
-        self.claims: dict[tuple[str, str], Claim] = {(c.namespace, c.name): c for c in claims}
-
-    def put(self, claim: Claim) -> None:
-        self.claims[(claim.namespace, claim.name)] = claim
-
-    def get_claim(self, namespace: str, name: str) -> Claim | None:
-        return self.claims.get((namespace, name))
-
-
 def holder_text(claim: Claim) -> str:
     """``ResourceClaim ns/name (pod ns/a, pod ns/b)``: who holds a vGPU, as the plan names it."""
     text = f"ResourceClaim {claim.namespace}/{claim.name}"

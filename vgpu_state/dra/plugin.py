@@ -111,7 +111,6 @@ class DraPlugin:
         self.paths = paths
         self.driver = driver
         self.registered = threading.Event()
-        self.registration_error = ""
         self.on_registered: Callable[[], None] | None = None
         """Called each time the kubelet registers the plugin (e.g. to republish slices)."""
         self._servers: list[Any] = []
@@ -121,7 +120,6 @@ class DraPlugin:
         return self.paths.registry_dir / f"{self.driver}-reg.sock"
 
     def registration_status(self, registered: bool, error: str) -> None:
-        self.registration_error = error
         if registered:
             log.info("kubelet registered DRA driver %s", self.driver)
             self.registered.set()

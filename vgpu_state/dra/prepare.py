@@ -78,12 +78,6 @@ class DraPaths:
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
 
-    @classmethod
-    def for_driver(
-        cls, driver: str = DRIVER, plugins_dir: Path = Path("/var/lib/kubelet/plugins"), **kw: Any
-    ) -> DraPaths:
-        return cls(plugin_dir=plugins_dir / driver, **kw)
-
     @property
     def socket(self) -> Path:
         return self.plugin_dir / "dra.sock"

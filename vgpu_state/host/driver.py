@@ -64,11 +64,6 @@ def write_attribute(operation: str, path: str, value: str, writer: Writer = os_w
         raise driver_error(operation, path, value, e.errno or errno.EIO) from e
 
 
-def pci_device_path(root: str, address: str, *parts: str) -> str:
-    """``<root>/bus/pci/devices/<address>/<parts>``; refused unless ``address`` is one."""
-    return SysfsPaths(root).device("read", address, *parts)
-
-
 def create_mdev(root: str, parent: str, type_id: int, uuid: str, writer: Writer = os_write) -> None:
     """Create an mdev vGPU of ``type_id`` with ``uuid`` on ``parent`` (a VF or PF)."""
     path = SysfsPaths(root).mdev_create(parent, type_id)

@@ -133,8 +133,7 @@ def scan_holders(
     if not opened:
         return found
     nodes = {
-        node[len(VFIO_DIR) :]: key
-        for node, key in vfio_nodes(snapshot, root, sysfs_fs).items()
+        node[len(VFIO_DIR) :]: key for node, key in vfio_nodes(snapshot, root, sysfs_fs).items()
     }
     for pid, tails in opened.items():
         keys = {nodes[t] for t in tails if t in nodes}
@@ -144,20 +143,6 @@ def scan_holders(
         for key in keys:
             found.held.setdefault(key, holder)
     return found
-
-
-def find_holders(
-    snapshot: NodeSnapshot,
-    proc_root: str = "/proc",
-    *,
-    sysfs_root: str | None = None,
-    proc_fs: Filesystem | None = None,
-    sysfs_fs: Filesystem | None = None,
-) -> dict[str, ProcessHolder]:
-    """vGPU key -> the process holding its VFIO device open (the lowest pid if several)."""
-    return scan_holders(
-        snapshot, proc_root, sysfs_root=sysfs_root, proc_fs=proc_fs, sysfs_fs=sysfs_fs
-    ).held
 
 
 class ProcHolders:

@@ -36,11 +36,6 @@ class NotFoundError(ClusterError):
     """The object does not exist (HTTP 404)."""
 
 
-class KubeVirtAbsentError(ClusterError):
-    """The cluster has no KubeVirt CR (KubeVirt is not installed or not deployed): there
-    is no CR to write, which is not a failed write."""
-
-
 class PodResourcesUnavailableError(VgpuStateError):
     """The kubelet's pod-resources socket is missing or does not answer.
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import re
-from enum import StrEnum
 
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import ClusterConflictError, NotFoundError
@@ -21,15 +20,6 @@ from vgpu_state.model.status import EventType
 COMPONENT = "vgpu-state"
 EVENT_NAMESPACE = "default"
 """Events about a Node (cluster-scoped) live in ``default``, as the kubelet's do."""
-
-
-class EventReason(StrEnum):
-    """Reason codes of the Events vgpu-state records on a Node."""
-
-    APPLY_STARTED = "ApplyStarted"
-    APPLY_SUCCEEDED = "ApplySucceeded"
-    APPLY_FAILED = "ApplyFailed"
-    APPLY_BLOCKED = "ApplyBlocked"
 
 
 _NAME_UNSAFE = re.compile(r"[^a-z0-9.-]+")

@@ -141,7 +141,6 @@ class WriteResult:
     foreign: tuple[str, ...] = ()
     attempts: int = 0
     conflicts: int = 0
-    waited: float = 0.0
     writes: int = 0
     """Accepted writes: 1 when something changed, else 0."""
 
@@ -182,7 +181,6 @@ def write(
                     f"not change since it was read: {e}"
                 ) from e
             delay = backoff.delay(attempt, rng)
-            result.waited += delay
             log.debug("KubeVirt CR %s changed meanwhile (%s); retrying in %.3f s", ref, e, delay)
             sleep(delay)
             cr = read(api, ref)

@@ -22,14 +22,6 @@ APPLIED_CONFIG_ANNOTATION = "vgpu-state.io/applied-config"
 CONFIG_HASH_ANNOTATION = "vgpu-state.io/config-hash"
 LAST_PLAN_ANNOTATION = "vgpu-state.io/last-plan"
 
-WRITTEN_KEYS = (
-    STATE_LABEL,
-    APPLIED_CONFIG_ANNOTATION,
-    CONFIG_HASH_ANNOTATION,
-    LAST_PLAN_ANNOTATION,
-)
-"""Every label and annotation key vgpu-state ever writes on a Node."""
-
 
 def node_path(name: str) -> str:
     return path_of("", "v1", "nodes", name)

@@ -62,7 +62,6 @@ class Reason(StrEnum):
     TYPE_NOT_CREATABLE = "TypeNotCreatable"
     INTERFACE_MISSING = "InterfaceMissing"
     ALREADY_EXISTS = "AlreadyExists"
-    APPLY_FAILED = "ApplyFailed"
     VERIFICATION_FAILED = "VerificationFailed"
     HOST_UNREADABLE = "HostUnreadable"
     LOCKED = "Locked"
@@ -86,8 +85,6 @@ class BlockedReason(StrEnum):
     """The GPU cannot hold the vGPUs (framebuffer, instances, or held vGPUs in the way)."""
     SRIOV_OFF = "SriovOff"
     """The creates need virtual functions and the policy does not enable SR-IOV."""
-    TYPE_UNAVAILABLE = "TypeUnavailable"
-    """The host's driver does not offer the type here."""
     SWITCH_DEFERRED = "SwitchDeferred"
     """A layout change of the GPU waits: vGPUs that stay (held, or kept) block every
     create it needs, so the free vGPUs it would destroy are kept until it can complete."""
@@ -110,11 +107,6 @@ class VgpuStateError(Exception):
     def reason(self) -> Reason:
         """The stable reason code of this error."""
         return self._reason or self.default_reason
-
-    def with_reason(self, reason: Reason) -> VgpuStateError:
-        """Set a more precise reason code; returns ``self`` (``raise e.with_reason(…)``)."""
-        self._reason = reason
-        return self
 
 
 class UserError(VgpuStateError):

@@ -13,11 +13,6 @@ UUID_PATTERN = re.compile(
 """An mdev UUID as sysfs and the ``create`` file accept it (8-4-4-4-12 hex digits)."""
 
 
-def is_uuid(text: str) -> bool:
-    """True when ``text`` is an mdev UUID (either case)."""
-    return UUID_PATTERN.match(text) is not None
-
-
 _CANONICAL_PCI = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]")
 MAX_TYPE_ID = 2**31 - 1
 

@@ -39,6 +39,3 @@ class InUse(Mapping[str, str]):
 
     def as_dict(self) -> dict[str, str]:
         return dict(self._held)
-
-
-NOTHING_IN_USE = InUse()

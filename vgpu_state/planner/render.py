@@ -200,7 +200,6 @@ BLOCKED_NOTES = {
     BlockedReason.PRUNE_DISABLED: "kept vGPUs in the way (policy prune: false)",
     BlockedReason.NO_VGPU_MANAGER: "no vGPU manager on the GPU",
     BlockedReason.SRIOV_OFF: "SR-IOV is off (policy sriov: off)",
-    BlockedReason.TYPE_UNAVAILABLE: "the driver does not offer it",
 }
 
 

@@ -139,6 +139,3 @@ class SimGpu:
 
     def is_mdev_parent_pf(self) -> bool:
         return self.layout == "mdev" and not self.sriov_capable and self.driver == "nvidia"
-
-    def mdev_parent_vfs(self) -> bool:
-        return self.layout == "mdev" and self.sriov_capable and self.driver == "nvidia"

@@ -44,19 +44,15 @@ def digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def pending_writes(spec_path: Path, spec_bytes: bytes) -> list[tuple[str, bytes]]:
-    """The logged writes to replay on the spec whose file holds ``spec_bytes``.
+def read_log(spec_path: Path, spec_bytes: bytes) -> tuple[list[tuple[str, bytes]], int | None]:
+    """The logged writes to replay on the spec whose file holds ``spec_bytes``, and
+    the length of the log up to its last whole line (``None`` when there is no
+    current log to continue).
 
-    Empty when there is no log, or when it extends another version of the spec
-    (stale). Reading stops at a line that is not whole (the last write of a
+    No writes when there is no log, or when it extends another version of the
+    spec (stale). Reading stops at a line that is not whole (the last write of a
     process killed while appending it never happened).
     """
-    return read_log(spec_path, spec_bytes)[0]
-
-
-def read_log(spec_path: Path, spec_bytes: bytes) -> tuple[list[tuple[str, bytes]], int | None]:
-    """:func:`pending_writes` and the length of the log up to its last whole line
-    (``None`` when there is no current log to continue)."""
     try:
         raw = log_path(spec_path).read_bytes()
     except FileNotFoundError:

@@ -12,16 +12,26 @@ runs the real reconcile path without a GPU or a Kubernetes API server:
 * :class:`RecordingDevicePlugin` keeps every snapshot it is refreshed with.
 * :class:`FixedHost` always scans one snapshot and refuses changes (planning
   tests on hand-built snapshots).
+* :class:`MemoryClaims` holds ResourceClaims in memory for the DRA plugin.
+* :mod:`vgpu_state.testing.dra_kubelet` is a stand-in for the kubelet's DRA
+  manager on real gRPC (imported on its own: it loads gRPC).
 * :func:`settings` gives :class:`~vgpu_state.reconcile.Settings` for a test.
 """
 
-from vgpu_state.testing.fakes import FakeCluster, HostCall, RecordingDevicePlugin, RecordingHost
+from vgpu_state.testing.fakes import (
+    FakeCluster,
+    HostCall,
+    MemoryClaims,
+    RecordingDevicePlugin,
+    RecordingHost,
+)
 from vgpu_state.testing.fixed import FixedHost
 
 __all__ = [
     "FakeCluster",
     "FixedHost",
     "HostCall",
+    "MemoryClaims",
     "RecordingDevicePlugin",
     "RecordingHost",
 ]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from vgpu_state.dra.claims import Claim
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import NodeStatus
 from vgpu_state.ports.cluster import MemoryCluster
@@ -111,3 +112,16 @@ class RecordingDevicePlugin:
 
     def refresh(self, snapshot: NodeSnapshot) -> None:
         self.snapshots.append(snapshot)
+
+
+class MemoryClaims:
+    """A :class:`~vgpu_state.dra.claims.ClaimSource` over claims held in memory."""
+
+    def __init__(self, claims: Iterable[Claim] = ()) -> None:
+        self.claims: dict[tuple[str, str], Claim] = {(c.namespace, c.name): c for c in claims}
+
+    def put(self, claim: Claim) -> None:
+        self.claims[(claim.namespace, claim.name)] = claim
+
+    def get_claim(self, namespace: str, name: str) -> Claim | None:
+        return self.claims.get((namespace, name))

@@ -139,7 +139,6 @@ def _entry(ctx: LoadContext, node: Node, path: str) -> Entry | None:
         path=path,
         node=node,
         filters=filters,
-        filter_node=values.get("device-filter"),
         types=counts,
         types_node=values["vgpu-devices"],
     )
@@ -265,8 +264,7 @@ def _vgpu_devices(
             ctx.add(
                 value,
                 tpath,
-                f"the count of {name} must be a whole number of 1 or "
-                f"more, found {describe(value)}",
+                f"the count of {name} must be a whole number of 1 or more, found {describe(value)}",
             )
             ok = False
             continue
