@@ -2,25 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
-from vgpu_state.deviceplugin import protos
-
-
-def test_checked_in_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
-    pytest.importorskip("grpc_tools", reason="grpcio-tools (a test dependency) is needed")
-    fresh = protos.generate(tmp_path)
-    stale = [
-        name
-        for name, text in fresh.items()
-        if (protos.SOURCE_ROOT / protos.PROTO.parent / name).read_text(encoding="utf-8") != text
-    ]
-    assert not stale, (
-        f"{', '.join(stale)} differ from api.proto: run python -m vgpu_state.deviceplugin.protos"
-    )
-
 
 def test_wire_names_are_the_kubelets() -> None:
     from vgpu_state.deviceplugin.v1beta1 import api_pb2

@@ -9,7 +9,6 @@ import pytest
 
 from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
 from vgpu_state.kube.errors import PodResourcesUnavailableError
-from vgpu_state.kube.podresources import protos
 from vgpu_state.kube.podresources.client import Holder, list_holders
 
 UUID_A = "F715F63C-0D00-4007-9C5A-B07B0C6C05DE"
@@ -77,13 +76,6 @@ def test_a_dead_socket_is_a_typed_error(tmp_path: Path) -> None:
         s.close()
     with pytest.raises(PodResourcesUnavailableError):
         list_holders(str(sock), timeout=1.0)
-
-
-def test_checked_in_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
-    pytest.importorskip("grpc_tools", reason="grpcio-tools (a test dependency) is needed")
-    fresh = protos.generate(tmp_path)
-    stale = [str(p) for p, text in fresh.items() if (protos.SOURCE_ROOT / p).read_text() != text]
-    assert not stale, f"{', '.join(stale)} differ from api.proto: run python -m {protos.__name__}"
 
 
 def test_wire_names_and_field_numbers_are_the_kubelets() -> None:

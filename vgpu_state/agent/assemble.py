@@ -15,7 +15,7 @@ from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
-from vgpu_state.executor import STATE_DIR, StatePaths
+from vgpu_state.executor import StatePaths
 from vgpu_state.executor.drivertypes import DriverTypesFile
 from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.host.holders import ProcHolders
@@ -34,6 +34,15 @@ from vgpu_state.ports import (
     ProcessHolders,
 )
 from vgpu_state.reconcile import Ports, Settings
+from vgpu_state.wellknown import (
+    CDI_DIR,
+    KUBELET_DEVICE_PLUGIN_DIR,
+    KUBELET_PLUGIN_REGISTRY_DIR,
+    KUBELET_PLUGINS_DIR,
+    KUBELET_POD_RESOURCES_SOCKET,
+    METRICS_LISTEN,
+    STATE_DIR,
+)
 
 if TYPE_CHECKING:
     from vgpu_state.deviceplugin import DevicePluginManager
@@ -49,23 +58,23 @@ class AgentFlags:
     mode: str = "enforce"
     resync: float = 60.0
     holder_poll: float = DEFAULT_HOLDER_POLL_SECONDS
-    listen: str = ":9410"
+    listen: str = METRICS_LISTEN
     kubeconfig: str | None = None
     namespace: str = "vgpu-state"
     sysfs_root: str = "/sys"
     sim_spec: str | None = None
-    state_dir: Path = STATE_DIR
+    state_dir: Path = Path(STATE_DIR)
     in_use_file: str | None = None
-    pod_resources: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    pod_resources: str = KUBELET_POD_RESOURCES_SOCKET
     kubevirt: str | None = None
     manage_kubevirt: bool = True
     lease_seconds: int = 120
     dra: bool = False
-    dra_plugins_dir: Path = Path("/var/lib/kubelet/plugins")
-    dra_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    cdi_dir: Path = Path("/var/run/cdi")
+    dra_plugins_dir: Path = Path(KUBELET_PLUGINS_DIR)
+    dra_registry_dir: Path = Path(KUBELET_PLUGIN_REGISTRY_DIR)
+    cdi_dir: Path = Path(CDI_DIR)
     device_plugin: bool = True
-    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    device_plugin_dir: str = KUBELET_DEVICE_PLUGIN_DIR
     allocatable_grace: float = DEFAULT_GRACE
     proc_root: str | None = None
     """The host's ``/proc`` (``/host/proc`` in the DaemonSet); ``None``: ``/proc``, or a

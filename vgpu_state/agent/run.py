@@ -26,6 +26,7 @@ from vgpu_state.agent.reconciler import AgentMode, NodeReconciler, RolloutGate
 from vgpu_state.agent.resync import DEFAULT_RESYNC_SECONDS, Resync
 from vgpu_state.agent.worker import Worker
 from vgpu_state.reconcile import Ports, Settings
+from vgpu_state.wellknown import METRICS_LISTEN
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class AgentParts:
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     # While a layout switch waits for a holder: how often the holders are re-read.
     holder_poll_seconds: float = DEFAULT_HOLDER_POLL_SECONDS
-    listen: str | None = ":9410"
+    listen: str | None = METRICS_LISTEN
     rollout: RolloutGate | None = None
     # start(trigger) -> stop: extra trigger sources (the Node watch).
     watches: list[Callable[[Callable[[str], None]], Callable[[], None]]] = field(

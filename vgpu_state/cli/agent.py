@@ -9,7 +9,16 @@ from pathlib import Path
 import click
 
 from vgpu_state.cli.common import handle_errors
-from vgpu_state.executor.state import STATE_DIR
+from vgpu_state.wellknown import (
+    CDI_DIR,
+    DRIVER_TYPES_FILE,
+    KUBELET_DEVICE_PLUGIN_DIR,
+    KUBELET_PLUGIN_REGISTRY_DIR,
+    KUBELET_PLUGINS_DIR,
+    KUBELET_POD_RESOURCES_SOCKET,
+    METRICS_LISTEN,
+    STATE_DIR,
+)
 
 
 @click.command("agent")
@@ -45,7 +54,7 @@ from vgpu_state.executor.state import STATE_DIR
 )
 @click.option(
     "--listen",
-    default=":9410",
+    default=METRICS_LISTEN,
     show_default=True,
     help="HOST:PORT of /healthz, /readyz and /metrics ('' to serve none).",
 )
@@ -68,10 +77,10 @@ from vgpu_state.executor.state import STATE_DIR
 )
 @click.option(
     "--state-dir",
-    default=str(STATE_DIR),
+    default=STATE_DIR,
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Journal, host lock and the vGPU types the driver listed (driver-types.json).",
+    help=f"Journal, host lock and the vGPU types the driver listed ({DRIVER_TYPES_FILE}).",
 )
 @click.option(
     "--proc-root",
@@ -91,7 +100,7 @@ from vgpu_state.executor.state import STATE_DIR
 )
 @click.option(
     "--pod-resources",
-    default="/var/lib/kubelet/pod-resources/kubelet.sock",
+    default=KUBELET_POD_RESOURCES_SOCKET,
     show_default=True,
     help="The kubelet's pod-resources socket: which pods hold which vGPUs.",
 )
@@ -114,7 +123,7 @@ from vgpu_state.executor.state import STATE_DIR
 )
 @click.option(
     "--device-plugin-dir",
-    default="/var/lib/kubelet/device-plugins",
+    default=KUBELET_DEVICE_PLUGIN_DIR,
     show_default=True,
     help="The kubelet's device-plugins directory: the agent registers one device plugin "
     "per vGPU type through its kubelet.sock.",
@@ -142,21 +151,21 @@ from vgpu_state.executor.state import STATE_DIR
 )
 @click.option(
     "--dra-plugins-dir",
-    default="/var/lib/kubelet/plugins",
+    default=KUBELET_PLUGINS_DIR,
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
     help="The kubelet's plugins directory (the DRA socket goes in <dir>/vgpu.vgpu-state.io).",
 )
 @click.option(
     "--dra-registry-dir",
-    default="/var/lib/kubelet/plugins_registry",
+    default=KUBELET_PLUGIN_REGISTRY_DIR,
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
     help="The kubelet's plugin registration directory.",
 )
 @click.option(
     "--cdi-dir",
-    default="/var/run/cdi",
+    default=CDI_DIR,
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
     help="Where prepared claims' CDI specs are written.",

@@ -13,6 +13,7 @@ import click
 
 from vgpu_state.inputfiles import MiB, decode_utf8, read_input, read_stream
 from vgpu_state.model.errors import ConfigError, Reason, VgpuStateError
+from vgpu_state.wellknown import KUBELET_POD_RESOURCES_SOCKET
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -239,7 +240,7 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 "--pod-resources",
                 type=click.Path(dir_okay=False),
                 help="The kubelet's pod-resources socket (default "
-                "/var/lib/kubelet/pod-resources/kubelet.sock; with --sim: none).",
+                f"{KUBELET_POD_RESOURCES_SOCKET}; with --sim: none).",
             ),
             click.option(
                 "--proc-root",

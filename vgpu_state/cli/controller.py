@@ -12,6 +12,7 @@ from types import FrameType
 import click
 
 from vgpu_state.cli.common import handle_errors
+from vgpu_state.wellknown import METRICS_LISTEN
 
 
 @click.command("controller")
@@ -91,7 +92,7 @@ from vgpu_state.cli.common import handle_errors
 )
 @click.option(
     "--listen",
-    default=":9410",
+    default=METRICS_LISTEN,
     show_default=True,
     help="HOST:PORT of /metrics, /healthz and /readyz (empty: not served).",
 )

@@ -22,12 +22,13 @@ import click
 
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.wellknown import KUBELET_DEVICE_PLUGIN_DIR
 
 if TYPE_CHECKING:
     from vgpu_state.deviceplugin import DevicePluginManager
     from vgpu_state.host.drivertypes import DriverTypeMemory
 
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
 
 
 @click.command("deviceplugin")

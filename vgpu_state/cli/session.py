@@ -23,13 +23,14 @@ from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.config.loader import MAX_CONFIG_BYTES
 from vgpu_state.config.source import FileConfigSource
 from vgpu_state.executor import DEFAULT_STATE, Journal
-from vgpu_state.executor.drivertypes import DRIVER_TYPES_FILE, DriverTypesFile
+from vgpu_state.executor.drivertypes import DriverTypesFile
 from vgpu_state.host import DriverTypeMemory, SysfsHost
 from vgpu_state.host.holders import ProcHolders
 from vgpu_state.inputfiles import decode_utf8, read_stream
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster, NoProcesses, ProcessHolders
 from vgpu_state.reconcile import Mode, Ports, QuietReporter, Report, Settings, reconcile_once
+from vgpu_state.wellknown import DRIVER_TYPES_FILE, JOURNAL_FILE
 
 ENV_JOURNAL = "VGPU_STATE_JOURNAL"
 ENV_LOCK = "VGPU_STATE_LOCK_FILE"
@@ -75,7 +76,7 @@ def default_state_path(explicit: str | None, sim_spec: str | None, kind: str) ->
         return Path(chosen)
     if sim_spec:
         spec = Path(sim_spec)
-        suffix = ".journal.jsonl" if kind == "journal" else ".lock"
+        suffix = f".{JOURNAL_FILE}" if kind == "journal" else ".lock"
         return spec.with_name(spec.name + suffix)
     return DEFAULT_STATE.journal if kind == "journal" else DEFAULT_STATE.lock
 

@@ -29,8 +29,7 @@ import grpc
 from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from vgpu_state.model.resources import resource_name_problem
-
-KUBELET_SOCKET = "kubelet.sock"
+from vgpu_state.wellknown import KUBELET_DEVICE_PLUGIN_SOCKET
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ class FakeKubelet:
         on_list: Callable[[str, tuple[SeenDevice, ...]], None] | None = None,
     ) -> None:
         self.plugin_dir = os.path.abspath(plugin_dir)
-        self.socket_path = os.path.join(self.plugin_dir, KUBELET_SOCKET)
+        self.socket_path = os.path.join(self.plugin_dir, KUBELET_DEVICE_PLUGIN_SOCKET)
         self.on_list = on_list
         self.registrations: list[Registration] = []
         self.reject_registrations = 0

@@ -30,12 +30,13 @@ from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from vgpu_state.model.errors import UserError
 from vgpu_state.model.resources import DEFAULT_DOMAIN
 from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.wellknown import KUBELET_DEVICE_PLUGIN_DIR, KUBELET_DEVICE_PLUGIN_SOCKET
 
 log = logging.getLogger("vgpu_state.deviceplugin")
 
 API_VERSION = "v1beta1"
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
+KUBELET_SOCKET = KUBELET_DEVICE_PLUGIN_SOCKET
 SOCKET_PREFIX = "vgpu-state-"
 BACKOFF = (1.0, 2.0, 5.0, 10.0)
 """Seconds between registration attempts (the last repeats); a new kubelet.sock retries at once."""

@@ -44,6 +44,7 @@ from typing import Any
 from vgpu_state.dra.claims import Claim, ClaimSource
 from vgpu_state.dra.slices import DRIVER, DraDevice
 from vgpu_state.model.errors import HostError
+from vgpu_state.wellknown import CDI_DIR, KUBELET_PLUGIN_REGISTRY_DIR
 
 CDI_VERSION = "0.5.0"
 METADATA_API_VERSION = "metadata.resource.k8s.io/v1alpha1"
@@ -73,8 +74,8 @@ class DraPaths:
 
     plugin_dir: Path
     """``/var/lib/kubelet/plugins/<driver>``: ``dra.sock``, checkpoint, metadata files."""
-    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    cdi_dir: Path = Path("/var/run/cdi")
+    registry_dir: Path = Path(KUBELET_PLUGIN_REGISTRY_DIR)
+    cdi_dir: Path = Path(CDI_DIR)
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
 

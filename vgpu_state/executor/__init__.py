@@ -9,21 +9,17 @@ from vgpu_state.executor.apply import (
     apply,
 )
 from vgpu_state.executor.journal import (
-    DEFAULT_JOURNAL,
     Journal,
     JournalStep,
     PastApply,
     UnfinishedPlan,
 )
-from vgpu_state.executor.lock import DEFAULT_LOCK, HostLock, LockTimeoutError
-from vgpu_state.executor.state import DEFAULT_STATE, STATE_DIR, StatePaths
+from vgpu_state.executor.lock import HostLock, LockTimeoutError
+from vgpu_state.executor.state import DEFAULT_STATE, StatePaths
 from vgpu_state.ports.host import HostPort
 
 __all__ = [
-    "DEFAULT_JOURNAL",
-    "DEFAULT_LOCK",
     "DEFAULT_STATE",
-    "STATE_DIR",
     "ApplyError",
     "ApplyResult",
     "HostLock",

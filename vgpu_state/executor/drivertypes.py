@@ -22,8 +22,6 @@ from vgpu_state.executor.statefile import StateFileError, open_state_file
 from vgpu_state.inputfiles import MiB
 from vgpu_state.model.drivertypes import DriverTypes, DriverTypesError
 
-DRIVER_TYPES_FILE = "driver-types.json"
-"""The file's name in a state directory."""
 MAX_DRIVER_TYPES_BYTES = 1 * MiB
 _WHAT = "driver-types file"
 

@@ -28,11 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vgpu_state.executor.state import DEFAULT_STATE
 from vgpu_state.executor.statefile import StateFileError, open_state_file
-
-DEFAULT_JOURNAL = str(DEFAULT_STATE.journal)
-
 
 MAX_TAIL_BYTES = 8 * 1024 * 1024
 """How much of the journal's end is read: many thousands of applies. The journal
@@ -97,9 +93,7 @@ class Journal:
         line = json.dumps({"ts": self.clock(), **record}, sort_keys=True) + "\n"
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = open_state_file(
-                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "journal"
-            )
+            self._fd = open_state_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "journal")
         try:
             os.write(self._fd, line.encode())
             os.fdatasync(self._fd)

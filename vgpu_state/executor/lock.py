@@ -19,11 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from vgpu_state.executor.state import DEFAULT_STATE
 from vgpu_state.executor.statefile import StateFileError, open_state_file
 from vgpu_state.model.errors import Reason, TransientError
-
-DEFAULT_LOCK = str(DEFAULT_STATE.lock)
 
 UNKNOWN_HOLDER = "another process (the lock file does not say which)"
 

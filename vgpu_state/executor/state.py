@@ -11,19 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vgpu_state.executor.drivertypes import DRIVER_TYPES_FILE
-
-STATE_DIR = Path("/var/lib/vgpu-state")
-"""The default state directory (``--state-dir`` of the agent)."""
-JOURNAL_FILE = "journal.jsonl"
-LOCK_FILE = "apply.lock"
+from vgpu_state.wellknown import DRIVER_TYPES_FILE, JOURNAL_FILE, LOCK_FILE, STATE_DIR
 
 
 @dataclass(frozen=True)
 class StatePaths:
     """The files of one state directory."""
 
-    directory: Path = STATE_DIR
+    directory: Path = Path(STATE_DIR)
 
     @property
     def journal(self) -> Path:

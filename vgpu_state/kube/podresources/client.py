@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from vgpu_state.kube.errors import PodResourcesUnavailableError
 from vgpu_state.model.resources import DEFAULT_DOMAIN
+from vgpu_state.wellknown import KUBELET_POD_RESOURCES_SOCKET
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_SOCKET = KUBELET_POD_RESOURCES_SOCKET
 _LAUNCHER = re.compile(r"^virt-launcher-(?P<vm>.+)-[a-z0-9]{5}$")
 
 

@@ -1,22 +1,27 @@
-"""Generate the checked-in Python stubs of the kubelet's DRA and registration APIs.
+#!/usr/bin/env python3
+"""Write the checked-in Python stubs of every gRPC API vgpu-state speaks.
 
-``python -m vgpu_state.dra.protos`` rewrites them in place from the ``.proto``
-files next to them; the test suite regenerates them into a temporary directory
-and fails when they differ. Generation needs ``grpcio-tools`` (a test
-dependency), never the plugin itself.
+The kubelet's device plugin API, its DRA and plugin-registration APIs and its
+pod-resources API: each ``.proto`` is our copy of the wire contract, and the
+``api_pb2.py``, ``api_pb2.pyi`` and ``api_pb2_grpc.py`` beside it are what
+grpcio-tools (a test dependency, never needed at run time) makes of it.
+``python scripts/gen_protos.py`` rewrites them in place; the test suite
+regenerates them into a temporary directory and fails when they differ.
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-SOURCE_ROOT = PACKAGE_DIR.parent.parent
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
 PROTOS = (
+    Path("vgpu_state/deviceplugin/v1beta1/api.proto"),
     Path("vgpu_state/dra/pluginregistration/api.proto"),
     Path("vgpu_state/dra/v1/api.proto"),
     Path("vgpu_state/dra/v1beta1/api.proto"),
+    Path("vgpu_state/kube/podresources/api.proto"),
 )
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
 
@@ -43,13 +48,14 @@ def generate(out_dir: Path) -> dict[Path, str]:
     return found
 
 
-def main() -> None:
+def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         files = generate(Path(tmp))
     for path, text in files.items():
         (SOURCE_ROOT / path).write_text(text, encoding="utf-8")
         print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
