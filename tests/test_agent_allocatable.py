@@ -35,6 +35,7 @@ from vgpu_state.agent.assemble import allocatable_monitor
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink
 from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.agent.run import Agent, AgentParts, node_watch_starter
+from vgpu_state.agent.triggers import Trigger
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
 from vgpu_state.deviceplugin import DevicePluginManager
@@ -254,10 +255,10 @@ class InProcess:
             config_dir=config_dir,
             listen=None,
             resync_seconds=3600,
-            watches=[
-                node_watch_starter(kube.api_client(), NODE, on_node=self.monitor.node_seen),
-                self.monitor.starter(),
+            trigger_sources=[
+                node_watch_starter(kube.api_client(), NODE, on_node=self.monitor.node_seen)
             ],
+            services=[self.monitor.service()],
             shutdown=[("device plugin", self.plugin.stop)],
             allocatable=self.monitor,
         )
@@ -401,7 +402,7 @@ def test_a_heartbeat_costs_no_reconcile_no_check_no_write_and_a_resync_no_write(
 
     # A periodic reconcile of the steady node writes nothing either, condition included.
     before = running.agent.reconciler.last_report
-    running.agent.trigger("resync")
+    running.agent.trigger(Trigger.RESYNC)
     wait_for("the resync", lambda: running.agent.reconciler.last_report is not before)
     assert running.versions() == (heartbeat_rv, status_rv), "a steady node costs no write"
     assert running.condition()["status"] == "True"

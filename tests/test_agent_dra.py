@@ -216,7 +216,7 @@ def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(base: Path) -> Non
         dra = dra.inner  # type: ignore[attr-defined]
         assert isinstance(dra, DraNode) and dra.publisher.version == "v1"
         assert isinstance(agent.parts.ports.cluster, ClaimsHoldVgpus)
-        stop = agent.parts.watches[-1](lambda reason: None)  # what Agent.run does
+        stop = agent.parts.services[-1]()  # what Agent.run does
         try:
             assert (base / "registry" / f"{DRIVER}-reg.sock").exists()
             assert (base / "plugins" / DRIVER / "dra.sock").exists()

@@ -83,3 +83,19 @@ def test_resync_fires_periodically_until_stopped() -> None:
     assert all(b is not None and b.reasons == ("resync",) for b in batches)
     queue.get(timeout=0.1)  # drain one that may have fired while stopping
     assert queue.get(timeout=0.2) is None, "no resync after stop"
+
+
+def test_every_trigger_has_its_metric_series_from_the_start() -> None:
+    """The ``source`` label takes its values from :class:`Trigger`: every member is a
+    series at 0 before anything fired, so a rate over it exists from the start."""
+    from vgpu_state.agent.metrics import AgentMetrics
+    from vgpu_state.agent.triggers import Trigger
+
+    page = AgentMetrics().render().decode()
+    series = {
+        line.split('source="')[1].split('"')[0]
+        for line in page.splitlines()
+        if line.startswith("vgpu_state_triggers_total{")
+    }
+    assert series == {t.value for t in Trigger}
+    assert {"start", "config", "node", "resync", "holders", "kubelet", "retry"} == series

@@ -12,6 +12,7 @@ from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.agent.queue import Batch
 from vgpu_state.agent.reconciler import MODE_LABEL, SLOT_POLL, AgentMode, NodeReconciler
 from vgpu_state.agent.rollout import disruptive
+from vgpu_state.agent.triggers import Trigger
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource, load_text
 from vgpu_state.config.document import ConfigDocument
@@ -38,7 +39,7 @@ vgpu-configs:
     - devices: all
       vgpu-devices: {A2-4C: 1, A2-4Q: 3}
 """
-BATCH = Batch(("test",), 1)
+BATCH = Batch((Trigger.RESYNC,), 1)
 
 
 class Gate:

@@ -15,16 +15,16 @@ import pytest
 
 from vgpu_state.agent.health import HealthState
 from vgpu_state.agent.queue import Batch, WorkQueue
-from vgpu_state.agent.worker import Outcome, Worker
+from vgpu_state.agent.worker import PassResult, Worker
 
 
 def test_each_batch_runs_one_reconcile_and_failures_are_retried() -> None:
     queue = WorkQueue(settle=0.0)
     health = HealthState()
     seen: list[tuple[str, ...]] = []
-    results = iter([Outcome(False, "API down"), Outcome(True, "converged")])
+    results = iter([PassResult(False, "API down"), PassResult(True, "converged")])
 
-    def reconcile(batch: Batch, stopping: threading.Event) -> Outcome:
+    def reconcile(batch: Batch, stopping: threading.Event) -> PassResult:
         seen.append(batch.reasons)
         outcome = next(results)
         if outcome.ok:
@@ -63,14 +63,14 @@ def test_waiting_is_retried_at_its_own_pace_and_failures_back_off(
             return None
 
     monkeypatch.setattr("vgpu_state.agent.worker.threading.Timer", FiresAtOnce)
-    waiting = Outcome(False, "waiting for a rollout slot", retry_in=7.5)
+    waiting = PassResult(False, "waiting for a rollout slot", retry_in=7.5)
     results = iter(
-        [Outcome(False, "API down"), Outcome(False, "API down")]
+        [PassResult(False, "API down"), PassResult(False, "API down")]
         + [waiting] * 6
-        + [Outcome(False, "API down"), Outcome(True, "converged")]
+        + [PassResult(False, "API down"), PassResult(True, "converged")]
     )
 
-    def reconcile(batch: Batch, stopping: threading.Event) -> Outcome:
+    def reconcile(batch: Batch, stopping: threading.Event) -> PassResult:
         outcome = next(results)
         if outcome.ok:
             worker.request_stop()
@@ -87,12 +87,12 @@ def test_an_exception_in_a_reconcile_does_not_kill_the_worker() -> None:
     health = HealthState()
     calls: list[int] = []
 
-    def reconcile(batch: Batch, stopping: threading.Event) -> Outcome:
+    def reconcile(batch: Batch, stopping: threading.Event) -> PassResult:
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("boom")
         worker.request_stop()
-        return Outcome(True, "ok")
+        return PassResult(True, "ok")
 
     worker = Worker(queue, reconcile, health, retry_after=0.05)
     queue.trigger("start")
@@ -104,7 +104,7 @@ def test_an_exception_in_a_reconcile_does_not_kill_the_worker() -> None:
 def test_shutdown_hooks_run_in_order_even_when_one_fails() -> None:
     queue = WorkQueue(settle=0.0)
     order: list[str] = []
-    worker = Worker(queue, lambda b, s: Outcome(True, ""), HealthState())
+    worker = Worker(queue, lambda b, s: PassResult(True, ""), HealthState())
 
     def failing() -> None:
         order.append("watchers")
@@ -123,7 +123,7 @@ AGENT_LIKE = textwrap.dedent(
     from pathlib import Path
     from vgpu_state.agent.health import HealthState
     from vgpu_state.agent.queue import WorkQueue
-    from vgpu_state.agent.worker import Outcome, Worker
+    from vgpu_state.agent.worker import PassResult, Worker
 
     log = Path(sys.argv[1])
 
@@ -135,11 +135,11 @@ AGENT_LIKE = textwrap.dedent(
         for step in range(3):
             if stopping.is_set():
                 note(f"stopped before step {step}")
-                return Outcome(True, "stopped")
+                return PassResult(True, "stopped")
             note(f"step {step} start")
             time.sleep(0.4)
             note(f"step {step} done")
-        return Outcome(True, "converged")
+        return PassResult(True, "converged")
 
     queue = WorkQueue(settle=0.0)
     worker = Worker(queue, reconcile, HealthState())

@@ -176,6 +176,7 @@ def test_the_agent_in_plan_only_mode_advertises_no_dra_vgpu(tmp_path: Path) -> N
     from vgpu_state.agent.metrics import AgentMetrics
     from vgpu_state.agent.queue import Batch
     from vgpu_state.agent.reconciler import AgentMode, NodeReconciler
+    from vgpu_state.agent.triggers import Trigger
     from vgpu_state.catalog import default_catalog
     from vgpu_state.config import StaticConfigSource
     from vgpu_state.reconcile import Ports, Settings
@@ -194,7 +195,7 @@ def test_the_agent_in_plan_only_mode_advertises_no_dra_vgpu(tmp_path: Path) -> N
         reconciler = NodeReconciler(
             ports, Settings(catalog=default_catalog()), AgentMetrics(), AgentMode.PLAN_ONLY
         )
-        assert reconciler(Batch(("test",), 1), threading.Event()).ok
+        assert reconciler(Batch((Trigger.RESYNC,), 1), threading.Event()).ok
         (advertised,) = plugin.snapshots
         by_gpu = {g.address: len(g.vgpus) for g in advertised.gpus}
         assert by_gpu["0000:3b:00.0"] == 0  # published through DRA in config "mixed"

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from vgpu_state.agent.triggers import Service, Stop
 from vgpu_state.model.allocatable import (
     DEFAULT_GRACE,
     AllocatableCheck,
@@ -262,10 +263,11 @@ class AllocatableMonitor:
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
 
-    def starter(self) -> Callable[[Callable[[str], None]], Callable[[], None]]:
-        """An agent watch: starts the monitor with the agent, stops it before the plugin."""
+    def service(self) -> Service:
+        """A service of the agent (it asks for no reconcile): starts the monitor with the
+        agent, stops it before the plugin."""
 
-        def start(trigger: Callable[[str], None]) -> Callable[[], None]:
+        def start() -> Stop:
             self.start()
             return lambda: self.stop(5)
 

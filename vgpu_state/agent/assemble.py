@@ -13,6 +13,7 @@ from vgpu_state.agent.cluster import AgentCluster, ClusterSink, InUseSource, in_
 from vgpu_state.agent.holderwatch import DEFAULT_HOLDER_POLL_SECONDS
 from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
+from vgpu_state.agent.triggers import Fire, Service, Stop, Trigger, TriggerSource
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
 from vgpu_state.executor import StatePaths
@@ -107,11 +108,12 @@ def build(flags: AgentFlags) -> Agent:
     monitor = None
     if plugin is not None:
         monitor = allocatable_monitor(cluster, plugin, flags.allocatable_grace)
-    watches = [
+    trigger_sources: list[TriggerSource] = [
         node_watch_starter(
             api.client, flags.node, on_node=monitor.node_seen if monitor is not None else None
         )
     ]
+    services: list[Service] = []
     if flags.dra:
         from vgpu_state.agent.dra import ClaimsHoldVgpus, DraNode
         from vgpu_state.dra.prepare import DraPaths
@@ -126,10 +128,10 @@ def build(flags: AgentFlags) -> Agent:
         dra_node = DraNode(api, flags.node, paths, catalog=default_catalog())
         port_cluster = ClaimsHoldVgpus(cluster, dra_node)
         dra_sink = dra_node
-        watches.append(dra_node.starter())
+        services.append(dra_node.service())
     shutdown: list[tuple[str, Callable[[], None]]] = []
     if plugin is not None:
-        watches.append(_kubelet_restarts(plugin))
+        trigger_sources.append(_kubelet_restarts(plugin))
         # Last of all: every resource advertises an empty list, then the servers stop.
         shutdown.append(("device plugin", plugin.stop))
     sink = ClusterSink(cluster, plugin)
@@ -164,7 +166,8 @@ def build(flags: AgentFlags) -> Agent:
         holder_poll_seconds=flags.holder_poll,
         listen=flags.listen or None,
         rollout=LeaseRolloutGate(slots),
-        watches=[*watches, *([monitor.starter()] if monitor is not None else [])],
+        trigger_sources=trigger_sources,
+        services=[*services, *([monitor.service()] if monitor is not None else [])],
         shutdown=shutdown,
         allocatable=monitor,
     )
@@ -177,7 +180,7 @@ def allocatable_monitor(
     """Is the kubelet offering what ``plugin`` advertises? A monitor wired to both: the
     plugin wakes it, its condition goes into every status ``cluster`` writes, and it
     rewrites the status and records Events through ``cluster``. Feed it the Node watch
-    (``on_node=monitor.node_seen``) and start it with the agent (``monitor.starter()``)."""
+    (``on_node=monitor.node_seen``) and start it with the agent (``monitor.service()``)."""
     monitor = AllocatableMonitor(plugin, grace=grace)
     monitor.publish = cluster.rewrite_status
     monitor.event = cluster.event
@@ -196,13 +199,12 @@ def _device_plugin(flags: AgentFlags) -> DevicePluginManager:
     return DevicePluginManager(flags.device_plugin_dir)
 
 
-def _kubelet_restarts(
-    plugin: DevicePluginManager,
-) -> Callable[[Callable[[str], None]], Callable[[], None]]:
-    """A trigger source: the kubelet restarted (a new ``kubelet.sock``); re-read the node."""
+def _kubelet_restarts(plugin: DevicePluginManager) -> TriggerSource:
+    """:attr:`Trigger.KUBELET`: the kubelet restarted (a new ``kubelet.sock``); re-read
+    the node."""
 
-    def start(trigger: Callable[[str], None]) -> Callable[[], None]:
-        plugin.on_kubelet_restart = lambda: trigger("kubelet")
+    def start(fire: Fire) -> Stop:
+        plugin.on_kubelet_restart = lambda: fire(Trigger.KUBELET)
 
         def stop() -> None:
             plugin.on_kubelet_restart = None

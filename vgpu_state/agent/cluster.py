@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vgpu_state.kube.cluster import KubeCluster
 from vgpu_state.kube.errors import (
-    ClusterConflictError,
     ClusterError,
+    ContendedWriteError,
     PodResourcesUnavailableError,
 )
 from vgpu_state.kube.nodestate import ConditionKind, LastApply, SelectedConfig, VGPUNodeStateStatus
@@ -103,7 +103,7 @@ class AgentCluster(KubeCluster):
         """
         try:
             return super().cluster_plan(expected, labels)
-        except ClusterConflictError:
+        except ContendedWriteError:
             raise
         except ClusterError as e:
             return ClusterPart(problems=(f"KubeVirt CR not read, its settings not checked: {e}",))

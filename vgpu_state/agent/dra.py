@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
+from vgpu_state.agent.triggers import Service, Stop
 from vgpu_state.catalog import Catalog
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
@@ -95,10 +96,11 @@ class DraNode:
         self.resync.start()
         return self
 
-    def starter(self) -> Callable[[Callable[[str], None]], Callable[[], None]]:
-        """The agent's trigger-source hook: start serving, and stop (keeping slices) at exit."""
+    def service(self) -> Service:
+        """A service of the agent (it asks for no reconcile): start serving, and stop
+        (keeping slices) at exit."""
 
-        def start(trigger: Callable[[str], None]) -> Callable[[], None]:
+        def start() -> Stop:
             self.start()
             return self.stop
 

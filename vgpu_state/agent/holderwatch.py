@@ -6,7 +6,7 @@ no label, and inotify does not see sysfs), so without this the switch would
 wait for the next resync. While the last plan has a deferred switch, this
 thread re-reads the holders every few seconds, the same way every plan reads
 them (the kubelet's pod-resources, the in-use file, the node's processes), and
-asks for a reconcile under the trigger ``holders`` when the set of held vGPUs
+asks for a reconcile (``Trigger.HOLDERS``) when the set of held vGPUs
 differs from the one that plan was made with. Reading the holders costs one
 pod-resources call: no scan, no plan, no API write.
 """
@@ -18,8 +18,6 @@ import threading
 from collections.abc import Callable
 
 DEFAULT_HOLDER_POLL_SECONDS = 5.0
-TRIGGER = "holders"
-"""The work queue's reason (the ``source`` label of ``vgpu_state_triggers_total``)."""
 
 log = logging.getLogger(__name__)
 

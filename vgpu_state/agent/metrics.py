@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from vgpu_state.agent.triggers import Trigger
+
 PREFIX = "vgpu_state"
 
 
@@ -60,6 +62,8 @@ class AgentMetrics:
             ["source"],
             registry=self.registry,
         )
+        for trigger in Trigger:  # every source has its series from the start
+            self.triggers.labels(source=trigger.value)
 
         self.allocatable_mismatched = Gauge(
             f"{PREFIX}_kubelet_allocatable_mismatched_resources",

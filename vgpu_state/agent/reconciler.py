@@ -36,7 +36,8 @@ from typing import Protocol
 
 from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.agent.queue import Batch
-from vgpu_state.agent.worker import Outcome
+from vgpu_state.agent.triggers import Trigger
+from vgpu_state.agent.worker import PassResult
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.executor import ApplyResult, StepResult
 from vgpu_state.model.errors import (
@@ -153,7 +154,7 @@ class NodeReconciler:
         self._busy = threading.Lock()
         self._asked: tuple[int, frozenset[str]] | None = None
 
-    def __call__(self, batch: Batch, stopping: threading.Event) -> Outcome:
+    def __call__(self, batch: Batch, stopping: threading.Event) -> PassResult:
         started = time.monotonic()
         with self._busy:
             outcome, result = self._reconcile(stopping)
@@ -162,23 +163,23 @@ class NodeReconciler:
         )
         self.metrics.reconciles.labels(result=result).inc()
         for reason in batch.reasons:
-            self.metrics.triggers.labels(source=reason).inc()
+            self.metrics.triggers.labels(source=Trigger(reason).value).inc()
         return outcome
 
     # one reconcile -----------------------------------------------------------------
-    def _reconcile(self, stopping: threading.Event) -> tuple[Outcome, str]:
+    def _reconcile(self, stopping: threading.Event) -> tuple[PassResult, str]:
         document, error = self._read_config()
         if error is not None:
             self._degraded(error)
             self.metrics.set_node_state(ConfigState.FAILED, self.current_mode)
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
-            return Outcome(True, f"degraded: config invalid: {first}"), "degraded"
+            return PassResult(True, f"degraded: config invalid: {first}"), "degraded"
         try:
             self._set_mode(self.ports.cluster.labels().get(MODE_LABEL))
         except TransientError as e:
-            return Outcome(False, f"will retry: {e}"), "failed"
+            return PassResult(False, f"will retry: {e}"), "failed"
         except VgpuStateError as e:
-            return Outcome(False, f"failed: {e}"), "failed"
+            return PassResult(False, f"failed: {e}"), "failed"
         mode = Mode.APPLY if self.current_mode == AgentMode.ENFORCE else Mode.PLAN
         gate = self.rollout.admit if self.rollout is not None and mode is Mode.APPLY else None
         try:
@@ -192,29 +193,29 @@ class NodeReconciler:
                 document=document,
             )
         except StopRequested as stop:
-            return Outcome(True, str(stop)), "stopped"
+            return PassResult(True, str(stop)), "stopped"
         except NoConfigSelectedError as e:
             try:
                 self._unselected(e)
             except TransientError as failed:
-                return Outcome(False, f"will retry: {failed}"), "failed"
+                return PassResult(False, f"will retry: {failed}"), "failed"
             except VgpuStateError as failed:
-                return Outcome(False, f"failed: {failed}"), "failed"
+                return PassResult(False, f"failed: {failed}"), "failed"
             self.metrics.set_node_state(None, self.current_mode)
             self.metrics.set_switches_deferred((), self._clock())
-            return Outcome(True, f"left alone: {e}"), "unselected"
+            return PassResult(True, f"left alone: {e}"), "unselected"
         except TransientError as e:
             self._failed_reported(mode)
-            return Outcome(False, f"will retry: {e}"), "failed"
+            return PassResult(False, f"will retry: {e}"), "failed"
         except UserError as e:
             # Reported as a failed status already; retrying will not help until an input changes.
             self._failed_reported(mode)
             self._finished(converged=False)
-            return Outcome(True, f"failed: {e}"), "failed"
+            return PassResult(True, f"failed: {e}"), "failed"
         except VgpuStateError as e:
             self._failed_reported(mode)
             self._finished(converged=False)
-            return Outcome(False, f"failed: {e}"), "failed"
+            return PassResult(False, f"failed: {e}"), "failed"
         self.last_report = report
         if report.declined:
             # Asked again every few seconds (jittered, so waiting nodes do not ask in
@@ -222,7 +223,7 @@ class NodeReconciler:
             # taken promptly, so a rollout has no idle gaps of minutes between nodes.
             retry = self._slot_poll * self._rng.uniform(0.5, 1.0)
             return (
-                Outcome(False, "waiting for a rollout slot; nothing changed", retry_in=retry),
+                PassResult(False, "waiting for a rollout slot; nothing changed", retry_in=retry),
                 "waiting",
             )
         if mode is Mode.PLAN:
@@ -233,9 +234,9 @@ class NodeReconciler:
             self._finished(converged=report.matches)
         if converged:
             self.metrics.last_success.set(self._clock())
-            return Outcome(True, self._summary(report)), "success"
+            return PassResult(True, self._summary(report)), "success"
         result = "blocked" if report.plan.blocked and report.matches else "pending"
-        return Outcome(True, self._summary(report)), result
+        return PassResult(True, self._summary(report)), result
 
     def holders_changed(self) -> bool:
         """True when a switch of the last plan is deferred and the held vGPUs are not

@@ -19,11 +19,11 @@ from vgpu_state.agent.allocatable import AllocatableMonitor
 from vgpu_state.agent.configwatch import ConfigDirWatcher
 from vgpu_state.agent.health import HealthServer, HealthState, parse_listen
 from vgpu_state.agent.holderwatch import DEFAULT_HOLDER_POLL_SECONDS, HolderWatch
-from vgpu_state.agent.holderwatch import TRIGGER as HOLDERS_TRIGGER
 from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.agent.queue import WorkQueue
 from vgpu_state.agent.reconciler import AgentMode, NodeReconciler, RolloutGate
 from vgpu_state.agent.resync import DEFAULT_RESYNC_SECONDS, Resync
+from vgpu_state.agent.triggers import Fire, Service, Stop, Trigger, TriggerSource
 from vgpu_state.agent.worker import Worker
 from vgpu_state.reconcile import Ports, Settings
 from vgpu_state.wellknown import METRICS_LISTEN
@@ -46,10 +46,11 @@ class AgentParts:
     holder_poll_seconds: float = DEFAULT_HOLDER_POLL_SECONDS
     listen: str | None = METRICS_LISTEN
     rollout: RolloutGate | None = None
-    # start(trigger) -> stop: extra trigger sources (the Node watch).
-    watches: list[Callable[[Callable[[str], None]], Callable[[], None]]] = field(
-        default_factory=list
-    )
+    # Trigger sources beside the agent's own (the Node watch, the kubelet's restarts).
+    trigger_sources: list[TriggerSource] = field(default_factory=list)
+    # Started with the agent, never ask for a reconcile (the DRA plugin, the allocatable
+    # monitor).
+    services: list[Service] = field(default_factory=list)
     # Run after the worker's last reconcile, in order (the device plugin last).
     shutdown: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
     # Checks the kubelet's allocatable against the device plugin (started by a watch).
@@ -73,8 +74,8 @@ class Agent:
         self.http: HealthServer | None = None
         self._stops: list[Callable[[], None]] = []
 
-    def trigger(self, source: str) -> None:
-        self.queue.trigger(source)
+    def trigger(self, trigger: Trigger) -> None:
+        self.queue.trigger(trigger)
 
     def stop(self) -> None:
         self.worker.request_stop("stop requested")
@@ -87,18 +88,22 @@ class Agent:
             host, port = parse_listen(parts.listen)
             self.http = HealthServer(self.health, self.metrics, host, port).start()
             log.info("serving /healthz, /readyz and /metrics on %s:%d", host, self.http.port)
-        watcher = ConfigDirWatcher(parts.config_dir, lambda: self.trigger("config")).start()
+        # Every trigger is registered here (agent/triggers.py names them all): the
+        # agent's own sources, then those the assembly adds; the worker fires RETRY.
+        watcher = ConfigDirWatcher(parts.config_dir, lambda: self.trigger(Trigger.CONFIG)).start()
         self._stops.append(lambda: watcher.stop(5))
-        resync = Resync(lambda: self.trigger("resync"), parts.resync_seconds).start()
+        resync = Resync(lambda: self.trigger(Trigger.RESYNC), parts.resync_seconds).start()
         self._stops.append(lambda: resync.stop(5))
         holders = HolderWatch(
             self.reconciler.holders_changed,
-            lambda: self.trigger(HOLDERS_TRIGGER),
+            lambda: self.trigger(Trigger.HOLDERS),
             parts.holder_poll_seconds,
         ).start()
         self._stops.append(lambda: holders.stop(5))
-        for start in parts.watches:
-            self._stops.append(start(self.trigger))
+        for source in parts.trigger_sources:
+            self._stops.append(source(self.trigger))
+        for service in parts.services:
+            self._stops.append(service())
         self.worker.on_shutdown("watchers", self._stop_watchers)
         for name, hook in parts.shutdown:
             self.worker.on_shutdown(name, hook)
@@ -106,7 +111,7 @@ class Agent:
             http = self.http
             self.worker.on_shutdown("probes", http.stop)
         # The first reconcile restores the layout (after a reboot, a crash, an upgrade).
-        self.trigger("start")
+        self.trigger(Trigger.START)
         log.info(
             "agent for node %s started (%s; config %s; resync every %.0f s)",
             parts.ports.cluster.node_name(),
@@ -126,11 +131,11 @@ class Agent:
 
 def node_watch_starter(
     api_client: Any, node: str, on_node: Callable[[Mapping[str, Any]], None] | None = None
-) -> Callable[[Callable[[str], None]], Callable[[], None]]:
-    """A trigger source: the Node's labels changed. ``on_node`` sees every Node object
+) -> TriggerSource:
+    """:attr:`Trigger.NODE`: the Node's labels changed. ``on_node`` sees every Node object
     (the allocatable monitor keeps the Node's allocatable from it; no reconcile)."""
 
-    def start(trigger: Callable[[str], None]) -> Callable[[], None]:
+    def start(fire: Fire) -> Stop:
         from vgpu_state.kube.node import STATE_LABEL
         from vgpu_state.kube.watch import NodeWatch
 
@@ -140,7 +145,7 @@ def node_watch_starter(
             if first[0]:  # the start reconcile already reads them
                 first[0] = False
                 return
-            trigger("node")
+            fire(Trigger.NODE)
 
         watch = NodeWatch(
             api_client, node, on_labels, ignore=frozenset({STATE_LABEL}), on_node=on_node

@@ -19,12 +19,13 @@ from types import FrameType
 
 from vgpu_state.agent.health import HealthState
 from vgpu_state.agent.queue import Batch, WorkQueue
+from vgpu_state.agent.triggers import Trigger
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Outcome:
+class PassResult:
     """What one reconcile amounted to, for the probes and the log.
 
     ``ok``: the agent did its job (converged, or reported why it could not, e.g.
@@ -41,7 +42,7 @@ class Outcome:
 
 # reconcile(batch, stopping): ``stopping`` is set once shutdown is requested;
 # a reconcile checks it between steps and returns early.
-Reconcile = Callable[[Batch, threading.Event], Outcome]
+Reconcile = Callable[[Batch, threading.Event], PassResult]
 
 
 class Worker:
@@ -113,7 +114,7 @@ class Worker:
             outcome = self._reconcile(batch, self.stopping)
         except Exception as exc:  # the agent must outlive any one reconcile
             log.exception("reconcile failed")
-            outcome = Outcome(False, f"reconcile failed: {exc}")
+            outcome = PassResult(False, f"reconcile failed: {exc}")
         took = time.monotonic() - started
         self._health.reconcile_finished(outcome.ok, outcome.summary)
         log.info(
@@ -136,7 +137,7 @@ class Worker:
             return
         if delay is None:
             delay = min(self._retry_after * 2 ** (self._failures - 1), self._max_retry)
-        timer = threading.Timer(delay, self.queue.trigger, args=("retry",))
+        timer = threading.Timer(delay, self.queue.trigger, args=(Trigger.RETRY,))
         timer.daemon = True
         timer.start()
         self._retry_timer = timer

@@ -26,8 +26,11 @@ class ClusterUnreachableError(TransientError):
     default_reason = Reason.CLUSTER_UNREACHABLE
 
 
-class ClusterConflictError(TransientError):
-    """A guarded write kept losing to concurrent writers; retry later."""
+class ContendedWriteError(TransientError):
+    """A guarded write kept losing to concurrent writers; retry later.
+
+    Raised after the writer retried each :class:`~vgpu_state.kube.api.ConflictError`
+    (one HTTP 409) it got, up to its limit."""
 
     default_reason = Reason.CLUSTER_CONFLICT
 

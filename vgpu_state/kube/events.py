@@ -14,7 +14,7 @@ import hashlib
 import re
 
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
-from vgpu_state.kube.errors import ClusterConflictError, NotFoundError
+from vgpu_state.kube.errors import ContendedWriteError, NotFoundError
 from vgpu_state.model.status import EventType
 
 COMPONENT = "vgpu-state"
@@ -98,4 +98,4 @@ def record(
             continue
         except NotFoundError:  # expired (Events have a TTL) between the read and the write
             continue
-    raise ClusterConflictError(f"Event {namespace}/{name} kept changing; not recorded")
+    raise ContendedWriteError(f"Event {namespace}/{name} kept changing; not recorded")

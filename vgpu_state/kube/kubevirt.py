@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgpu_state.kube.api import ConflictError, InvalidError, JsonObject, KubeApi, path_of
-from vgpu_state.kube.errors import ClusterConflictError, ClusterError, NotFoundError
+from vgpu_state.kube.errors import ClusterError, ContendedWriteError, NotFoundError
 from vgpu_state.kube.permitted import (
     DISABLE_MDEV_GATE,
     LISTS,
@@ -159,7 +159,7 @@ def write(
     On 409 or 422 (the CR changed since the read: a ``test`` op failed) read again,
     compute again and retry after a jittered backoff. A 422 on a CR that did not
     change since it was read is a real refusal and is raised at once; after
-    ``backoff.attempts`` lost races :class:`ClusterConflictError` is raised.
+    ``backoff.attempts`` lost races :class:`ContendedWriteError` is raised.
     """
     rng = rng or random.Random()
     result = WriteResult(ref)
@@ -190,7 +190,7 @@ def write(
         for change in p.changes:
             log.info("%s", change.describe(ref))
         return result
-    raise ClusterConflictError(
+    raise ContendedWriteError(
         f"KubeVirt CR {ref}: {result.conflicts} concurrent changes in a row; the write is "
         "retried on the next pass"
     )

@@ -24,7 +24,7 @@ from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
-from vgpu_state.kube.errors import ClusterConflictError, NotFoundError
+from vgpu_state.kube.errors import ContendedWriteError, NotFoundError
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.lenient import known_fields
 from vgpu_state.model.resources import ResourceNameError, resource_name
@@ -507,4 +507,4 @@ def write_status(
             return api.replace(object_path(node, status=True), body)
         except ConflictError:
             continue
-    raise ClusterConflictError(f"VGPUNodeState {node}: the status kept changing; retry later")
+    raise ContendedWriteError(f"VGPUNodeState {node}: the status kept changing; retry later")

@@ -402,5 +402,3 @@ def _get(obj: Mapping[str, Any], *keys: str) -> Any:
             return None
         cur = cur.get(key)
     return cur
-
-
