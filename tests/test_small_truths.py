@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tests.builders import build_gpu, build_snapshot
 from vgpu_state.catalog import type_sort_key
-from vgpu_state.cli.scan import render_text
+from vgpu_state.cli.scan import print_snapshot
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_scan_lists_creatable_types_by_size_then_name(tmp_path: Path) -> None:
     finally:
         node.close()
     out = io.StringIO()
-    render_text(snapshot, Console(file=out, width=1000))
+    print_snapshot(snapshot, Console(file=out, width=1000))
     line = next(x for x in out.getvalue().splitlines() if "creatable" in x)
     names = [part.split(" (")[0].strip() for part in line.split("│")[2].split(",")]
     assert names[:4] == ["L40S-1A", "L40S-1B", "L40S-1Q", "L40S-2A"]
@@ -51,7 +51,7 @@ def test_missing_numa_node_and_iommu_group_print_as_a_dash() -> None:
     gpu = build_gpu("0000:08:00.0", "A2")
     assert gpu.iommu_group is None and gpu.numa_node is None
     out = io.StringIO()
-    render_text(build_snapshot(gpu), Console(file=out, width=200))
+    print_snapshot(build_snapshot(gpu), Console(file=out, width=200))
     row = next(x for x in out.getvalue().splitlines() if "NUMA / IOMMU" in x)
     assert "- / -" in row
     assert "None" not in out.getvalue()

@@ -68,7 +68,7 @@ def _check_line(c: Check) -> list[str]:
     return lines
 
 
-def render_text(report: DoctorReport) -> str:
+def render_report(report: DoctorReport) -> str:
     lines = [f"node {report.node or '(unnamed)'} — sysfs {report.sysfs_root}"]
     lines += [line for c in report.checks for line in _check_line(c)]
     for g in report.gpus:
@@ -145,7 +145,7 @@ def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> N
     if output == "json":
         sys.stdout.write(render_json(result))
     else:
-        sys.stdout.write(render_text(result))
+        sys.stdout.write(render_report(result))
     if result.status is Status.FAIL:
         sys.exit(1)
 

@@ -43,7 +43,7 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def render_text(snapshot: NodeSnapshot, console: Console) -> None:
+def print_snapshot(snapshot: NodeSnapshot, console: Console) -> None:
     title = f"node {snapshot.node or '(unnamed)'} — sysfs {snapshot.sysfs_root}"
     if not snapshot.gpus:
         console.print(f"{title}: no NVIDIA GPUs found")
@@ -113,7 +113,7 @@ def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
         click.echo(snapshot.model_dump_json(indent=2))
     else:
         # Names and values come from sysfs and spec files: print them as text, never markup.
-        render_text(snapshot, Console(markup=False, highlight=False))
+        print_snapshot(snapshot, Console(markup=False, highlight=False))
     if snapshot.error is not None:
         click.echo(f"error: {snapshot.error}", err=True)
         sys.exit(1)
