@@ -36,10 +36,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def version() -> str:
-    for line in (REPO / "pyproject.toml").read_text(encoding="utf-8").splitlines():
-        if line.startswith("version = "):
-            return line.split('"')[1]
-    raise AssertionError("pyproject.toml has no version")
+    """The version scripts/build-image tags the image with (from the git tags)."""
+    proc = subprocess.run(
+        ["sh", str(REPO / "scripts" / "version")], capture_output=True, text=True, check=True
+    )
+    return proc.stdout.strip()
 
 
 ARCHIVE = REPO / "build" / f"vgpu-state-{version()}.oci.tar"

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from vgpu_state.cli.common import handle_errors
+from vgpu_state.cli.options import log_level_option
 from vgpu_state.wellknown import (
     CDI_DIR,
     DRIVER_TYPES_FILE,
@@ -170,12 +171,7 @@ from vgpu_state.wellknown import (
     type=click.Path(file_okay=False, path_type=Path),
     help="Where prepared claims' CDI specs are written.",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning"]),
-    default="info",
-    show_default=True,
-)
+@log_level_option()
 @handle_errors
 def agent(
     node: str,
@@ -204,7 +200,16 @@ def agent(
     cdi_dir: Path,
     log_level: str,
 ) -> None:
-    """Keep this node equal to its layout: watch, reconcile, report; SIGTERM stops it (exit 0)."""
+    """Keep this node equal to its layout: watch, reconcile, report; SIGTERM stops it (exit 0).
+
+    Runs in the DaemonSet of deploy/ (docs/agent.md); by hand, on a simulated node:
+
+    \b
+    Examples:
+      vgpu-state agent --node "$NODE_NAME" --config-dir /etc/vgpu-state --mode plan-only
+      vgpu-state agent --node gpu-node-1 --sim node.yaml --config-dir ./layouts \\
+          --kubeconfig ~/.kube/config --no-device-plugin --listen 127.0.0.1:9410
+    """
     logging.basicConfig(
         level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -14,6 +15,7 @@ from vgpu_state.cli.common import (
     parse_in_use,
     selection_options,
 )
+from vgpu_state.cli.options import output_option
 from vgpu_state.cli.output import console, print_plan_text
 from vgpu_state.cli.session import (
     Warnings,
@@ -28,7 +30,7 @@ from vgpu_state.executor import ApplyError, ApplyResult, Outcome, StepResult
 from vgpu_state.inputfiles import read_input
 from vgpu_state.model.errors import StalePlanError
 from vgpu_state.model.plan import Action, Plan
-from vgpu_state.planner import render_text
+from vgpu_state.planner import render_json, render_text
 from vgpu_state.planner.saved import MAX_SAVED_PLAN_BYTES, parse_saved_plan
 from vgpu_state.reconcile import Mode, apply_saved
 
@@ -96,6 +98,57 @@ class _ApplyOutput(Warnings):
         return False
 
 
+class _JsonApplyOutput(Warnings):
+    """``apply -o json``: nothing on stdout until the end, then one JSON object (the plan,
+    every step, the outcome after the fresh scan)."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+
+    def planned(self, plan: Plan) -> None:
+        return None
+
+    def applying(self, plan: Plan) -> None:
+        return None
+
+    def step(self, action: Action, result: StepResult) -> None:
+        self.steps.append(
+            {
+                "kind": action.kind.value,
+                "address": action.address,
+                "type_name": action.type_name,
+                "outcome": str(result.outcome),
+                "seconds": round(result.seconds, 6),
+            }
+        )
+
+    def applied(self, plan: Plan, result: ApplyResult) -> None:
+        return None
+
+    def summary(
+        self, plan: Plan, result: ApplyResult | None, config: str, differences: tuple[str, ...]
+    ) -> bool:
+        notes = tuple(result.notes) if result is not None else ()
+        problems = (*notes, *differences)
+        complete = result is not None and not problems and not plan.blocked
+        counts = result.counts if result is not None else {}
+        doc = {
+            "plan": json.loads(render_json(plan)),
+            "config": config,
+            "outcome": "complete" if complete else ("no-changes" if result is None and not
+                                                    problems and not plan.blocked else
+                                                    "incomplete"),
+            "done": counts.get("ok", 0),
+            "already_done": counts.get("skipped", 0),
+            "blocked": len(plan.blocked),
+            "seconds": round(result.seconds, 6) if result is not None else 0.0,
+            "steps": self.steps,
+            "differences": list(problems),
+        }  # fmt: skip
+        click.echo(json.dumps(doc, indent=2))
+        return complete or doc["outcome"] == "no-changes"
+
+
 def _report_apply_error(e: ApplyError) -> None:
     click.echo(f"\nerror: {e}", err=True)
     if e.not_run:
@@ -146,6 +199,10 @@ def _confirm(auto_approve: bool, skip_blocked: bool) -> Any:
     help="The sriov-manage command (default /usr/lib/nvidia/sriov-manage when installed; "
     "'' writes sriov_numvfs). Env: VGPU_STATE_SRIOV_MANAGE.",
 )
+@output_option(
+    help="text: the plan, each step and the outcome; json: one object at the end "
+    "(needs --auto-approve or a saved plan)."
+)
 @handle_errors
 def apply_cmd(
     saved_plan: str | None,
@@ -156,8 +213,21 @@ def apply_cmd(
     lock_file: str | None,
     lock_timeout: float,
     sriov_manage: str | None,
+    output: str,
 ) -> None:
-    """Plan, show the plan, ask, and apply it. With PLAN.json, apply exactly that plan."""
+    """Plan, show the plan, ask, and apply it. With PLAN.json, apply exactly that plan.
+
+    Every "Apply complete" follows a fresh scan of the host that matches the layout.
+
+    \b
+    Examples:
+      vgpu-state apply -f layouts.yaml
+      vgpu-state apply -f configs/examples/mixed-node.yaml --sim node.yaml --auto-approve
+      vgpu-state plan -f layouts.yaml --out plan.json && vgpu-state apply plan.json
+      vgpu-state apply -f layouts.yaml --auto-approve --skip-blocked -o json
+    """
+    if output == "json" and not saved_plan and not auto_approve:
+        raise click.UsageError("-o json cannot ask for confirmation: pass --auto-approve")
     if saved_plan:
         _apply_saved(
             saved_plan,
@@ -167,13 +237,14 @@ def apply_cmd(
             lock_file,
             lock_timeout,
             sriov_manage,
+            output,
         )
         return
     s = settings(
         session.label_key, session.sim_spec, journal_file, lock_file, lock_timeout, sriov_manage
     )
     target = open_target(session, s, record=True)
-    output = _ApplyOutput(console())
+    out = _JsonApplyOutput() if output == "json" else _ApplyOutput(console())
     try:
         warn_unfinished(journal_for(journal_file, session.sim_spec))
         try:
@@ -184,7 +255,7 @@ def apply_cmd(
                 Mode.APPLY,
                 skip_blocked=skip_blocked,
                 gate=_confirm(auto_approve, skip_blocked),
-                reporter=output,
+                reporter=out,
             )
         except ApplyError as e:
             _report_apply_error(e)
@@ -196,6 +267,10 @@ def apply_cmd(
         target.close()
     p = report.plan
     if report.applied is None or not report.applied.steps:
+        if isinstance(out, _JsonApplyOutput):
+            if not out.summary(p, None, report.inputs.config, report.differences):
+                sys.exit(1)
+            return
         if p.blocked:
             fail("nothing can be applied: every change is blocked")
         if report.differences:
@@ -204,7 +279,7 @@ def apply_cmd(
                 + "; ".join(report.differences)
             )
         return
-    if not output.summary(p, report.applied, report.inputs.config, report.differences):
+    if not out.summary(p, report.applied, report.inputs.config, report.differences):
         sys.exit(1)
 
 
@@ -216,6 +291,7 @@ def _apply_saved(
     lock_file: str | None,
     lock_timeout: float,
     sriov_manage: str | None,
+    output_format: str = "text",
 ) -> None:
     saved = parse_saved_plan(read_input(path, MAX_SAVED_PLAN_BYTES, "saved plan"), path)
     sim_spec, sysfs_root = args.sim_spec, args.sysfs_root
@@ -223,7 +299,9 @@ def _apply_saved(
         sim_spec, sysfs_root = saved.sim, saved.sysfs_root
     flagged = parse_in_use(args.in_use, args.in_use_file)
     s = settings(args.label_key, sim_spec, journal_file, lock_file, lock_timeout, sriov_manage)
-    output = _ApplyOutput(console())
+    output: _ApplyOutput | _JsonApplyOutput = (
+        _JsonApplyOutput() if output_format == "json" else _ApplyOutput(console())
+    )
     target = open_host(
         sysfs_root, sim_spec, saved.plan.node, s, record=True, proc_root=args.proc_root
     )
@@ -252,6 +330,9 @@ def _apply_saved(
             target.save()
     finally:
         target.close()
+    if result is None and isinstance(output, _JsonApplyOutput):
+        output.summary(p, None, saved.desired.config, ())
+        return
     if result is not None and not output.summary(
         p, result, saved.desired.config, result.differences
     ):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
 from vgpu_state.cli.common import SessionArgs, handle_errors, selection_options
+from vgpu_state.cli.options import output_option
 from vgpu_state.cli.session import (
     journal_for,
     open_target,
@@ -28,9 +30,20 @@ def expects_vgpus(document: ConfigDocument, config: str | None) -> bool:
 @click.command("assert")
 @selection_options
 @click.option("--journal", "journal_file", help="Journal file (to report unfinished applies).")
+@output_option()
 @handle_errors
-def assert_cmd(session: SessionArgs, journal_file: str | None) -> None:
-    """Exit 0 when the node matches the selected config, 1 otherwise (listing differences)."""
+def assert_cmd(session: SessionArgs, journal_file: str | None, output: str) -> None:
+    """Exit 0 when the node matches the selected config, 1 otherwise (listing differences).
+
+    Reads the host afresh; changes nothing. With -o json: one object with
+    "matches", "config" and "differences".
+
+    \b
+    Examples:
+      vgpu-state assert -f layouts.yaml
+      vgpu-state assert -f configs/examples/mixed-node.yaml --sim node.yaml -c mixed
+      vgpu-state assert -f layouts.yaml -o json
+    """
     s = settings(session.label_key, session.sim_spec, journal_file)
     target = open_target(session, s)
     try:
@@ -39,7 +52,21 @@ def assert_cmd(session: SessionArgs, journal_file: str | None) -> None:
     finally:
         target.close()
     config = report.inputs.desired.config
-    if not report.inputs.snapshot.gpus and expects_vgpus(report.inputs.document, config):
+    no_gpus = not report.inputs.snapshot.gpus and expects_vgpus(report.inputs.document, config)
+    if output == "json":
+        differences = list(report.differences)
+        if no_gpus:
+            differences.insert(0, "no GPUs found: the configuration lays out vGPUs")
+        doc = {
+            "matches": not differences,
+            "node": report.inputs.snapshot.node,
+            "config": config,
+            "selection": report.inputs.detail,
+            "differences": differences,
+        }
+        click.echo(json.dumps(doc, indent=2))
+        sys.exit(0 if not differences else 1)
+    if no_gpus:
         # A health check built on assert must go red when the GPUs fall off the bus:
         # entries selected by device-filter match nothing then, and nothing differs.
         click.echo(

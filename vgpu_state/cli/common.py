@@ -11,6 +11,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
+from vgpu_state.cli.options import config_file_option, config_name_option, sysfs_root_option
 from vgpu_state.inputfiles import MiB, decode_utf8, read_input, read_stream
 from vgpu_state.model.errors import ConfigError, Reason, VgpuStateError
 from vgpu_state.wellknown import KUBELET_POD_RESOURCES_SOCKET
@@ -156,7 +157,8 @@ SESSION_FIELDS = tuple(SessionArgs.__dataclass_fields__)
 
 
 def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``-f/-c/--node/--label/--label-key``, the host and in-use options.
+    """Add ``-f/--config``, ``-c/--config-name``, ``--node/--label/--label-key``, the host
+    and in-use options.
 
     The command receives them as one :class:`SessionArgs` keyword, ``session``.
     """
@@ -169,20 +171,8 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     wrapped: Callable[..., Any] = collect
     for decorator in reversed(
         [
-            click.option(
-                "-f",
-                "--config-file",
-                "config_file",
-                envvar="VGPU_STATE_CONFIG_FILE",
-                help="Config file (- for stdin). Env: VGPU_STATE_CONFIG_FILE.",
-            ),
-            click.option(
-                "-c",
-                "--config",
-                "config_name",
-                envvar="VGPU_STATE_SELECTED_CONFIG",
-                help="Use this named config instead of selecting one by node labels.",
-            ),
+            config_file_option(),
+            config_name_option(),
             click.option("--node", "node", help="Node name (default: the simulated node's)."),
             click.option(
                 "--label",
@@ -197,11 +187,7 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 show_default=True,
                 help="The node label that names a config.",
             ),
-            click.option(
-                "--sysfs-root",
-                type=click.Path(file_okay=False),
-                help="Read the host from this sysfs root (default /sys).",
-            ),
+            sysfs_root_option(),
             click.option(
                 "--sim",
                 "sim_spec",

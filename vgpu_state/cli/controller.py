@@ -12,6 +12,7 @@ from types import FrameType
 import click
 
 from vgpu_state.cli.common import handle_errors
+from vgpu_state.cli.options import config_file_option, log_level_option
 from vgpu_state.wellknown import METRICS_LISTEN
 
 
@@ -96,14 +97,10 @@ from vgpu_state.wellknown import METRICS_LISTEN
     show_default=True,
     help="HOST:PORT of /metrics, /healthz and /readyz (empty: not served).",
 )
-@click.option(
-    "-f",
-    "--config-file",
-    "config_file",
-    default="/etc/vgpu-state/config.yaml",
-    show_default=True,
+@config_file_option(
     help="The layouts (the agents' ConfigMap, mounted) the fleet view plans with; "
-    "empty: no fleet view.",
+    "empty: no fleet view. Env: VGPU_STATE_CONFIG_FILE.",
+    default="/etc/vgpu-state/config.yaml",
 )
 @click.option(
     "--fleet-interval",
@@ -119,12 +116,7 @@ from vgpu_state.wellknown import METRICS_LISTEN
     help="In the fleet view, a node whose last scan is older is unknown (0: any age).",
 )
 @click.option("--once", is_flag=True, help="Take the Lease, make one pass, exit.")
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@log_level_option()
 @handle_errors
 def controller(
     kubeconfig: str | None,
@@ -147,7 +139,15 @@ def controller(
     log_level: str,
 ) -> None:
     """The only writer of the KubeVirt CR's permitted devices: derives them from every
-    node's VGPUNodeState (one replica acts; the others wait on the Lease)."""
+    node's VGPUNodeState (one replica acts; the others wait on the Lease).
+
+    Runs in the Deployment of deploy/ (docs/deploy.md); by hand against a cluster:
+
+    \b
+    Examples:
+      vgpu-state controller --kubeconfig ~/.kube/config --once
+      vgpu-state controller --kubeconfig ~/.kube/config -f layouts.yaml --listen :9410
+    """
     logging.basicConfig(
         level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

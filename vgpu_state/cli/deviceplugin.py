@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from vgpu_state.cli.options import DEFAULT_SYSFS_ROOT, ENV_LOG_LEVEL, sysfs_root_option
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.wellknown import KUBELET_DEVICE_PLUGIN_DIR
@@ -39,11 +40,7 @@ DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
     help="Advertise a simulated node; re-read when the spec file changes "
     "(vgpu-state apply --sim writes it).",
 )
-@click.option(
-    "--sysfs-root",
-    type=click.Path(exists=True, file_okay=False),
-    help="Advertise the vGPUs under this sysfs root (e.g. /sys).",
-)
+@sysfs_root_option(help="Advertise the vGPUs under this sysfs root (or --sim: a simulated node).")
 @click.option(
     "--plugin-dir",
     envvar="VGPU_STATE_DEVICE_PLUGIN_DIR",
@@ -90,11 +87,23 @@ def deviceplugin(
     Each vGPU type on the node becomes the resource nvidia.com/<type name with
     spaces as _>, registered with the kubelet through <plugin dir>/kubelet.sock.
     On exit every resource first advertises an empty list.
+
+    \b
+    Examples:
+      vgpu-state deviceplugin
+      vgpu-state deviceplugin --sim configs/sim/a2-host.yaml --fake-kubelet
+      vgpu-state deviceplugin --sysfs-root /host/sys --plugin-dir /var/lib/kubelet/device-plugins
     """
-    if (sim_spec is None) == (sysfs_root is None):
-        click.echo("error: give exactly one of --sim SPEC or --sysfs-root DIR", err=True)
+    if sim_spec is not None and sysfs_root is not None:
+        click.echo("error: give either --sim SPEC or --sysfs-root DIR, not both", err=True)
         sys.exit(1)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if sim_spec is None:
+        sysfs_root = sysfs_root or DEFAULT_SYSFS_ROOT
+        if not os.path.isdir(sysfs_root):
+            click.echo(f"error: --sysfs-root {sysfs_root}: no such directory", err=True)
+            sys.exit(1)
+    level = os.environ.get(ENV_LOG_LEVEL, "info").upper()
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
     from vgpu_state.deviceplugin import DevicePluginManager
 
     temp_dir = None

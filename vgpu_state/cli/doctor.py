@@ -10,6 +10,7 @@ import sys
 import click
 
 from vgpu_state.cli.common import SessionArgs, handle_errors, selection_options
+from vgpu_state.cli.options import output_option
 from vgpu_state.cli.session import open_host, reconcile, settings
 from vgpu_state.host.driver import SRIOV_MANAGE
 from vgpu_state.model.errors import ConfigError, VgpuStateError
@@ -96,7 +97,7 @@ def render_json(report: DoctorReport) -> str:
 
 @click.command("doctor")
 @selection_options
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@output_option()
 @click.option(
     "--sriov-manage",
     envvar="VGPU_STATE_SRIOV_MANAGE",
@@ -110,6 +111,13 @@ def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> N
     Reads sysfs (never writes). With -f, also checks that the config selected
     for the node can be laid out on each GPU it covers. Exit 0 when no check
     fails (warnings allowed), 1 when one fails or on an error.
+
+    \b
+    Examples:
+      vgpu-state doctor
+      vgpu-state doctor --sim configs/sim/mixed.yaml
+      vgpu-state doctor -f layouts.yaml -c a2-mixed
+      vgpu-state doctor -o json
     """
     s = settings(session.label_key, session.sim_spec, sriov_manage=sriov_manage)
     if session.sim_spec and s.sriov_manage is not None:

@@ -27,6 +27,11 @@ def dra_remove_slices(node: str | None, kubeconfig: str | None, context: str | N
 
     For an uninstall, after the agent's DaemonSet is gone. A plain restart or
     rollout of the agent needs no such step.
+
+    \b
+    Examples:
+      vgpu-state dra-remove-slices --kubeconfig ~/.kube/config
+      vgpu-state dra-remove-slices --node gpu-node-1
     """
     from vgpu_state.kube.api import KubeApi
     from vgpu_state.kube.dra import remove_driver_slices

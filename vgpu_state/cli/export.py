@@ -7,6 +7,7 @@ import json
 import click
 
 from vgpu_state.cli.common import handle_errors
+from vgpu_state.cli.options import config_name_option, output_option, sysfs_root_option
 from vgpu_state.cli.session import open_host, settings
 from vgpu_state.config import DEFAULT_LABEL_KEY, dump
 from vgpu_state.config.dump import to_data
@@ -15,15 +16,21 @@ from vgpu_state.model.errors import require_readable
 
 
 @click.command("export")
-@click.option("--sysfs-root", type=click.Path(file_okay=False), help="sysfs root (default /sys).")
+@sysfs_root_option()
 @click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="A simulated node spec.")
 @click.option("--node", help="Node name.")
-@click.option(
-    "--config-name",
-    help="Name of the config (default: the node's config label when it has one, else current).",
+@config_name_option(
+    help="Name of the exported layout (default: the node's config label when it has "
+    "one, else current).",
+    envvar=None,
 )
-@click.option("--label-key", default=DEFAULT_LABEL_KEY, show_default=True)
-@click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml")
+@click.option(
+    "--label-key",
+    default=DEFAULT_LABEL_KEY,
+    show_default=True,
+    help="The node label that names a config.",
+)
+@output_option(("yaml", "json"), "yaml", help="The config file's format.")
 @handle_errors
 def export_cmd(
     sysfs_root: str | None,
@@ -37,6 +44,12 @@ def export_cmd(
 
     The config is also the document's default, and takes the name the node's config
     label gives, so planning against the document says "No changes".
+
+    \b
+    Examples:
+      vgpu-state export > current.yaml
+      vgpu-state export --sim configs/sim/a2-host.yaml -c a2-today
+      vgpu-state export --sim configs/sim/mixed.yaml -o json
     """
     target = open_host(sysfs_root, sim_spec, node, settings(label_key, sim_spec))
     try:

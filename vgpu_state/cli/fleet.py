@@ -27,6 +27,7 @@ import click
 from pydantic_core import to_json
 
 from vgpu_state.cli.common import handle_errors
+from vgpu_state.cli.options import config_file_option, output_option
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE
 from vgpu_state.kube.nodestate import SnapshotDecoder
@@ -63,18 +64,16 @@ def parse_duration(text: str) -> datetime.timedelta | None:
 
 @click.group("fleet")
 def fleet() -> None:
-    """Commands over every node of a cluster."""
+    """Commands over every node of a cluster.
+
+    \b
+    Examples:
+      vgpu-state fleet plan -f layouts.yaml
+    """
 
 
 @fleet.command("plan")
-@click.option(
-    "-f",
-    "--config-file",
-    "config_file",
-    required=True,
-    envvar="VGPU_STATE_CONFIG_FILE",
-    help="Config file (- for stdin). Env: VGPU_STATE_CONFIG_FILE.",
-)
+@config_file_option(required=True)
 @click.option(
     "--kubeconfig",
     type=click.Path(dir_okay=False),
@@ -88,7 +87,11 @@ def fleet() -> None:
     help="Plan from this fleet snapshot (vgpu-state fleet snapshot), without any cluster "
     "access, as of the moment it was taken.",
 )
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option(
+    ("text", "json", "table"),
+    help="text: a table per changed node and the fleet's table; json: one document "
+    "(table: the old name of text).",
+)
 @click.option(
     "--max-age",
     default=DEFAULT_MAX_AGE,
@@ -143,6 +146,13 @@ def plan_cmd(
     With --from FILE the fleet is read from a snapshot file instead of the
     cluster, and node ages (--max-age) count from the moment it was taken: the
     output is the one planning against the cluster then would have printed.
+
+    \b
+    Examples:
+      vgpu-state fleet plan -f layouts.yaml
+      vgpu-state fleet plan -f layouts.yaml --kubeconfig ~/.kube/config --context prod
+      vgpu-state fleet plan -f layouts.yaml -o json > fleet-plan.json
+      vgpu-state fleet plan -f layouts.yaml --detailed-exitcode || echo "changes: $?"
     """
     from vgpu_state.catalog import default_catalog
     from vgpu_state.cli.fleet_snapshot import FleetSource
@@ -153,7 +163,14 @@ def plan_cmd(
     document = config_source(config_file, settings).document()
     source = FleetSource.open(snapshot, kubeconfig, context)
     now = source.now
-    colour = output == "table" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    if output == "table":
+        click.echo(
+            "warning: -o table is deprecated and will be removed in the next release: "
+            "use -o text",
+            err=True,
+        )
+        output = "text"
+    colour = output == "text" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     writer: FleetWriter = JsonWriter() if output == "json" else TableWriter(colour)
     summary = FleetSummary()
     try:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections import Counter
 
 import click
 
 from vgpu_state.cli.common import handle_errors
+from vgpu_state.cli.options import output_option
 from vgpu_state.cli.session import journal_for
 
 
@@ -28,13 +31,28 @@ def _when(ts: float | None) -> str:
     help="Last N applies.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="List every step.")
+@output_option()
 @handle_errors
-def history_cmd(journal_file: str | None, sim_spec: str | None, count: int, verbose: bool) -> None:
-    """Print the journal of past applies, newest last."""
+def history_cmd(
+    journal_file: str | None, sim_spec: str | None, count: int, verbose: bool, output: str
+) -> None:
+    """Print the journal of past applies, newest last.
+
+    \b
+    Examples:
+      vgpu-state history
+      vgpu-state history --sim node.yaml -n 3 -v
+      vgpu-state history --journal /var/lib/vgpu-state/journal.jsonl -o json
+    """
     journal = journal_for(journal_file, sim_spec)
     applies = journal.applies()
     for warning in journal.warnings:
         click.echo(f"warning: {warning}", err=True)
+    if output == "json":
+        chosen = applies[-count:] if count else []
+        doc = {"journal": str(journal.path), "applies": [dataclasses.asdict(a) for a in chosen]}
+        click.echo(json.dumps(doc, indent=2))
+        return
     if count == 0:
         return
     if not applies:

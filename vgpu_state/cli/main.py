@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ from typing import Any
 import click
 
 from vgpu_state import __version__
+from vgpu_state.cli.options import ENV_LOG_LEVEL, LOG_LEVELS, modernise
 
 # name -> (module, attribute, one-line help). Modules load only when the command runs.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -62,6 +64,17 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 class LazyGroup(click.Group):
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """The command, and its arguments with old option spellings rewritten (with a
+        deprecation warning; :func:`vgpu_state.cli.options.modernise`)."""
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None:
+            named = any(p.name == "config_name" for p in command.params)
+            rest = modernise(rest, has_config_name=named)
+        return name, command, rest
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
@@ -121,13 +134,41 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="vgpu-state")
-def cli() -> None:
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS),
+    envvar=ENV_LOG_LEVEL,
+    help=f"Log messages from this level up, for every command (agent, controller: "
+    f"default info; others: warning). Env: {ENV_LOG_LEVEL}.",
+)
+@click.option(
+    "--no-color",
+    is_flag=True,
+    help="No colours in any output (as the NO_COLOR environment variable does).",
+)
+def cli(log_level: str | None, no_color: bool) -> None:
     """Declarative desired state for NVIDIA vGPU on Kubernetes and KubeVirt nodes.
 
     Write the vGPU layouts in a config file, see the plan, apply it.
     Exit codes: 0 success, 1 error (usage errors too), 130 interrupted (Ctrl-C);
     plan --detailed-exitcode uses 2 for "changes needed".
+
+    The options above apply to every command and come before it. Shell
+    completion: docs/cli.md.
+
+    \b
+    Examples:
+      vgpu-state scan --sim configs/sim/mixed.yaml
+      vgpu-state --no-color plan -f configs/examples/mixed-node.yaml --sim node.yaml
+      vgpu-state --log-level debug doctor --sim configs/sim/a2-host.yaml
+      vgpu-state COMMAND --help
     """
+    if no_color:
+        os.environ["NO_COLOR"] = "1"
+    if log_level:
+        # Commands with their own --log-level (agent, controller) read it from here.
+        os.environ[ENV_LOG_LEVEL] = log_level
+        logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
 
 def main() -> None:

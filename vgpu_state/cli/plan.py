@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from vgpu_state.cli.common import SessionArgs, fail, handle_errors, selection_options
+from vgpu_state.cli.options import output_option
 from vgpu_state.cli.output import print_plan_text
 from vgpu_state.cli.session import (
     journal_for,
@@ -24,7 +25,7 @@ from vgpu_state.reconcile import Report
 
 @click.command("plan")
 @selection_options
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@output_option()
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), help="Save the plan here.")
 @click.option(
     "--detailed-exitcode",
@@ -40,7 +41,16 @@ def plan_cmd(
     detailed_exitcode: bool,
     journal_file: str | None,
 ) -> None:
-    """Show what apply would change: the minimal, safe diff. Changes nothing."""
+    """Show what apply would change: the minimal, safe diff. Changes nothing.
+
+    \b
+    Examples:
+      vgpu-state plan -f layouts.yaml
+      vgpu-state plan -f configs/examples/mixed-node.yaml --sim node.yaml
+      vgpu-state plan -f layouts.yaml -c a2-mixed --node gpu-7 --label pool=vdi
+      vgpu-state plan -f layouts.yaml -o json --out plan.json
+      vgpu-state plan -f layouts.yaml --kubeconfig ~/.kube/config --node gpu-7
+    """
     s = settings(session.label_key, session.sim_spec, journal_file)
     target = open_target(session, s)
     try:

@@ -11,6 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from vgpu_state.catalog import default_catalog, type_sort_key
+from vgpu_state.cli.options import DEFAULT_SYSFS_ROOT, output_option, sysfs_root_option
+from vgpu_state.cli.output import console
 from vgpu_state.cli.session import default_state_path, driver_type_memory
 from vgpu_state.host import scan as scan_sysfs
 from vgpu_state.model.errors import VgpuStateError
@@ -76,12 +78,24 @@ def print_snapshot(snapshot: NodeSnapshot, console: Console) -> None:
 
 
 @click.command("scan")
-@click.option("--sysfs-root", default="/sys", show_default=True, help="Root of the sysfs tree.")
+@sysfs_root_option()
 @click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="Scan a simulated node.")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@output_option()
 @click.option("--node", default="", help="Node name recorded in the snapshot.")
-def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
-    """Show the node's NVIDIA GPUs, their vGPU layout, vGPUs and creatable types."""
+def scan(sysfs_root: str | None, sim_spec: str | None, output: str, node: str) -> None:
+    """Show the node's NVIDIA GPUs, their vGPU layout, vGPUs and creatable types.
+
+    Reads sysfs only; changes nothing.
+
+    \b
+    Examples:
+      vgpu-state scan
+      vgpu-state scan --sim configs/sim/mixed.yaml
+      vgpu-state scan --sim configs/sim/mixed.yaml -o json
+      vgpu-state scan --sysfs-root /host/sys --node gpu-7
+    """
+    if sim_spec is not None and sysfs_root is not None:
+        raise click.UsageError("give either --sim or --sysfs-root, not both")
     try:
         catalog = default_catalog()
         # What the driver listed before names the vGPUs of a full GPU (docs/apply.md).
@@ -103,7 +117,8 @@ def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
             finally:
                 sim.close()
         else:
-            snapshot = memory.observe(scan_sysfs(sysfs_root, node, catalog=catalog))
+            root = sysfs_root or DEFAULT_SYSFS_ROOT
+            snapshot = memory.observe(scan_sysfs(root, node, catalog=catalog))
     except VgpuStateError as e:
         if output == "json":
             click.echo(json.dumps({"error": {"reason": e.reason.value, "message": str(e)}}))
@@ -113,7 +128,7 @@ def scan(sysfs_root: str, sim_spec: str | None, output: str, node: str) -> None:
         click.echo(snapshot.model_dump_json(indent=2))
     else:
         # Names and values come from sysfs and spec files: print them as text, never markup.
-        print_snapshot(snapshot, Console(markup=False, highlight=False))
+        print_snapshot(snapshot, console(markup=False, soft_wrap=False))
     if snapshot.error is not None:
         click.echo(f"error: {snapshot.error}", err=True)
         sys.exit(1)

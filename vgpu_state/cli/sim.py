@@ -9,11 +9,23 @@ import click
 
 @click.group("sim")
 def sim() -> None:
-    """The NVIDIA vGPU driver simulator (no GPU needed)."""
+    """The NVIDIA vGPU driver simulator (no GPU needed).
+
+    \b
+    Examples:
+      vgpu-state sim mount --spec configs/sim/a2-host.yaml /tmp/x --foreground
+      vgpu-state sim sriov-manage --root /tmp/x -e ALL
+    """
 
 
 @sim.command("mount")
-@click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--spec",
+    "spec_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The simulated node (docs/simulator.md), e.g. configs/sim/a2-host.yaml.",
+)
 @click.argument("mountpoint", type=click.Path(file_okay=False))
 @click.option("--save", is_flag=True, help="Write the final state back to the spec on exit.")
 @click.option("--foreground", is_flag=True, help="Stay in the foreground (Ctrl-C unmounts).")
@@ -22,7 +34,14 @@ def mount(spec_path: str, mountpoint: str, save: bool, foreground: bool) -> None
 
     Writes by any process (echo UUID > …/create, echo 1 > …/remove, echo ID >
     …/current_vgpu_type) get the simulated driver's reactions and errno values.
-    Stop with Ctrl-C, SIGTERM or fusermount3 -u MOUNTPOINT.
+    Stop with Ctrl-C, SIGTERM or fusermount3 -u MOUNTPOINT. Without --save the spec
+    file is left as it was.
+
+    \b
+    Examples:
+      vgpu-state sim mount --spec configs/sim/a2-host.yaml /tmp/x --foreground &
+      vgpu-state scan --sysfs-root /tmp/x
+      fusermount3 -u /tmp/x
     """
     from vgpu_state.sim.server import mount as serve_mount
 
@@ -34,7 +53,13 @@ def mount(spec_path: str, mountpoint: str, save: bool, foreground: bool) -> None
 @click.option("-e", "enable", metavar="BDF|ALL", help="Enable the VFs of a GPU.")
 @click.option("-d", "disable", metavar="BDF|ALL", help="Disable the VFs of a GPU.")
 def sriov_manage(root: str, enable: str | None, disable: str | None) -> None:
-    """Behave like /usr/lib/nvidia/sriov-manage on a FUSE-mounted simulator."""
+    """Behave like /usr/lib/nvidia/sriov-manage on a FUSE-mounted simulator.
+
+    \b
+    Examples:
+      vgpu-state sim sriov-manage --root /tmp/x -e 0000:08:00.0
+      vgpu-state sim sriov-manage --root /tmp/x -d ALL
+    """
     from vgpu_state.sim.server import sriov_manage as run_sriov_manage
 
     if (enable is None) == (disable is None):

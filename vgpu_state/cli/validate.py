@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -10,6 +11,7 @@ import click
 
 from vgpu_state.catalog import default_catalog, suggest
 from vgpu_state.cli.common import parse_labels
+from vgpu_state.cli.options import config_file_option, config_name_option, output_option
 from vgpu_state.config import (
     DEFAULT_LABEL_KEY,
     ConfigDocument,
@@ -33,10 +35,11 @@ def _fail(lines: Sequence[str]) -> NoReturn:
     sys.exit(1)
 
 
-def load_document(path: str, strict: bool = False) -> ConfigDocument:
+def load_document(path: str, strict: bool = False, *, as_json: bool = False) -> ConfigDocument:
     """Load ``path`` (``-`` = stdin); print every error and exit 1 when it is invalid.
 
-    Warnings are printed to stderr; ``strict`` makes them errors.
+    Warnings are printed to stderr; ``strict`` makes them errors. ``as_json``: an
+    invalid file is also reported as ``validate -o json``'s object on stdout.
     """
     catalog = default_catalog()
     try:
@@ -45,8 +48,18 @@ def load_document(path: str, strict: bool = False) -> ConfigDocument:
         else:
             document = load_file(path, catalog=catalog, strict=strict)
     except ConfigError as exc:
-        _fail([str(issue) for issue in exc.issues])
+        lines = [str(issue) for issue in exc.issues] or [str(exc)]
+        if as_json:
+            click.echo(json.dumps({"file": path, "valid": False, "configs": [],
+                                   "errors": lines, "warnings": []}, indent=2))  # fmt: skip
+        _fail(lines)
         raise  # unreachable: _fail exits
+    except VgpuStateError as exc:
+        if as_json:
+            click.echo(json.dumps({"file": path, "valid": False, "configs": [],
+                                   "errors": [str(exc)], "warnings": []}, indent=2))  # fmt: skip
+        _fail([f"error: {exc}"])
+        raise
     print_warnings(document)
     return document
 
@@ -136,30 +149,66 @@ def render_layout(state: DesiredState, gpus: Sequence[Gpu]) -> list[str]:
 
 
 @click.command("validate")
-@click.option("-f", "--file", "path", required=True, help="Config file; - reads stdin.")
-@click.option("-c", "--config", "config_name", help="Also check that this config exists.")
+@config_file_option(required=True)
+@config_name_option(help="Also check that this layout exists.", envvar=None)
 @click.option(
     "--strict",
     is_flag=True,
     help="Treat warnings (vGPU types the catalog does not know) as errors.",
 )
-def validate(path: str, config_name: str | None, strict: bool) -> None:
+@output_option()
+def validate(config_file: str, config_name: str | None, strict: bool, output: str) -> None:
     """Check a config file; print every error as file:line:column: message.
 
     A type name the catalog does not know is a warning (exit 0): the node's driver
     decides whether it offers it. --strict makes warnings errors (exit 1).
+    With -o json the result is one JSON object on stdout (errors too).
+
+    \b
+    Examples:
+      vgpu-state validate -f configs/default.yaml
+      vgpu-state validate -f configs/examples/node-pools.yaml -c compute --strict
+      kubectl -n vgpu-state get configmap vgpu-state-config \\
+        -o jsonpath='{.data.config\\.yaml}' | vgpu-state validate -f -
+      vgpu-state validate -f configs/default.yaml -o json
     """
-    document = load_document(path, strict)
+    as_json = output == "json"
+    document = load_document(config_file, strict, as_json=as_json)
     if config_name is not None and config_name not in document.configs:
         hint = suggest(config_name, document.config_names)
         tail = f"; did you mean {hint}?" if hint else ""
-        _fail([f"{document.file}: config {config_name!r} is not defined{tail}"])
+        message = f"{document.file}: config {config_name!r} is not defined{tail}"
+        if as_json:
+            _json_result(document, False, [message])
+        _fail([message])
+    if as_json:
+        _json_result(document, True, [])
+        return
     count = len(document.configs)
     warned = len(document.warnings)
     tail = f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""
     click.echo(f"{document.file}: valid: {count} config{'s' if count != 1 else ''}{tail}")
     for line in publish_lines(document):
         click.echo(line)
+
+
+def _warning_lines(document: ConfigDocument) -> list[str]:
+    return [
+        f"{i.file}:{i.line}:{i.column}: warning: {i.message}{f' ({i.path})' if i.path else ''}"
+        for i in document.warnings
+    ]
+
+
+def _json_result(document: ConfigDocument | None, valid: bool, errors: Sequence[str]) -> None:
+    """``validate -o json``: ``{"file", "valid", "configs", "errors", "warnings"}``."""
+    result = {
+        "file": document.file if document is not None else None,
+        "valid": valid,
+        "configs": list(document.config_names) if document is not None else [],
+        "errors": list(errors),
+        "warnings": _warning_lines(document) if document is not None else [],
+    }
+    click.echo(json.dumps(result, indent=2))
 
 
 def publish_lines(document: ConfigDocument) -> list[str]:
@@ -182,13 +231,20 @@ def publish_lines(document: ConfigDocument) -> list[str]:
 
 @click.command("schema")
 def schema() -> None:
-    """Print the JSON Schema of the config file."""
+    """Print the JSON Schema of the config file (for editors and CI linters).
+
+    \b
+    Examples:
+      vgpu-state schema > vgpu-state-config.schema.json
+      # In a layouts file, for editors with the YAML language server:
+      # yaml-language-server: $schema=./vgpu-state-config.schema.json
+    """
     click.echo(json_schema_text(), nl=False)
 
 
 @click.command("select")
-@click.option("-f", "--file", "path", required=True, help="Config file; - reads stdin.")
-@click.option("--node", "node_name", help="Node name (default: the simulated node's).")
+@config_file_option(required=True)
+@click.option("--node", "node", help="Node name (default: the simulated node's).")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="A node label.")
 @click.option(
     "--gpu", "gpu_specs", multiple=True, metavar="ADDRESS=MODEL", help="A GPU, e.g. 08:00.0=A2."
@@ -199,17 +255,33 @@ def schema() -> None:
     type=click.Path(dir_okay=False),
     help="Take the node name, labels and GPUs from a simulated node spec.",
 )
-@click.option("--label-key", default=DEFAULT_LABEL_KEY, show_default=True)
+@click.option(
+    "--label-key",
+    default=DEFAULT_LABEL_KEY,
+    show_default=True,
+    help="The node label that names a config.",
+)
+@output_option()
 def select_cmd(
-    path: str,
-    node_name: str | None,
+    config_file: str,
+    node: str | None,
     labels: tuple[str, ...],
     gpu_specs: tuple[str, ...],
     sim_spec: str | None,
     label_key: str,
+    output: str,
 ) -> None:
-    """Show which config a node gets and the layout of each GPU."""
-    document = load_document(path)
+    """Show which config a node gets and the layout of each GPU.
+
+    \b
+    Examples:
+      vgpu-state select -f configs/examples/node-pools.yaml --node n1 --label pool=vdi \\
+          --gpu 08:00.0=A2 --gpu 3b:00.0=A16
+      vgpu-state select -f configs/examples/mixed-node.yaml --sim configs/sim/mixed.yaml
+      vgpu-state select -f configs/default.yaml --sim configs/sim/a2-host.yaml -o json
+    """
+    node_name = node
+    document = load_document(config_file)
     node_labels: dict[str, str] = {}
     if sim_spec:
         if gpu_specs:
@@ -227,12 +299,25 @@ def select_cmd(
     except SelectionError as exc:
         _fail([str(exc)])
         return
+    result: dict[str, object] = {
+        "node": node_name,
+        "config": selection.config,
+        "source": selection.detail,
+        "policy": None,
+        "gpus": [],
+    }
     if selection.config is None:
+        if output == "json":
+            result["gpus"] = [
+                {"index": g.index, "address": g.address, "model": g.model, "managed": False}
+                for g in gpus
+            ]
+            click.echo(json.dumps(result, indent=2))
+            return
         click.echo(f"node {node_name}: no config selected ({selection.detail})")
         for gpu in gpus:
             click.echo(f"  GPU {gpu.index} {gpu.address}: unmanaged")
         return
-    click.echo(f"node {node_name}: config {selection.config} from {selection.detail}")
     try:
         state = resolve(
             document, selection.config, gpus, node_name, selection.source, default_catalog()
@@ -241,6 +326,27 @@ def select_cmd(
         _fail([str(issue) for issue in exc.issues])
         return
     p = state.policy
+    if output == "json":
+        wanted = {g.address: g for g in state.gpus}
+        result["policy"] = {
+            "in_use": str(p.in_use), "prune": p.prune, "sriov": str(p.sriov),
+            "publish": str(p.publish),
+        }  # fmt: skip
+        result["gpus"] = [
+            {
+                "index": g.index,
+                "address": g.address,
+                "model": g.model,
+                "managed": g.address in wanted,
+                "layout": dict(wanted[g.address].types) if g.address in wanted else None,
+                "publish": str(wanted[g.address].publish) if g.address in wanted else None,
+                "entry": wanted[g.address].entry if g.address in wanted else None,
+            }
+            for g in sorted(gpus, key=lambda g: g.index)
+        ]
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"node {node_name}: config {selection.config} from {selection.detail}")
     click.echo(
         f"  policy: in-use={p.in_use} prune={str(p.prune).lower()} sriov={p.sriov} "
         f"publish={p.publish}"
