@@ -72,10 +72,19 @@ def test_follows_applies_to_the_simulated_node_and_empties_on_sigterm(
         assert "Traceback" not in err
 
 
-def test_needs_exactly_one_host() -> None:
-    r = subprocess.run(cli("deviceplugin"), capture_output=True, text=True)
+def test_takes_one_host_and_says_when_its_sysfs_is_missing(tmp_path: Path) -> None:
+    """--sysfs-root defaults to /sys, as in every command; --sim is the other host."""
+    spec = tmp_path / "node.yaml"
+    spec.write_text("node: n\ngpus: []\n")
+    both = cli("deviceplugin", "--sim", str(spec), "--sysfs-root", str(tmp_path))
+    r = subprocess.run(both, capture_output=True, text=True)
     assert r.returncode == 1
-    assert r.stderr.strip() == "error: give exactly one of --sim SPEC or --sysfs-root DIR"
+    assert r.stderr.strip() == "error: give either --sim SPEC or --sysfs-root DIR, not both"
+    missing = tmp_path / "no-sys"
+    r = subprocess.run(cli("deviceplugin", "--sysfs-root", str(missing)), capture_output=True,
+                       text=True)  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"error: --sysfs-root {missing}: no such directory"
 
 
 def test_help_lists_the_command_without_loading_grpc() -> None:

@@ -208,7 +208,7 @@ def agent(
     Examples:
       vgpu-state agent --node "$NODE_NAME" --config-dir /etc/vgpu-state --mode plan-only
       vgpu-state agent --node gpu-node-1 --sim node.yaml --config-dir ./layouts \\
-          --kubeconfig ~/.kube/config --no-device-plugin --listen 127.0.0.1:9410
+          --kubeconfig ~/.kube/config --no-device-plugin
     """
     logging.basicConfig(
         level=log_level.upper(),

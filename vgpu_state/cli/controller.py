@@ -146,7 +146,7 @@ def controller(
     \b
     Examples:
       vgpu-state controller --kubeconfig ~/.kube/config --once
-      vgpu-state controller --kubeconfig ~/.kube/config -f layouts.yaml --listen :9410
+      vgpu-state controller --kubeconfig ~/.kube/config -f layouts.yaml
     """
     logging.basicConfig(
         level=log_level.upper(),

@@ -92,7 +92,7 @@ def deviceplugin(
     Examples:
       vgpu-state deviceplugin
       vgpu-state deviceplugin --sim configs/sim/a2-host.yaml --fake-kubelet
-      vgpu-state deviceplugin --sysfs-root /host/sys --plugin-dir /var/lib/kubelet/device-plugins
+      vgpu-state deviceplugin --sysfs-root /host/sys
     """
     if sim_spec is not None and sysfs_root is not None:
         click.echo("error: give either --sim SPEC or --sysfs-root DIR, not both", err=True)

@@ -42,7 +42,7 @@ def history_cmd(
     Examples:
       vgpu-state history
       vgpu-state history --sim node.yaml -n 3 -v
-      vgpu-state history --journal /var/lib/vgpu-state/journal.jsonl -o json
+      vgpu-state history --journal ./journal.jsonl -o json
     """
     journal = journal_for(journal_file, sim_spec)
     applies = journal.applies()
