@@ -82,6 +82,9 @@ def test_every_command_spells_the_shared_options_the_same() -> None:
                     assert not opts & set(spelled), f"{path}: {sorted(opts)} means {param.name}"
             if param.name == "sysfs_root":
                 assert "default: /sys" in " ".join(help_of(path).split()), path
+            if param.name == "output":
+                # -o is how a command reports, never a file to write (that is --out).
+                assert isinstance(param.type, click.Choice), f"{path}: -o is not a format"
             if param.name == "log_level":
                 assert isinstance(param.type, click.Choice)
                 assert tuple(param.type.choices) == LOG_LEVELS, path
