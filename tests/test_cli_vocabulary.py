@@ -120,17 +120,23 @@ def test_the_global_options_are_on_vgpu_state_itself() -> None:
 def test_log_level_before_the_command_sets_the_level_of_every_command(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(ENV_LOG_LEVEL, raising=False)
-    root = logging.getLogger()
-    monkeypatch.setattr(root, "handlers", [])
-    monkeypatch.setattr(root, "level", root.level)
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["--log-level", "error", "schema"], prog_name="vgpu-state")
-    assert exit_.value.code == 0
-    assert root.level == logging.ERROR
-    # The agent and the controller read it as their own --log-level's default.
-    assert os.environ[ENV_LOG_LEVEL] == "error"
+    # Recorded as absent, so that the value the command sets is removed afterwards.
+    monkeypatch.setenv(ENV_LOG_LEVEL, "info")
     monkeypatch.delenv(ENV_LOG_LEVEL)
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    root.handlers = []
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["--log-level", "error", "schema"], prog_name="vgpu-state")
+        assert exit_.value.code == 0
+        assert root.level == logging.ERROR
+        # The agent and the controller read it as their own --log-level's default.
+        assert os.environ[ENV_LOG_LEVEL] == "error"
+    finally:
+        os.environ.pop(ENV_LOG_LEVEL, None)
+        root.handlers = handlers
+        root.setLevel(level)  # also clears the loggers' cached levels
 
 
 def run_in_terminal(args: list[str], cwd: Path) -> str:

@@ -72,7 +72,7 @@ def _offline(fleet: Fleet, snapshot: Path, *args: str) -> Result:
 
 
 def _snapshot(kubeconfig: Path, out: Path) -> Result:
-    done = _run("fleet", "snapshot", "--kubeconfig", kubeconfig, "-o", out)
+    done = _run("fleet", "snapshot", "--kubeconfig", kubeconfig, "--out", out)
     assert done.exit_code == 0, done.output
     return done
 
@@ -167,7 +167,7 @@ def test_a_snapshot_needs_list_on_the_states(fleet: Fleet, tmp_path: Path) -> No
     token = fleet.server.agent_token("node-a")  # the agent may not list VGPUNodeStates
     kubeconfig = fleet.server.write_kubeconfig(tmp_path / "agent", token=token)
     out = tmp_path / "fleet.jsonl"
-    done = _run("fleet", "snapshot", "--kubeconfig", kubeconfig, "-o", out)
+    done = _run("fleet", "snapshot", "--kubeconfig", kubeconfig, "--out", out)
     assert done.exit_code == 1
     assert "forbidden" in done.stderr.lower() or "403" in done.stderr
     assert not out.exists() and list(tmp_path.glob(".fleet-snapshot-*")) == []

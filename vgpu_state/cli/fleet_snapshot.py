@@ -104,9 +104,8 @@ def _output(path: str) -> Iterator[IO[bytes]]:
 
 @click.command("snapshot")
 @click.option(
-    "-o",
-    "--output",
-    "output",
+    "--out",
+    "out_file",
     default="-",
     show_default=True,
     metavar="FILE",
@@ -127,7 +126,9 @@ def _output(path: str) -> Iterator[IO[bytes]]:
     help="Objects per list request (0: each list in one request).",
 )
 @handle_errors
-def snapshot_cmd(output: str, kubeconfig: str | None, context: str | None, chunk_size: int) -> None:
+def snapshot_cmd(
+    out_file: str, kubeconfig: str | None, context: str | None, chunk_size: int
+) -> None:
     """Write what fleet plan reads from the cluster to a file (reads only).
 
     Every Node's labels and every VGPUNodeState's status, as JSON Lines: a
@@ -140,8 +141,8 @@ def snapshot_cmd(output: str, kubeconfig: str | None, context: str | None, chunk
 
     \b
     Examples:
-      vgpu-state fleet snapshot -o fleet.jsonl
-      vgpu-state fleet snapshot --context prod -o fleet.jsonl.gz
+      vgpu-state fleet snapshot --out fleet.jsonl
+      vgpu-state fleet snapshot --context prod --out fleet.jsonl.gz
       vgpu-state fleet plan -f layouts.yaml --from fleet.jsonl
     """
     from vgpu_state.kube.api import KubeApi
@@ -149,11 +150,11 @@ def snapshot_cmd(output: str, kubeconfig: str | None, context: str | None, chunk
 
     api = KubeApi.connect(kubeconfig, context)
     try:
-        with _output(output) as out:
+        with _output(out_file) as out:
             counts = write_snapshot(api, out, context=context, chunk_size=chunk_size)
     finally:
         api.close()
-    where = "standard output" if output == "-" else output
+    where = "standard output" if out_file == "-" else out_file
     click.echo(
         f"Fleet snapshot of {api.server}: {counts.nodes} Node(s), {counts.states} "
         f"VGPUNodeState(s), written to {where}.",
