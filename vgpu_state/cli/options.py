@@ -9,8 +9,9 @@ Shared meanings (docs/cli.md):
 * ``-o/--output text|json``: how a command reports;
 * ``--log-level`` and ``--no-color``: on ``vgpu-state`` itself, for every command.
 
-Old spellings are rewritten before click parses the command line, so a command
-sees only the new ones: ``--file`` and ``--config-file`` become ``--config``;
+Old spellings are rewritten before click parses a command's arguments
+(``vgpu-state``'s group calls :func:`modernise`), so a command sees only the new
+ones: ``--file`` and ``--config-file`` become ``--config``;
 ``--config NAME`` in its old meaning (the named layout) becomes
 ``--config-name NAME`` when the same command line also gives the file with
 ``-f``/``--file``/``--config-file``, or when ``NAME`` is no file and
@@ -92,19 +93,6 @@ def modernise(args: Sequence[str], *, has_config_name: bool) -> list[str]:
             out.append(token)
         i += 1
     return out + tail
-
-
-class Command(click.Command):
-    """A vgpu-state command: old option spellings are rewritten (with a warning) before
-    parsing; see :func:`modernise`."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        names = {p.name for p in self.params}
-        return super().parse_args(ctx, modernise(args, has_config_name="config_name" in names))
-
-
-class Group(click.Group):
-    command_class = Command
 
 
 def config_file_option(
