@@ -267,7 +267,8 @@ def test_vgpu_device_manager_example_config(tmp_path: Path) -> None:
     assert code == 0, err
     assert "valid:" in out
     for line in err.splitlines():
-        assert "(inferred)" in line, line  # warnings only for inferred rows
+        # Warnings only for inferred rows, and for each MIG-backed type (not laid out).
+        assert "(inferred)" in line or "is MIG-backed: vgpu-state does not" in line, line
     spec = tmp_path / "node.yaml"
     spec.write_text(node_spec([CATALOG.model(PRO4500), CATALOG.model(PRO6000)]))  # type: ignore[list-item]
     code, out, err = run("plan", "-f", VDM_CONFIG, "-c", "default", "--sim", str(spec))

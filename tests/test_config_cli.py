@@ -39,6 +39,12 @@ def test_shipped_configs_exist() -> None:
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_shipped_config_is_valid(path: Path) -> None:
     code, out, err = run("validate", "-f", str(path))
+    if path.name == "vgpu-device-manager.yaml":
+        # vgpu-device-manager's own example lays out MIG-backed types, which vgpu-state
+        # accepts in a file but does not plan: each is a warning that says so.
+        lines = err.splitlines()
+        assert lines and all("is MIG-backed: vgpu-state does not lay out" in x for x in lines)
+        err = ""
     assert (code, err) == (0, ""), err
     assert "valid:" in out
     data = YAML(typ="safe", pure=True).load(path.read_text())

@@ -262,7 +262,7 @@ CASES: list[tuple[str, str, list[str]]] = [
         "uncatalogued_type_of_another_size",
         one("devices: all\nvgpu-devices: {A2-4Q: 1, A2-3Q: 1}"),
         [
-            "5:32: A2-4Q (4096 MiB) and A2-3Q (3072 MiB) in one entry: vGPUs on one GPU share one framebuffer size (series of the same size may mix) (vgpu-configs.c[0].vgpu-devices.A2-3Q)"
+            "5:32: A2-4Q (4096 MiB) and A2-3Q (3072 MiB) in one entry: vGPUs on one GPU share one framebuffer size (series of the same size may mix); vgpu-state keeps GPUs in the driver's equal-size mode (mixed-size mode is not supported) (vgpu-configs.c[0].vgpu-devices.A2-3Q)"
         ],
     ),
     (
@@ -297,7 +297,7 @@ CASES: list[tuple[str, str, list[str]]] = [
         "mixed_sizes",
         one("devices: all\nvgpu-devices: {A10-4Q: 2, A10-8Q: 1}"),
         [
-            "5:33: A10-4Q (4096 MiB) and A10-8Q (8192 MiB) in one entry: vGPUs on one GPU share one framebuffer size (series of the same size may mix) (vgpu-configs.c[0].vgpu-devices.A10-8Q)"
+            "5:33: A10-4Q (4096 MiB) and A10-8Q (8192 MiB) in one entry: vGPUs on one GPU share one framebuffer size (series of the same size may mix); vgpu-state keeps GPUs in the driver's equal-size mode (mixed-size mode is not supported) (vgpu-configs.c[0].vgpu-devices.A10-8Q)"
         ],
     ),
     (

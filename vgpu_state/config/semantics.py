@@ -88,8 +88,24 @@ class _Verdict:
         return not self.problems and not self.lacking
 
 
+MIG_UNSUPPORTED = (
+    "vgpu-state does not lay out MIG-backed vGPUs (it neither turns on MIG mode nor "
+    "creates GPU instances): planning a GPU this entry selects fails; "
+    "see docs/config.md#what-vgpu-state-does-not-do"
+)
+"""Why a MIG-backed type in a layout is a warning here and a planning error on a node."""
+
+EQUAL_SIZE_ONLY = (
+    "vgpu-state keeps GPUs in the driver's equal-size mode (mixed-size mode is not supported)"
+)
+
+
 def check_entry(facts: EntryFacts, catalog: Catalog, issues: Issues) -> None:
     vpath = join(facts.path, "vgpu-devices")
+    for name, (_, key_node, _) in facts.types.items():
+        parsed = parse_type_name(name)
+        if parsed is not None and parsed.is_mig:
+            issues.warn(key_node, join(vpath, name), f"{name} is MIG-backed: {MIG_UNSUPPORTED}")
     per_name = {name: ms for name in facts.types if (ms := candidate_models(name, catalog))}
     candidates: tuple[GpuModel, ...] | None = None
     for ms in per_name.values():
@@ -214,7 +230,8 @@ def _family_size_problems(
                     key_node,
                     join(vpath, name),
                     f"{other[1]} ({other[0]} MiB) and {name} ({size} MiB) in one entry: vGPUs "
-                    "on one GPU share one framebuffer size (series of the same size may mix)",
+                    "on one GPU share one framebuffer size (series of the same size may mix); "
+                    + EQUAL_SIZE_ONLY,
                 )
             ]
         sizes.setdefault(size, name)
@@ -262,7 +279,7 @@ def _fit_problems(
                     join(vpath, other[0]),
                     f"{first[0]} ({first[1].framebuffer_mib} MiB) and {other[0]} "
                     f"({other[1].framebuffer_mib} MiB) in one entry: vGPUs on one GPU share "
-                    "one framebuffer size (series of the same size may mix)",
+                    "one framebuffer size (series of the same size may mix); " + EQUAL_SIZE_ONLY,
                 )
             ]
         if fit.over_total is not None:

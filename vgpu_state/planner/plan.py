@@ -103,6 +103,21 @@ class _Planner:
         return self.in_use.get(v.key)
 
     # feasibility ----------------------------------------------------------
+    def check_not_mig(self, g: Gpu, dg: DesiredGpu) -> bool:
+        """A refusal, before any other check: MIG-backed vGPUs need MIG mode and GPU
+        instances first, which vgpu-state does not create."""
+        mig = [n for n, c in sorted(dg.types) if c > 0 and (p := parse_type_name(n)) and p.is_mig]
+        if not mig:
+            return True
+        self.errors.append(
+            f"gpu[{g.address}] ({g.model or 'unknown model'}): {', '.join(mig)} "
+            f"{'is' if len(mig) == 1 else 'are'} MIG-backed; vgpu-state does not lay out "
+            "MIG-backed vGPUs (it neither turns on MIG mode nor creates GPU instances): give "
+            "this GPU time-sliced types, or leave it out of the layout and to another tool "
+            f"(docs/config.md) [{dg.entry}]"
+        )
+        return False
+
     def check_fits(self, g: Gpu, dg: DesiredGpu) -> bool:
         target = {n: c for n, c in dg.types if c > 0}
         label = f"gpu[{g.address}] ({g.model or 'unknown model'})"
@@ -519,7 +534,11 @@ class _Planner:
                     )
                 )
                 continue
-            if not self.check_offered(g, dg) or not self.check_fits(g, dg):
+            if (
+                not self.check_not_mig(g, dg)
+                or not self.check_offered(g, dg)
+                or not self.check_fits(g, dg)
+            ):
                 continue
             header, work = self.plan_gpu(g, dg)
             headers.append(header)
