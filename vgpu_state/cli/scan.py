@@ -12,7 +12,7 @@ from rich.text import Text
 
 from vgpu_state.catalog import default_catalog, type_sort_key
 from vgpu_state.cli.options import DEFAULT_SYSFS_ROOT, output_option, sysfs_root_option
-from vgpu_state.cli.output import console
+from vgpu_state.cli.output import console as make_console
 from vgpu_state.cli.session import default_state_path, driver_type_memory
 from vgpu_state.host import scan as scan_sysfs
 from vgpu_state.model.errors import VgpuStateError
@@ -128,7 +128,7 @@ def scan(sysfs_root: str | None, sim_spec: str | None, output: str, node: str) -
         click.echo(snapshot.model_dump_json(indent=2))
     else:
         # Names and values come from sysfs and spec files: print them as text, never markup.
-        print_snapshot(snapshot, console(markup=False, soft_wrap=False))
+        print_snapshot(snapshot, make_console(markup=False, soft_wrap=False))
     if snapshot.error is not None:
         click.echo(f"error: {snapshot.error}", err=True)
         sys.exit(1)
