@@ -1,12 +1,15 @@
 """Reading input files that other people write: regular files only, with a size cap.
 
 Configs, saved plans, simulator specs and in-use lists are read through
-:func:`read_input`. A FIFO, a device (``/dev/zero``) or a directory is refused
-before anything is read, so no input can make vgpu-state hang or fill memory.
+:func:`read_input`; the in-use list's format is here too (:func:`parse_in_use_list`),
+for the CLI's ``--in-use-file`` and the agent's alike. A FIFO, a device (``/dev/zero``)
+or a directory is refused before anything is read, so no input can make vgpu-state
+hang or fill memory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -40,8 +43,7 @@ def read_input(path: str, limit: int, what: str) -> bytes:
             )
         if st.st_size > limit:
             raise InputFileError(
-                f"{path}: the {what} is {st.st_size} bytes, more than the limit of "
-                f"{_size(limit)}"
+                f"{path}: the {what} is {st.st_size} bytes, more than the limit of {_size(limit)}"
             )
         chunks: list[bytes] = []
         total = 0
@@ -52,14 +54,50 @@ def read_input(path: str, limit: int, what: str) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
             if total > limit:
-                raise InputFileError(
-                    f"{path}: the {what} is more than the limit of {_size(limit)}"
-                )
+                raise InputFileError(f"{path}: the {what} is more than the limit of {_size(limit)}")
         return b"".join(chunks)
     except OSError as e:
         raise InputFileError(f"{path}: cannot read the file: {e.strerror}") from None
     finally:
         os.close(fd)
+
+
+MAX_IN_USE_BYTES = 4 * MiB
+"""The largest in-use list read."""
+
+
+def parse_in_use_list(text: str, name: str) -> dict[str, str]:
+    """The holders an in-use list names: vGPU key (mdev UUID or VF address) -> holder.
+
+    The list is a JSON object ``{"KEY": "HOLDER"}``, or lines ``KEY [HOLDER]`` (``#``
+    starts a comment; a key alone is held by "an unnamed holder"). Raises
+    :class:`InputFileError` naming ``name``, and the line and column of bad JSON.
+    """
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        try:
+            loaded = json.loads(stripped)
+        except json.JSONDecodeError as e:
+            raise InputFileError(f"{name}:{e.lineno}:{e.colno}: {e.msg}") from None
+        except RecursionError:
+            raise InputFileError(f"{name}: nested too deeply") from None
+        if not isinstance(loaded, dict):
+            raise InputFileError(f"{name}: expected a JSON object {{key: holder}}")
+        return {str(k): str(v) for k, v in loaded.items()}
+    held: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            key, _, holder = line.partition(" ")
+            held[key] = holder.strip() or "an unnamed holder"
+    return held
+
+
+def read_in_use_list(path: str) -> dict[str, str]:
+    """The in-use list in the file ``path`` (:func:`parse_in_use_list`), read as every
+    input file is: a regular file, at most :data:`MAX_IN_USE_BYTES`, UTF-8."""
+    data = read_input(path, MAX_IN_USE_BYTES, "in-use list")
+    return parse_in_use_list(decode_utf8(data, path, "in-use list"), path)
 
 
 def read_stream(stream: object, limit: int, what: str, name: str = "<stdin>") -> bytes:

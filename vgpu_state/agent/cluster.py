@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from vgpu_state.inputfiles import InputFileError, read_in_use_list
 from vgpu_state.kube.cluster import KubeCluster
 from vgpu_state.kube.errors import (
     ClusterError,
@@ -190,28 +190,15 @@ class AgentCluster(KubeCluster):
 
 
 def in_use_from_file(path: str) -> InUseSource:
-    """Held vGPUs from a file re-read every reconcile (JSON object, or ``KEY HOLDER`` lines)."""
-    import json
+    """Held vGPUs from a file re-read every reconcile: the in-use list of the CLI's
+    ``--in-use-file`` (:func:`~vgpu_state.inputfiles.read_in_use_list`), read as every
+    input file is (a regular file, size-capped)."""
 
     def read() -> InUse:
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise PodResourcesUnavailableError(path, f"cannot read the in-use file: {e}") from e
-        stripped = text.strip()
-        if stripped.startswith("{"):
-            try:
-                data = json.loads(stripped)
-            except ValueError as e:
-                raise PodResourcesUnavailableError(path, f"invalid JSON: {e}") from e
-            return InUse({str(k): str(v) for k, v in data.items()})
-        held: dict[str, str] = {}
-        for line in text.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                key, _, holder = line.partition(" ")
-                held[key] = holder.strip() or "an unnamed holder"
-        return InUse(held)
+            return InUse(read_in_use_list(path))
+        except InputFileError as e:
+            raise PodResourcesUnavailableError(path, str(e)) from e
 
     return read
 

@@ -52,8 +52,6 @@ from vgpu_state.model.status import (
     Condition,
     ConditionType,
     ConfigState,
-    EventType,
-    NodeEvent,
     NodeStatus,
 )
 from vgpu_state.reconcile import (
@@ -67,6 +65,7 @@ from vgpu_state.reconcile import (
     reconcile_once,
 )
 from vgpu_state.reconcile import node_status as status_of
+from vgpu_state.reconcile.status import degraded_status, failed_event
 
 log = logging.getLogger(__name__)
 
@@ -312,32 +311,10 @@ class NodeReconciler:
         return document, None
 
     def _degraded(self, error: ConfigError) -> None:
-        node = self.ports.cluster.node_name()
         message = str(error)
         log.error("config invalid; nothing is changed on the host:\n%s", message)
-        status = NodeStatus(
-            node=node,
-            config=None,
-            state=ConfigState.FAILED,
-            conditions=(
-                Condition(
-                    type=ConditionType.DEGRADED,
-                    status=True,
-                    reason=error.reason.value,
-                    message=message,
-                ),
-                Condition(
-                    type=ConditionType.READY,
-                    status=False,
-                    reason=error.reason.value,
-                    message="the config does not load; the host is left as it is",
-                ),
-            ),
-        )
-        self.ports.cluster.report_status(status)
-        self.ports.cluster.emit_event(
-            NodeEvent(type=EventType.WARNING, reason=error.reason.value, message=message)
-        )
+        self.ports.cluster.report_status(degraded_status(self.ports.cluster.node_name(), error))
+        self.ports.cluster.emit_event(failed_event(error))
 
     # reporting ---------------------------------------------------------------------
     def _unselected(self, error: NoConfigSelectedError) -> None:

@@ -12,7 +12,14 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import click
 
 from vgpu_state.cli.options import config_file_option, config_name_option, sysfs_root_option
-from vgpu_state.inputfiles import MiB, decode_utf8, read_input, read_stream
+from vgpu_state.inputfiles import (
+    MAX_IN_USE_BYTES,
+    InputFileError,
+    decode_utf8,
+    parse_in_use_list,
+    read_input,
+    read_stream,
+)
 from vgpu_state.model.errors import ConfigError, Reason, VgpuStateError
 from vgpu_state.wellknown import KUBELET_POD_RESOURCES_SOCKET
 
@@ -88,9 +95,6 @@ def parse_labels(values: Sequence[str]) -> dict[str, str]:
     return labels
 
 
-MAX_IN_USE_BYTES = 4 * MiB
-
-
 def _stdin() -> object:
     return getattr(sys.stdin, "buffer", sys.stdin)
 
@@ -104,29 +108,10 @@ def parse_in_use(values: tuple[str, ...], file: str | None) -> dict[str, str]:
         else:
             data = read_input(file, MAX_IN_USE_BYTES, "in-use list")
         text = decode_utf8(data, "<stdin>" if file == "-" else file, "in-use list")
-        stripped = text.strip()
-        if stripped.startswith("{"):
-            try:
-                loaded = json.loads(stripped)
-            except json.JSONDecodeError as e:
-                raise click.BadParameter(
-                    f"{file}:{e.lineno}:{e.colno}: {e.msg}", param_hint="--in-use-file"
-                ) from e
-            except RecursionError:
-                raise click.BadParameter(
-                    f"{file}: nested too deeply", param_hint="--in-use-file"
-                ) from None
-            if not isinstance(loaded, dict):
-                raise click.BadParameter(
-                    f"{file}: expected a JSON object {{key: holder}}", param_hint="--in-use-file"
-                )
-            held.update({str(k): str(v) for k, v in loaded.items()})
-        else:
-            for line in text.splitlines():
-                line = line.split("#", 1)[0].strip()
-                if line:
-                    key, _, holder = line.partition(" ")
-                    held[key] = holder.strip() or "an unnamed holder"
+        try:
+            held.update(parse_in_use_list(text, file))
+        except InputFileError as e:
+            raise click.BadParameter(str(e), param_hint="--in-use-file") from None
     for item in values:
         key, _, holder = item.partition("=")
         held[key.strip()] = holder.strip() or "an unnamed holder"

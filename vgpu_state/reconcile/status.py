@@ -93,6 +93,26 @@ def failed_status(node: str, config: str | None, error: VgpuStateError) -> NodeS
     )
 
 
+def degraded_status(node: str, error: VgpuStateError) -> NodeStatus:
+    """The status of a node whose config does not load: degraded, and not ready because
+    the host is left as it is."""
+    reason = error.reason.value
+    return NodeStatus(
+        node=node,
+        config=None,
+        state=ConfigState.FAILED,
+        conditions=(
+            Condition(type=ConditionType.DEGRADED, status=True, reason=reason, message=str(error)),
+            Condition(
+                type=ConditionType.READY,
+                status=False,
+                reason=reason,
+                message="the config does not load; the host is left as it is",
+            ),
+        ),
+    )
+
+
 def applied_events(report: Report) -> tuple[NodeEvent, ...]:
     """Events worth telling an operator after an apply: what changed, what is blocked."""
     events: list[NodeEvent] = []
