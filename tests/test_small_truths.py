@@ -41,8 +41,8 @@ def test_scan_lists_creatable_types_by_size_then_name(tmp_path: Path) -> None:
         node.close()
     out = io.StringIO()
     print_snapshot(snapshot, Console(file=out, width=1000))
-    line = next(x for x in out.getvalue().splitlines() if "creatable" in x)
-    names = [part.split(" (")[0].strip() for part in line.split("│")[2].split(",")]
+    line = next(x for x in out.getvalue().splitlines() if "still fits" in x)
+    names = [part.split(" ×")[0].strip() for part in line.split("│")[2].split(",")]
     assert names[:4] == ["L40S-1A", "L40S-1B", "L40S-1Q", "L40S-2A"]
     assert names.index("L40S-8Q") < names.index("L40S-12A") < names.index("L40S-48Q")
 

@@ -4,40 +4,43 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from vgpu_state.catalog import default_catalog, type_sort_key
+from vgpu_state.catalog import Catalog, default_catalog
+from vgpu_state.cli.common import parse_in_use
 from vgpu_state.cli.options import DEFAULT_SYSFS_ROOT, output_option, sysfs_root_option
 from vgpu_state.cli.output import console as make_console
 from vgpu_state.cli.session import default_state_path, driver_type_memory
 from vgpu_state.host import scan as scan_sysfs
+from vgpu_state.host.holders import ProcHolders
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
+from vgpu_state.planner.fits import still_fits
+from vgpu_state.ports import MemoryCluster, ProcessHolders
 from vgpu_state.reconcile import Settings
+from vgpu_state.reconcile.once import holders
 
 
-def _creatable_summary(gpu: Gpu) -> list[str]:
-    """Per type: ``available_instances`` on the PF, or on how many free VFs it is offered."""
-    on_pf = {t.name: t.available for t in gpu.pf_creatable}
-    on_vfs: dict[str, int] = {}
-    for vf in gpu.vfs:
-        for t in vf.creatable:
-            on_vfs[t.name] = on_vfs.get(t.name, 0) + 1
-    by_size = {t.name: t.framebuffer_mib for t in gpu.offered}
-
-    def order(item: tuple[str, int]) -> tuple[int, str]:
-        return type_sort_key(item[0], by_size.get(item[0]))
-
-    rows = [f"{name} ×{count}" for name, count in sorted(on_pf.items(), key=order)]
-    rows += [
-        f"{name} (on {n} VF{'s' if n != 1 else ''})"
-        for name, n in sorted(on_vfs.items(), key=order)
-    ]
-    return rows
+def _fits_rows(gpu: Gpu, catalog: Catalog) -> str:
+    """Per type: how many more fit now (each count alone), and on how many free VFs."""
+    listed = [f for f in still_fits(gpu, catalog) if f.count > 0]
+    if not listed:
+        return "none"
+    line = ", ".join(f"{f.type} ×{f.count}" for f in listed)
+    notes = []
+    if len(listed) > 1:
+        notes.append("each count alone")
+    free = {f.free_vfs for f in listed if f.free_vfs is not None}
+    if len(free) == 1:
+        n = free.pop()
+        notes.append(f"{n} free VF{'s' if n != 1 else ''}")
+    return line + (f"\n({'; '.join(notes)})" if notes else "")
 
 
 def _dash(value: object) -> str:
@@ -45,7 +48,15 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def print_snapshot(snapshot: NodeSnapshot, console: Console) -> None:
+def print_snapshot(
+    snapshot: NodeSnapshot,
+    console: Console,
+    held: Mapping[str, str] | None = None,
+    catalog: Catalog | None = None,
+) -> None:
+    """The snapshot as one table per GPU; ``held``: vGPU key → holder."""
+    held = held or {}
+    catalog = catalog or default_catalog()
     title = f"node {snapshot.node or '(unnamed)'} — sysfs {snapshot.sysfs_root}"
     if not snapshot.gpus:
         console.print(f"{title}: no NVIDIA GPUs found")
@@ -66,8 +77,12 @@ def print_snapshot(snapshot: NodeSnapshot, console: Console) -> None:
             for v in gpu.vgpus
         ]
         table.add_row("vGPUs", "\n".join(vgpus) if vgpus else "none")
-        creatable = _creatable_summary(gpu)
-        table.add_row("creatable", ", ".join(creatable) if creatable else "none")
+        if gpu.vgpus:
+            holding = [f"{v.key}: {held[v.key]}" for v in gpu.vgpus if v.key in held]
+            free = len(gpu.vgpus) - len(holding)
+            holding.append(f"{free} free" if holding else f"none of {len(gpu.vgpus)}")
+            table.add_row("held", "\n".join(holding))
+        table.add_row("still fits", _fits_rows(gpu, catalog))
         if gpu.problems:
             table.add_row("problems", "\n".join(gpu.problems), style="yellow")
         console.print(table)
@@ -82,10 +97,37 @@ def print_snapshot(snapshot: NodeSnapshot, console: Console) -> None:
 @click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="Scan a simulated node.")
 @output_option()
 @click.option("--node", default="", help="Node name recorded in the snapshot.")
-def scan(sysfs_root: str | None, sim_spec: str | None, output: str, node: str) -> None:
-    """Show the node's NVIDIA GPUs, their vGPU layout, vGPUs and creatable types.
+@click.option(
+    "--in-use",
+    "in_use",
+    multiple=True,
+    metavar="KEY[=HOLDER]",
+    help="A vGPU (mdev UUID or VF address) held by a pod or VM (repeatable).",
+)
+@click.option(
+    "--in-use-file",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="In-use vGPUs: a JSON object {key: holder} or lines 'KEY HOLDER'.",
+)
+@click.option(
+    "--proc-root",
+    type=click.Path(file_okay=False),
+    help="Find processes holding vGPUs under this /proc (default /proc; "
+    "with --sim: the simulated one).",
+)
+def scan(
+    sysfs_root: str | None,
+    sim_spec: str | None,
+    output: str,
+    node: str,
+    in_use: tuple[str, ...],
+    in_use_file: str | None,
+    proc_root: str | None,
+) -> None:
+    """Show the node's NVIDIA GPUs, their vGPU layout, its vGPUs and which pod, VM or
+    process holds each, and how many more vGPUs of each type still fit.
 
-    Reads sysfs only; changes nothing.
+    Reads sysfs (and /proc for holders) only; changes nothing.
 
     \b
     Examples:
@@ -93,10 +135,12 @@ def scan(sysfs_root: str | None, sim_spec: str | None, output: str, node: str) -
       vgpu-state scan --sim configs/sim/mixed.yaml
       vgpu-state scan --sim configs/sim/mixed.yaml -o json
       vgpu-state scan --sysfs-root /host/sys --node gpu-7
+      vgpu-state scan --in-use 6c1e...=vm/default/win-1 --proc-root /host/proc
     """
     if sim_spec is not None and sysfs_root is not None:
         raise click.UsageError("give either --sim or --sysfs-root, not both")
     try:
+        given = parse_in_use(in_use, in_use_file)
         catalog = default_catalog()
         # What the driver listed before names the vGPUs of a full GPU (docs/apply.md).
         memory = driver_type_memory(
@@ -108,27 +152,49 @@ def scan(sysfs_root: str | None, sim_spec: str | None, output: str, node: str) -
         )
         if sim_spec is not None:
             from vgpu_state.sim.node import open_sim
+            from vgpu_state.sim.proc import SimProcHolders
 
             sim = open_sim(sim_spec, catalog=catalog, driver_types=memory)
             try:
                 snapshot = sim.host.scan().model_copy(update={"sysfs_root": f"sim:{sim_spec}"})
                 if node:
                     snapshot = snapshot.model_copy(update={"node": node})
+                processes: ProcessHolders = (
+                    ProcHolders(proc_root) if proc_root else SimProcHolders(sim.host)
+                )
+                held, warnings = holders(
+                    processes, sim.cluster.with_overrides(in_use=given), snapshot
+                )
             finally:
                 sim.close()
         else:
             root = sysfs_root or DEFAULT_SYSFS_ROOT
             snapshot = memory.observe(scan_sysfs(root, node, catalog=catalog))
+            cluster = MemoryCluster(snapshot.node or "").with_overrides(in_use=given)
+            held, warnings = holders(ProcHolders(proc_root or "/proc"), cluster, snapshot)
     except VgpuStateError as e:
         if output == "json":
             click.echo(json.dumps({"error": {"reason": e.reason.value, "message": str(e)}}))
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     if output == "json":
-        click.echo(snapshot.model_dump_json(indent=2))
+        click.echo(json.dumps(scan_json(snapshot, held, catalog), indent=2))
     else:
         # Names and values come from sysfs and spec files: print them as text, never markup.
-        print_snapshot(snapshot, make_console(markup=False, soft_wrap=False))
+        print_snapshot(snapshot, make_console(markup=False, soft_wrap=False), held, catalog)
     if snapshot.error is not None:
         click.echo(f"error: {snapshot.error}", err=True)
         sys.exit(1)
+
+
+def scan_json(snapshot: NodeSnapshot, held: Mapping[str, str], catalog: Catalog) -> dict[str, Any]:
+    """The snapshot as JSON, each vGPU with ``held_by`` (its holder, or null) and each GPU
+    with ``still_fits`` (per type: how many more fit now, each count alone)."""
+    data: dict[str, Any] = json.loads(snapshot.model_dump_json())
+    for gpu, out in zip(snapshot.gpus, data["gpus"], strict=True):
+        out["still_fits"] = [f.model_dump(exclude_none=True) for f in still_fits(gpu, catalog)]
+        for v, vout in zip(gpu.vgpus, out["vgpus"], strict=True):
+            vout["held_by"] = held.get(v.key)
+    return data

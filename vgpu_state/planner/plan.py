@@ -74,24 +74,8 @@ class _Planner:
         self.errors: list[str] = []
 
     # lookups ------------------------------------------------------------
-    def model_of(self, g: Gpu) -> GpuModel | None:
-        return self.catalog.model(g.model) if g.model else None
-
     def info(self, g: Gpu, name: str | None) -> VgpuType | None:
-        """What is known of a type on this GPU: the catalog's entry for the GPU's model,
-        else what the GPU's driver lists, else (GPU of unknown model) the catalog's.
-        On a model whose catalog rows are inferred, what the driver lists comes first."""
-        if name is None:
-            return None
-        model = self.model_of(g)
-        found = model.type(name) if model else None
-        listed = g.offered_type(name)
-        if found is not None and (listed is None or not catalog_is_advisory(model)):
-            return found
-        if listed is not None:
-            return driver_type(g, model, listed)
-        # A GPU of unknown model: the catalog's type when only one model has that name.
-        return self.catalog.type(name) if model is None else None
+        return type_info(self.catalog, g, name)
 
     def size_of(self, g: Gpu, name: str | None) -> tuple[int, bool] | None:
         t = self.info(g, name)
@@ -567,6 +551,23 @@ class _Planner:
             summary=summary,
         )
         return with_blast_radius(p, self.snapshot, self.in_use)
+
+
+def type_info(catalog: Catalog, g: Gpu, name: str | None) -> VgpuType | None:
+    """What is known of a type on this GPU: the catalog's entry for the GPU's model,
+    else what the GPU's driver lists, else (GPU of unknown model) the catalog's.
+    On a model whose catalog rows are inferred, what the driver lists comes first."""
+    if name is None:
+        return None
+    model = catalog.model(g.model) if g.model else None
+    found = model.type(name) if model else None
+    listed = g.offered_type(name)
+    if found is not None and (listed is None or not catalog_is_advisory(model)):
+        return found
+    if listed is not None:
+        return driver_type(g, model, listed)
+    # A GPU of unknown model: the catalog's type when only one model has that name.
+    return catalog.type(name) if model is None else None
 
 
 def driver_type(g: Gpu, model: GpuModel | None, listed: OfferedType) -> VgpuType:
