@@ -16,6 +16,7 @@ from vgpu_state.catalog import parse_type_name
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
+from vgpu_state.planner.support import host_modes
 
 SRIOV_MANAGE_HINT = "pass --sriov-manage PATH or install the vGPU Manager's sriov-manage"
 
@@ -303,6 +304,26 @@ def _problems(gpu: Gpu) -> list[Check]:
     ]
 
 
+def _modes(gpu: Gpu) -> list[Check]:
+    """MIG mode and mixed-size mode, which vgpu-state does not lay out."""
+    return [
+        Check(
+            id="mode",
+            status=Status.FAIL,
+            message=problem,
+            action=(
+                "leave this GPU out of every vgpu-state layout, or turn MIG mode off "
+                "(nvidia-smi -i GPU -mig 0, with its VFs disabled)"
+                if "MIG mode" in problem
+                else "leave this GPU out of every vgpu-state layout, or remove its vGPUs "
+                "and turn mixed-size mode off (nvidia-smi vgpu -shm 0)"
+            )
+            + "; docs/config.md, 'What vgpu-state does not do'",
+        )
+        for problem in host_modes(gpu)
+    ]
+
+
 def gpu_checks(gpu: Gpu, sriov_tool: SriovTool | None) -> list[Check]:
     """The host checks of one GPU, in a fixed order."""
     return [
@@ -312,6 +333,7 @@ def gpu_checks(gpu: Gpu, sriov_tool: SriovTool | None) -> list[Check]:
         _sriov(gpu, sriov_tool),
         _iommu(gpu),
         _series(gpu),
+        *_modes(gpu),
         *_problems(gpu),
     ]
 

@@ -32,6 +32,7 @@ from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, OfferedType, SysfsInterface, Vgpu
 from vgpu_state.planner.blast import with_blast_radius
 from vgpu_state.planner.identity import free_uuids
+from vgpu_state.planner.support import host_modes
 
 
 def vgpu_address(gpu: str, v: Vgpu) -> str:
@@ -101,6 +102,16 @@ class _Planner:
             f"(docs/config.md) [{dg.entry}]"
         )
         return False
+
+    def check_host_mode(self, g: Gpu, dg: DesiredGpu) -> bool:
+        """A GPU the host shows in MIG mode or mixed-size mode is not laid out."""
+        problems = host_modes(g)
+        for problem in problems:
+            self.errors.append(
+                f"gpu[{g.address}] ({g.model or 'unknown model'}): {problem}; leave this GPU "
+                f"out of the layout (docs/config.md) [{dg.entry}]"
+            )
+        return not problems
 
     def check_fits(self, g: Gpu, dg: DesiredGpu) -> bool:
         target = {n: c for n, c in dg.types if c > 0}
@@ -520,6 +531,7 @@ class _Planner:
                 continue
             if (
                 not self.check_not_mig(g, dg)
+                or not self.check_host_mode(g, dg)
                 or not self.check_offered(g, dg)
                 or not self.check_fits(g, dg)
             ):

@@ -279,9 +279,7 @@ def check_saved_plan(
     for i, a in enumerate(p.actions):
         problem = action_host_problem(a, snapshot, catalog)
         if problem:
-            raise _fail(
-                saved.source, f"plan.actions[{i}] ({a.kind.value} {a.address}): {problem}"
-            )
+            raise _fail(saved.source, f"plan.actions[{i}] ({a.kind.value} {a.address}): {problem}")
     for i, a in enumerate(p.actions):
         key = a.vgpu_key
         if a.kind is ActionKind.DESTROY and key in in_use and key not in saved.in_use:
@@ -307,11 +305,7 @@ def check_saved_plan(
 def _first_difference(saved: Plan, fresh: Plan) -> str:
     for i, (a, b) in enumerate(zip(saved.actions, fresh.actions, strict=False)):
         if a != b:
-            fields = [
-                name
-                for name in Action.model_fields
-                if getattr(a, name) != getattr(b, name)
-            ]
+            fields = [name for name in Action.model_fields if getattr(a, name) != getattr(b, name)]
             return f"plan.actions[{i}] ({a.kind.value} {a.address}): {', '.join(fields)} differ"
     if len(saved.actions) != len(fresh.actions):
         return f"{len(saved.actions)} action(s) saved, {len(fresh.actions)} planned now"
