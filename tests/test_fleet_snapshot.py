@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def test_plan_from_a_snapshot_prints_what_planning_against_the_cluster_printed(
     assert {e["verb"] for e in seen} == {"list"}
     assert all(e["responseStatus"]["code"] == 200 for e in seen)
 
-    for output in ("table", "json"):
+    for output in ("text", "json", "markdown"):
         live = fleet.run("-o", output)
         offline = _offline(fleet, snapshot, "-o", output, "--jobs", "1")
         assert live.exit_code == offline.exit_code == 0, offline.output
@@ -101,6 +102,14 @@ def test_plan_from_a_snapshot_prints_what_planning_against_the_cluster_printed(
             live_doc, offline_doc = json.loads(live.stdout), json.loads(offline.stdout)
             assert _without_time(offline_doc) == _without_time(live_doc)
             assert offline_doc["totals"]["changed"] == 2
+        elif output == "markdown":
+            # The same comment; only its line on where the fleet was read differs.
+            source = re.compile(r"^The fleet as of \S+ \((snapshot of )?https://\S+\);", re.M)
+            assert len(source.findall(live.stdout)) == 1
+            assert source.sub("", offline.stdout) == source.sub("", live.stdout)
+            assert f"(snapshot of {fleet.server.url});" in offline.stdout
+            blocked = offline.stdout.split("#### Blocked and deferred")[1].split("####")[0]
+            assert "| <code>node-a</code> |" in blocked and "| vm default/win-1 |" in blocked
         else:
             assert offline.stdout == live.stdout
             assert "vm default/win-1" in offline.stdout

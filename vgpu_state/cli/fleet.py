@@ -88,9 +88,9 @@ def fleet() -> None:
     "access, as of the moment it was taken.",
 )
 @output_option(
-    ("text", "json", "table"),
-    help="text: a table per changed node and the fleet's table; json: one document "
-    "(table: the old name of text).",
+    ("text", "json", "markdown", "table"),
+    help="text: a table per changed node and the fleet's table; json: one document; "
+    "markdown: a pull-request review comment (docs/gitops.md); table: the old name of text.",
 )
 @click.option(
     "--max-age",
@@ -171,7 +171,13 @@ def plan_cmd(
         )
         output = "text"
     colour = output == "text" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    writer: FleetWriter = JsonWriter() if output == "json" else TableWriter(colour)
+    writer: FleetWriter
+    if output == "markdown":
+        from vgpu_state.cli.fleet_markdown import MarkdownWriter
+
+        writer = MarkdownWriter(source.description)
+    else:
+        writer = JsonWriter() if output == "json" else TableWriter(colour)
     summary = FleetSummary()
     try:
         with gc_paused():

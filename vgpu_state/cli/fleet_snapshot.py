@@ -70,6 +70,16 @@ class FleetSource:
         assert self.api is not None
         return fleet_pages(self.api, chunk_size)
 
+    @property
+    def description(self) -> str:
+        """Where the fleet was read: ``https://…`` or ``snapshot of https://…``."""
+        if self.reader is not None:
+            assert self.reader.header is not None
+            server = self.reader.header.server or "an unnamed cluster"
+            return f"snapshot of {server}"
+        assert self.api is not None
+        return self.api.server
+
     def close(self) -> None:
         if self.api is not None:
             self.api.close()
