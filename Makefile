@@ -25,7 +25,15 @@ $(BIN)/.installed-demo: pyproject.toml
 	@echo "==> [1/3] creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> [2/3] installing vgpu-state with the simulator and the demo's API server emulator"
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[demo]'
+	@# uv (from PyPI, into the venv) installs in seconds where pip takes most of a minute;
+	@# pip does it when uv cannot be had.
+	@if $(BIN)/pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1 && \
+	    $(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[demo]'; then \
+	    echo "    installed with uv"; \
+	else \
+	    echo "    uv unavailable: installing with pip (about a minute)"; \
+	    $(BIN)/pip install --quiet --disable-pip-version-check -e '.[demo]'; \
+	fi
 	$(BIN)/python -m compileall -q vgpu_state
 	touch $@
 	@echo "==> [3/3] running the demo"
