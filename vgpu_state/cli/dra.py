@@ -11,16 +11,12 @@ from __future__ import annotations
 import click
 
 from vgpu_state.cli.common import handle_errors
+from vgpu_state.cli.options import kubeconfig_options
 
 
 @click.command("dra-remove-slices")
 @click.option("--node", help="Only this node's slices (default: every node's).")
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False),
-    help="The cluster (default: in-cluster, then $KUBECONFIG or ~/.kube/config).",
-)
-@click.option("--context", help="The kubeconfig context (default: its current context).")
+@kubeconfig_options()
 @handle_errors
 def dra_remove_slices(node: str | None, kubeconfig: str | None, context: str | None) -> None:
     """Delete the ResourceSlices of driver vgpu.vgpu-state.io, then check that none is left.

@@ -27,7 +27,7 @@ import click
 from pydantic_core import to_json
 
 from vgpu_state.cli.common import handle_errors
-from vgpu_state.cli.options import config_file_option, output_option
+from vgpu_state.cli.options import config_file_option, kubeconfig_options, output_option
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE
 from vgpu_state.kube.nodestate import SnapshotDecoder
@@ -74,12 +74,7 @@ def fleet() -> None:
 
 @fleet.command("plan")
 @config_file_option(required=True)
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False),
-    help="The cluster (default: in-cluster, then $KUBECONFIG or ~/.kube/config).",
-)
-@click.option("--context", help="The kubeconfig context (default: its current context).")
+@kubeconfig_options()
 @click.option(
     "--from",
     "snapshot",

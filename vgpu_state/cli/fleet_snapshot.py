@@ -15,6 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from vgpu_state.cli.common import handle_errors
+from vgpu_state.cli.options import kubeconfig_options
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE
 
 if TYPE_CHECKING:
@@ -122,12 +123,7 @@ def _output(path: str) -> Iterator[IO[bytes]]:
     help="Where to write the snapshot (- for standard output; a name ending in .gz is "
     "gzip-compressed).",
 )
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False),
-    help="The cluster (default: in-cluster, then $KUBECONFIG or ~/.kube/config).",
-)
-@click.option("--context", help="The kubeconfig context (default: its current context).")
+@kubeconfig_options()
 @click.option(
     "--chunk-size",
     type=click.IntRange(min=0),

@@ -152,6 +152,23 @@ def log_level_option() -> Callable[[F], F]:
     )
 
 
+def kubeconfig_options() -> Callable[[F], F]:
+    """``--kubeconfig FILE`` and ``--context NAME``: the cluster a command reads."""
+    kubeconfig = click.option(
+        "--kubeconfig",
+        type=click.Path(dir_okay=False),
+        help="The cluster (default: in-cluster, then $KUBECONFIG or ~/.kube/config).",
+    )
+    context = click.option(
+        "--context", help="The kubeconfig context (default: its current context)."
+    )
+
+    def both(fn: F) -> F:
+        return kubeconfig(context(fn))
+
+    return both
+
+
 def output_option(
     choices: Sequence[str] = OUTPUT_FORMATS, default: str = "text", help: str | None = None
 ) -> Callable[[F], F]:

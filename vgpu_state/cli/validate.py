@@ -50,14 +50,12 @@ def load_document(path: str, strict: bool = False, *, as_json: bool = False) -> 
     except ConfigError as exc:
         lines = [str(issue) for issue in exc.issues] or [str(exc)]
         if as_json:
-            click.echo(json.dumps({"file": path, "valid": False, "configs": [],
-                                   "errors": lines, "warnings": []}, indent=2))  # fmt: skip
+            _json_result(path, None, False, lines)
         _fail(lines)
         raise  # unreachable: _fail exits
     except VgpuStateError as exc:
         if as_json:
-            click.echo(json.dumps({"file": path, "valid": False, "configs": [],
-                                   "errors": [str(exc)], "warnings": []}, indent=2))  # fmt: skip
+            _json_result(path, None, False, [str(exc)])
         _fail([f"error: {exc}"])
         raise
     print_warnings(document)
@@ -179,10 +177,10 @@ def validate(config_file: str, config_name: str | None, strict: bool, output: st
         tail = f"; did you mean {hint}?" if hint else ""
         message = f"{document.file}: config {config_name!r} is not defined{tail}"
         if as_json:
-            _json_result(document, False, [message])
+            _json_result(document.file, document, False, [message])
         _fail([message])
     if as_json:
-        _json_result(document, True, [])
+        _json_result(document.file, document, True, [])
         return
     count = len(document.configs)
     warned = len(document.warnings)
@@ -199,10 +197,12 @@ def _warning_lines(document: ConfigDocument) -> list[str]:
     ]
 
 
-def _json_result(document: ConfigDocument | None, valid: bool, errors: Sequence[str]) -> None:
+def _json_result(
+    file: str, document: ConfigDocument | None, valid: bool, errors: Sequence[str]
+) -> None:
     """``validate -o json``: ``{"file", "valid", "configs", "errors", "warnings"}``."""
     result = {
-        "file": document.file if document is not None else None,
+        "file": file,
         "valid": valid,
         "configs": list(document.config_names) if document is not None else [],
         "errors": list(errors),
