@@ -61,7 +61,16 @@ def test_the_package_keeps_every_contract() -> None:
         ("reconcile/status.py", "import vgpu_state.sim.host", "reconcile reaches hosts"),
         ("reconcile/report.py", "import vgpu_state.deviceplugin", "reconcile reaches hosts"),
         ("planner/plan.py", "import vgpu_state.config", "never reads the config document"),
-        ("planner/render.py", "from vgpu_state.config import loader", "never reads the config"),
+        ("planner/saved.py", "from vgpu_state.config import loader", "never reads the config"),
+        ("planner/plan.py", "import vgpu_state.render", "Layers point down"),
+        ("planner/support.py", "import vgpu_state.doctor", "Layers point down"),
+        ("doctor/checks.py", "import vgpu_state.render", "Layers point down"),
+        ("doctor/checks.py", "import vgpu_state.host.scan", "No file or process I/O in model"),
+        ("doctor/checks.py", "import os", "open no file"),
+        ("render/plan.py", "import rich", "Pure core never imports I/O libraries"),
+        ("render/plan.py", "import vgpu_state.planner.plan", "decide nothing"),
+        ("render/doctor.py", "import vgpu_state.catalog", "decide nothing"),
+        ("render/plan.py", "import vgpu_state.ports", "Layers point down"),
         ("model/plan.py", "import os", "open no file"),
         ("model/snapshot.py", "import stat", "open no file"),
         ("catalog/catalog.py", "import os.path", "open no file"),
@@ -82,8 +91,8 @@ def test_a_forbidden_import_breaks_a_contract(
     assert any(contract in s for s in broken), r.stdout
 
 
-# What model, catalog and planner may take from os, and the calls that open a file.
-PURE = ("model", "catalog", "planner")
+# What the pure packages may take from os, and the calls that open a file.
+PURE = ("model", "catalog", "planner", "doctor", "render")
 OS_NAMES_ALLOWED = {"strerror"}
 OPENING_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes"}
 # The catalog's own rows are package data (importlib.resources), not a file of the host.
@@ -92,7 +101,7 @@ OPENING_ALLOWED = {"catalog/catalog.py: read_text"}
 
 def file_io_in_the_pure_core(package: Path) -> list[str]:
     """``file:line: what`` of each use of ``os`` beyond ``strerror`` and each call
-    that opens a file in ``model``, ``catalog`` and ``planner``."""
+    that opens a file in ``model``, ``catalog``, ``planner``, ``doctor`` and ``render``."""
     found = []
     for top in PURE:
         for path in sorted((package / top).rglob("*.py")):
@@ -115,7 +124,7 @@ def file_io_in_the_pure_core(package: Path) -> list[str]:
     return found
 
 
-def test_model_catalog_and_planner_open_no_file() -> None:
+def test_the_pure_packages_open_no_file() -> None:
     """The import contracts keep ``os`` and ``stat`` out of the pure core, but
     ``model.errors`` names an errno with ``os.strerror`` and ``open`` is a builtin:
     this check covers what an import contract cannot see."""
@@ -128,6 +137,7 @@ def test_model_catalog_and_planner_open_no_file() -> None:
         ("model/errors.py", "_ = os.listdir('/')", "os.listdir"),
         ("planner/plan.py", "_ = open('/etc/hostname').read()", "open()"),
         ("model/snapshot.py", "_ = Path('x').read_text()", "read_text()"),
+        ("render/doctor.py", "_ = open('/etc/hostname').read()", "open()"),
     ],
 )
 def test_file_io_in_the_pure_core_is_caught(

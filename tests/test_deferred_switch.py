@@ -34,8 +34,9 @@ from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import ActionKind, Capacity
 from vgpu_state.model.policy import InUsePolicy, Policy
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
-from vgpu_state.planner import plan, render_text
+from vgpu_state.planner import plan
 from vgpu_state.reconcile import Ports, Settings
+from vgpu_state.render import render_text
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.node import open_sim
 from vgpu_state.sim.tree import VFIO_NODES

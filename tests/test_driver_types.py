@@ -22,7 +22,8 @@ from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import PlanningError
 from vgpu_state.model.plan import ActionKind
 from vgpu_state.model.snapshot import CreatableType, OfferedType
-from vgpu_state.planner import plan, render_text
+from vgpu_state.planner import plan
+from vgpu_state.render import render_text
 from vgpu_state.sim.spec import SpecError, parse_spec
 
 CATALOG = default_catalog()

@@ -11,7 +11,8 @@ from tests.builders import V, build_gpu, build_snapshot, desired
 from vgpu_state.catalog import default_catalog
 from vgpu_state.model.plan import ActionKind
 from vgpu_state.model.policy import Policy
-from vgpu_state.planner import expected_snapshot, plan, render_json
+from vgpu_state.planner import expected_snapshot, plan
+from vgpu_state.render import render_json
 
 CATALOG = default_catalog()
 

@@ -17,7 +17,8 @@ import pytest
 from tests.builders import V, build_gpu, build_snapshot, desired
 from vgpu_state.catalog import default_catalog
 from vgpu_state.model.policy import Policy
-from vgpu_state.planner import plan, render_json, render_text
+from vgpu_state.planner import plan
+from vgpu_state.render import render_json, render_text
 
 CATALOG = default_catalog()
 

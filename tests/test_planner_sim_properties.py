@@ -13,8 +13,9 @@ from vgpu_state.executor import apply
 from vgpu_state.model.plan import ActionKind
 from vgpu_state.model.policy import InUsePolicy, Policy
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner import expected_snapshot, plan, render_json
+from vgpu_state.planner import expected_snapshot, plan
 from vgpu_state.reconcile import deferred_replanner
+from vgpu_state.render import render_json
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.node import held_vgpus
 from vgpu_state.sim.spec import GpuSpec, NodeSpec, VgpuSpec

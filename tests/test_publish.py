@@ -17,7 +17,7 @@ from vgpu_state.model.errors import ConfigError
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.publish import split
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner.render import render_text
+from vgpu_state.render import render_text
 from vgpu_state.sim.host import SimHost
 
 CATALOG = default_catalog()

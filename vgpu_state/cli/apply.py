@@ -30,9 +30,9 @@ from vgpu_state.executor import ApplyError, ApplyResult, Outcome, StepResult
 from vgpu_state.inputfiles import read_input
 from vgpu_state.model.errors import StalePlanError
 from vgpu_state.model.plan import Action, Plan
-from vgpu_state.planner import render_json, render_text
 from vgpu_state.planner.saved import MAX_SAVED_PLAN_BYTES, parse_saved_plan
 from vgpu_state.reconcile import Mode, apply_saved
+from vgpu_state.render import render_json, render_text
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -12,21 +11,18 @@ import click
 from vgpu_state.cli.common import SessionArgs, handle_errors, selection_options
 from vgpu_state.cli.options import output_option
 from vgpu_state.cli.session import open_host, reconcile, settings
-from vgpu_state.host.driver import SRIOV_MANAGE
-from vgpu_state.model.errors import ConfigError, VgpuStateError
-from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner.doctor import (
-    Check,
-    DoctorReport,
+from vgpu_state.doctor.checks import (
     SriovTool,
     Status,
     config_checks,
     config_failure,
     diagnose,
 )
+from vgpu_state.host.driver import SRIOV_MANAGE
+from vgpu_state.model.errors import ConfigError, VgpuStateError
+from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import QuietReporter, Settings
-
-MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+from vgpu_state.render.doctor import render_report, render_report_json
 
 
 class _Heard(QuietReporter):
@@ -60,39 +56,6 @@ def _sriov_tool(session: SessionArgs, s: Settings) -> SriovTool:
     program = s.sriov_manage[0]
     found = shutil.which(program) is not None
     return SriovTool(command=" ".join(s.sriov_manage), found=found)
-
-
-def _check_line(c: Check) -> list[str]:
-    lines = [f"  [{MARKS[c.status.value]}] {c.id}: {c.message}"]
-    if c.action:
-        lines.append(f"         → {c.action}")
-    return lines
-
-
-def render_report(report: DoctorReport) -> str:
-    lines = [f"node {report.node or '(unnamed)'} — sysfs {report.sysfs_root}"]
-    lines += [line for c in report.checks for line in _check_line(c)]
-    for g in report.gpus:
-        name = g.model or f"unknown device {g.device_id}"
-        lines.append("")
-        lines.append(f"GPU {g.index} {g.address} {name}: {g.status.value}")
-        lines += [line for c in g.checks for line in _check_line(c)]
-    lines.append("")
-    lines += [f"unknown: {u.message}" for u in report.unknown]
-    n = report.counts()
-    verdict = {
-        "ok": "this host can run vGPUs",
-        "warn": "this host can run vGPUs, with the warnings above",
-        "fail": "this host cannot run vGPUs as it is: see the FAIL lines",
-    }[report.status.value]
-    lines.append(f"Doctor: {n['ok']} ok, {n['warn']} warn, {n['fail']} fail — {verdict}.")
-    return "\n".join(lines) + "\n"
-
-
-def render_json(report: DoctorReport) -> str:
-    doc = report.model_dump(mode="json")
-    doc["summary"] = report.counts()
-    return json.dumps(doc, indent=2) + "\n"
 
 
 @click.command("doctor")
@@ -151,7 +114,7 @@ def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> N
     finally:
         target.close()
     if output == "json":
-        sys.stdout.write(render_json(result))
+        sys.stdout.write(render_report_json(result))
     else:
         sys.stdout.write(render_report(result))
     if result.status is Status.FAIL:

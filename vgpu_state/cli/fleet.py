@@ -34,7 +34,6 @@ from vgpu_state.kube.nodestate import SnapshotDecoder
 from vgpu_state.model.errors import TransientError
 from vgpu_state.model.plan import ActionKind, Blocked, GpuPlan, Plan
 from vgpu_state.model.policy import Publish
-from vgpu_state.planner.render import before_after
 from vgpu_state.reconcile.fleet import (
     FleetPlan,
     FleetSummary,
@@ -45,6 +44,7 @@ from vgpu_state.reconcile.fleet import (
     node_document,
 )
 from vgpu_state.reconcile.settings import Settings
+from vgpu_state.render.plan import before_after
 
 DEFAULT_MAX_AGE = "30m"
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")

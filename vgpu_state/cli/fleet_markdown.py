@@ -23,8 +23,8 @@ from typing import TextIO
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import ActionKind, Blocked, Disruption, Plan
 from vgpu_state.model.policy import Publish
-from vgpu_state.planner.render import before_after
 from vgpu_state.reconcile.fleet import FleetTotals, NodePlan, Outcome
+from vgpu_state.render.plan import before_after
 
 OPEN_ROWS = 20
 """Rows of a section shown open; a longer section is collapsed."""

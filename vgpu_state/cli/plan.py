@@ -18,9 +18,9 @@ from vgpu_state.cli.session import (
     settings,
     warn_unfinished,
 )
-from vgpu_state.planner import render_json, render_text
 from vgpu_state.planner.saved import saved_plan_document
 from vgpu_state.reconcile import Report
+from vgpu_state.render import render_json, render_text
 
 
 @click.command("plan")

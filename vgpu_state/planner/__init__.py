@@ -4,6 +4,5 @@ from vgpu_state.planner.compare import differences
 from vgpu_state.planner.expected import expected_snapshot
 from vgpu_state.planner.identity import derived_uuid
 from vgpu_state.planner.plan import plan
-from vgpu_state.planner.render import render_json, render_text
 
-__all__ = ["derived_uuid", "differences", "expected_snapshot", "plan", "render_json", "render_text"]
+__all__ = ["derived_uuid", "differences", "expected_snapshot", "plan"]

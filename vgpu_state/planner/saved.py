@@ -32,7 +32,6 @@ from vgpu_state.model.ids import is_canonical_uuid, is_pci_address, is_type_id
 from vgpu_state.model.plan import PLAN_FORMAT_VERSION, Action, ActionKind, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner.plan import plan as make_plan
-from vgpu_state.planner.render import plan_document
 
 SAVED_PLAN_KIND = "vgpu-state-saved-plan"
 MAX_SAVED_PLAN_BYTES = 16 * 1024 * 1024
@@ -66,7 +65,7 @@ def saved_plan_document(
 ) -> dict[str, Any]:
     return {
         "kind": SAVED_PLAN_KIND,
-        "plan": plan_document(p),
+        "plan": p.model_dump(mode="json"),
         "desired": desired.model_dump(mode="json"),
         "snapshot": snapshot.stable_view(),
         "in_use": dict(sorted(in_use.items())),

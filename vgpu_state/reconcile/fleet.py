@@ -24,7 +24,6 @@ from vgpu_state.model.fleet import ReportedNode, Unknown, UnknownReason
 from vgpu_state.model.plan import Disruption, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.planner.render import plan_document
 from vgpu_state.ports import MemoryCluster
 from vgpu_state.reconcile.once import Mode, Ports, reconcile_once
 from vgpu_state.reconcile.settings import Settings
@@ -397,7 +396,7 @@ def node_document(n: NodePlan, *, plan_as_model: bool = False) -> dict[str, Any]
     ``plan_as_model``: ``plan`` is the :class:`~vgpu_state.model.plan.Plan` itself, for a
     serializer that writes models (``pydantic_core.to_json``) in one pass; the JSON is
     the same."""
-    plan: Any = n.plan if plan_as_model or n.plan is None else plan_document(n.plan)
+    plan: Any = n.plan if plan_as_model or n.plan is None else n.plan.model_dump(mode="json")
     return {
         "node": n.node,
         "outcome": n.outcome.value,

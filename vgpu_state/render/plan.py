@@ -1,9 +1,8 @@
-"""Plan renderings: Terraform-style text and versioned JSON. Pure functions of a Plan."""
+"""A plan in words: Terraform-style text and versioned JSON. Pure functions of a Plan."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import (
@@ -283,10 +282,6 @@ def summary_line(plan: Plan) -> str:
     )
 
 
-def plan_document(plan: Plan) -> dict[str, Any]:
-    return plan.model_dump(mode="json")
-
-
 def render_json(plan: Plan) -> str:
     """Stable JSON (sorted keys, fixed indentation): equal plans give equal bytes."""
-    return json.dumps(plan_document(plan), indent=2, sort_keys=True) + "\n"
+    return json.dumps(plan.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
