@@ -36,8 +36,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet  # noqa: E402
 from vgpu_state.kube.api import KubeApi  # noqa: E402
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet  # noqa: E402
 
 NODE = "a2-node"
 STATE = "nvidia.com/vgpu.config.state"

@@ -26,9 +26,9 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from vgpu_state.deviceplugin import DevicePluginManager
 from vgpu_state.deviceplugin.allocation import preferred
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.deviceplugin.inventory import Device, ResourceInventory
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 TARGET_MS = 100.0
 RESTART_TARGET_S = 2.0

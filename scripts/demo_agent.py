@@ -28,8 +28,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet  # noqa: E402
 from vgpu_state.kube.api import KubeApi  # noqa: E402
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet  # noqa: E402
 
 NODE_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
 NODE = "a2-node"

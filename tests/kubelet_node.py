@@ -4,7 +4,7 @@ A real kubelet's device manager counts, per extended resource, every device a
 plugin lists (``status.capacity``) and the healthy ones
 (``status.allocatable``), and the kubelet posts them in the Node's status; the
 scheduler places pods by ``allocatable``. :class:`KubeletNodeStatus` does that
-for a :class:`~vgpu_state.deviceplugin.fakekubelet.FakeKubelet` against the
+for a :class:`~vgpu_state.testing.deviceplugin_kubelet.FakeKubelet` against the
 test API server, beside the node's own resources (cpu, memory, and another
 plugin's ``nvidia.com/gpu``, which vgpu-state must leave alone). It can also
 lose a resource's registration (:meth:`lose`: the kubelet drops the plugin and
@@ -18,7 +18,7 @@ import datetime
 import threading
 from typing import Any, Protocol
 
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet, SeenDevice
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet, SeenDevice
 
 
 class Cluster(Protocol):

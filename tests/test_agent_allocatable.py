@@ -39,7 +39,6 @@ from vgpu_state.agent.triggers import Trigger
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
 from vgpu_state.deviceplugin import DevicePluginManager
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.kube import crd
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.model.allocatable import AllocatableReason, check, extended_counts
@@ -55,6 +54,7 @@ from vgpu_state.model.status import (
 )
 from vgpu_state.reconcile import Ports, Settings
 from vgpu_state.sim.node import open_sim
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 REPO = Path(__file__).resolve().parent.parent

@@ -21,12 +21,12 @@ import pytest
 from tests.builders import V, build_gpu, build_snapshot
 from vgpu_state.agent.cluster import ClusterSink
 from vgpu_state.deviceplugin import DevicePluginManager
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.model.errors import UserError
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.publish import join, split
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import EventType
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 Q = "nvidia.com/A2-4Q"
 A = "0000:08:00.0"

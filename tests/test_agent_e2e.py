@@ -37,9 +37,9 @@ import pytest
 from tests.kubelet_node import KubeletNodeStatus
 from tests.realcluster import ControlPlane
 from vgpu_state.catalog import default_catalog
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import mounted
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 

@@ -26,9 +26,9 @@ from ruamel.yaml import YAML
 from tests.realcluster import ControlPlane
 from tests.test_agent_e2e import A2_SPEC, NODE, Running, layout, swap_configmap, uuids, wait_for
 from vgpu_state.catalog import default_catalog
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.spec import dump_spec, load_spec
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 REPO = Path(__file__).resolve().parent.parent

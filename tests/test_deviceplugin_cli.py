@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 REPO = Path(__file__).resolve().parent.parent
 T4_4Q = "nvidia.com/GRID_T4-4Q"

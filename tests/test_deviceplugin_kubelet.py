@@ -19,11 +19,11 @@ import grpc
 import pytest
 
 from vgpu_state.deviceplugin import DevicePluginManager
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet, SeenDevice
 from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
 from vgpu_state.sim.host import SimHost
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet, SeenDevice
 
 REPO = Path(__file__).resolve().parent.parent
 SIM = REPO / "configs" / "sim"

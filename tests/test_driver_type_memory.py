@@ -26,7 +26,6 @@ from tests.builders import build_gpu, build_snapshot
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.config import StaticConfigSource, load_text
-from vgpu_state.deviceplugin.fakekubelet import FakeKubelet
 from vgpu_state.executor.drivertypes import MAX_DRIVER_TYPES_BYTES, DriverTypesFile
 from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.model.drivertypes import DriverTypes, DriverTypesError
@@ -36,6 +35,7 @@ from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
+from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 

@@ -10,7 +10,8 @@ from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import Ports, Report, Settings, reconcile_once
-from vgpu_state.testing import FakeCluster, FixedHost
+from vgpu_state.reconcile.fleet import ReportedHost
+from vgpu_state.testing import FakeCluster
 
 CATALOG = default_catalog()
 
@@ -46,7 +47,7 @@ vgpu-configs:
 def planned(text: str, snapshot: NodeSnapshot, config: str) -> Report:
     """Plan ``config`` of ``text`` for a node that scans as ``snapshot``."""
     ports = Ports(
-        FixedHost(snapshot),
+        ReportedHost(snapshot),  # the scan as given; a write would raise
         FakeCluster(NODE),
         StaticConfigSource(load_text(text, "m", catalog=CATALOG)),
     )

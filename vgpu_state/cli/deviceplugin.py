@@ -122,7 +122,7 @@ def deviceplugin(
     source: _Source | None = None
     try:
         if fake_kubelet:
-            from vgpu_state.deviceplugin.fakekubelet import FakeKubelet, SeenDevice
+            from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet, SeenDevice
 
             def show(resource: str, devices: tuple[SeenDevice, ...]) -> None:
                 listed = ", ".join(f"{d.id} ({d.health})" for d in devices) or "no devices"

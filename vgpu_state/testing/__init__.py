@@ -10,11 +10,10 @@ runs the real reconcile path without a GPU or a Kubernetes API server:
   whose labels and holders a test changes, and which keeps every status and
   Event reported to it.
 * :class:`RecordingDevicePlugin` keeps every snapshot it is refreshed with.
-* :class:`FixedHost` always scans one snapshot and refuses changes (planning
-  tests on hand-built snapshots).
 * :class:`MemoryClaims` holds ResourceClaims in memory for the DRA plugin.
-* :mod:`vgpu_state.testing.dra_kubelet` is a stand-in for the kubelet's DRA
-  manager on real gRPC (imported on its own: it loads gRPC).
+* :mod:`vgpu_state.testing.deviceplugin_kubelet` and
+  :mod:`vgpu_state.testing.dra_kubelet` are stand-ins for the kubelet's device
+  manager and DRA manager on real gRPC (each imported on its own: they load gRPC).
 * :func:`settings` gives :class:`~vgpu_state.reconcile.Settings` for a test.
 """
 
@@ -25,11 +24,9 @@ from vgpu_state.testing.fakes import (
     RecordingDevicePlugin,
     RecordingHost,
 )
-from vgpu_state.testing.fixed import FixedHost
 
 __all__ = [
     "FakeCluster",
-    "FixedHost",
     "HostCall",
     "MemoryClaims",
     "RecordingDevicePlugin",

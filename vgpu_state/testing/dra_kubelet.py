@@ -83,20 +83,22 @@ class FakeKubelet:
         self, driver: str, claims: list[tuple[str, str, str]], timeout: float = 45.0
     ) -> Any:
         """``NodePrepareResources`` for (namespace, name, uid) triples; the response."""
-        p = self.plugins[driver]
-        request = p.pb2.NodePrepareResourcesRequest(
-            claims=[p.pb2.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]
-        )
-        return p.stub.NodePrepareResources(request, timeout=timeout)
+        return self._call(driver, "NodePrepareResources", claims, timeout)
 
     def unprepare(
         self, driver: str, claims: list[tuple[str, str, str]], timeout: float = 45.0
     ) -> Any:
+        """``NodeUnprepareResources`` for (namespace, name, uid) triples; the response."""
+        return self._call(driver, "NodeUnprepareResources", claims, timeout)
+
+    def _call(
+        self, driver: str, method: str, claims: list[tuple[str, str, str]], timeout: float
+    ) -> Any:
         p = self.plugins[driver]
-        request = p.pb2.NodeUnprepareResourcesRequest(
+        request = getattr(p.pb2, f"{method}Request")(
             claims=[p.pb2.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]
         )
-        return p.stub.NodeUnprepareResources(request, timeout=timeout)
+        return getattr(p.stub, method)(request, timeout=timeout)
 
     def close(self) -> None:
         for c in self._channels:
