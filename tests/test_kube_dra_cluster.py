@@ -126,7 +126,7 @@ def test_slices_the_kubelet_deletes_come_back(
             return out
 
         publisher.sync = sync  # type: ignore[method-assign]
-        resync.poke()  # what a (re-)registration by the kubelet does
+        resync.wake()  # what a (re-)registration by the kubelet does
         assert done.wait(30)
     finally:
         resync.stop()

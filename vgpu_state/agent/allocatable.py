@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vgpu_state.agent.triggers import Service, Stop
+from vgpu_state.background import BackgroundLoop, positive
 from vgpu_state.model.allocatable import (
     DEFAULT_GRACE,
     AllocatableCheck,
@@ -61,7 +62,7 @@ class AdvertisingPlugin(Protocol):
 EventSink = Callable[[str, str, EventType], None]
 
 
-class AllocatableMonitor:
+class AllocatableMonitor(BackgroundLoop):
     """Judge the kubelet's allocatable against the plugin's list; publish and self-heal.
 
     ``grace``: seconds the kubelet gets after the advertised list (or a
@@ -78,8 +79,11 @@ class AllocatableMonitor:
         clock: Callable[[], float] = time.monotonic,
         max_heal_interval: float = MAX_HEAL_INTERVAL,
     ) -> None:
-        if grace <= 0:
-            raise ValueError(f"the allocatable grace period must be positive, got {grace:g}")
+        super().__init__(
+            "vgpu-state-allocatable",
+            first=None,
+            after_error=min(positive("the allocatable grace period", grace), 10.0),
+        )
         self.plugin = plugin
         self.grace = grace
         self.max_heal_interval = max(max_heal_interval, grace)
@@ -88,9 +92,6 @@ class AllocatableMonitor:
         self.event: EventSink | None = None
         self.metrics: AgentMetrics | None = None
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._allocatable: dict[str, int] | None = None
         self._capacity: dict[str, int] | None = None
         self._seen: tuple[dict[str, int], dict[str, int]] | None = None
@@ -123,11 +124,7 @@ class AllocatableMonitor:
             version = (node.get("metadata") or {}).get("resourceVersion")
             self.node_version = str(version) if version is not None else None
         if changed:
-            self._wake.set()
-
-    def wake(self) -> None:
-        """Check again soon (the plugin's list or registrations changed)."""
-        self._wake.set()
+            self.wake()
 
     # the verdict ---------------------------------------------------------------------
     def condition(self) -> AllocatableCheck:
@@ -248,20 +245,10 @@ class AllocatableMonitor:
             self.metrics.plugin_reregistrations.labels(resource=resource).inc()
         self._record(AllocatableReason.REREGISTERED, message)
 
-    # the thread ----------------------------------------------------------------------
-    def start(self) -> AllocatableMonitor:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="vgpu-state-allocatable", daemon=True
-            )
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float | None = 5.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None and self._thread.is_alive():
-            self._thread.join(timeout)
+    # the thread (a BackgroundLoop: start, stop, wake) ---------------------------------
+    def step(self) -> float | None:
+        """The thread's round: :meth:`tick` (woken early by :meth:`wake`)."""
+        return self.tick()
 
     def service(self) -> Service:
         """A service of the agent (it asks for no reconcile): starts the monitor with the
@@ -272,16 +259,3 @@ class AllocatableMonitor:
             return lambda: self.stop(5)
 
         return start
-
-    def _run(self) -> None:
-        delay: float | None = None
-        while not self._stop.is_set():
-            self._wake.wait(delay)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                delay = self.tick()
-            except Exception:  # the agent must outlive any one check (an API error, say)
-                log.exception("checking the kubelet's allocatable failed; retrying")
-                delay = min(self.grace, 10.0)

@@ -14,10 +14,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from vgpu_state.background import BackgroundLoop
+
 log = logging.getLogger(__name__)
 
 
-class ConfigDirWatcher:
+class ConfigDirWatcher(BackgroundLoop):
     """Call ``changed`` (from a daemon thread) after files under ``directory`` change.
 
     ``poll``: how often the watcher checks for :meth:`stop` (seconds).
@@ -36,42 +38,31 @@ class ConfigDirWatcher:
         self._changed = changed
         self._poll = poll
         self._retry = retry
-        self._stop = threading.Event()
         self._watching = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name="vgpu-state-configwatch", daemon=True
-        )
+        super().__init__("vgpu-state-configwatch", first=0, after_error=retry)
 
-    def start(self) -> ConfigDirWatcher:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float | None = None) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
+    def step(self) -> float:
+        """Watch until :meth:`stop` or until the watch fails (then again after ``retry``)."""
         from watchfiles import watch
 
-        while not self._stop.is_set():
-            try:
-                watcher = watch(
-                    self.directory,
-                    watch_filter=None,
-                    stop_event=self._stop,
-                    rust_timeout=int(self._poll * 1000),
-                    yield_on_timeout=True,
-                    debounce=50,
-                    step=20,
-                    raise_interrupt=False,
-                )
-                for changes in watcher:
-                    self._watching.set()
-                    if changes:
-                        log.debug("config directory %s changed: %s", self.directory, changes)
-                        self._changed()
-            except (OSError, RuntimeError) as exc:
-                log.warning("cannot watch config directory %s: %s", self.directory, exc)
-                self._watching.clear()
-                self._stop.wait(self._retry)
+        try:
+            watcher = watch(
+                self.directory,
+                watch_filter=None,
+                stop_event=self.stopping,
+                rust_timeout=int(self._poll * 1000),
+                yield_on_timeout=True,
+                debounce=50,
+                step=20,
+                raise_interrupt=False,
+            )
+            for changes in watcher:
+                self._watching.set()
+                if changes:
+                    log.debug("config directory %s changed: %s", self.directory, changes)
+                    self._changed()
+        except (OSError, RuntimeError) as exc:
+            log.warning("cannot watch config directory %s: %s", self.directory, exc)
+            self._watching.clear()
+            return self._retry
+        return 0.0

@@ -69,7 +69,7 @@ class DraNode:
         )
         self.plugin = DraPlugin(self.preparer, paths, driver)
         self.resync = SliceResync(self.publisher, interval=resync_seconds)
-        self.plugin.on_registered = self.resync.poke
+        self.plugin.on_registered = self.resync.wake
 
     def devices(self) -> Mapping[str, DraDevice]:
         with self._lock:

@@ -14,15 +14,16 @@ pod-resources call: no scan, no plan, no API write.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
+
+from vgpu_state.background import BackgroundLoop, positive
 
 DEFAULT_HOLDER_POLL_SECONDS = 5.0
 
 log = logging.getLogger(__name__)
 
 
-class HolderWatch:
+class HolderWatch(BackgroundLoop):
     """Every ``interval`` seconds, call ``fire`` when ``changed()`` says the holders moved.
 
     ``changed`` answers ``False`` cheaply when no switch is deferred; it may
@@ -35,32 +36,18 @@ class HolderWatch:
         fire: Callable[[], None],
         interval: float = DEFAULT_HOLDER_POLL_SECONDS,
     ) -> None:
-        if interval <= 0:
-            raise ValueError(f"holder poll interval must be positive, got {interval}")
+        self._interval = positive("holder poll interval", interval)
         self._changed = changed
         self._fire = fire
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name="vgpu-state-holder-watch", daemon=True
-        )
+        super().__init__("vgpu-state-holder-watch", first=interval)
 
-    def start(self) -> HolderWatch:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float | None = None) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                moved = self._changed()
-            except Exception as e:  # a holder source down now may answer next time
-                log.debug("holders could not be read: %s", e)
-                continue
-            if moved:
-                log.info("the holders of this node's vGPUs changed; reconciling")
-                self._fire()
+    def step(self) -> float:
+        try:
+            moved = self._changed()
+        except Exception as e:  # a holder source down now may answer next time
+            log.debug("holders could not be read: %s", e)
+            return self._interval
+        if moved:
+            log.info("the holders of this node's vGPUs changed; reconciling")
+            self._fire()
+        return self._interval

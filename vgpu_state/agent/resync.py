@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+
+from vgpu_state.background import BackgroundLoop, positive
 
 DEFAULT_RESYNC_SECONDS = 60.0
 
 
-class Resync:
+class Resync(BackgroundLoop):
     """Call ``fire`` every ``interval`` seconds in a daemon thread until :meth:`stop`."""
 
     def __init__(self, fire: Callable[[], None], interval: float = DEFAULT_RESYNC_SECONDS) -> None:
-        if interval <= 0:
-            raise ValueError(f"resync interval must be positive, got {interval}")
+        self._interval = positive("resync interval", interval)
         self._fire = fire
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vgpu-state-resync", daemon=True)
+        super().__init__("vgpu-state-resync", first=interval)
 
-    def start(self) -> Resync:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float | None = None) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._fire()
+    def step(self) -> float:
+        self._fire()
+        return self._interval

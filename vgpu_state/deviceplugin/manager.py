@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from vgpu_state.background import BackgroundLoop
 from vgpu_state.deviceplugin.health import present_in_sysfs
 from vgpu_state.deviceplugin.inventory import Device, ResourceInventory, inventory
 from vgpu_state.deviceplugin.server import FileIdentity, ResourceServer, file_identity
@@ -123,9 +124,8 @@ class DevicePluginManager:
         self.problems: tuple[str, ...] = ()
         self._lock = threading.RLock()
         self._plugins: dict[str, _Plugin] = {}
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._supervisor = _Supervisor(self)
+        self._next_health = time.monotonic() + health_interval
         self._kubelet_seen: FileIdentity | None = None
         self.on_kubelet_restart: Callable[[], None] | None = None
         """Called (from the supervisor thread) when a new ``kubelet.sock`` appears after
@@ -142,7 +142,7 @@ class DevicePluginManager:
             if problem not in self.problems:
                 log.warning("%s", problem)
         with self._lock:
-            if self._stopping.is_set():
+            if self._supervisor.stopping.is_set():
                 raise RuntimeError("the device plugin manager is stopped")
             self.problems = inv.problems
             gone = [name for name in self._plugins if name not in inv.resources]
@@ -154,8 +154,8 @@ class DevicePluginManager:
                     self._plugins[name] = self._open(res)
                 elif plugin.server.update(res):
                     log.info("%s: advertising %d device(s)", name, len(res.devices))
-            self._ensure_thread()
-        self._wake.set()
+            self._supervisor.start()
+        self._supervisor.wake()
         self._changed()
 
     def advertised(self) -> dict[str, int]:
@@ -188,7 +188,7 @@ class DevicePluginManager:
                 return False
             log.warning("%s: registering with the kubelet again", resource)
             self._unregistered(plugin, time.monotonic())
-        self._wake.set()
+        self._supervisor.wake()
         return True
 
     def _changed(self) -> None:
@@ -202,12 +202,10 @@ class DevicePluginManager:
     def stop(self) -> None:
         """Send every resource an empty list, stop the servers and the supervisor."""
         with self._lock:
-            self._stopping.set()
+            self._supervisor.stopping.set()
             plugins = list(self._plugins.values())
             self._plugins.clear()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._supervisor.stop(timeout=None)
         for plugin in plugins:
             self._close(plugin, "shutting down")
 
@@ -248,36 +246,25 @@ class DevicePluginManager:
             return
         plugin.stream_ended_at = time.monotonic()
         plugin.streams_at_end = server.streams_opened
-        self._wake.set()
+        self._supervisor.wake()
 
     # supervisor ----------------------------------------------------------------
-    def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._supervise, name="vgpu-deviceplugin", daemon=True
-            )
-            self._thread.start()
-
-    def _supervise(self) -> None:
-        next_health = time.monotonic() + self.health_interval
-        while not self._stopping.is_set():
-            self._wake.wait(self.poll_interval)
-            self._wake.clear()
-            if self._stopping.is_set():
-                return
-            with self._lock:
-                plugins = list(self._plugins.values())
-            kubelet = file_identity(self.kubelet_socket)
-            self._notice_kubelet(kubelet)
+    def _supervise(self) -> float:
+        """One round of the supervisor: every ``poll_interval`` and on every change."""
+        with self._lock:
+            plugins = list(self._plugins.values())
+        kubelet = file_identity(self.kubelet_socket)
+        self._notice_kubelet(kubelet)
+        for plugin in plugins:
+            try:
+                self._check(plugin, kubelet)
+            except Exception:  # keep supervising the other resources
+                log.exception("%s: supervision failed", plugin.server.resource)
+        if time.monotonic() >= self._next_health:
+            self._next_health = time.monotonic() + self.health_interval
             for plugin in plugins:
-                try:
-                    self._check(plugin, kubelet)
-                except Exception:  # keep supervising the other resources
-                    log.exception("%s: supervision failed", plugin.server.resource)
-            if time.monotonic() >= next_health:
-                next_health = time.monotonic() + self.health_interval
-                for plugin in plugins:
-                    self._check_health(plugin)
+                self._check_health(plugin)
+        return self.poll_interval
 
     def _notice_kubelet(self, kubelet: FileIdentity | None) -> None:
         if kubelet is None or kubelet == self._kubelet_seen:
@@ -386,3 +373,14 @@ if TYPE_CHECKING:
 
     # The reconcile service feeds the manager through this port.
     _conforms: DevicePluginSink = DevicePluginManager()
+
+
+class _Supervisor(BackgroundLoop):
+    """The manager's thread: registers, re-serves and health-checks its plugins."""
+
+    def __init__(self, manager: DevicePluginManager) -> None:
+        super().__init__("vgpu-deviceplugin", first=manager.poll_interval)
+        self._manager = manager
+
+    def step(self) -> float:
+        return self._manager._supervise()

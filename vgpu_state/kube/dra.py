@@ -31,6 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vgpu_state.background import BackgroundLoop
 from vgpu_state.dra.claims import Claim, claim_holders
 from vgpu_state.dra.names import DRIVER
 from vgpu_state.kube.api import KubeApi, path_of
@@ -282,38 +283,20 @@ def _annotation(obj: dict[str, Any]) -> str | None:
     return ((obj.get("metadata") or {}).get("annotations") or {}).get(CONTENT_ANNOTATION)
 
 
-class SliceResync:
-    """Runs :meth:`SlicePublisher.sync` every ``interval`` seconds and on :meth:`poke`."""
+class SliceResync(BackgroundLoop):
+    """Runs :meth:`SlicePublisher.sync` every ``interval`` seconds and on :meth:`wake`."""
 
     def __init__(self, publisher: SlicePublisher, interval: float = 10.0) -> None:
+        super().__init__("dra-slice-resync", first=interval)
         self.publisher = publisher
         self.interval = interval
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dra-slice-resync", daemon=True)
 
-    def start(self) -> SliceResync:
-        self._thread.start()
-        return self
-
-    def poke(self) -> None:
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.publisher.sync()
-            except Exception as e:  # keep resyncing; the next round may reach the server
-                log.warning("ResourceSlice resync failed: %s", e)
+    def step(self) -> float:
+        try:
+            self.publisher.sync()
+        except Exception as e:  # keep resyncing; the next round may reach the server
+            log.warning("ResourceSlice resync failed: %s", e)
+        return self.interval
 
 
 class KubeClaims:
