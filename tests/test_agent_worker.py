@@ -16,6 +16,7 @@ import pytest
 from vgpu_state.agent.health import HealthState
 from vgpu_state.agent.queue import Batch, WorkQueue
 from vgpu_state.agent.worker import PassResult, Worker
+from vgpu_state.background import Backoff
 
 
 def test_each_batch_runs_one_reconcile_and_failures_are_retried() -> None:
@@ -31,7 +32,7 @@ def test_each_batch_runs_one_reconcile_and_failures_are_retried() -> None:
             worker.request_stop()
         return outcome
 
-    worker = Worker(queue, reconcile, health, retry_after=0.05)
+    worker = Worker(queue, reconcile, health, backoff=Backoff(0.05, 300.0, jitter=False))
     queue.trigger("start")
     thread = threading.Thread(target=worker.run)
     thread.start()
@@ -76,7 +77,7 @@ def test_waiting_is_retried_at_its_own_pace_and_failures_back_off(
             worker.request_stop()
         return outcome
 
-    worker = Worker(queue, reconcile, HealthState(), retry_after=5.0, max_retry=300.0)
+    worker = Worker(queue, reconcile, HealthState(), backoff=Backoff(5.0, 300.0, jitter=False))
     queue.trigger("start")
     worker.run()
     assert delays == [5.0, 10.0] + [7.5] * 6 + [20.0]
@@ -94,7 +95,7 @@ def test_an_exception_in_a_reconcile_does_not_kill_the_worker() -> None:
         worker.request_stop()
         return PassResult(True, "ok")
 
-    worker = Worker(queue, reconcile, health, retry_after=0.05)
+    worker = Worker(queue, reconcile, health, backoff=Backoff(0.05, 300.0, jitter=False))
     queue.trigger("start")
     worker.run()
     assert len(calls) == 2

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from vgpu_state.background import Backoff
 from vgpu_state.deviceplugin import DevicePluginManager
 from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -266,7 +267,7 @@ def test_a_new_kubelet_socket_gets_quick_retries_before_the_backoff(
     kubelet: FakeKubelet, plugin_dir: Path, t4: SimHost
 ) -> None:
     kubelet.reject_registrations = 2  # e.g. a kubelet still starting behind its socket
-    m = manager(plugin_dir, backoff=(30.0,))
+    m = manager(plugin_dir, backoff=Backoff(30.0, 30.0))
     try:
         m.refresh(t4.scan())
         kubelet.wait_for(T4_4Q, lambda d: len(d) == 2, timeout=5)
@@ -275,7 +276,7 @@ def test_a_new_kubelet_socket_gets_quick_retries_before_the_backoff(
 
 
 def test_plugin_waits_for_a_kubelet_that_starts_later(plugin_dir: Path, t4: SimHost) -> None:
-    m = manager(plugin_dir, backoff=(30.0,))
+    m = manager(plugin_dir, backoff=Backoff(30.0, 30.0))
     try:
         m.refresh(t4.scan())
         time.sleep(0.2)

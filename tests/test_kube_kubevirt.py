@@ -21,12 +21,13 @@ import pytest
 
 from tests.apiserver import KUBEVIRT
 from tests.realcluster import ControlPlane
+from vgpu_state.background import Backoff
 from vgpu_state.kube import kubevirt
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.errors import ClusterError
 from vgpu_state.kube.kubevirt import (
     OWNERSHIP_ANNOTATION,
-    Backoff,
+    WRITE_BACKOFF,
     KubeVirtRef,
     PermittedEntry,
     blockers,
@@ -259,7 +260,7 @@ def test_concurrent_foreign_writer_loses_nothing(
     conflicts = 0
     for entry in ours:
         conflicts += sync(
-            api, REF, [entry], backoff=Backoff(base=0.001, cap=0.01)
+            api, REF, [entry], backoff=Backoff(0.001, 0.01), attempts=40
         ).conflicts
     writer.join(60)
     cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
@@ -309,7 +310,7 @@ def test_a_lost_race_is_retried_with_backoff(cluster: ControlPlane, api: KubeApi
     entry = PermittedEntry("mediatedDevices", "nvidia.com/NVIDIA_A2-4Q", "NVIDIA A2-4Q")
     result = sync(api, REF, [entry], rng=random.Random(1), sleep=sleeps.append)
     assert result.conflicts == 1 and result.attempts == 2
-    assert len(sleeps) == 1 and 0 <= sleeps[0] <= Backoff().base
+    assert len(sleeps) == 1 and sleeps[0] == WRITE_BACKOFF.base
     assert cluster.counts["422"] == 1
     cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None

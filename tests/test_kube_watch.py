@@ -9,7 +9,6 @@ real server is exercised by ``tests/test_agent_e2e.py``.
 from __future__ import annotations
 
 import queue
-import random
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -17,7 +16,8 @@ from typing import Any
 import pytest
 
 from tests.kube_emulator import RunningEmulator, WatchingApiServer
-from vgpu_state.kube.watch import Backoff, NodeWatch
+from vgpu_state.background import Backoff
+from vgpu_state.kube.watch import NodeWatch
 
 NODES = "v1/nodes"
 
@@ -159,17 +159,6 @@ def test_an_unreachable_server_is_retried_with_backoff_until_stopped() -> None:
         w.stop()
     assert not w._thread.is_alive()
     assert w.labels is None
-
-
-def test_backoff_grows_to_its_cap_with_jitter_and_resets() -> None:
-    backoff = Backoff(base=0.5, cap=8.0, rng=random.Random(7))
-    delays = [backoff.next_delay() for _ in range(10)]
-    assert all(0.5 <= d <= 8.0 for d in delays)
-    ceilings = [min(8.0, 0.5 * 2**n) for n in range(10)]
-    assert all(d <= c or c < 0.5 for d, c in zip(delays, ceilings, strict=True))
-    assert max(delays[5:]) > 2.0, "later delays reach well above the base"
-    backoff.reset()
-    assert backoff.next_delay() == 0.5
 
 
 def test_keys_the_caller_writes_itself_do_not_call_back(kube: RunningEmulator) -> None:

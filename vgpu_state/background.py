@@ -1,4 +1,4 @@
-"""Work on a daemon thread: the one loop every periodic thread of vgpu-state runs.
+"""Work on a daemon thread, and the wait after a failure: one home for both.
 
 A :class:`BackgroundLoop` runs its :meth:`~BackgroundLoop.step` on a daemon
 thread until :meth:`~BackgroundLoop.stop`. Each step says when it wants to
@@ -10,12 +10,19 @@ error its step did not expect.
 The agent's config watch, resync, holder watch and allocatable monitor, the
 ResourceSlice resync, the device plugin's supervisor and the renewal of a
 rollout slot are each one of these.
+
+:class:`Backoff` is the one rule for how long to wait after failures in a
+row: the Node watch, the KubeVirt CR's guarded write, the agent's failed
+reconcile, the device plugin's registration and the re-registration of a
+resource the kubelet lost each keep their count of failures and ask it.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+from dataclasses import dataclass
 from typing import Self
 
 log = logging.getLogger(__name__)
@@ -29,6 +36,34 @@ def positive(what: str, seconds: float) -> float:
     if not seconds > 0:
         raise ValueError(f"{what} must be positive, got {seconds:g}")
     return seconds
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The wait after ``failures`` failures in a row: ``base * 2**(failures - 1)``, at most ``cap``.
+
+    With ``jitter`` the wait is drawn uniformly between ``base`` and that
+    ceiling, so clients that failed together do not all try again together.
+    """
+
+    base: float
+    cap: float
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        positive("a backoff's base", self.base)
+        if self.cap < self.base:
+            raise ValueError(f"a backoff's cap ({self.cap:g}) is below its base ({self.base:g})")
+
+    def delay(self, failures: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after the ``failures``-th failure in a row (1 for the first)."""
+        ceiling = min(self.cap, self.base * 2.0 ** min(max(failures - 1, 0), 64))
+        if not self.jitter:
+            return ceiling
+        return (rng or _RNG).uniform(self.base, ceiling)
+
+
+_RNG = random.Random()
 
 
 class BackgroundLoop:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vgpu_state.agent.triggers import Service, Stop
-from vgpu_state.background import BackgroundLoop, positive
+from vgpu_state.background import BackgroundLoop, Backoff, positive
 from vgpu_state.model.allocatable import (
     DEFAULT_GRACE,
     AllocatableCheck,
@@ -86,7 +86,7 @@ class AllocatableMonitor(BackgroundLoop):
         )
         self.plugin = plugin
         self.grace = grace
-        self.max_heal_interval = max(max_heal_interval, grace)
+        self._heal_backoff = Backoff(grace, max(max_heal_interval, grace), jitter=False)
         self._clock = clock
         self.publish: Callable[[], bool] | None = None
         self.event: EventSink | None = None
@@ -181,10 +181,9 @@ class AllocatableMonitor(BackgroundLoop):
                     and now - since >= self.grace
                     and now >= self._next_heal.get(resource, 0.0)
                 ):
-                    n = self._heals.get(resource, 0)
-                    self._heals[resource] = n + 1
-                    interval = min(self.grace * 2**n, self.max_heal_interval)
-                    self._next_heal[resource] = now + interval
+                    heals = self._heals.get(resource, 0) + 1
+                    self._heals[resource] = heals
+                    self._next_heal[resource] = now + self._heal_backoff.delay(heals)
                     due.append(resource)
             unpublished = (verdict.status, verdict.reason.value, verdict.message) != self._written
             deadlines = [self._lost_since[r] + self.grace for r in lost]

@@ -20,8 +20,12 @@ from types import FrameType
 from vgpu_state.agent.health import HealthState
 from vgpu_state.agent.queue import Batch, WorkQueue
 from vgpu_state.agent.triggers import Trigger
+from vgpu_state.background import Backoff
 
 log = logging.getLogger(__name__)
+
+RETRY_BACKOFF = Backoff(5.0, 300.0, jitter=False)
+"""The wait before a failed reconcile runs again (unless another trigger comes first)."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,8 @@ Reconcile = Callable[[Batch, threading.Event], PassResult]
 class Worker:
     """Run ``reconcile`` for every batch until :meth:`request_stop`.
 
-    ``retry_after``: a failed reconcile is tried again after this delay (doubling
-    up to ``max_retry``) unless another trigger comes first.
+    ``backoff``: a failed reconcile is tried again after its delay (5 s doubling
+    up to 5 minutes) unless another trigger comes first.
     """
 
     def __init__(
@@ -57,14 +61,12 @@ class Worker:
         queue: WorkQueue,
         reconcile: Reconcile,
         health: HealthState,
-        retry_after: float = 5.0,
-        max_retry: float = 300.0,
+        backoff: Backoff = RETRY_BACKOFF,
     ) -> None:
         self.queue = queue
         self._reconcile = reconcile
         self._health = health
-        self._retry_after = retry_after
-        self._max_retry = max_retry
+        self._backoff = backoff
         self.stopping = threading.Event()
         self._shutdown_hooks: list[tuple[str, Callable[[], None]]] = []
         self._retry_timer: threading.Timer | None = None
@@ -136,7 +138,7 @@ class Worker:
         if self.stopping.is_set():
             return
         if delay is None:
-            delay = min(self._retry_after * 2 ** (self._failures - 1), self._max_retry)
+            delay = self._backoff.delay(self._failures)
         timer = threading.Timer(delay, self.queue.trigger, args=(Trigger.RETRY,))
         timer.daemon = True
         timer.start()

@@ -16,13 +16,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
 
-from vgpu_state.background import BackgroundLoop
+from vgpu_state.background import BackgroundLoop, Backoff
 from vgpu_state.deviceplugin.health import present_in_sysfs
 from vgpu_state.deviceplugin.inventory import Device, ResourceInventory, inventory
 from vgpu_state.deviceplugin.server import FileIdentity, ResourceServer, file_identity
@@ -39,9 +39,9 @@ API_VERSION = "v1beta1"
 DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
 KUBELET_SOCKET = KUBELET_DEVICE_PLUGIN_SOCKET
 SOCKET_PREFIX = "vgpu-state-"
-BACKOFF = (1.0, 2.0, 5.0, 10.0)
-"""Seconds between registration attempts (the last repeats); a new kubelet.sock retries at once."""
-QUICK_RETRY = 0.2
+REGISTER_BACKOFF = Backoff(1.0, 10.0, jitter=False)
+"""Seconds between failed registrations: 1, 2, 4, 8, then every 10."""
+QUICK_BACKOFF = Backoff(0.2, 0.8, jitter=False)
 QUICK_RETRIES = 3
 """A new kubelet.sock gets retries after 0.2, 0.4 and 0.8 s before the backoff applies."""
 STREAM_END_GRACE = 0.5
@@ -100,7 +100,7 @@ class DevicePluginManager:
         domain: str = DEFAULT_DOMAIN,
         iommufd: bool | None = None,
         present: Callable[[Device], bool] = present_in_sysfs,
-        backoff: Sequence[float] = BACKOFF,
+        backoff: Backoff = REGISTER_BACKOFF,
         poll_interval: float = 0.1,
         health_interval: float = 2.0,
         register_timeout: float = 5.0,
@@ -117,7 +117,7 @@ class DevicePluginManager:
         self.domain = domain
         self.iommufd = os.path.exists("/dev/iommu") if iommufd is None else iommufd
         self.present = present
-        self.backoff = tuple(backoff) or BACKOFF
+        self.backoff = backoff
         self.poll_interval = poll_interval
         self.health_interval = health_interval
         self.register_timeout = register_timeout
@@ -330,11 +330,11 @@ class DevicePluginManager:
                 plugin.quick_retries = 0
             if plugin.quick_retries < QUICK_RETRIES:
                 # A kubelet.sock that just appeared may not accept connections yet.
-                delay = QUICK_RETRY * 2**plugin.quick_retries
                 plugin.quick_retries += 1
+                delay = QUICK_BACKOFF.delay(plugin.quick_retries)
             else:
-                delay = self.backoff[min(plugin.failures, len(self.backoff) - 1)]
                 plugin.failures += 1
+                delay = self.backoff.delay(plugin.failures)
             plugin.failed_for = kubelet
             plugin.next_attempt = time.monotonic() + delay
             log.warning(

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vgpu_state.background import Backoff
 from vgpu_state.kube.api import ConflictError, InvalidError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import ClusterError, ContendedWriteError, NotFoundError
 from vgpu_state.kube.permitted import (
@@ -38,7 +39,7 @@ __all__ = [
     "DISABLE_MDEV_GATE",
     "LISTS",
     "OWNERSHIP_ANNOTATION",
-    "Backoff",
+    "WRITE_BACKOFF",
     "Blocker",
     "Desired",
     "EntryChange",
@@ -121,16 +122,10 @@ def read(api: KubeApi, ref: KubeVirtRef) -> JsonObject:
         raise ClusterError(f"KubeVirt CR {ref} not found") from e
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Full-jitter exponential backoff: attempt n sleeps uniform(0, min(cap, base * 2**n))."""
-
-    base: float = 0.05
-    cap: float = 2.0
-    attempts: int = 40
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return rng.uniform(0, min(self.cap, self.base * (2**attempt)))
+WRITE_BACKOFF = Backoff(0.05, 2.0)
+"""The wait before the guarded write is tried again after a lost race (jittered)."""
+WRITE_ATTEMPTS = 8
+"""Lost races in a row before :func:`write` gives up until the next pass."""
 
 
 @dataclass
@@ -150,7 +145,8 @@ def write(
     ref: KubeVirtRef,
     compute: Callable[[JsonObject], KubeVirtPlan],
     *,
-    backoff: Backoff = Backoff(attempts=8),
+    backoff: Backoff = WRITE_BACKOFF,
+    attempts: int = WRITE_ATTEMPTS,
     rng: random.Random | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> WriteResult:
@@ -159,12 +155,12 @@ def write(
     On 409 or 422 (the CR changed since the read: a ``test`` op failed) read again,
     compute again and retry after a jittered backoff. A 422 on a CR that did not
     change since it was read is a real refusal and is raised at once; after
-    ``backoff.attempts`` lost races :class:`ContendedWriteError` is raised.
+    ``attempts`` lost races :class:`ContendedWriteError` is raised.
     """
     rng = rng or random.Random()
     result = WriteResult(ref)
     cr = read(api, ref)
-    for attempt in range(backoff.attempts):
+    for attempt in range(attempts):
         p = compute(cr)
         result.attempts = attempt + 1
         result.foreign = p.foreign
@@ -180,7 +176,7 @@ def write(
                     f"KubeVirt CR {ref}: the API server refused the update although the CR did "
                     f"not change since it was read: {e}"
                 ) from e
-            delay = backoff.delay(attempt, rng)
+            delay = backoff.delay(result.conflicts, rng)
             log.debug("KubeVirt CR %s changed meanwhile (%s); retrying in %.3f s", ref, e, delay)
             sleep(delay)
             cr = read(api, ref)

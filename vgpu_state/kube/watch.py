@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+from vgpu_state.background import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +41,8 @@ class WatchError(Exception):
         super().__init__(f"HTTP {status}: {message}")
 
 
-class Backoff:
-    """Exponential backoff with full jitter: ``uniform(base, min(cap, base * 2**n))``."""
-
-    def __init__(
-        self, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None
-    ) -> None:
-        self.base = base
-        self.cap = cap
-        self._rng = rng or random.Random()
-        self.failures = 0
-
-    def next_delay(self) -> float:
-        ceiling = min(self.cap, self.base * 2**self.failures)
-        self.failures += 1
-        return self._rng.uniform(self.base, max(self.base, ceiling))
-
-    def reset(self) -> None:
-        self.failures = 0
+WATCH_BACKOFF = Backoff(0.5, 30.0)
+"""The wait before listing or watching again after an error (jittered)."""
 
 
 class NodeWatch:
@@ -81,7 +66,7 @@ class NodeWatch:
         *,
         server_timeout: int = 300,
         read_timeout: float = 330.0,
-        backoff: Backoff | None = None,
+        backoff: Backoff = WATCH_BACKOFF,
         on_error: Callable[[Exception], None] | None = None,
         ignore: frozenset[str] = frozenset(),
         on_node: Callable[[Mapping[str, Any]], None] | None = None,
@@ -93,7 +78,8 @@ class NodeWatch:
         self._on_labels = on_labels
         self._server_timeout = server_timeout
         self._read_timeout = read_timeout
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff
+        self._failures = 0
         self._on_error = on_error
         self._stop = threading.Event()
         self._response: Any = None
@@ -130,7 +116,7 @@ class NodeWatch:
                     self.resource_version = None
                     self._gone_in_a_row += 1
                     if self._gone_in_a_row > 1:  # expired again at once: do not spin
-                        self._stop.wait(self.backoff.next_delay())
+                        self._stop.wait(self._next_delay())
                     continue
                 self._failed(exc)
             except Exception as exc:  # urllib3, socket and JSON errors: retry them all
@@ -139,11 +125,15 @@ class NodeWatch:
                 self._failed(exc)
 
     def _failed(self, exc: Exception) -> None:
-        delay = self.backoff.next_delay()
+        delay = self._next_delay()
         log.warning("watch of node %s failed: %s; retrying in %.1f s", self.node, exc, delay)
         if self._on_error is not None:
             self._on_error(exc)
         self._stop.wait(delay)
+
+    def _next_delay(self) -> float:
+        self._failures += 1
+        return self.backoff.delay(self._failures)
 
     def _list(self) -> None:
         body = json.loads(self._get(self._path(), {"fieldSelector": self._selector()}).read())
@@ -151,7 +141,7 @@ class NodeWatch:
         mine = [i for i in body.get("items") or [] if self._is_mine(i)]
         self.resource_version = str(body.get("metadata", {}).get("resourceVersion") or "") or None
         if not self._gone_in_a_row:
-            self.backoff.reset()
+            self._failures = 0
         if mine:
             self._seen(mine[0])
         else:
@@ -187,7 +177,7 @@ class NodeWatch:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if version:
             self.resource_version = str(version)
-        self.backoff.reset()
+        self._failures = 0
         self._gone_in_a_row = 0
         if not self._is_mine(obj):
             return  # a server that ignores the field selector
