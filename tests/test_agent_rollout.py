@@ -14,6 +14,7 @@ from tests.realcluster import AGENT_SA, NAMESPACE, ControlPlane
 from tests.test_agent_reconciler import BATCH, Node
 from vgpu_state.agent.rollout import LeaseRolloutGate, disruptive
 from vgpu_state.catalog import default_catalog
+from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.rollout import RolloutSlots
 from vgpu_state.model.plan import Plan
 from vgpu_state.reconcile import Settings, gather, plan_inputs
@@ -23,8 +24,8 @@ CLOCK = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 
 def gate(cluster: ControlPlane, holder: str) -> LeaseRolloutGate:
     """The gate of the agent on node ``holder``, as that agent (its ServiceAccount's token)."""
-    client = cluster.api_client(cluster.agent_token(holder))
-    slots = RolloutSlots(client, NAMESPACE, holder, clock=lambda: CLOCK)
+    api = KubeApi(cluster.api_client(cluster.agent_token(holder)), holder, (5.0, 30.0))
+    slots = RolloutSlots(api, NAMESPACE, holder, clock=lambda: CLOCK)
     return LeaseRolloutGate(slots, renew_every=0.05)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.realcluster import ControlPlane
+from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.rollout import RolloutSlots
 
 LEASES = "coordination.k8s.io/v1/leases"
@@ -30,8 +31,8 @@ class Clock:
 
 
 def slots(kube: ControlPlane, holder: str, n: int = 1, clock: Clock | None = None) -> RolloutSlots:
-    client = kube.api_client(kube.agent_token(holder))
-    return RolloutSlots(client, NS, holder, slots=n, lease_seconds=60, clock=clock or Clock())
+    api = KubeApi(kube.api_client(kube.agent_token(holder)), holder, (5.0, 30.0))
+    return RolloutSlots(api, NS, holder, slots=n, lease_seconds=60, clock=clock or Clock())
 
 
 def lease(kube: ControlPlane, name: str) -> dict[str, Any]:
@@ -140,4 +141,4 @@ def test_contending_nodes_never_exceed_max_unavailable(
 
 def test_zero_slots_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        RolloutSlots(None, NS, "node-a", slots=0)
+        RolloutSlots(KubeApi(None, "nowhere", (1.0, 1.0)), NS, "node-a", slots=0)

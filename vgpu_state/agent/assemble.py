@@ -154,7 +154,7 @@ def build(flags: AgentFlags) -> Agent:
         processes=cluster,
         kubevirt=cluster if flags.manage_kubevirt else NoClusterPlan(),
     )
-    slots = RolloutSlots(api.client, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
+    slots = RolloutSlots(api, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
     if after is not None:
         shutdown.insert(0, ("simulated node", after))
     parts = AgentParts(

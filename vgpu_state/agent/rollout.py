@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from vgpu_state.kube.rollout import LeaseApiError, RolloutSlots, Slot
+from vgpu_state.kube.errors import ClusterError, ClusterUnreachableError
+from vgpu_state.kube.rollout import RolloutSlots, Slot
 from vgpu_state.model.plan import Disruption, Plan, plan_disruption
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class LeaseRolloutGate:
         self.slots.slots = max(1, plan.policy.max_unavailable)
         try:
             slot = self.slots.acquire()
-        except LeaseApiError as e:
+        except (ClusterError, ClusterUnreachableError) as e:
             log.warning("cannot take a rollout slot: %s; nothing is changed", e)
             self.waiting = True
             return False
@@ -74,7 +75,7 @@ class LeaseRolloutGate:
             return
         try:
             self.slots.release(slot)
-        except LeaseApiError as e:
+        except (ClusterError, ClusterUnreachableError) as e:
             log.warning("cannot release rollout slot %s: %s (it expires)", slot.name, e)
 
     def _start_renewing(self, slot: Slot) -> None:

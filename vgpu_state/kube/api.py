@@ -69,8 +69,7 @@ class KubeApi:
 
     @property
     def client(self) -> Any:
-        """The ``kubernetes`` ``ApiClient`` (for the Node watch and Leases, which stream or
-        need their own error handling)."""
+        """The ``kubernetes`` ``ApiClient`` (for the Node watch, which streams)."""
         return self._client
 
     @classmethod

@@ -1,15 +1,27 @@
-"""A Lease one identity holds at a time: the cluster controller's leader election.
+"""``coordination.k8s.io/v1`` Leases: one identity holds one at a time.
 
-Every controller replica calls :func:`try_acquire` each pass; the holder renews
-the Lease, the others see it held. A holder that stops renewing (a deleted
-pod, a dead node) loses it after ``leaseDurationSeconds``, and the next
-replica to look takes it over. Every write is guarded by the Lease's
-``resourceVersion``, so two replicas can never both believe they took it.
+This module is the one home of a Lease: its path, its time format (a
+``MicroTime``), when a hold ends, and the guarded writes that take, renew and
+release it. Two features stand on it:
+
+* the cluster controller's leader election (:func:`try_acquire` and
+  :func:`release` here): every replica calls :func:`try_acquire` each pass;
+  the holder renews the Lease, the others see it held;
+* the agent's rollout slots (:mod:`vgpu_state.kube.rollout`): ``N`` Leases a
+  disruptive apply must hold one of.
+
+A holder that stops renewing (a deleted pod, a dead node) loses the Lease
+``leaseDurationSeconds`` after its last ``renewTime``, and the next identity
+to look takes it over. Every write carries the ``resourceVersion`` that was
+read, so of two identities that saw the same free Lease one wins and the
+other gets a :class:`~vgpu_state.kube.api.ConflictError` (HTTP 409): both can
+never believe they took it.
 """
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +31,8 @@ from vgpu_state.kube.errors import NotFoundError
 LEASE_NAME = "vgpu-state-controller"
 DEFAULT_NAMESPACE = "vgpu-state"
 DEFAULT_DURATION = 30
+LABELS = {"app.kubernetes.io/name": "vgpu-state"}
+"""The labels of every Lease vgpu-state creates."""
 
 
 @dataclass(frozen=True)
@@ -28,11 +42,13 @@ class LeaseState:
     expires: datetime.datetime | None
 
 
-def _micro(moment: datetime.datetime) -> str:
+def format_time(moment: datetime.datetime) -> str:
+    """A Lease ``MicroTime``: RFC 3339 with microseconds, in UTC."""
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(text: Any) -> datetime.datetime | None:
+def parse_time(text: Any) -> datetime.datetime | None:
+    """A ``MicroTime`` (or ``Time``) the API server wrote; ``None`` when absent or unreadable."""
     if not isinstance(text, str) or not text:
         return None
     try:
@@ -41,13 +57,112 @@ def _parse(text: Any) -> datetime.datetime | None:
         return None
 
 
-def expiry(lease: JsonObject) -> datetime.datetime | None:
+def holder(lease: Mapping[str, Any]) -> str | None:
+    """The identity that holds (or last held) the Lease; ``None`` when released."""
+    name = (lease.get("spec") or {}).get("holderIdentity")
+    return str(name) if name else None
+
+
+def expiry(lease: Mapping[str, Any]) -> datetime.datetime | None:
+    """When the hold ends unless renewed (``None``: the Lease says no time)."""
     spec = lease.get("spec") or {}
-    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     duration = spec.get("leaseDurationSeconds")
     if renewed is None or not isinstance(duration, int):
         return None
     return renewed + datetime.timedelta(seconds=duration)
+
+
+def live_holder(lease: Mapping[str, Any], now: datetime.datetime) -> str | None:
+    """The identity whose hold has not ended at ``now``; ``None``: the Lease is free."""
+    current = holder(lease)
+    ends = expiry(lease)
+    return current if current is not None and ends is not None and ends > now else None
+
+
+def held_by_another(lease: Mapping[str, Any], identity: str, now: datetime.datetime) -> bool:
+    """Another identity holds the Lease and its hold has not ended at ``now``."""
+    return live_holder(lease, now) not in (None, identity)
+
+
+def version(lease: Mapping[str, Any]) -> str:
+    """The ``resourceVersion`` a guarded write of this Lease carries."""
+    return str((lease.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class Leases:
+    """The Leases of one namespace, read and written through ``api`` for ``identity``.
+
+    :meth:`create` and :meth:`take` answer ``None`` when another writer got
+    there first (HTTP 409); every other refusal is the API's error
+    (:class:`~vgpu_state.kube.errors.ClusterError`, or
+    :class:`~vgpu_state.kube.errors.ClusterUnreachableError` with no answer).
+    """
+
+    def __init__(self, api: KubeApi, namespace: str, identity: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.identity = identity
+
+    def path(self, name: str | None = None) -> str:
+        return path_of("coordination.k8s.io", "v1", "leases", name, self.namespace)
+
+    def get(self, name: str) -> JsonObject | None:
+        """The Lease, or ``None`` when it does not exist."""
+        try:
+            return self.api.get(self.path(name))
+        except NotFoundError:
+            return None
+
+    def create(self, name: str, duration: int, now: datetime.datetime) -> JsonObject | None:
+        """Create the Lease held by this identity from ``now``."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": self.namespace, "labels": dict(LABELS)},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": duration,
+                "acquireTime": format_time(now),
+                "renewTime": format_time(now),
+                "leaseTransitions": 0,
+            },
+        }
+        try:
+            return self.api.create(self.path(), body)
+        except ConflictError:
+            return None
+
+    def take(self, lease: JsonObject, duration: int, now: datetime.datetime) -> JsonObject | None:
+        """Write this identity as the holder from ``now``: a renewal when it holds the Lease
+        already, else a take-over (a new ``acquireTime``, one more ``leaseTransitions``)."""
+        spec = dict(lease.get("spec") or {})
+        if holder(lease) != self.identity:
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            spec["acquireTime"] = format_time(now)
+        spec.update(
+            holderIdentity=self.identity, leaseDurationSeconds=duration, renewTime=format_time(now)
+        )
+        return self._replace(lease, spec)
+
+    def release(self, lease: JsonObject) -> bool:
+        """Give the Lease up, if this identity holds it, so the next need not wait it out."""
+        if holder(lease) != self.identity:
+            return False
+        spec = {
+            key: value
+            for key, value in (lease.get("spec") or {}).items()
+            if key not in ("holderIdentity", "acquireTime", "renewTime")
+        }
+        return self._replace(lease, spec) is not None
+
+    def _replace(self, lease: JsonObject, spec: JsonObject) -> JsonObject | None:
+        name = str((lease.get("metadata") or {}).get("name") or "")
+        try:
+            # The body carries metadata.resourceVersion: a stale view is a 409.
+            return self.api.replace(self.path(name), {**lease, "spec": spec})
+        except ConflictError:
+            return None
 
 
 def try_acquire(
@@ -61,65 +176,29 @@ def try_acquire(
 ) -> LeaseState:
     """Take or renew the Lease for ``identity``; ``held`` says whether it is ours now."""
     moment = now or datetime.datetime.now(tz=datetime.UTC)
-    path = path_of("coordination.k8s.io", "v1", "leases", name, namespace)
-    try:
-        lease = api.get(path)
-    except NotFoundError:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "holderIdentity": identity,
-                "leaseDurationSeconds": duration,
-                "acquireTime": _micro(moment),
-                "renewTime": _micro(moment),
-                "leaseTransitions": 0,
-            },
-        }
-        try:
-            api.create(path_of("coordination.k8s.io", "v1", "leases", None, namespace), body)
-        except ConflictError:
-            return _state(api.get(path), identity)
-        return LeaseState(True, identity, moment + datetime.timedelta(seconds=duration))
-    spec = dict(lease.get("spec") or {})
-    holder = spec.get("holderIdentity")
-    ends = expiry(lease)
-    if holder != identity and holder and ends is not None and ends > moment:
-        return LeaseState(False, str(holder), ends)
-    if holder != identity:
-        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-        spec["acquireTime"] = _micro(moment)
-    spec.update(holderIdentity=identity, leaseDurationSeconds=duration, renewTime=_micro(moment))
-    lease["spec"] = spec
-    try:
-        api.replace(path, lease)  # carries metadata.resourceVersion: a stale view is a 409
-    except ConflictError:
-        return _state(api.get(path), identity)
-    return LeaseState(True, identity, moment + datetime.timedelta(seconds=duration))
+    leases = Leases(api, namespace, identity)
+    lease = leases.get(name)
+    if lease is not None and held_by_another(lease, identity, moment):
+        return LeaseState(False, holder(lease), expiry(lease))
+    if lease is None:
+        written = leases.create(name, duration, moment)
+    else:
+        written = leases.take(lease, duration, moment)
+    if written is None:  # another replica wrote it since we read it
+        return _state(leases.get(name) or {}, identity)
+    return LeaseState(True, identity, expiry(written))
 
 
 def _state(lease: JsonObject, identity: str) -> LeaseState:
-    holder = (lease.get("spec") or {}).get("holderIdentity")
-    return LeaseState(holder == identity, str(holder) if holder else None, expiry(lease))
+    current = holder(lease)
+    return LeaseState(current == identity, current, expiry(lease))
 
 
 def release(
     api: KubeApi, identity: str, *, namespace: str = DEFAULT_NAMESPACE, name: str = LEASE_NAME
 ) -> None:
-    """Give the Lease up (if ``identity`` holds it) so another agent need not wait it out."""
-    path = path_of("coordination.k8s.io", "v1", "leases", name, namespace)
-    try:
-        lease = api.get(path)
-    except NotFoundError:
-        return
-    spec = dict(lease.get("spec") or {})
-    if spec.get("holderIdentity") != identity:
-        return
-    spec.pop("holderIdentity", None)
-    spec.pop("renewTime", None)
-    lease["spec"] = spec
-    try:
-        api.replace(path, lease)
-    except ConflictError:
-        return
+    """Give the Lease up (if ``identity`` holds it) so another replica need not wait it out."""
+    leases = Leases(api, namespace, identity)
+    lease = leases.get(name)
+    if lease is not None:
+        leases.release(lease)
