@@ -157,7 +157,7 @@ def test_an_unreachable_server_is_retried_with_backoff_until_stopped() -> None:
         wait_for(lambda: len(errors) >= 3)
     finally:
         w.stop()
-    assert not w._thread.is_alive()
+    assert w._thread is not None and not w._thread.is_alive()
     assert w.labels is None
 
 

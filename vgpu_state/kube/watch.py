@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from vgpu_state.background import Backoff
+from vgpu_state.background import BackgroundLoop, Backoff
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ WATCH_BACKOFF = Backoff(0.5, 30.0)
 """The wait before listing or watching again after an error (jittered)."""
 
 
-class NodeWatch:
+class NodeWatch(BackgroundLoop):
     """Call ``on_labels(labels)`` from a daemon thread: once at start, then on every change.
 
     ``api_client``: a ``kubernetes.client.ApiClient``. ``server_timeout``: the
@@ -71,6 +71,7 @@ class NodeWatch:
         ignore: frozenset[str] = frozenset(),
         on_node: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
+        super().__init__("vgpu-state-nodewatch", first=0)
         self._client = api_client
         self._on_node = on_node
         self._ignore = ignore
@@ -81,55 +82,49 @@ class NodeWatch:
         self.backoff = backoff
         self._failures = 0
         self._on_error = on_error
-        self._stop = threading.Event()
         self._response: Any = None
         self._lock = threading.Lock()
         self.resource_version: str | None = None
         self.labels: dict[str, str] | None = None
         self.lists = 0
         self._gone_in_a_row = 0
-        self._thread = threading.Thread(target=self._run, name="vgpu-state-nodewatch", daemon=True)
-
-    def start(self) -> NodeWatch:
-        self._thread.start()
-        return self
 
     def stop(self, timeout: float | None = 5.0) -> None:
-        self._stop.set()
+        self.stopping.set()
         with self._lock:
             response = self._response
         if response is not None:
             _shutdown(response)
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        super().stop(timeout)
 
     # the loop ------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if self.resource_version is None:
-                    self._list()
-                self._watch()
-            except WatchError as exc:
-                if exc.status == HTTP_GONE:
-                    log.info("watch of node %s expired (%s); listing again", self.node, exc)
-                    self.resource_version = None
-                    self._gone_in_a_row += 1
-                    if self._gone_in_a_row > 1:  # expired again at once: do not spin
-                        self._stop.wait(self._next_delay())
-                    continue
-                self._failed(exc)
-            except Exception as exc:  # urllib3, socket and JSON errors: retry them all
-                if self._stop.is_set():
-                    break
-                self._failed(exc)
+    def step(self) -> float:
+        """List (when no version is known) and watch until the stream ends; the seconds
+        to wait before the next round (0 after a stream that ended well)."""
+        try:
+            if self.resource_version is None:
+                self._list()
+            self._watch()
+        except WatchError as exc:
+            if exc.status != HTTP_GONE:
+                return self._failed(exc)
+            log.info("watch of node %s expired (%s); listing again", self.node, exc)
+            self.resource_version = None
+            self._gone_in_a_row += 1
+            # Expired again at once: do not spin.
+            return self._next_delay() if self._gone_in_a_row > 1 else 0.0
+        except Exception as exc:  # urllib3, socket and JSON errors: retry them all
+            if self.stopping.is_set():
+                return 0.0
+            return self._failed(exc)
+        return 0.0
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: Exception) -> float:
         delay = self._next_delay()
         log.warning("watch of node %s failed: %s; retrying in %.1f s", self.node, exc, delay)
         if self._on_error is not None:
             self._on_error(exc)
-        self._stop.wait(delay)
+        return delay
 
     def _next_delay(self) -> float:
         self._failures += 1
@@ -161,7 +156,7 @@ class NodeWatch:
             self._response = response
         try:
             for event in _events(response.response):
-                if self._stop.is_set():
+                if self.stopping.is_set():
                     return
                 self._event(event)
         finally:
