@@ -98,7 +98,6 @@ def build(flags: AgentFlags) -> Agent:
         flags.node,
         pod_resources=flags.pod_resources,
         kubevirt_ref=KubeVirtRef.parse(flags.kubevirt) if flags.kubevirt else None,
-        lease_namespace=flags.namespace,
         in_use_source=in_use,
         processes=processes,
     )

@@ -21,16 +21,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 from vgpu_state.inputfiles import InputFileError, read_in_use_list
-from vgpu_state.kube.cluster import KubeCluster
+from vgpu_state.kube.cluster import KubeCluster, StatusFields
 from vgpu_state.kube.errors import (
     ClusterError,
     ContendedWriteError,
     PodResourcesUnavailableError,
 )
-from vgpu_state.kube.nodestate import ConditionKind, LastApply, SelectedConfig, VGPUNodeStateStatus
+from vgpu_state.kube.nodestate import VGPUNodeStateStatus
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import ClusterPart
 from vgpu_state.model.publish import join
@@ -70,7 +70,7 @@ class AgentCluster(KubeCluster):
         self.allocatable: AllocatableMonitor | None = None
         """When set, every status carries its ``KubeletAllocatable`` condition."""
         self._write_lock = threading.RLock()
-        self._last_write: dict[str, Any] | None = None
+        self._last_write: StatusFields | None = None
 
     def holders(self, snapshot: NodeSnapshot) -> tuple[Mapping[str, str], tuple[str, ...]]:
         """The vGPUs of ``snapshot`` a process on the host holds open (``/proc``)."""
@@ -134,45 +134,23 @@ class AgentCluster(KubeCluster):
             self.clear_state()
         self.set_state(state, applied_config=status.config, plan_summary=summary)
 
-    def write_status(
-        self,
-        *,
-        state: ConfigState | None,
-        selected: SelectedConfig | None = None,
-        conditions: list[tuple[ConditionKind, bool | None, str, str]] | None = None,
-        snapshot: NodeSnapshot | None = None,
-        last_apply: LastApply | None = None,
-        blocked: int | None = None,
-    ) -> VGPUNodeStateStatus:
+    def write_status(self, **fields: Unpack[StatusFields]) -> VGPUNodeStateStatus:
         """:meth:`KubeCluster.write_status` plus the ``KubeletAllocatable`` condition.
 
         One writer at a time: the reconcile and the allocatable monitor write from
         different threads.
         """
         with self._write_lock:
-            self._last_write = {
-                "state": state,
-                "selected": selected,
-                "conditions": conditions,
-                "snapshot": snapshot,
-                "last_apply": last_apply,
-                "blocked": blocked,
-            }
-            wanted = [c for c in conditions or [] if c[0] != "KubeletAllocatable"]
+            self._last_write = fields
+            wanted = [c for c in fields.get("conditions") or [] if c[0] != "KubeletAllocatable"]
             monitor = self.allocatable
             verdict = monitor.condition() if monitor is not None else None
             if verdict is not None:
                 wanted.append(
                     ("KubeletAllocatable", verdict.status, verdict.reason.value, verdict.message)
                 )
-            written = super().write_status(
-                state=state,
-                selected=selected,
-                conditions=wanted,
-                snapshot=snapshot,
-                last_apply=last_apply,
-                blocked=blocked,
-            )
+            passed: StatusFields = {**fields, "conditions": wanted}
+            written = super().write_status(**passed)
             if monitor is not None and verdict is not None:
                 monitor.written(verdict)
             return written
@@ -185,7 +163,8 @@ class AgentCluster(KubeCluster):
             if self._last_write is None:
                 return False
             # The newest scan observed (a reconcile may be on its way to report it).
-            self.write_status(**{**self._last_write, "snapshot": None})
+            again: StatusFields = {**self._last_write, "snapshot": None}
+            self.write_status(**again)
             return True
 
 

@@ -34,7 +34,7 @@ class LeaseRolloutGate:
 
     def __init__(self, slots: RolloutSlots, renew_every: float | None = None) -> None:
         self.slots = slots
-        self._renew_every = renew_every or max(1.0, slots.lease_seconds / 3)
+        self._renew_every = renew_every
         self._slot: Slot | None = None
         self._renewal: contextlib.ExitStack | None = None
         self.waiting = False

@@ -14,8 +14,9 @@ import datetime
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Required, TypedDict
 
-from vgpu_state.kube import events, kubevirt, lease, nodestate
+from vgpu_state.kube import events, kubevirt, nodestate
 from vgpu_state.kube import node as node_api
 from vgpu_state.kube.api import JsonObject, KubeApi
 from vgpu_state.kube.errors import PodResourcesUnavailableError
@@ -58,6 +59,18 @@ class KubeVirtView:
     problems: tuple[str, ...] = ()
 
 
+class StatusFields(TypedDict, total=False):
+    """What a writer gives :meth:`KubeCluster.write_status` (its keyword arguments), for a
+    writer that passes them on."""
+
+    state: Required[ConfigState | None]
+    selected: SelectedConfig | None
+    conditions: list[tuple[ConditionKind, bool | None, str, str]] | None
+    snapshot: NodeSnapshot | None
+    last_apply: LastApply | None
+    blocked: int | None
+
+
 class KubeCluster:
     """The cluster as one node sees it. Every method talks to the API server when called.
 
@@ -74,8 +87,6 @@ class KubeCluster:
         *,
         pod_resources: str | None = DEFAULT_SOCKET,
         kubevirt_ref: KubeVirtRef | None = None,
-        lease_namespace: str = lease.DEFAULT_NAMESPACE,
-        lease_duration: int = lease.DEFAULT_DURATION,
         identity: str | None = None,
         event_namespace: str = events.EVENT_NAMESPACE,
         clock: Clock = _utcnow,
@@ -84,8 +95,6 @@ class KubeCluster:
         self.node = node
         self.pod_resources = pod_resources
         self._kubevirt_ref = kubevirt_ref
-        self.lease_namespace = lease_namespace
-        self.lease_duration = lease_duration
         self.identity = identity or node
         self.event_namespace = event_namespace
         self.clock = clock
