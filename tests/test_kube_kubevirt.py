@@ -51,7 +51,7 @@ def sync(
     """One guarded write of ``entries`` (and removals outside ``keep()``), as the controller
     makes it."""
     return kubevirt.write(
-        api, ref, lambda cr: kubevirt.plan(cr, entries, keep() if keep else None), **options
+        api, ref, lambda cr: kubevirt.plan_write(cr, entries, keep() if keep else None), **options
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
 from vgpu_state.kube.errors import PodResourcesUnavailableError
-from vgpu_state.kube.podresources.client import Holder, list_holders
+from vgpu_state.kube.podresources.client import PodHolder, list_holders
 
 UUID_A = "F715F63C-0D00-4007-9C5A-B07B0C6C05DE"
 
@@ -35,10 +35,10 @@ def test_holders_of_our_resources_with_the_vm_of_a_virt_launcher(tmp_path: Path)
     with serving(sock, kubelet):
         held = list_holders(str(sock))
     assert held == {
-        UUID_A.lower(): Holder(
+        UUID_A.lower(): PodHolder(
             "vms", "virt-launcher-win-1-x7k2p", "compute", "nvidia.com/NVIDIA_A2-4C"
         ),
-        "0000:81:00.6": Holder("ml", "trainer-0", "main", "nvidia.com/NVIDIA_L40S-12Q"),
+        "0000:81:00.6": PodHolder("ml", "trainer-0", "main", "nvidia.com/NVIDIA_L40S-12Q"),
     }
     assert str(held[UUID_A.lower()]) == "pod vms/virt-launcher-win-1-x7k2p (VM vms/win-1)"
     assert str(held["0000:81:00.6"]) == "pod ml/trainer-0"

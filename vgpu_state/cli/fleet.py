@@ -38,8 +38,8 @@ from vgpu_state.reconcile.fleet import (
     FleetPlan,
     FleetSummary,
     FleetTotals,
+    NodeOutcome,
     NodePlan,
-    Outcome,
     fleet_header,
     node_document,
 )
@@ -241,10 +241,10 @@ ANSI = {
     "dim": "2",
 }
 OUTCOME_STYLE = {
-    Outcome.CHANGES: "yellow",
-    Outcome.NO_CHANGES: "green",
-    Outcome.UNKNOWN: "magenta",
-    Outcome.ERROR: "bold red",
+    NodeOutcome.CHANGES: "yellow",
+    NodeOutcome.NO_CHANGES: "green",
+    NodeOutcome.UNKNOWN: "magenta",
+    NodeOutcome.ERROR: "bold red",
 }
 MARK_STYLE = {"+": "green", "-": "red", "~": "yellow", "!": "bold magenta"}
 
@@ -444,7 +444,7 @@ def capacity_lines(result: FleetTotals | FleetPlan) -> list[str]:
 
 def node_lines(n: NodePlan, colour: bool = False) -> list[str]:
     """A node that would change: its heading, its table and its warnings."""
-    if n.outcome is not Outcome.CHANGES or n.plan is None:
+    if n.outcome is not NodeOutcome.CHANGES or n.plan is None:
         return []
     lines = [_paint(_heading(n), "bold", colour)]
     lines += format_table(

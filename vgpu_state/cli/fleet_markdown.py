@@ -23,7 +23,7 @@ from typing import TextIO
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import ActionKind, Blocked, Disruption, Plan
 from vgpu_state.model.policy import Publish
-from vgpu_state.reconcile.fleet import FleetTotals, NodePlan, Outcome
+from vgpu_state.reconcile.fleet import FleetTotals, NodeOutcome, NodePlan
 from vgpu_state.render.plan import before_after
 
 OPEN_ROWS = 20
@@ -362,7 +362,7 @@ class MarkdownWriter:
         c.add(self._summary(result, config_file))
         if result.totals.capacity:
             c.add(self._capacity(result))
-        problems = [m for m in nodes if m.outcome in (Outcome.ERROR, Outcome.UNKNOWN)]
+        problems = [m for m in nodes if m.outcome in (NodeOutcome.ERROR, NodeOutcome.UNKNOWN)]
         if problems:
             c.add(self._problems(problems, int(self.limit * SHARES["problems"])))
         attention = [r for m in nodes for r in m.attention]
@@ -382,7 +382,7 @@ class MarkdownWriter:
             budget = min(c.left, int(self.limit * SHARES["warnings"]))
             body = _fitted(["node", "warning"], warned, budget, "warnings")
             c.add(f"{heading}\n\n" + _details("the warnings", body, len(warned) <= OPEN_ROWS))
-        unchanged = [m.name for m in nodes if m.outcome == Outcome.NO_CHANGES]
+        unchanged = [m.name for m in nodes if m.outcome == NodeOutcome.NO_CHANGES]
         self._changes(c, nodes, UNCHANGED_RESERVE if unchanged else 0)
         if unchanged:
             c.add(self._unchanged(unchanged, c.left))
@@ -439,7 +439,7 @@ class MarkdownWriter:
         return "#### Capacity\n\n" + _table(headers, rows, right=frozenset({1, 2, 3}))
 
     def _problems(self, problems: list[MarkdownNode], budget: int) -> str:
-        errors = sum(m.outcome == Outcome.ERROR for m in problems)
+        errors = sum(m.outcome == NodeOutcome.ERROR for m in problems)
         heading = (
             f"#### Not planned: {_plural(errors, 'error')}, {_n(len(problems) - errors)} unknown"
         )

@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpu_state.controller.reports import NodeReport
-from vgpu_state.kube.permitted import KubeVirtPlan, PermittedEntry, managed_resources, plan
+from vgpu_state.kube.permitted import (
+    KubeVirtPlan,
+    PermittedEntry,
+    managed_resources,
+    plan_write,
+)
 
 
 @dataclass(frozen=True)
@@ -88,4 +93,4 @@ def decide(
     waiting = tuple(
         (r, max(0.0, grace - (now - s))) for r, s in sorted(since.items()) if r in keep
     )
-    return Decision(plan(cr, wanted, keep), Missing(since), waiting, held, refused)
+    return Decision(plan_write(cr, wanted, keep), Missing(since), waiting, held, refused)

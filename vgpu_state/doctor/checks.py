@@ -44,7 +44,7 @@ class Check(Frozen):
     """What to do about it; empty when nothing is to be done."""
 
 
-class Unknown(Frozen):
+class Unverifiable(Frozen):
     """Something that matters for vGPU but that sysfs does not show."""
 
     id: str
@@ -68,7 +68,7 @@ class DoctorReport(Frozen):
     checks: tuple[Check, ...]
     """Checks of the node as a whole (reading sysfs, the config)."""
     gpus: tuple[GpuReport, ...]
-    unknown: tuple[Unknown, ...]
+    unknown: tuple[Unverifiable, ...]
 
     def counts(self) -> dict[str, int]:
         all_checks = [*self.checks, *(c for g in self.gpus for c in g.checks)]
@@ -89,7 +89,7 @@ class SriovTool(Frozen):
 
 
 UNKNOWNS = (
-    Unknown(
+    Unverifiable(
         id="gsp",
         message="GSP firmware and open kernel modules: not visible in sysfs, so not checked "
         "here (the NVIDIA driver's own tools report them)",

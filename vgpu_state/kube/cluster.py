@@ -344,7 +344,7 @@ class KubeCluster:
         desired = kubevirt.desired_entries(snapshot)
         return KubeVirtView(
             ref,
-            kubevirt.plan(cr, desired.entries),
+            kubevirt.plan_write(cr, desired.entries),
             kubevirt.blockers(cr, labels if labels is not None else self.labels(), snapshot),
             desired.problems,
         )

@@ -32,7 +32,7 @@ from vgpu_state.kube.permitted import (
     desired_entries,
     managed_resources,
     permitted,
-    plan,
+    plan_write,
 )
 
 __all__ = [
@@ -53,7 +53,7 @@ __all__ = [
     "find",
     "managed_resources",
     "permitted",
-    "plan",
+    "plan_write",
     "read",
     "write",
 ]

@@ -258,7 +258,7 @@ def _node_mdev_types(mdev_config: Mapping[str, Any], labels: Mapping[str, str]) 
 
 
 # planning a write -----------------------------------------------------------------
-def plan(
+def plan_write(
     cr: Mapping[str, Any],
     desired: Iterable[PermittedEntry],
     keep: Set[str] | None = None,

@@ -32,8 +32,9 @@ FLEET_PLAN_KIND = "vgpu-state-fleet-plan"
 FLEET_FORMAT_VERSION = "1.1"
 
 
-class Outcome(StrEnum):
-    """What a fleet plan says about one node."""
+class NodeOutcome(StrEnum):
+    """What a fleet plan says about one node (its ``outcome``); not the
+    :class:`~vgpu_state.executor.Outcome` of one apply step."""
 
     CHANGES = "changes"
     """The node does not match its config: steps to take, or blocked items."""
@@ -93,7 +94,7 @@ class NodePlan:
     """One node's line of a fleet plan."""
 
     node: str
-    outcome: Outcome
+    outcome: NodeOutcome
     plan: Plan | None = None
     """The node's plan (outcomes ``changes`` and ``no-changes``)."""
     reason: str = ""
@@ -142,7 +143,7 @@ class FleetSummary:
 
     def __init__(self) -> None:
         self.nodes = 0
-        self.count = {o: 0 for o in Outcome}
+        self.count = {o: 0 for o in NodeOutcome}
         self.create = self.destroy = self.sriov = self.blocked = 0
         self.levels = {level: 0 for level in Disruption}
         self.capacity: dict[tuple[str, str, Publish], list[int]] = {}
@@ -193,10 +194,10 @@ class FleetSummary:
         )
         return Totals(
             nodes=self.nodes,
-            changed=self.count[Outcome.CHANGES],
-            unchanged=self.count[Outcome.NO_CHANGES],
-            unknown=self.count[Outcome.UNKNOWN],
-            errors=self.count[Outcome.ERROR],
+            changed=self.count[NodeOutcome.CHANGES],
+            unchanged=self.count[NodeOutcome.NO_CHANGES],
+            unknown=self.count[NodeOutcome.UNKNOWN],
+            errors=self.count[NodeOutcome.ERROR],
             create=self.create,
             destroy=self.destroy,
             sriov=self.sriov,
@@ -300,7 +301,7 @@ def plan_node(
         assert unknown is not None
         return NodePlan(
             node.name,
-            Outcome.UNKNOWN,
+            NodeOutcome.UNKNOWN,
             reason=unknown.reason.value,
             message=unknown.message,
             **common,
@@ -313,7 +314,9 @@ def plan_node(
     try:
         report = reconcile_once(ports, settings, mode=Mode.PLAN)
     except VgpuStateError as e:
-        return NodePlan(node.name, Outcome.ERROR, reason=e.reason.value, message=str(e), **common)
+        return NodePlan(
+            node.name, NodeOutcome.ERROR, reason=e.reason.value, message=str(e), **common
+        )
     warnings = list(report.inputs.warnings)
     if not node.in_use_known:
         warnings.append(
@@ -321,7 +324,7 @@ def plan_node(
             "here as destroyed may be held, and its agent will then block that destroy"
         )
     plan = report.plan
-    outcome = Outcome.NO_CHANGES if plan.is_converged else Outcome.CHANGES
+    outcome = NodeOutcome.NO_CHANGES if plan.is_converged else NodeOutcome.CHANGES
     return NodePlan(node.name, outcome, plan=plan, warnings=tuple(warnings), **common)
 
 

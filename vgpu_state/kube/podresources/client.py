@@ -26,7 +26,7 @@ _LAUNCHER = re.compile(r"^virt-launcher-(?P<vm>.+)-[a-z0-9]{5}$")
 
 
 @dataclass(frozen=True, order=True)
-class Holder:
+class PodHolder:
     """A pod (and the KubeVirt VM it runs, if any) holding a device."""
 
     namespace: str
@@ -55,7 +55,7 @@ def list_holders(
     socket: str = DEFAULT_SOCKET,
     resources: Callable[[str], bool] | None = None,
     timeout: float = 5.0,
-) -> dict[str, Holder]:
+) -> dict[str, PodHolder]:
     """Device ID (mdev UUID or VF address, lower case) -> the pod holding it.
 
     Raises :class:`PodResourcesUnavailableError` when the socket is missing or
@@ -84,14 +84,14 @@ def list_holders(
             details = e.details() if hasattr(e, "details") else str(e)
             name = code.name if code is not None else "error"
             raise PodResourcesUnavailableError(socket, f"List failed: {name}: {details}") from e
-    held: dict[str, Holder] = {}
+    held: dict[str, PodHolder] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             for devices in container.devices:
                 if not keep(devices.resource_name):
                     continue
                 for device in devices.device_ids:
-                    held[device.lower()] = Holder(
+                    held[device.lower()] = PodHolder(
                         pod.namespace, pod.name, container.name, devices.resource_name
                     )
     return held
