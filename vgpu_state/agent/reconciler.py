@@ -42,18 +42,12 @@ from vgpu_state.config.document import ConfigDocument
 from vgpu_state.executor import ApplyResult, StepResult
 from vgpu_state.model.errors import (
     ConfigError,
-    Reason,
     TransientError,
     UserError,
     VgpuStateError,
 )
 from vgpu_state.model.plan import Action, Plan
-from vgpu_state.model.status import (
-    Condition,
-    ConditionType,
-    ConfigState,
-    NodeStatus,
-)
+from vgpu_state.model.status import ConfigState
 from vgpu_state.reconcile import (
     Mode,
     NoConfigSelectedError,
@@ -61,11 +55,13 @@ from vgpu_state.reconcile import (
     QuietReporter,
     Report,
     Settings,
+    publish,
+    publish_failure,
     read_holders,
     reconcile_once,
 )
 from vgpu_state.reconcile import node_status as status_of
-from vgpu_state.reconcile.status import degraded_status, failed_event
+from vgpu_state.reconcile.status import degraded_status, unselected_status
 
 log = logging.getLogger(__name__)
 
@@ -313,8 +309,8 @@ class NodeReconciler:
     def _degraded(self, error: ConfigError) -> None:
         message = str(error)
         log.error("config invalid; nothing is changed on the host:\n%s", message)
-        self.ports.cluster.report_status(degraded_status(self.ports.cluster.node_name(), error))
-        self.ports.cluster.emit_event(failed_event(error))
+        cluster = self.ports.cluster
+        publish_failure(cluster, degraded_status(cluster.node_name(), error), error)
 
     # reporting ---------------------------------------------------------------------
     def _unselected(self, error: NoConfigSelectedError) -> None:
@@ -323,31 +319,12 @@ class NodeReconciler:
         there) and the vGPUs that exist are advertised, as plan-only does; no state label."""
         snapshot = self.ports.host.scan()
         self.ports.device_plugin.refresh(snapshot)
-        reason = Reason.NO_CONFIG_SELECTED.value
-        self.ports.cluster.report_status(
-            NodeStatus(
-                node=self.ports.cluster.node_name(),
-                config=None,
-                state=None,
-                conditions=(
-                    Condition(
-                        type=ConditionType.SYNCED,
-                        status=True,
-                        reason=reason,
-                        message="no config selects this node; it is left as it is",
-                    ),
-                    Condition(
-                        type=ConditionType.READY, status=True, reason=reason, message=str(error)
-                    ),
-                ),
-            )
-        )
+        cluster = self.ports.cluster
+        cluster.report_status(unselected_status(cluster.node_name(), error))
 
     def _report_plan_only(self, report: Report) -> None:
         """Plan-only mode: the status says what enforce would do; the plugin gets the scan."""
-        self.ports.device_plugin.refresh(report.advertised)
-        self.ports.dra.refresh(report.channels.dra)
-        self.ports.cluster.report_status(status_of(report))
+        publish(self.ports, report)
 
     def _observe(self, report: Report) -> None:
         held = report.inputs.in_use

@@ -53,7 +53,8 @@ class ReportedHostWriteError(HostError):
 
 
 class ReportedHost:
-    """A :class:`~vgpu_state.ports.HostPort` that is a node's reported scan; writes raise."""
+    """A :class:`~vgpu_state.ports.HostPort` that is one given scan (in a fleet plan, the
+    node's reported one); writes raise."""
 
     def __init__(self, snapshot: NodeSnapshot) -> None:
         self.snapshot = snapshot

@@ -23,6 +23,7 @@ from vgpu_state.model.errors import (
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.model.status import NodeStatus
 from vgpu_state.planner import differences, expected_snapshot
 from vgpu_state.planner import plan as make_plan
 from vgpu_state.planner.inuse import normalise_in_use
@@ -247,16 +248,28 @@ def reconcile_once(
         config = inputs.config if inputs is not None else None
         # A node nothing selects is left alone: an outcome the caller reports, not a failure.
         if mode is Mode.APPLY and not isinstance(e, NoConfigSelectedError):
-            ports.cluster.report_status(failed_status(node, config, e))
-            ports.cluster.emit_event(failed_event(e))
+            publish_failure(ports.cluster, failed_status(node, config, e), e)
         raise
     if not report.declined:
-        ports.device_plugin.refresh(report.advertised)
-        ports.dra.refresh(report.channels.dra)
-        ports.cluster.report_status(node_status(report))
+        publish(ports, report)
         for event in applied_events(report):
             ports.cluster.emit_event(event)
     return report
+
+
+def publish(ports: Ports, report: Report) -> None:
+    """Tell what the node has now: the device plugin and DRA get the vGPUs of their
+    channel, the cluster the node's status (:func:`~vgpu_state.reconcile.status.node_status`)."""
+    ports.device_plugin.refresh(report.advertised)
+    ports.dra.refresh(report.channels.dra)
+    ports.cluster.report_status(node_status(report))
+
+
+def publish_failure(cluster: ClusterPort, status: NodeStatus, error: VgpuStateError) -> None:
+    """Tell the cluster that a reconcile ended with ``error``: ``status`` (a failed or
+    degraded one, :mod:`vgpu_state.reconcile.status`) and a Warning Event naming it."""
+    cluster.report_status(status)
+    cluster.emit_event(failed_event(error))
 
 
 def _apply(

@@ -113,6 +113,25 @@ def degraded_status(node: str, error: VgpuStateError) -> NodeStatus:
     )
 
 
+def unselected_status(node: str, error: VgpuStateError) -> NodeStatus:
+    """The status of a node that no config selects: left as it is, with no state label."""
+    reason = Reason.NO_CONFIG_SELECTED.value
+    return NodeStatus(
+        node=node,
+        config=None,
+        state=None,
+        conditions=(
+            Condition(
+                type=ConditionType.SYNCED,
+                status=True,
+                reason=reason,
+                message="no config selects this node; it is left as it is",
+            ),
+            Condition(type=ConditionType.READY, status=True, reason=reason, message=str(error)),
+        ),
+    )
+
+
 def applied_events(report: Report) -> tuple[NodeEvent, ...]:
     """Events worth telling an operator after an apply: what changed, what is blocked."""
     events: list[NodeEvent] = []
