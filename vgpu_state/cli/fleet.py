@@ -419,7 +419,7 @@ def totals_line(result: FleetTotals | FleetPlan) -> str:
     )
 
 
-def capacity_lines(result: FleetTotals | FleetPlan) -> list[str]:
+def fleet_capacity_lines(result: FleetTotals | FleetPlan) -> list[str]:
     """The fleet's capacity per resource (now → after) and its nodes per disruption level."""
     t = result.totals
     lines: list[str] = []
@@ -560,7 +560,7 @@ class TableWriter:
         lines += format_table(
             FLEET_HEADERS, [r for _, r in rows], right=frozenset({3, 4, 5, 6}), colour=self.colour
         )
-        lines += ["", *capacity_lines(result)]
+        lines += ["", *fleet_capacity_lines(result)]
         lines += [_paint(totals_line(result), "bold", self.colour)]
         out.write("".join(f"\n{line}" for line in lines) + "\n")
 
