@@ -331,7 +331,7 @@ class NodeReconciler:
         counts: Counter[tuple[str, str]] = Counter()
         for gpu in report.final.gpus:
             for v in gpu.vgpus:
-                name = v.type_name or f"type id {v.type_id}"
+                name = v.type_label
                 counts[(name, "in_use" if v.key in held else "free")] += 1
         self.metrics.set_vgpus(counts)
         self.metrics.blocked_items.set(len(report.plan.blocked))

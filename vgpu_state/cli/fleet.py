@@ -350,7 +350,7 @@ def node_rows(plan: Plan) -> Iterator[tuple[Cell, ...]]:
                 after = (a.after or {}).get("sriov_numvfs")
                 sriov.append(f"enable SR-IOV: {after} virtual functions")
                 continue
-            key = (a.kind, a.type_name or f"type id {a.type_id}")
+            key = (a.kind, a.type_label)
             counts[key] = counts.get(key, 0) + 1
         name = _gpu_name(g)
         rows: list[tuple[str, str, str, str]] = []

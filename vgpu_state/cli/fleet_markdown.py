@@ -87,7 +87,7 @@ def _change_rows(plan: Plan) -> list[list[str]]:
             if a.kind is ActionKind.ENABLE_SRIOV:
                 sriov.append(str((a.after or {}).get("sriov_numvfs", "")))
                 continue
-            key = (a.kind, a.type_name or f"type id {a.type_id}")
+            key = (a.kind, a.type_label)
             counts[key] = counts.get(key, 0) + 1
         gpu = f"{_code(g.address)} {_esc(g.model or 'unknown model')}"
         mine: list[list[str]] = []

@@ -153,7 +153,7 @@ def desired_entries(snapshot: NodeSnapshot, domain: str = DEFAULT_DOMAIN) -> Des
         for v in gpu.vgpus:
             name = driver_type_name(v, known, prefix)
             if not name:
-                what = v.type_name or f"type id {v.type_id}"
+                what = v.type_label
                 problems.append(
                     f"vGPU {v.key or '(new)'} on {gpu.address} ({what}): the driver's name of "
                     "its type is not known yet, so its KubeVirt CR entry is not shown"

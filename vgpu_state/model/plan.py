@@ -97,6 +97,11 @@ class Action(Frozen):
     """What the step takes away (:func:`action_disruption` of ``kind``)."""
 
     @property
+    def type_label(self) -> str:
+        """The type's short name, or ``type id N`` when the name is not known."""
+        return self.type_name or f"type id {self.type_id}"
+
+    @property
     def vgpu_key(self) -> str:
         """The vGPU the step is about as in-use lists and snapshots name it
         (:attr:`Vgpu.key <vgpu_state.model.snapshot.Vgpu.key>`): its VF or mdev UUID."""

@@ -79,6 +79,11 @@ class Vgpu(Frozen):
         """The identity used in plans and in-use lists: the mdev UUID or the VF address."""
         return self.uuid if self.uuid is not None else self.parent
 
+    @property
+    def type_label(self) -> str:
+        """The type's short name, or ``type id N`` when the name is not known."""
+        return self.type_name or f"type id {self.type_id}"
+
 
 class VirtualFunction(Frozen):
     index: int

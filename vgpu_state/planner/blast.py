@@ -130,7 +130,7 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
         channel = publish.get(g.address, default)
         keys: dict[str, _Key] = {}
         for v in g.vgpus:
-            short = v.type_name or f"type id {v.type_id}"
+            short = v.type_label
             key = _key(names.of_vgpu(g, v), short, channel)
             keys[v.key] = key
             before[key] += 1
@@ -143,7 +143,7 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
                 if gone is not None:
                     after[gone] -= 1
             elif a.kind is ActionKind.CREATE:
-                short = a.type_name or f"type id {a.type_id}"
+                short = a.type_label
                 after[_key(names.of_create(g, a), short, channel)] += 1
     blocked: Counter[_Key] = Counter()
     codes: dict[_Key, BlockedReason] = {}

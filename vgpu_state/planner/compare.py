@@ -16,7 +16,7 @@ def differences(desired: DesiredState, snapshot: NodeSnapshot) -> tuple[str, ...
     lines: list[str] = []
     for dg in desired.gpus:
         g = snapshot.gpu(dg.address)
-        live = Counter(v.type_name or f"type id {v.type_id}" for v in (g.vgpus if g else ()))
+        live = Counter(v.type_label for v in (g.vgpus if g else ()))
         want = Counter({n: c for n, c in dg.types if c})
         for name in sorted(set(live) | set(want)):
             if live[name] < want[name]:

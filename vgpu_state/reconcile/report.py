@@ -74,7 +74,7 @@ class Report:
 
     def live_layout(self) -> tuple[tuple[str, int], ...]:
         counts = Counter(
-            v.type_name or f"type id {v.type_id}" for g in self.final.gpus for v in g.vgpus
+            v.type_label for g in self.final.gpus for v in g.vgpus
         )
         return tuple(sorted(counts.items()))
 
