@@ -12,6 +12,7 @@ from typing import Any
 from vgpu_state.config import resolve, select
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.executor import ApplyResult, HostLock, Journal, StepResult, apply
+from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import (
     BlockedError,
     Reason,
@@ -316,11 +317,44 @@ def _apply(
         return _verified(ports, inputs, plan, result, warning)
     if gate is not None and not gate(plan):
         return Report(inputs, plan, inputs.snapshot, (), declined=True, config_warning=warning)
+    _refuse_blocked(plan, skip_blocked)
+    result = _run(
+        plan,
+        ports.host,
+        settings,
+        journal,
+        hear,
+        in_use=inputs.in_use,
+        skip_blocked=skip_blocked,
+        snapshot=inputs.snapshot,
+        desired=inputs.desired,
+    )
+    return _verified(ports, inputs, plan, result, warning)
+
+
+def _refuse_blocked(plan: Plan, skip_blocked: bool) -> None:
+    """Raise :class:`BlockedError` before any change when items are blocked and not skipped."""
     if plan.blocked and not skip_blocked:
         raise BlockedError(
             f"{len(plan.blocked)} item(s) are blocked; nothing was changed. Resolve them "
             "or allow applying the rest"
         )
+
+
+def _run(
+    plan: Plan,
+    host: HostPort,
+    settings: Settings,
+    journal: Journal | None,
+    hear: Reporter,
+    *,
+    in_use: InUse,
+    skip_blocked: bool,
+    snapshot: NodeSnapshot,
+    desired: DesiredState,
+) -> ApplyResult:
+    """Run ``plan`` through the executor; ``hear`` is told as it starts, at each step and
+    at the end."""
     hear.applying(plan)
 
     def progress(a: Action, r: StepResult) -> None:
@@ -328,18 +362,18 @@ def _apply(
 
     result = apply(
         plan,
-        ports.host,
+        host,
         journal=journal,
-        in_use=inputs.in_use,
+        in_use=in_use,
         skip_blocked=skip_blocked,
         progress=progress,
-        snapshot=inputs.snapshot,
+        snapshot=snapshot,
         clock=settings.clock,
         replan=deferred_replanner(settings.catalog),
-        desired=inputs.desired,
+        desired=desired,
     )
     hear.applied(plan, result)
-    return _verified(ports, inputs, plan, result, warning)
+    return result
 
 
 def _verified(
@@ -420,28 +454,17 @@ def apply_saved(
         hear.planned(plan)
         if plan.is_converged:
             return plan, None
-        if plan.blocked and not skip_blocked:
-            raise BlockedError(
-                f"{len(plan.blocked)} item(s) are blocked; nothing was changed. Resolve them "
-                "or allow applying the rest"
-            )
+        _refuse_blocked(plan, skip_blocked)
         journal = Journal(settings.journal_path, settings.clock) if settings.journal_path else None
-        hear.applying(plan)
-
-        def progress(a: Action, r: StepResult) -> None:
-            hear.step(a, r)
-
-        result = apply(
+        result = _run(
             plan,
             host,
-            journal=journal,
+            settings,
+            journal,
+            hear,
             in_use=InUse({**saved.in_use, **held}),
             skip_blocked=skip_blocked,
-            progress=progress,
             snapshot=live,
-            clock=settings.clock,
-            replan=deferred_replanner(settings.catalog),
             desired=saved.desired,
         )
-        hear.applied(plan, result)
         return plan, result
