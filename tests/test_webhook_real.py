@@ -16,7 +16,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,8 +123,6 @@ class Replica:
         self.keeper = WebhookKeeper(
             self.api, WebhookSettings(port=0, namespace=NS), default_catalog()
         )
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -133,14 +130,10 @@ class Replica:
 
     def start(self) -> None:
         self.keeper.check()
-        self.thread = self.keeper.start(self.stop)
+        self.keeper.start()
 
     def shutdown(self) -> None:
-        self.stop.set()
-        if self.thread is not None:
-            self.thread.join(timeout=10)
-        elif self.keeper.started:
-            self.keeper.server.stop()
+        self.keeper.stop()
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 import click
@@ -209,13 +210,14 @@ def controller(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    stops: list[Callable[[], None]] = []
     if webhook_port:
         from pathlib import Path
 
         from vgpu_state.controller.webhook import WebhookKeeper, WebhookSettings
 
         # Every replica serves the webhook, leader or not: the Service may route to any.
-        WebhookKeeper(
+        keeper = WebhookKeeper(
             api,
             WebhookSettings(
                 port=webhook_port,
@@ -226,7 +228,8 @@ def controller(
                 cert_dir=Path(webhook_cert_dir) if webhook_cert_dir else None,
             ),
             catalog,
-        ).start(stop)
+        ).start()
+        stops.append(keeper.stop)
     if listen:
         from vgpu_state.agent.health import parse_listen
         from vgpu_state.controller.metrics import MetricsServer
@@ -235,3 +238,5 @@ def controller(
         server = MetricsServer(ctl.metrics, host, port).start()
         logging.getLogger(__name__).info("serving /metrics on %s:%d", host, server.port)
     ctl.run(stop)
+    for stop_part in stops:
+        stop_part()

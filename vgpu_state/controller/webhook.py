@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from vgpu_state.background import BackgroundLoop
 from vgpu_state.catalog import Catalog
 from vgpu_state.config import load_text
 from vgpu_state.controller import tls
@@ -240,10 +241,17 @@ class WebhookSettings:
     host: str = "0.0.0.0"
 
 
-class WebhookKeeper:
-    """Serves the webhook and keeps its certificate and ``caBundle`` current."""
+RETRY_CHECK = 10.0
+"""Seconds before a check that failed (the API server, the Secret) is made again."""
+
+
+class WebhookKeeper(BackgroundLoop):
+    """Serves the webhook and keeps its certificate and ``caBundle`` current: :meth:`check`
+    now and every ``check_every`` seconds (every 10 s until it works), on a daemon thread
+    from :meth:`start` to :meth:`stop`."""
 
     def __init__(self, api: KubeApi, settings: WebhookSettings, catalog: Catalog) -> None:
+        super().__init__("vgpu-state-webhook-tls", first=0, after_error=RETRY_CHECK)
         self.api = api
         self.settings = settings
         self.server = WebhookServer(settings.host, settings.port, catalog, settings.key)
@@ -279,22 +287,17 @@ class WebhookKeeper:
             self.server.start()
             self.started = True
 
-    def run(self, stop: threading.Event) -> None:
-        """:meth:`check` now and every ``check_every`` seconds (every 10 s until it works)."""
-        while not stop.is_set():
-            try:
-                self.check()
-                wait = self.settings.check_every
-            except (ClusterError, TransientError, OSError, ssl.SSLError) as e:
-                log.warning("layouts webhook: %s (retried in 10 s)", e)
-                wait = 10.0
-            stop.wait(wait)
+    def step(self) -> float:
+        try:
+            self.check()
+        except (ClusterError, TransientError, OSError, ssl.SSLError) as e:
+            log.warning("layouts webhook: %s (retried in %g s)", e, RETRY_CHECK)
+            return RETRY_CHECK
+        return self.settings.check_every
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop checking, then stop serving."""
+        super().stop(timeout)
         if self.started:
             self.server.stop()
-
-    def start(self, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(
-            target=self.run, args=(stop,), name="vgpu-state-webhook-tls", daemon=True
-        )
-        thread.start()
-        return thread
+            self.started = False
