@@ -20,7 +20,7 @@ from typing import Any
 import vgpu_state.reconcile.once
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
-from vgpu_state.executor import ApplyResult, Journal
+from vgpu_state.executor import ApplyResult
 from vgpu_state.host import SysfsHost
 from vgpu_state.model.plan import Plan
 from vgpu_state.ports import HostPort, MemoryCluster
@@ -28,6 +28,7 @@ from vgpu_state.reconcile import Mode, Ports, QuietReporter, Settings, reconcile
 from vgpu_state.sim.fuse import fuse_unavailable_reason, mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
+from vgpu_state.statefiles import Journal
 
 CATALOG = default_catalog()
 

@@ -190,7 +190,7 @@ def test_select_takes_node_labels_and_gpus_from_the_simulator(node: Path) -> Non
 
 
 def test_plan_and_assert_report_an_unfinished_apply(node: Path) -> None:
-    from vgpu_state.executor import Journal
+    from vgpu_state.statefiles import Journal
 
     journal = Journal(node.with_name(node.name + ".journal.jsonl"))
     journal.append(

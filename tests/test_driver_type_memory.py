@@ -26,8 +26,6 @@ from tests.builders import build_gpu, build_snapshot
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.config import StaticConfigSource, load_text
-from vgpu_state.executor.drivertypes import MAX_DRIVER_TYPES_BYTES, DriverTypesFile
-from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.model.drivertypes import DriverTypes, DriverTypesError
 from vgpu_state.model.snapshot import CreatableType, NodeSnapshot, Vgpu
 from vgpu_state.ports import MemoryCluster
@@ -35,6 +33,11 @@ from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
+from vgpu_state.statefiles.drivertypes import (
+    MAX_DRIVER_TYPES_BYTES,
+    DriverTypeMemory,
+    DriverTypesFile,
+)
 from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
@@ -192,7 +195,7 @@ def test_a_symlinked_state_file_is_neither_followed_nor_replaced(tmp_path: Path)
 
 
 def test_the_agent_keeps_the_table_in_its_state_dir_across_restarts(tmp_path: Path) -> None:
-    from vgpu_state.agent.assemble import AgentFlags, _driver_types, _host
+    from vgpu_state.agent.assemble import AgentFlags, _host
 
     spec, _ = _files(tmp_path)
     flags = AgentFlags(
@@ -202,7 +205,7 @@ def test_the_agent_keeps_the_table_in_its_state_dir_across_restarts(tmp_path: Pa
     config = StaticConfigSource(load_text(FULL, "c.yaml", catalog=CATALOG))
     settings = Settings(catalog=CATALOG, driver_types_path=state)
     for mode in (Mode.APPLY, Mode.PLAN):  # the agent restarts between the two
-        host, _, close, _ = _host(flags, _driver_types(state))
+        host, _, close, _ = _host(flags, DriverTypesFile(state).memory(print))
         try:
             ports = Ports(host, MemoryCluster("l40s-node"), config)
             report = reconcile_once(ports, settings, mode=mode, config_name="c")

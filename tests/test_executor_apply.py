@@ -16,7 +16,7 @@ import pytest
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
-from vgpu_state.executor import ApplyError, Journal, apply
+from vgpu_state.executor import ApplyError, apply
 from vgpu_state.host import SysfsHost
 from vgpu_state.model.errors import DeviceBusyError, InterfaceMissingError, TypeNotCreatableError
 from vgpu_state.model.plan import Plan
@@ -26,6 +26,7 @@ from vgpu_state.reconcile import Ports, Settings, deferred_replanner, reconcile_
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.node import held_vgpus
 from vgpu_state.sim.spec import load_spec
+from vgpu_state.statefiles import Journal
 from vgpu_state.testing import FakeCluster
 
 CATALOG = default_catalog()

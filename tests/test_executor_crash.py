@@ -20,11 +20,11 @@ from click.testing import CliRunner
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
-from vgpu_state.executor import Journal
 from vgpu_state.host import scan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.tree import RESET_CONTROL
+from vgpu_state.statefiles import Journal
 
 CATALOG = default_catalog()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_state.executor import HostLock, Journal, LockTimeoutError
+from vgpu_state.statefiles import HostLock, Journal, LockTimeoutError
 
 
 def test_journal_records_are_appended_and_read_back(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_second_lock_waits_then_names_the_holder(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from vgpu_state.executor import HostLock\n"
+            "from vgpu_state.statefiles import HostLock\n"
             f"with HostLock({str(path)!r}, operation='apply'):\n"
             "    print('locked', flush=True)\n"
             "    time.sleep(30)\n",

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import load_text
-from vgpu_state.executor import Journal
 from vgpu_state.host.scan import parse_creatable_vgpu_types, scan
 from vgpu_state.model.errors import ConfigError
 from vgpu_state.planner.saved import SavedPlanError, parse_saved_plan
+from vgpu_state.statefiles import Journal
 
 CATALOG = default_catalog()
 

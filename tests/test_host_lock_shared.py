@@ -22,10 +22,10 @@ from tests.kube_emulator import RunningEmulator
 from tests.test_agent_host_flags import start_agent, stop, wait_for
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.agent import agent as agent_command
-from vgpu_state.cli.session import default_state_path
-from vgpu_state.executor import DEFAULT_STATE, StatePaths
+from vgpu_state.cli.session import state_dir
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import mounted
+from vgpu_state.statefiles import DEFAULT_STATE_DIR, StateDir
 
 CATALOG = default_catalog()
 PACKAGE = Path(__file__).resolve().parent.parent / "vgpu_state"
@@ -64,10 +64,8 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_cli_and_the_agent_default_to_one_state_directory() -> None:
     agent_default = next(p.default for p in agent_command.params if p.name == "state_dir")
-    agent_state = StatePaths(Path(str(agent_default)))
-    assert default_state_path(None, None, "lock") == agent_state.lock == DEFAULT_STATE.lock
-    assert default_state_path(None, None, "journal") == agent_state.journal
-    assert default_state_path(None, None, "driver-types") == agent_state.driver_types
+    agent_state = StateDir.at(Path(str(agent_default)))
+    assert state_dir(None) == agent_state == DEFAULT_STATE_DIR
     # The directory and the files are spelled once: tests/test_one_definition.py.
 
 
@@ -105,7 +103,7 @@ def test_cli_apply_waits_for_the_agent_and_says_who_holds_the_lock(
     (tmp_path / "node.yaml").write_text(SPEC)
     config = tmp_path / "layout.yaml"
     config.write_text(LAYOUT)
-    state = StatePaths(tmp_path / "state")
+    state = StateDir.at(tmp_path / "state")
     with mounted(tmp_path / "node.yaml", tmp_path / "mnt") as m:
         agent, log = start_agent(kube, tmp_path, node, m.root, config=LAYOUT)
         try:

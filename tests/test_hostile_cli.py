@@ -18,8 +18,8 @@ from click.testing import CliRunner, Result
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
-from vgpu_state.executor import HostLock, Journal
 from vgpu_state.host.scan import parse_creatable_vgpu_types, scan
+from vgpu_state.statefiles import HostLock, Journal
 
 CATALOG = default_catalog()
 

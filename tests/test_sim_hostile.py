@@ -16,10 +16,10 @@ from click.testing import CliRunner, Result
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
-from vgpu_state.executor import Journal
 from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import SpecError, parse_spec
+from vgpu_state.statefiles import Journal
 
 CATALOG = default_catalog()
 

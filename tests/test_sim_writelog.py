@@ -20,10 +20,10 @@ from click.testing import CliRunner, Result
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
-from vgpu_state.executor import Journal
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import NodeSpec, save_spec
 from vgpu_state.sim.writelog import log_path
+from vgpu_state.statefiles import Journal
 
 CATALOG = default_catalog()
 GPUS = ("0000:21:00.0", "0000:22:00.0")

@@ -8,10 +8,11 @@ import pytest
 
 from tests.builders import V, build_gpu, build_snapshot, desired
 from vgpu_state.catalog import default_catalog
-from vgpu_state.executor import Journal, VerificationError, apply
+from vgpu_state.executor import VerificationError, apply
 from vgpu_state.model.errors import HostUnreadableError
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import plan
+from vgpu_state.statefiles import Journal
 
 CATALOG = default_catalog()
 

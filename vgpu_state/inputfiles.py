@@ -36,7 +36,7 @@ def read_input(path: str, limit: int, what: str) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = _kind(st.st_mode)
+            kind = file_kind(st.st_mode)
             raise InputFileError(
                 f"{path}: the {what} must be a regular file, not {kind}"
                 + (" (use - to read standard input)" if kind == "a FIFO" else "")
@@ -125,7 +125,10 @@ def _size(n: int) -> str:
     return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int, otherwise: str = "a special file") -> str:
+    """What a file that is not a regular one is, in words (``otherwise`` when none fits)."""
+    if stat.S_ISLNK(mode):
+        return "a symlink"
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -134,4 +137,4 @@ def _kind(mode: int) -> str:
         return "a directory"
     if stat.S_ISSOCK(mode):
         return "a socket"
-    return "a special file"
+    return otherwise

@@ -16,9 +16,6 @@ from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_star
 from vgpu_state.agent.triggers import Fire, Service, Stop, Trigger, TriggerSource
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
-from vgpu_state.executor import StatePaths
-from vgpu_state.executor.drivertypes import DriverTypesFile
-from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.host.holders import ProcHolders
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.kubevirt import KubeVirtRef
@@ -35,6 +32,7 @@ from vgpu_state.ports import (
     ProcessHolders,
 )
 from vgpu_state.reconcile import Ports, Settings
+from vgpu_state.statefiles import DriverTypeMemory, DriverTypesFile, StateDir
 from vgpu_state.wellknown import (
     CDI_DIR,
     KUBELET_DEVICE_PLUGIN_DIR,
@@ -88,8 +86,9 @@ def build(flags: AgentFlags) -> Agent:
     """Connect to the cluster and assemble an :class:`Agent` (nothing runs yet)."""
     api = KubeApi.connect(flags.kubeconfig)
     flags.state_dir.mkdir(parents=True, exist_ok=True)
-    state = StatePaths(flags.state_dir)
-    host, sim_in_use, after, processes = _host(flags, _driver_types(state.driver_types))
+    state = StateDir.at(flags.state_dir)
+    memory = DriverTypesFile(state.driver_types).memory(lambda message: log.warning("%s", message))
+    host, sim_in_use, after, processes = _host(flags, memory)
     in_use: InUseSource | None = sim_in_use
     if flags.in_use_file:
         in_use = in_use_from_file(flags.in_use_file)
@@ -211,15 +210,6 @@ def _kubelet_restarts(plugin: DevicePluginManager) -> TriggerSource:
         return stop
 
     return start
-
-
-def _driver_types(path: Path) -> DriverTypeMemory:
-    """The node's remembered driver types, kept in ``path``; problems are logged warnings."""
-    store = DriverTypesFile(path)
-    table, problem = store.load()
-    if problem is not None:
-        log.warning("%s", problem)
-    return DriverTypeMemory(table, store.saver(lambda message: log.warning("%s", message)))
 
 
 def _host(

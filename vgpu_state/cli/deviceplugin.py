@@ -27,7 +27,7 @@ from vgpu_state.wellknown import KUBELET_DEVICE_PLUGIN_DIR
 
 if TYPE_CHECKING:
     from vgpu_state.deviceplugin import DevicePluginManager
-    from vgpu_state.host.drivertypes import DriverTypeMemory
+    from vgpu_state.statefiles.drivertypes import DriverTypeMemory
 
 DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
 
@@ -167,10 +167,10 @@ def _driver_types(sim_spec: str | None) -> DriverTypeMemory:
     """What the driver listed, read (never written) from the state directory's table:
     it names the vGPUs of a full GPU whose type the catalog lacks (docs/apply.md)."""
     from vgpu_state.catalog import default_catalog
-    from vgpu_state.cli.session import default_state_path, driver_type_memory
+    from vgpu_state.cli.session import driver_type_memory, state_dir
     from vgpu_state.reconcile import Settings
 
-    path = default_state_path(None, sim_spec, "driver-types")
+    path = state_dir(sim_spec).driver_types
     return driver_type_memory(Settings(default_catalog(), driver_types_path=path), record=False)
 
 

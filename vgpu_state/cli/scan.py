@@ -16,7 +16,7 @@ from vgpu_state.catalog import Catalog, default_catalog
 from vgpu_state.cli.common import parse_in_use
 from vgpu_state.cli.options import DEFAULT_SYSFS_ROOT, output_option, sysfs_root_option
 from vgpu_state.cli.output import console as make_console
-from vgpu_state.cli.session import default_state_path, driver_type_memory
+from vgpu_state.cli.session import driver_type_memory, state_dir
 from vgpu_state.host import scan as scan_sysfs
 from vgpu_state.host.holders import ProcHolders
 from vgpu_state.model.errors import VgpuStateError
@@ -146,7 +146,7 @@ def scan(
         memory = driver_type_memory(
             Settings(
                 catalog=catalog,
-                driver_types_path=default_state_path(None, sim_spec, "driver-types"),
+                driver_types_path=state_dir(sim_spec).driver_types,
             ),
             record=False,
         )

@@ -12,7 +12,6 @@ import shlex
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import click
@@ -22,15 +21,19 @@ from vgpu_state.cli.common import SessionArgs, parse_in_use, parse_labels
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.config.loader import MAX_CONFIG_BYTES
 from vgpu_state.config.source import FileConfigSource
-from vgpu_state.executor import DEFAULT_STATE, Journal
-from vgpu_state.executor.drivertypes import DriverTypesFile
-from vgpu_state.host import DriverTypeMemory, SysfsHost
+from vgpu_state.host import SysfsHost
 from vgpu_state.host.holders import ProcHolders
 from vgpu_state.inputfiles import decode_utf8, read_stream
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster, NoProcesses, ProcessHolders
 from vgpu_state.reconcile import Mode, Ports, QuietReporter, Report, Settings, reconcile_once
-from vgpu_state.wellknown import DRIVER_TYPES_FILE, JOURNAL_FILE
+from vgpu_state.statefiles import (
+    DEFAULT_STATE_DIR,
+    DriverTypeMemory,
+    DriverTypesFile,
+    Journal,
+    StateDir,
+)
 
 ENV_JOURNAL = "VGPU_STATE_JOURNAL"
 ENV_LOCK = "VGPU_STATE_LOCK_FILE"
@@ -56,33 +59,21 @@ def _nothing() -> None:
     return None
 
 
-def default_state_path(explicit: str | None, sim_spec: str | None, kind: str) -> Path:
-    """Journal and lock: flag, then env, then beside the sim spec, then the node's state
-    directory (the agent's, :data:`~vgpu_state.executor.DEFAULT_STATE`).
-
-    ``driver-types``: beside the journal (``explicit`` is the journal's flag).
-    """
-    if kind == "driver-types":
-        journal = explicit or os.environ.get(ENV_JOURNAL)
-        if journal:
-            return Path(journal).with_name(DRIVER_TYPES_FILE)
-        if sim_spec:
-            spec = Path(sim_spec)
-            return spec.with_name(f"{spec.name}.{DRIVER_TYPES_FILE}")
-        return DEFAULT_STATE.driver_types
-    env = ENV_JOURNAL if kind == "journal" else ENV_LOCK
-    chosen = explicit or os.environ.get(env)
-    if chosen:
-        return Path(chosen)
-    if sim_spec:
-        spec = Path(sim_spec)
-        suffix = f".{JOURNAL_FILE}" if kind == "journal" else ".lock"
-        return spec.with_name(spec.name + suffix)
-    return DEFAULT_STATE.journal if kind == "journal" else DEFAULT_STATE.lock
+def state_dir(
+    sim_spec: str | None, journal_file: str | None = None, lock_file: str | None = None
+) -> StateDir:
+    """Journal, lock and driver types: flag, then env, then beside the sim spec, then the
+    node's state directory (the agent's, :data:`~vgpu_state.statefiles.DEFAULT_STATE_DIR`).
+    The driver types go beside a journal that a flag or the env names."""
+    base = StateDir.beside(sim_spec) if sim_spec else DEFAULT_STATE_DIR
+    return base.moved(
+        journal=journal_file or os.environ.get(ENV_JOURNAL),
+        lock=lock_file or os.environ.get(ENV_LOCK),
+    )
 
 
 def journal_for(explicit: str | None, sim_spec: str | None) -> Journal:
-    return Journal(default_state_path(explicit, sim_spec, "journal"))
+    return Journal(state_dir(sim_spec, explicit).journal)
 
 
 def _warn(message: str) -> None:
@@ -98,11 +89,7 @@ def driver_type_memory(settings: Settings, record: bool) -> DriverTypeMemory:
     """
     if settings.driver_types_path is None:
         return DriverTypeMemory()
-    store = DriverTypesFile(settings.driver_types_path)
-    table, problem = store.load()
-    if problem is not None:
-        _warn(problem)
-    return DriverTypeMemory(table, store.saver(_warn) if record else None)
+    return DriverTypesFile(settings.driver_types_path).memory(_warn, record=record)
 
 
 def open_host(
@@ -174,11 +161,12 @@ def settings(
     sriov_manage: str | None = None,
 ) -> Settings:
     """The settings of one command, from its flags and the environment."""
+    state = state_dir(sim_spec, journal_file, lock_file)
     return Settings(
         catalog=default_catalog(),
-        journal_path=default_state_path(journal_file, sim_spec, "journal"),
-        driver_types_path=default_state_path(journal_file, sim_spec, "driver-types"),
-        lock_path=default_state_path(lock_file, sim_spec, "lock"),
+        journal_path=state.journal,
+        driver_types_path=state.driver_types,
+        lock_path=state.lock,
         lock_timeout=lock_timeout,
         label_key=label_key,
         sriov_manage=sriov_manage_command(sriov_manage),

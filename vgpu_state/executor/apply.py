@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from vgpu_state.executor.journal import Journal
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import (
     BlockedError,
@@ -26,6 +25,7 @@ from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner.compare import differences
 from vgpu_state.planner.expected import expected_gpu
 from vgpu_state.ports.host import HostPort
+from vgpu_state.statefiles.journal import Journal
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,5 @@
 """Host layer: sysfs scan (read) and NVIDIA driver operations (write) for both layouts."""
 
-from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.host.scan import (
     ScanStats,
     parse_creatable_vgpu_types,
@@ -11,7 +10,6 @@ from vgpu_state.host.scan import (
 from vgpu_state.host.sysfs_host import SysfsHost
 
 __all__ = [
-    "DriverTypeMemory",
     "ScanStats",
     "SysfsHost",
     "parse_creatable_vgpu_types",

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from vgpu_state.catalog import Catalog
 from vgpu_state.host import driver
-from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.host.scan import scan, scan_gpu
 from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.statefiles.drivertypes import DriverTypeMemory
 
 
 class SysfsHost:

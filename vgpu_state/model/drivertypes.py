@@ -4,8 +4,8 @@ On the vendor-specific VFIO layout the driver lists a GPU's types (id and name,
 in each free VF's ``creatable_vgpu_types``) only while something is creatable;
 once the GPU is full no VF lists any type. A vGPU whose type id neither the
 catalog nor the current listing names is then named from this table, which
-every scan that sees a listing extends. Pure values: reading and writing the
-table's file is the shell's job.
+every scan that sees a listing extends. Pure values: the memory a host keeps
+and the table's file are :mod:`vgpu_state.statefiles.drivertypes`.
 """
 
 from __future__ import annotations

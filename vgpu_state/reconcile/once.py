@@ -11,7 +11,7 @@ from typing import Any
 
 from vgpu_state.config import resolve, select
 from vgpu_state.config.document import ConfigDocument
-from vgpu_state.executor import ApplyResult, HostLock, Journal, StepResult, apply
+from vgpu_state.executor import ApplyResult, StepResult, apply
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import (
     BlockedError,
@@ -44,6 +44,7 @@ from vgpu_state.reconcile.deferred import deferred_replanner
 from vgpu_state.reconcile.report import Inputs, QuietReporter, Report, Reporter
 from vgpu_state.reconcile.settings import Settings
 from vgpu_state.reconcile.status import applied_events, failed_event, failed_status, node_status
+from vgpu_state.statefiles import HostLock, Journal
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from types import TracebackType
 
 from vgpu_state.catalog import Catalog, default_catalog
 from vgpu_state.host import driver
-from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.host.paths import SysfsPaths
 from vgpu_state.host.reader import Filesystem, OsFilesystem
 from vgpu_state.host.scan import scan, scan_gpu
@@ -27,6 +26,7 @@ from vgpu_state.sim.spec import NodeSpec, save_spec
 from vgpu_state.sim.sysfs import SimSysfs
 from vgpu_state.sim.tree import SRIOV_MANAGE_CONTROL
 from vgpu_state.sim.writelog import WriteLog, load_node
+from vgpu_state.statefiles.drivertypes import DriverTypeMemory
 
 
 def _temp_root() -> str:

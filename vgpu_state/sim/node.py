@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vgpu_state.catalog import Catalog
-from vgpu_state.host.drivertypes import DriverTypeMemory
 from vgpu_state.model.inuse import InUse
 from vgpu_state.ports.cluster import MemoryCluster
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import NodeSpec
+from vgpu_state.statefiles.drivertypes import DriverTypeMemory
 
 
 def held_vgpus(host: SimHost) -> InUse:

@@ -16,11 +16,10 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from vgpu_state.executor.statefile import StateFileError, open_state_file
 from vgpu_state.model.errors import Reason, TransientError
+from vgpu_state.statefiles.safeopen import StateFileError, open_state_file
 
 UNKNOWN_HOLDER = "another process (the lock file does not say which)"
 
@@ -152,12 +151,8 @@ class HostLock:
         self.fd = fd
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc_info: object) -> None:
+        """Release the lock, emptying the file first (no one holds it now)."""
         if self.fd is not None:
             os.ftruncate(self.fd, 0)
             fcntl.flock(self.fd, fcntl.LOCK_UN)

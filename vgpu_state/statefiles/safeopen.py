@@ -14,6 +14,7 @@ import os
 import stat
 from pathlib import Path
 
+from vgpu_state.inputfiles import file_kind
 from vgpu_state.model.errors import Reason, UserError
 
 
@@ -24,15 +25,7 @@ class StateFileError(UserError):
 
 
 def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    return "not a regular file"
+    return file_kind(mode, otherwise="not a regular file")
 
 
 def open_state_file(path: Path, flags: int, what: str, mode: int = 0o644) -> int:
@@ -53,9 +46,7 @@ def open_state_file(path: Path, flags: int, what: str, mode: int = 0o644) -> int
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise StateFileError(
-                f"{path}: the {what} is a symlink; refusing to use it"
-            ) from None
+            raise StateFileError(f"{path}: the {what} is a symlink; refusing to use it") from None
         raise StateFileError(f"{path}: cannot open the {what}: {e.strerror}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):

@@ -1,6 +1,14 @@
-"""``driver-types.json``: the vGPU types a node's driver listed, kept in the state directory.
+"""A node's memory of the vGPU types its driver listed, and its file in the state directory.
 
-The file is read with the care the journal gets: never through a symlink, only
+:class:`DriverTypeMemory` is what every scan of a host goes through: what the
+driver lists is remembered, and a vGPU whose type id neither the catalog nor
+the live listing names is named from what was remembered (the table itself,
+a pure value, is :class:`~vgpu_state.model.drivertypes.DriverTypes`). One host
+object keeps its memory from scan to scan (so the scan before an apply names
+the vGPUs of the scan after it); its ``save`` hands each extended table to
+:class:`DriverTypesFile`, which keeps it across processes.
+
+``driver-types.json`` is read with the care the journal gets: never through a symlink, only
 a regular file, at most :data:`MAX_DRIVER_TYPES_BYTES`, parsed strictly. A file
 that fails any of that is a warning and is ignored (the node relearns what its
 driver lists). It is written atomically: a fresh temporary file beside it
@@ -15,15 +23,48 @@ import errno
 import os
 import stat
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from vgpu_state.executor.statefile import StateFileError, open_state_file
 from vgpu_state.inputfiles import MiB
 from vgpu_state.model.drivertypes import DriverTypes, DriverTypesError
+from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.statefiles.safeopen import StateFileError, open_state_file
 
 MAX_DRIVER_TYPES_BYTES = 1 * MiB
 _WHAT = "driver-types file"
+
+
+class DriverTypeMemory:
+    """The remembered table of one node, starting from ``table`` (empty by default).
+
+    ``save`` is called with the new table each time a scan extends or changes
+    it (never for a scan that lists nothing new); it must not raise.
+    """
+
+    def __init__(
+        self,
+        table: DriverTypes | None = None,
+        save: Callable[[DriverTypes], None] | None = None,
+    ) -> None:
+        self._table = table if table is not None else DriverTypes()
+        self._save = save
+        self._lock = threading.Lock()
+
+    @property
+    def table(self) -> DriverTypes:
+        return self._table
+
+    def observe(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """Remember what ``snapshot`` lists; return it with its unnamed vGPUs named."""
+        with self._lock:
+            learned = self._table.learn(snapshot)
+            if learned is not self._table:
+                self._table = learned
+                if self._save is not None:
+                    self._save(learned)
+            return learned.name_vgpus(snapshot)
 
 
 class DriverTypesFile:
@@ -92,6 +133,15 @@ class DriverTypesFile:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+    def memory(self, warn: Callable[[str], None], *, record: bool = True) -> DriverTypeMemory:
+        """A node's memory starting from this file; a file that cannot be used is passed
+        to ``warn`` (never an error). ``record``: write what a scan newly sees back to
+        the file (what changes the host does); otherwise it is only read."""
+        table, problem = self.load()
+        if problem is not None:
+            warn(problem)
+        return DriverTypeMemory(table, self.saver(warn) if record else None)
 
     def saver(self, warn: Callable[[str], None]) -> Callable[[DriverTypes], None]:
         """A ``save`` that never raises: each distinct failure is passed to ``warn`` once."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vgpu_state.executor.statefile import StateFileError, open_state_file
+from vgpu_state.statefiles.safeopen import StateFileError, open_state_file
 
 MAX_TAIL_BYTES = 8 * 1024 * 1024
 """How much of the journal's end is read: many thousands of applies. The journal
