@@ -195,7 +195,7 @@ def test_a_symlinked_state_file_is_neither_followed_nor_replaced(tmp_path: Path)
 
 
 def test_the_agent_keeps_the_table_in_its_state_dir_across_restarts(tmp_path: Path) -> None:
-    from vgpu_state.agent.assemble import AgentFlags, _host
+    from vgpu_state.agent.assemble import AgentFlags, open_agent_node
 
     spec, _ = _files(tmp_path)
     flags = AgentFlags(
@@ -205,13 +205,13 @@ def test_the_agent_keeps_the_table_in_its_state_dir_across_restarts(tmp_path: Pa
     config = StaticConfigSource(load_text(FULL, "c.yaml", catalog=CATALOG))
     settings = Settings(catalog=CATALOG, driver_types_path=state)
     for mode in (Mode.APPLY, Mode.PLAN):  # the agent restarts between the two
-        host, _, close, _ = _host(flags, DriverTypesFile(state).memory(print))
+        node = open_agent_node(flags)
         try:
-            ports = Ports(host, MemoryCluster("l40s-node"), config)
+            ports = Ports(node.host, MemoryCluster("l40s-node"), config)
             report = reconcile_once(ports, settings, mode=mode, config_name="c")
         finally:
-            assert close is not None
-            close()
+            node.save()
+            node.close()
         assert report.differences == ()
         assert [v.type_name for v in report.final.gpus[0].vgpus] == ["L40S-5Q"] * 9
         assert state.is_file()

@@ -18,6 +18,13 @@ LOCK_FILE = "apply.lock"
 DRIVER_TYPES_FILE = "driver-types.json"
 """The name, in a state directory, of the vGPU types the driver listed."""
 
+SYSFS_ROOT = "/sys"
+"""Where sysfs is mounted (``--sysfs-root``; the DaemonSet mounts the host's)."""
+PROC_ROOT = "/proc"
+"""Where the processes holding vGPUs are read (``--proc-root``)."""
+SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
+"""Where NVIDIA's vGPU Manager installs its SR-IOV helper (used when installed)."""
+
 METRICS_PORT = 9410
 """The port of ``/metrics`` and the health endpoints (agent and cluster controller)."""
 METRICS_LISTEN = f":{METRICS_PORT}"

@@ -15,24 +15,19 @@ from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
 from vgpu_state.agent.triggers import Fire, Service, Stop, Trigger, TriggerSource
 from vgpu_state.catalog import default_catalog
+from vgpu_state.compose import NodeSettings, OpenNode, open_node
 from vgpu_state.config import FileConfigSource
-from vgpu_state.host.holders import ProcHolders
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.kubevirt import KubeVirtRef
 from vgpu_state.kube.rollout import RolloutSlots
 from vgpu_state.model.allocatable import DEFAULT_GRACE
-from vgpu_state.model.errors import SelectionError
-from vgpu_state.model.inuse import InUse
-from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.ports import (
     ClusterPort,
     DevicePluginSink,
-    HostPort,
     NoClusterPlan,
-    ProcessHolders,
 )
 from vgpu_state.reconcile import Ports, Settings
-from vgpu_state.statefiles import DriverTypeMemory, DriverTypesFile, StateDir
+from vgpu_state.statefiles import StateDir
 from vgpu_state.wellknown import (
     CDI_DIR,
     KUBELET_DEVICE_PLUGIN_DIR,
@@ -45,7 +40,6 @@ from vgpu_state.wellknown import (
 
 if TYPE_CHECKING:
     from vgpu_state.deviceplugin import DevicePluginManager
-    from vgpu_state.sim.host import SimHost
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +81,8 @@ def build(flags: AgentFlags) -> Agent:
     api = KubeApi.connect(flags.kubeconfig)
     flags.state_dir.mkdir(parents=True, exist_ok=True)
     state = StateDir.at(flags.state_dir)
-    memory = DriverTypesFile(state.driver_types).memory(lambda message: log.warning("%s", message))
-    host, sim_in_use, after, processes = _host(flags, memory)
-    in_use: InUseSource | None = sim_in_use
+    node = open_agent_node(flags)
+    in_use: InUseSource | None = node.held if node.sim is not None else None
     if flags.in_use_file:
         in_use = in_use_from_file(flags.in_use_file)
     cluster = AgentCluster(
@@ -98,7 +91,7 @@ def build(flags: AgentFlags) -> Agent:
         pod_resources=flags.pod_resources,
         kubevirt_ref=KubeVirtRef.parse(flags.kubevirt) if flags.kubevirt else None,
         in_use_source=in_use,
-        processes=processes,
+        processes=node.processes,
     )
     port_cluster: ClusterPort = cluster
     dra_sink: DevicePluginSink | None = None
@@ -144,7 +137,7 @@ def build(flags: AgentFlags) -> Agent:
         sriov_manage=flags.sriov_manage,
     )
     ports = Ports(
-        host,
+        node.host,
         port_cluster,
         FileConfigSource(flags.config_dir / CONFIG_FILE, catalog),
         sink,
@@ -153,8 +146,13 @@ def build(flags: AgentFlags) -> Agent:
         kubevirt=cluster if flags.manage_kubevirt else NoClusterPlan(),
     )
     slots = RolloutSlots(api, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
-    if after is not None:
-        shutdown.insert(0, ("simulated node", after))
+    if node.sim is not None:
+
+        def save_and_close() -> None:
+            node.save()
+            node.close()
+
+        shutdown.insert(0, ("simulated node", save_and_close))
     parts = AgentParts(
         ports=ports,
         settings=settings,
@@ -212,77 +210,21 @@ def _kubelet_restarts(plugin: DevicePluginManager) -> TriggerSource:
     return start
 
 
-def _host(
-    flags: AgentFlags, driver_types: DriverTypeMemory
-) -> tuple[HostPort, InUseSource | None, Callable[[], None] | None, ProcessHolders]:
-    """The host port, a simulated node's holders and its closing, and where processes
-    holding vGPUs are read (``--proc-root``)."""
-    if flags.sim_spec:
-        from vgpu_state.sim.node import held_vgpus, open_sim
-        from vgpu_state.sim.proc import SimProcHolders
-
-        if flags.sriov_manage is not None:
-            raise SelectionError("--sriov-manage applies to a real sysfs, not to --sim")
-
-        sim = open_sim(flags.sim_spec, autosave=True, driver_types=driver_types)
-
-        def held() -> InUse:
-            return held_vgpus(sim.host)
-
-        def save_and_close() -> None:
-            sim.save()
-            sim.close()
-
-        processes: ProcessHolders = (
-            ProcHolders(flags.proc_root) if flags.proc_root else SimProcHolders(sim.host)
-        )
-        return _SavingHost(sim.host), held, save_and_close, processes
-    from vgpu_state.host import SysfsHost
-
-    host = SysfsHost(
-        flags.sysfs_root,
-        flags.node,
-        flags.sriov_manage,
-        catalog=default_catalog(),
-        driver_types=driver_types,
+def open_agent_node(flags: AgentFlags) -> OpenNode:
+    """The node the agent keeps (``--sim`` or ``--sysfs-root``), with the driver's type
+    lists in ``--state-dir``; a simulated node's spec follows every apply."""
+    return open_node(
+        NodeSettings(
+            default_catalog(),
+            sim_spec=flags.sim_spec,
+            sysfs_root=None if flags.sim_spec else flags.sysfs_root,
+            name=flags.node,
+            driver_types=StateDir.at(flags.state_dir).driver_types,
+            record=True,
+            sriov_manage=flags.sriov_manage,
+            proc_root=flags.proc_root,
+            autosave=True,
+            spec_follows=True,
+        ),
+        lambda message: log.warning("%s", message),
     )
-    return host, None, None, ProcHolders(flags.proc_root or "/proc")
-
-
-class _SavingHost:
-    """A simulated host whose spec file follows every change (other commands can read it).
-
-    Each write lands in the spec's write log as it is made; the spec itself is
-    written at the next full scan after a change (an apply ends with one), so
-    once per apply rather than once per write.
-    """
-
-    def __init__(self, inner: SimHost) -> None:
-        self.inner = inner
-
-    def scan(self) -> NodeSnapshot:
-        snapshot = self.inner.scan()
-        if self.inner.unsaved_writes:
-            self.inner.save()
-        return snapshot
-
-    def scan_gpu(self, address: str) -> NodeSnapshot:
-        return self.inner.scan_gpu(address)
-
-    def enable_sriov(self, pf: str) -> None:
-        self.inner.enable_sriov(pf)
-
-    def disable_sriov(self, pf: str) -> None:
-        self.inner.disable_sriov(pf)
-
-    def create_mdev(self, parent: str, type_id: int, uuid: str) -> None:
-        self.inner.create_mdev(parent, type_id, uuid)
-
-    def remove_mdev(self, uuid: str) -> None:
-        self.inner.remove_mdev(uuid)
-
-    def set_vf_type(self, vf: str, type_id: int) -> None:
-        self.inner.set_vf_type(vf, type_id)
-
-    def clear_vf_type(self, vf: str) -> None:
-        self.inner.clear_vf_type(vf)

@@ -8,17 +8,14 @@ from pathlib import Path
 
 import click
 
+from vgpu_state import wellknown
 from vgpu_state.cli.common import handle_errors
-from vgpu_state.cli.options import log_level_option
-from vgpu_state.wellknown import (
-    CDI_DIR,
-    DRIVER_TYPES_FILE,
-    KUBELET_DEVICE_PLUGIN_DIR,
-    KUBELET_PLUGIN_REGISTRY_DIR,
-    KUBELET_PLUGINS_DIR,
-    KUBELET_POD_RESOURCES_SOCKET,
-    METRICS_LISTEN,
-    STATE_DIR,
+from vgpu_state.cli.options import (
+    daemon_options,
+    directory_option,
+    listen_option,
+    log_level_option,
+    seconds_option,
 )
 
 
@@ -45,30 +42,15 @@ from vgpu_state.wellknown import (
     show_default=True,
     help="Seconds between periodic reconciles (sysfs changes are not watched).",
 )
-@click.option(
+@seconds_option(
     "--holder-poll",
-    type=click.FloatRange(min=0, min_open=True),
-    default=5.0,
-    show_default=True,
-    help="While a layout switch waits for a holder: seconds between reads of the holders "
+    5.0,
+    "While a layout switch waits for a holder: seconds between reads of the holders "
     "(a change reconciles at once).",
+    min_open=True,
 )
-@click.option(
-    "--listen",
-    default=METRICS_LISTEN,
-    show_default=True,
-    help="HOST:PORT of /healthz, /readyz and /metrics ('' to serve none).",
-)
-@click.option(
-    "--kubeconfig", default=None, help="Kubeconfig (default: in-cluster, then ~/.kube/config)."
-)
-@click.option(
-    "--namespace",
-    envvar="POD_NAMESPACE",
-    default="vgpu-state",
-    show_default=True,
-    help="Namespace of the rollout-slot Leases ($POD_NAMESPACE).",
-)
+@listen_option("HOST:PORT of /healthz, /readyz and /metrics ('' to serve none).")
+@daemon_options("Namespace of the rollout-slot Leases ($POD_NAMESPACE).")
 @click.option("--sysfs-root", default="/sys", show_default=True, help="Where sysfs is mounted.")
 @click.option(
     "--sim",
@@ -76,12 +58,10 @@ from vgpu_state.wellknown import (
     default=None,
     help="Drive a simulated node (spec file) instead of sysfs; the spec is saved after applies.",
 )
-@click.option(
+@directory_option(
     "--state-dir",
-    default=STATE_DIR,
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help=f"Journal, host lock and the vGPU types the driver listed ({DRIVER_TYPES_FILE}).",
+    wellknown.STATE_DIR,
+    f"Journal, host lock and the vGPU types the driver listed ({wellknown.DRIVER_TYPES_FILE}).",
 )
 @click.option(
     "--proc-root",
@@ -101,7 +81,7 @@ from vgpu_state.wellknown import (
 )
 @click.option(
     "--pod-resources",
-    default=KUBELET_POD_RESOURCES_SOCKET,
+    default=wellknown.KUBELET_POD_RESOURCES_SOCKET,
     show_default=True,
     help="The kubelet's pod-resources socket: which pods hold which vGPUs.",
 )
@@ -124,7 +104,7 @@ from vgpu_state.wellknown import (
 )
 @click.option(
     "--device-plugin-dir",
-    default=KUBELET_DEVICE_PLUGIN_DIR,
+    default=wellknown.KUBELET_DEVICE_PLUGIN_DIR,
     show_default=True,
     help="The kubelet's device-plugins directory: the agent registers one device plugin "
     "per vGPU type through its kubelet.sock.",
@@ -134,15 +114,14 @@ from vgpu_state.wellknown import (
     is_flag=True,
     help="Serve no device plugin (another component advertises the vGPUs to the kubelet).",
 )
-@click.option(
+@seconds_option(
     "--allocatable-grace",
-    default=40.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    metavar="SECONDS",
-    help="How long the kubelet may take to offer a changed device list before the "
+    40.0,
+    "How long the kubelet may take to offer a changed device list before the "
     "KubeletAllocatable condition turns False and a lost resource is registered again "
     "(the kubelet posts its node status about every 10 s).",
+    min_open=True,
+    metavar="SECONDS",
 )
 @click.option(
     "--dra",
@@ -150,27 +129,17 @@ from vgpu_state.wellknown import (
     help="Serve the kubelet DRA plugin and publish ResourceSlices for the vGPUs of GPUs whose "
     "policy says publish: dra (docs/dra.md).",
 )
-@click.option(
+@directory_option(
     "--dra-plugins-dir",
-    default=KUBELET_PLUGINS_DIR,
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The kubelet's plugins directory (the DRA socket goes in <dir>/vgpu.vgpu-state.io).",
+    wellknown.KUBELET_PLUGINS_DIR,
+    "The kubelet's plugins directory (the DRA socket goes in <dir>/vgpu.vgpu-state.io).",
 )
-@click.option(
+@directory_option(
     "--dra-registry-dir",
-    default=KUBELET_PLUGIN_REGISTRY_DIR,
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The kubelet's plugin registration directory.",
+    wellknown.KUBELET_PLUGIN_REGISTRY_DIR,
+    "The kubelet's plugin registration directory.",
 )
-@click.option(
-    "--cdi-dir",
-    default=CDI_DIR,
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Where prepared claims' CDI specs are written.",
-)
+@directory_option("--cdi-dir", wellknown.CDI_DIR, "Where prepared claims' CDI specs are written.")
 @log_level_option()
 @handle_errors
 def agent(

@@ -15,7 +15,7 @@ from vgpu_state.cli.common import (
     parse_in_use,
     selection_options,
 )
-from vgpu_state.cli.options import output_option
+from vgpu_state.cli.options import output_option, seconds_option
 from vgpu_state.cli.output import console, print_plan_text
 from vgpu_state.cli.session import (
     Warnings,
@@ -186,12 +186,8 @@ def _confirm(auto_approve: bool, skip_blocked: bool) -> Any:
 @click.option("--skip-blocked", is_flag=True, help="Apply the rest when some items are blocked.")
 @click.option("--journal", "journal_file", help="Journal file. Env: VGPU_STATE_JOURNAL.")
 @click.option("--lock-file", help="Host lock file. Env: VGPU_STATE_LOCK_FILE.")
-@click.option(
-    "--lock-timeout",
-    type=click.FloatRange(min=0, max=86400),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for the host lock (0 to 86400).",
+@seconds_option(
+    "--lock-timeout", 30.0, "Seconds to wait for the host lock (0 to 86400).", maximum=86400
 )
 @click.option(
     "--sriov-manage",

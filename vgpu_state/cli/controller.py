@@ -9,25 +9,50 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any, TypeVar
 
 import click
 
 from vgpu_state.cli.common import handle_errors
-from vgpu_state.cli.options import config_file_option, log_level_option
-from vgpu_state.wellknown import METRICS_LISTEN
+from vgpu_state.cli.options import (
+    config_file_option,
+    daemon_options,
+    listen_option,
+    log_level_option,
+    seconds_option,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+WEBHOOK_OBJECTS = (
+    (
+        "--webhook-service",
+        "vgpu-state-controller",
+        "The Service the API server calls the webhook through (the certificate names it).",
+    ),
+    (
+        "--webhook-secret",
+        "vgpu-state-controller-tls",
+        "Secret (in --namespace) holding the webhook's CA and serving certificate; "
+        "created and renewed by the controller.",
+    ),
+    (
+        "--webhook-configuration",
+        "vgpu-state-layouts",
+        "ValidatingWebhookConfiguration whose caBundle the controller keeps in step.",
+    ),
+)
+"""The names of the webhook's objects: flag, default, help."""
+
+
+def _webhook_objects(fn: F) -> F:
+    for flag, default, text in reversed(WEBHOOK_OBJECTS):
+        fn = click.option(flag, default=default, show_default=True, help=text)(fn)
+    return fn
 
 
 @click.command("controller")
-@click.option(
-    "--kubeconfig", default=None, help="Kubeconfig (default: in-cluster, then ~/.kube/config)."
-)
-@click.option(
-    "--namespace",
-    envvar="POD_NAMESPACE",
-    default="vgpu-state",
-    show_default=True,
-    help="Namespace of the leader-election Lease ($POD_NAMESPACE).",
-)
+@daemon_options("Namespace of the leader-election Lease ($POD_NAMESPACE).")
 @click.option(
     "--identity",
     envvar="POD_NAME",
@@ -37,20 +62,14 @@ from vgpu_state.wellknown import METRICS_LISTEN
 @click.option(
     "--kubevirt", default=None, help="NAMESPACE/NAME of the KubeVirt CR (default: the only one)."
 )
-@click.option(
+@seconds_option(
     "--grace",
-    type=click.FloatRange(min=0),
-    default=300.0,
-    show_default=True,
-    help="Seconds an entry vgpu-state added stays in the KubeVirt CR after the last node "
+    300.0,
+    "Seconds an entry vgpu-state added stays in the KubeVirt CR after the last node "
     "stopped reporting its resource.",
 )
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.1),
-    default=10.0,
-    show_default=True,
-    help="Seconds between passes over every node's VGPUNodeState.",
+@seconds_option(
+    "--interval", 10.0, "Seconds between passes over every node's VGPUNodeState.", minimum=0.1
 )
 @click.option(
     "--lease-seconds",
@@ -66,25 +85,7 @@ from vgpu_state.wellknown import METRICS_LISTEN
     show_default=True,
     help="Port of the layouts ConfigMap's validating webhook (HTTPS; 0: not served).",
 )
-@click.option(
-    "--webhook-service",
-    default="vgpu-state-controller",
-    show_default=True,
-    help="The Service the API server calls the webhook through (the certificate names it).",
-)
-@click.option(
-    "--webhook-secret",
-    default="vgpu-state-controller-tls",
-    show_default=True,
-    help="Secret (in --namespace) holding the webhook's CA and serving certificate; "
-    "created and renewed by the controller.",
-)
-@click.option(
-    "--webhook-configuration",
-    default="vgpu-state-layouts",
-    show_default=True,
-    help="ValidatingWebhookConfiguration whose caBundle the controller keeps in step.",
-)
+@_webhook_objects
 @click.option(
     "--webhook-cert-dir",
     type=click.Path(file_okay=False, exists=True),
@@ -92,23 +93,17 @@ from vgpu_state.wellknown import METRICS_LISTEN
     help="Serve tls.crt/tls.key from this directory (e.g. a cert-manager Secret) instead: "
     "the controller then writes no Secret and no caBundle.",
 )
-@click.option(
-    "--listen",
-    default=METRICS_LISTEN,
-    show_default=True,
-    help="HOST:PORT of /metrics, /healthz and /readyz (empty: not served).",
-)
+@listen_option("HOST:PORT of /metrics, /healthz and /readyz (empty: not served).")
 @config_file_option(
     help="The layouts (the agents' ConfigMap, mounted) the fleet view plans with; "
     "empty: no fleet view. Env: VGPU_STATE_CONFIG_FILE.",
     default="/etc/vgpu-state/config.yaml",
 )
-@click.option(
+@seconds_option(
     "--fleet-interval",
-    type=click.FloatRange(min=1),
-    default=60.0,
-    show_default=True,
-    help="Seconds between fleet views (the plan of every node, exported as metrics).",
+    60.0,
+    "Seconds between fleet views (the plan of every node, exported as metrics).",
+    minimum=1,
 )
 @click.option(
     "--max-age",

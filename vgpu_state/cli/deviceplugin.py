@@ -14,20 +14,25 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import click
 
-from vgpu_state.cli.options import DEFAULT_SYSFS_ROOT, ENV_LOG_LEVEL, sysfs_root_option
+from vgpu_state.cli.options import (
+    DEFAULT_SYSFS_ROOT,
+    ENV_LOG_LEVEL,
+    seconds_option,
+    sysfs_root_option,
+)
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.wellknown import KUBELET_DEVICE_PLUGIN_DIR
 
 if TYPE_CHECKING:
+    from vgpu_state.compose import OpenNode
     from vgpu_state.deviceplugin import DevicePluginManager
-    from vgpu_state.statefiles.drivertypes import DriverTypeMemory
+    from vgpu_state.statefiles import DriverTypeMemory
 
 DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
 
@@ -53,19 +58,12 @@ DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
     show_default=True,
     help="Resource name prefix: <domain>/<type name>.",
 )
-@click.option(
-    "--resync",
-    type=click.FloatRange(min=0.05),
-    default=30.0,
-    show_default=True,
-    help="Seconds between re-scans of --sysfs-root.",
-)
-@click.option(
+@seconds_option("--resync", 30.0, "Seconds between re-scans of --sysfs-root.", minimum=0.05)
+@seconds_option(
     "--health-interval",
-    type=click.FloatRange(min=0.05),
-    default=2.0,
-    show_default=True,
-    help="Seconds between checks that each device is still there.",
+    2.0,
+    "Seconds between checks that each device is still there.",
+    minimum=0.05,
 )
 @click.option(
     "--fake-kubelet",
@@ -131,11 +129,7 @@ def deviceplugin(
             kubelet = FakeKubelet(plugin_dir, on_list=show)
             kubelet.start()
             click.echo(f"fake kubelet serving {kubelet.socket_path}", err=True)
-        source = (
-            _SimSource(sim_spec, _driver_types(sim_spec))
-            if sim_spec
-            else _SysfsSource(sysfs_root or "/sys", _driver_types(None))
-        )
+        source = _Source(sim_spec, sysfs_root)
         _publish(manager, source.scan())
         while not stop.wait(0.2 if sim_spec else resync):
             snapshot = source.changed()
@@ -163,61 +157,48 @@ def _publish(manager: DevicePluginManager, snapshot: NodeSnapshot) -> None:
         click.echo(f"problem: {problem}", err=True)
 
 
-def _driver_types(sim_spec: str | None) -> DriverTypeMemory:
-    """What the driver listed, read (never written) from the state directory's table:
-    it names the vGPUs of a full GPU whose type the catalog lacks (docs/apply.md)."""
-    from vgpu_state.catalog import default_catalog
-    from vgpu_state.cli.session import driver_type_memory, state_dir
-    from vgpu_state.reconcile import Settings
-
-    path = state_dir(sim_spec).driver_types
-    return driver_type_memory(Settings(default_catalog(), driver_types_path=path), record=False)
-
-
 class _Source:
-    scan: Callable[[], NodeSnapshot]
+    """The node the plugin advertises. What the driver listed is read (never written)
+    from the state directory's table: it names the vGPUs of a full GPU whose type the
+    catalog lacks (docs/apply.md). A simulated node is rendered as a directory tree,
+    opened again when its spec file changes."""
 
-    def changed(self) -> NodeSnapshot | None:
-        return self.scan()
-
-    def close(self) -> None:
-        pass
-
-
-class _SysfsSource(_Source):
-    def __init__(self, root: str, memory: DriverTypeMemory) -> None:
+    def __init__(self, sim_spec: str | None, sysfs_root: str | None) -> None:
         from vgpu_state.catalog import default_catalog
-        from vgpu_state.host import scan
+        from vgpu_state.cli.session import state_dir
+        from vgpu_state.compose import NodeSettings
 
-        catalog = default_catalog()
-        self.scan = lambda: memory.observe(scan(root, os.uname().nodename, catalog=catalog))
+        self.settings = NodeSettings(
+            default_catalog(),
+            sim_spec=sim_spec,
+            sysfs_root=sysfs_root,
+            driver_types=state_dir(sim_spec).driver_types,
+            in_memory=False,
+        )
+        self.node = self._open(None)
+        self.mtime = os.stat(sim_spec).st_mtime_ns if sim_spec else None
 
+    def _open(self, memory: DriverTypeMemory | None) -> OpenNode:
+        from vgpu_state.cli.session import warn
+        from vgpu_state.compose import open_node
 
-class _SimSource(_Source):
-    """A simulated node rendered as a directory tree, rebuilt when its spec file changes."""
+        return open_node(self.settings, warn, driver_types=memory)
 
-    def __init__(self, spec: str, memory: DriverTypeMemory) -> None:
-        from vgpu_state.sim.host import SimHost
-
-        self.spec = spec
-        self.memory = memory
-        self._make = SimHost
-        self.host = SimHost(spec, driver_types=memory)
-        self.mtime = os.stat(spec).st_mtime_ns
-        self.scan = self._scan
-
-    def _scan(self) -> NodeSnapshot:
-        return self.host.scan()
+    def scan(self) -> NodeSnapshot:
+        return self.node.host.scan()
 
     def changed(self) -> NodeSnapshot | None:
-        mtime = os.stat(self.spec).st_mtime_ns
+        """A fresh scan; for a simulated node, only once its spec file changed."""
+        if self.settings.sim_spec is None:
+            return self.scan()
+        mtime = os.stat(self.settings.sim_spec).st_mtime_ns
         if mtime == self.mtime:
             return None
         self.mtime = mtime
-        old, self.host = self.host, self._make(self.spec, driver_types=self.memory)
-        snapshot = self.host.scan()
+        old, self.node = self.node, self._open(self.node.driver_types)
+        snapshot = self.node.host.scan()
         old.close()
         return snapshot
 
     def close(self) -> None:
-        self.host.close()
+        self.node.close()

@@ -18,11 +18,11 @@ from vgpu_state.doctor.checks import (
     config_failure,
     diagnose,
 )
-from vgpu_state.host.driver import SRIOV_MANAGE
 from vgpu_state.model.errors import ConfigError, VgpuStateError
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import QuietReporter, Settings
 from vgpu_state.render.doctor import render_report, render_report_json
+from vgpu_state.wellknown import SRIOV_MANAGE
 
 
 class _Heard(QuietReporter):

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from vgpu_state.cli.common import SessionArgs, parse_labels
-from vgpu_state.cli.session import Target
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, ClusterPart, Plan
@@ -26,6 +25,7 @@ from vgpu_state.ports import HostPort, NoProcesses, ProcessHolders
 from vgpu_state.reconcile import Mode, Ports
 
 if TYPE_CHECKING:
+    from vgpu_state.compose import OpenNode
     from vgpu_state.executor import ApplyResult, StepResult
     from vgpu_state.kube.cluster import KubeCluster
     from vgpu_state.reconcile.report import Reporter
@@ -184,7 +184,7 @@ def _time(moment: datetime.datetime) -> str:
 
 def kube_ports(
     base: Ports,
-    target: Target,
+    target: OpenNode,
     args: SessionArgs,
     flagged: Mapping[str, str],
     mode: Mode,

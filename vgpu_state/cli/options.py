@@ -22,16 +22,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
+from vgpu_state.wellknown import METRICS_LISTEN, SYSFS_ROOT
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 ENV_CONFIG_FILE = "VGPU_STATE_CONFIG_FILE"
 ENV_LOG_LEVEL = "VGPU_STATE_LOG_LEVEL"
 ENV_CONFIG_NAME = "VGPU_STATE_SELECTED_CONFIG"
-DEFAULT_SYSFS_ROOT = "/sys"
+DEFAULT_SYSFS_ROOT = SYSFS_ROOT
 
 RENAMED_FILE_FLAGS = ("--file", "--config-file")
 """Old spellings of ``--config`` (the layouts file)."""
@@ -181,3 +184,60 @@ def output_option(
         show_default=True,
         help=help or "How to report: text for people, json for programs.",
     )
+
+
+def seconds_option(
+    flag: str,
+    default: float,
+    help: str,
+    *,
+    minimum: float = 0,
+    maximum: float | None = None,
+    min_open: bool = False,
+    metavar: str | None = None,
+) -> Callable[[F], F]:
+    """An option that takes a number of seconds (at least ``minimum``), its default shown."""
+    return click.option(
+        flag,
+        type=click.FloatRange(min=minimum, max=maximum, min_open=min_open),
+        default=default,
+        show_default=True,
+        metavar=metavar,
+        help=help,
+    )
+
+
+def directory_option(flag: str, default: str, help: str) -> Callable[[F], F]:
+    """An option that names a directory (a :class:`~pathlib.Path`), its default shown."""
+    return click.option(
+        flag,
+        default=default,
+        show_default=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help=help,
+    )
+
+
+def daemon_options(namespace_help: str) -> Callable[[F], F]:
+    """The cluster of a long-running process (the agent, the controller):
+    ``--kubeconfig FILE`` and ``--namespace`` (``$POD_NAMESPACE``)."""
+    kubeconfig = click.option(
+        "--kubeconfig", default=None, help="Kubeconfig (default: in-cluster, then ~/.kube/config)."
+    )
+    namespace = click.option(
+        "--namespace",
+        envvar="POD_NAMESPACE",
+        default="vgpu-state",
+        show_default=True,
+        help=namespace_help,
+    )
+
+    def both(fn: F) -> F:
+        return kubeconfig(namespace(fn))
+
+    return both
+
+
+def listen_option(help: str) -> Callable[[F], F]:
+    """``--listen HOST:PORT`` of a long-running process's ``/metrics`` and probes."""
+    return click.option("--listen", default=METRICS_LISTEN, show_default=True, help=help)

@@ -14,16 +14,13 @@ from rich.text import Text
 
 from vgpu_state.catalog import Catalog, default_catalog
 from vgpu_state.cli.common import parse_in_use
-from vgpu_state.cli.options import DEFAULT_SYSFS_ROOT, output_option, sysfs_root_option
+from vgpu_state.cli.options import output_option, sysfs_root_option
 from vgpu_state.cli.output import console as make_console
-from vgpu_state.cli.session import driver_type_memory, state_dir
-from vgpu_state.host import scan as scan_sysfs
-from vgpu_state.host.holders import ProcHolders
+from vgpu_state.cli.session import state_dir, warn
+from vgpu_state.compose import NodeSettings, open_node
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner.fits import still_fits
-from vgpu_state.ports import MemoryCluster, ProcessHolders
-from vgpu_state.reconcile import Settings
 from vgpu_state.reconcile.once import holders
 
 
@@ -143,35 +140,27 @@ def scan(
         given = parse_in_use(in_use, in_use_file)
         catalog = default_catalog()
         # What the driver listed before names the vGPUs of a full GPU (docs/apply.md).
-        memory = driver_type_memory(
-            Settings(
-                catalog=catalog,
-                driver_types_path=state_dir(sim_spec).driver_types,
+        opened = open_node(
+            NodeSettings(
+                catalog,
+                sim_spec=sim_spec,
+                sysfs_root=sysfs_root,
+                name=node,
+                driver_types=state_dir(sim_spec).driver_types,
+                proc_root=proc_root,
             ),
-            record=False,
+            warn,
         )
-        if sim_spec is not None:
-            from vgpu_state.sim.node import open_sim
-            from vgpu_state.sim.proc import SimProcHolders
-
-            sim = open_sim(sim_spec, catalog=catalog, driver_types=memory)
-            try:
-                snapshot = sim.host.scan().model_copy(update={"sysfs_root": f"sim:{sim_spec}"})
+        try:
+            snapshot = opened.host.scan()
+            if sim_spec is not None:
+                snapshot = snapshot.model_copy(update={"sysfs_root": f"sim:{sim_spec}"})
                 if node:
                     snapshot = snapshot.model_copy(update={"node": node})
-                processes: ProcessHolders = (
-                    ProcHolders(proc_root) if proc_root else SimProcHolders(sim.host)
-                )
-                held, warnings = holders(
-                    processes, sim.cluster.with_overrides(in_use=given), snapshot
-                )
-            finally:
-                sim.close()
-        else:
-            root = sysfs_root or DEFAULT_SYSFS_ROOT
-            snapshot = memory.observe(scan_sysfs(root, node, catalog=catalog))
-            cluster = MemoryCluster(snapshot.node or "").with_overrides(in_use=given)
-            held, warnings = holders(ProcHolders(proc_root or "/proc"), cluster, snapshot)
+            cluster = opened.cluster.with_overrides(in_use=given)
+            held, warnings = holders(opened.processes, cluster, snapshot)
+        finally:
+            opened.close()
     except VgpuStateError as e:
         if output == "json":
             click.echo(json.dumps({"error": {"reason": e.reason.value, "message": str(e)}}))

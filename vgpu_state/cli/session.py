@@ -6,57 +6,28 @@ by the selection options, one reconcile of it, and the journal's warnings.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import click
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.common import SessionArgs, parse_in_use, parse_labels
+from vgpu_state.compose import NodeSettings, OpenNode, open_node
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.config.loader import MAX_CONFIG_BYTES
 from vgpu_state.config.source import FileConfigSource
-from vgpu_state.host import SysfsHost
-from vgpu_state.host.holders import ProcHolders
 from vgpu_state.inputfiles import decode_utf8, read_stream
 from vgpu_state.model.errors import SelectionError
-from vgpu_state.ports import ConfigSource, HostPort, MemoryCluster, NoProcesses, ProcessHolders
+from vgpu_state.ports import ConfigSource
 from vgpu_state.reconcile import Mode, Ports, QuietReporter, Report, Settings, reconcile_once
-from vgpu_state.statefiles import (
-    DEFAULT_STATE_DIR,
-    DriverTypeMemory,
-    DriverTypesFile,
-    Journal,
-    StateDir,
-)
+from vgpu_state.statefiles import DEFAULT_STATE_DIR, Journal, StateDir
 
 ENV_JOURNAL = "VGPU_STATE_JOURNAL"
 ENV_LOCK = "VGPU_STATE_LOCK_FILE"
-
-
-@dataclass
-class Target:
-    """The node a command works on: its host and cluster ports, and how to keep and release it.
-
-    ``save`` writes a simulated node's new state back to its spec (nothing for a
-    real host); ``close`` releases what the host holds.
-    """
-
-    host: HostPort
-    cluster: MemoryCluster
-    save: Callable[[], None]
-    close: Callable[[], None]
-    processes: ProcessHolders = dataclasses.field(default_factory=NoProcesses)
-    """The node's processes holding vGPUs: its ``/proc`` (a simulated node's own)."""
-
-
-def _nothing() -> None:
-    return None
 
 
 def state_dir(
@@ -76,20 +47,9 @@ def journal_for(explicit: str | None, sim_spec: str | None) -> Journal:
     return Journal(state_dir(sim_spec, explicit).journal)
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
+    """A warning on stderr."""
     click.echo(f"warning: {message}", err=True)
-
-
-def driver_type_memory(settings: Settings, record: bool) -> DriverTypeMemory:
-    """The node's remembered driver types, read from ``settings.driver_types_path``.
-
-    ``record``: write what a scan newly sees back to the file (commands that
-    change the host); other commands only read it. A file that cannot be used
-    is a warning, never an error.
-    """
-    if settings.driver_types_path is None:
-        return DriverTypeMemory()
-    return DriverTypesFile(settings.driver_types_path).memory(_warn, record=record)
 
 
 def open_host(
@@ -100,40 +60,29 @@ def open_host(
     *,
     record: bool = False,
     proc_root: str | None = None,
-) -> Target:
+) -> OpenNode:
     """The node: a simulated one, or sysfs at ``sysfs_root`` (default ``/sys``).
 
     A real host takes the catalog and the sriov-manage command from ``settings``.
     ``node`` overrides the node's name. ``record``: keep what the driver lists
-    in the driver-types file (see :func:`driver_type_memory`). Processes
+    in the driver-types file (``settings.driver_types_path``). Processes
     holding vGPUs are read from ``proc_root`` (default ``/proc``; a simulated
     node's own ``/proc`` unless given).
     """
-    if sim_spec and sysfs_root:
-        raise SelectionError("give either --sim or --sysfs-root, not both")
-    if sim_spec and settings.sriov_manage is not None:
-        raise SelectionError("--sriov-manage applies to a real sysfs, not to --sim")
-    if sim_spec:
-        from vgpu_state.sim.node import open_sim
-
-        memory = driver_type_memory(settings, record)
-        sim = open_sim(sim_spec, autosave=True, catalog=settings.catalog, driver_types=memory)
-        cluster = sim.cluster.with_overrides(node=node)
-        from vgpu_state.sim.proc import SimProcHolders
-
-        processes: ProcessHolders = (
-            ProcHolders(proc_root) if proc_root else SimProcHolders(sim.host)
-        )
-        return Target(sim.host, cluster, sim.save, sim.close, processes)
-    name = node or os.uname().nodename
-    host = SysfsHost(
-        sysfs_root or "/sys",
-        name,
-        settings.sriov_manage,
-        catalog=settings.catalog,
-        driver_types=driver_type_memory(settings, record),
+    return open_node(
+        NodeSettings(
+            settings.catalog,
+            sim_spec=sim_spec,
+            sysfs_root=sysfs_root,
+            name=node or None,
+            driver_types=settings.driver_types_path,
+            record=record,
+            sriov_manage=settings.sriov_manage,
+            proc_root=proc_root,
+            autosave=True,
+        ),
+        warn,
     )
-    return Target(host, MemoryCluster(name), _nothing, _nothing, ProcHolders(proc_root or "/proc"))
 
 
 def config_source(config_file: str, settings: Settings) -> ConfigSource:
@@ -175,7 +124,7 @@ def settings(
 
 
 def ports(
-    target: Target,
+    target: OpenNode,
     config_file: str,
     labels: Mapping[str, str],
     in_use: Mapping[str, str],
@@ -191,7 +140,7 @@ def ports(
     )
 
 
-def open_target(args: SessionArgs, settings: Settings, *, record: bool = False) -> Target:
+def open_target(args: SessionArgs, settings: Settings, *, record: bool = False) -> OpenNode:
     """The node of ``plan``, ``apply`` or ``assert``; they need a config file.
 
     ``record``: see :func:`open_host`.
@@ -214,12 +163,12 @@ class Warnings(QuietReporter):
     """Prints the reconcile's warnings on stderr."""
 
     def warning(self, message: str) -> None:
-        click.echo(f"warning: {message}", err=True)
+        warn(message)
 
 
 def reconcile(
     args: SessionArgs,
-    target: Target,
+    target: OpenNode,
     settings: Settings,
     mode: Mode = Mode.PLAN,
     **kwargs: Any,

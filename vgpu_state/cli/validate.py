@@ -114,10 +114,11 @@ def gpus_from_flags(specs: Sequence[str]) -> tuple[Gpu, ...]:
 
 def gpus_from_sim(spec: str) -> tuple[tuple[Gpu, ...], str, dict[str, str]]:
     """GPUs, node name and labels of a simulated node (its sysfs scanned in memory)."""
-    from vgpu_state.sim.node import open_sim
+    from vgpu_state.cli.session import warn
+    from vgpu_state.compose import NodeSettings, open_node
 
     try:
-        node = open_sim(spec)
+        node = open_node(NodeSettings(default_catalog(), sim_spec=spec), warn)
         try:
             return node.host.scan().gpus, node.cluster.node_name(), dict(node.cluster.labels())
         finally:

@@ -23,12 +23,11 @@ from vgpu_state.model.errors import (
     TypeNotCreatableError,
 )
 from vgpu_state.model.ids import is_canonical_uuid
+from vgpu_state.wellknown import SRIOV_MANAGE
 
 Writer = Callable[[str, str], None]
 """``writer(path, value)`` performs one write and raises ``OSError`` with the errno."""
 
-SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
-"""Where NVIDIA's vGPU Manager installs its SR-IOV helper."""
 
 SriovManage = Sequence[str]
 """The sriov-manage command line prefix; ``-e``/``-d`` and the PF address are appended."""

@@ -67,8 +67,10 @@ def open_sim(
     autosave: bool = False,
     catalog: Catalog | None = None,
     driver_types: DriverTypeMemory | None = None,
+    in_memory: bool = True,
 ) -> SimNode:
-    """Open a simulated node from a spec (file or value), its sysfs served in memory.
+    """Open a simulated node from a spec (file or value), its sysfs served in memory
+    (``in_memory=False``: rendered as a directory tree, for a reader of its paths).
 
     ``autosave``: keep every write the simulated driver receives in the spec's
     write log as it is made (one appended line, not a save of the whole spec),
@@ -78,6 +80,6 @@ def open_sim(
     (at the end of an apply) and ends the log.
     """
     host = SimHost(
-        spec, in_memory=True, autosave=autosave, catalog=catalog, driver_types=driver_types
+        spec, in_memory=in_memory, autosave=autosave, catalog=catalog, driver_types=driver_types
     )
     return SimNode(host, sim_cluster(host))
