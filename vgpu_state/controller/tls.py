@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi
+from vgpu_state.kube.api import JsonObject, KubeApi, retry_on_conflict
 from vgpu_state.kube.errors import ClusterError, NotFoundError
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,8 @@ def ensure_secret(
     api: KubeApi, namespace: str, name: str, service: str, now: dt.datetime
 ) -> Material:
     """The Secret's material, created or renewed when needed (safe from every replica)."""
-    for _ in range(5):
+
+    def attempt() -> Material:
         try:
             secret = api.get(secret_path(namespace, name))
         except NotFoundError:
@@ -226,10 +227,8 @@ def ensure_secret(
                 "type": "Opaque",
                 "data": material.secret_data(),
             }
-            try:
-                api.create(secret_path(namespace), body)
-            except ConflictError:
-                continue  # another replica created it first: use theirs
+            # A conflict: another replica created it first; the next attempt reads theirs.
+            api.create(secret_path(namespace), body)
             log.info("Secret %s/%s: created a CA and a serving certificate", namespace, name)
             return material
         found = Material.from_secret(secret)
@@ -246,13 +245,14 @@ def ensure_secret(
             fresh = renewed(found, service, namespace, now)
         secret = dict(secret)
         secret["data"] = fresh.secret_data()
-        try:
-            api.replace(secret_path(namespace, name), secret)
-        except ConflictError:
-            continue  # another replica renewed it first: read theirs
+        # A conflict: another replica renewed it first; the next attempt reads theirs.
+        api.replace(secret_path(namespace, name), secret)
         log.info("Secret %s/%s: renewed (%s)", namespace, name, why)
         return fresh
-    raise ClusterError(f"Secret {namespace}/{name}: changed by others on every attempt")
+
+    return retry_on_conflict(
+        attempt, 5, ClusterError(f"Secret {namespace}/{name}: changed by others on every attempt")
+    )
 
 
 def webhook_path(name: str) -> str:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlencode
 
 from vgpu_state.kube.clientimport import client_parts, kubeconfig_loader
@@ -38,6 +38,23 @@ class ConflictError(ClusterError):
 
 class InvalidError(ClusterError):
     """HTTP 422: the request was refused, e.g. a JSON Patch ``test`` op did not hold."""
+
+
+T = TypeVar("T")
+
+
+def retry_on_conflict(attempt: Callable[[], T], attempts: int, gave_up: Exception) -> T:
+    """``attempt()`` (a read, then a write guarded by what it read) again while it raises
+    :class:`ConflictError`: another writer changed the object in between. After
+    ``attempts`` conflicts in a row ``gave_up`` is raised. (The KubeVirt CR's write,
+    which also waits a :class:`~vgpu_state.background.Backoff`, is
+    :func:`vgpu_state.kube.kubevirt.write`.)"""
+    for _ in range(attempts):
+        try:
+            return attempt()
+        except ConflictError:
+            continue
+    raise gave_up
 
 
 def path_of(

@@ -13,7 +13,7 @@ import datetime
 import hashlib
 import re
 
-from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
+from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of, retry_on_conflict
 from vgpu_state.kube.errors import ContendedWriteError, NotFoundError
 from vgpu_state.model.status import EventType
 
@@ -54,7 +54,8 @@ def record(
     moment = now or datetime.datetime.now(tz=datetime.UTC)
     name = event_name(node, reason)
     path = path_of("", "v1", "events", name, namespace)
-    for _ in range(8):
+
+    def attempt() -> JsonObject:
         try:
             existing = api.get(path)
         except NotFoundError:
@@ -78,10 +79,7 @@ def record(
                 "reportingComponent": COMPONENT,
                 "reportingInstance": instance or node,
             }
-            try:
-                return api.create(path_of("", "v1", "events", None, namespace), body)
-            except ConflictError:
-                continue
+            return api.create(path_of("", "v1", "events", None, namespace), body)
         count = int(existing.get("count") or 1) + 1
         patch: JsonObject = {
             "metadata": {
@@ -94,8 +92,9 @@ def record(
         }
         try:
             return api.patch(path, patch, "merge")
-        except ConflictError:
-            continue
-        except NotFoundError:  # expired (Events have a TTL) between the read and the write
-            continue
-    raise ContendedWriteError(f"Event {namespace}/{name} kept changing; not recorded")
+        except NotFoundError as e:  # expired (Events have a TTL) between the read and the write
+            raise ConflictError(str(e), e.status, e.api_reason) from e
+
+    return retry_on_conflict(
+        attempt, 8, ContendedWriteError(f"Event {namespace}/{name} kept changing; not recorded")
+    )

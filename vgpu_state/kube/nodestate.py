@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 
-from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
+from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of, retry_on_conflict
 from vgpu_state.kube.errors import ContendedWriteError, NotFoundError
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.lenient import known_fields
@@ -492,7 +492,8 @@ def write_status(
     status no longer has disappear (a merge patch would keep them), and a
     concurrent writer makes it a 409, after which it reads and writes again.
     """
-    for _ in range(5):
+
+    def attempt() -> JsonObject:
         obj = ensure(api, node, node_uid)
         meta = obj.get("metadata") or {}
         body = {
@@ -503,8 +504,10 @@ def write_status(
                 update={"observed_generation": int(meta.get("generation") or 0)}
             ).to_json(),
         }
-        try:
-            return api.replace(object_path(node, status=True), body)
-        except ConflictError:
-            continue
-    raise ContendedWriteError(f"VGPUNodeState {node}: the status kept changing; retry later")
+        return api.replace(object_path(node, status=True), body)
+
+    return retry_on_conflict(
+        attempt,
+        5,
+        ContendedWriteError(f"VGPUNodeState {node}: the status kept changing; retry later"),
+    )
