@@ -282,12 +282,13 @@ def test_a_real_api_server_pages_the_fleet_and_the_plan_is_the_same_in_any_page_
     """Upstream's kube-apiserver (``tests/realcluster.py``): the fleet above (but the
     status the CRD's schema refuses) stored there; ``fleet plan`` with pages of 4, of
     500 and in one request prints the same plan of every node, by name."""
-    stored = []
+    stored, with_node = [], []
     for name, node, state in fleet_objects():
         if name == "gpu-bbb-broken":  # the server refuses it (a string for a count)
             continue
         if node is not None:
             real_cluster.write(NODES, name, {"metadata": {"labels": node["metadata"]["labels"]}})
+            with_node.append(name)
         if state is not None:
             body = {k: v for k, v in state.items() if k in ("metadata", "spec", "status")}
             body["metadata"] = {"labels": state["metadata"].get("labels", {})}
@@ -307,3 +308,48 @@ def test_a_real_api_server_pages_the_fleet_and_the_plan_is_the_same_in_any_page_
     assert [n["node"] for n in doc["nodes"]] == sorted(stored)
     assert doc["totals"]["nodes"] == len(stored) == COUNT + 3
     assert doc["totals"]["errors"] == 1 and doc["totals"]["unknown"] == 2
+    # The labels come from the Nodes' metadata alone: the server leaves out the rest.
+    from vgpu_state.kube.api import KubeApi
+    from vgpu_state.kube.fleet import METADATA_ONLY, list_pages
+
+    api = KubeApi.connect(str(kubeconfig))
+    try:
+        listed = [n for page in list_pages(api, "/api/v1/nodes", 4, METADATA_ONLY) for n in page]
+    finally:
+        api.close()
+    assert {n["kind"] for n in listed} == {"PartialObjectMetadata"}
+    assert not [n for n in listed if set(n) != {"kind", "apiVersion", "metadata"}]
+    assert {n["metadata"]["name"] for n in listed} >= set(with_node)
+
+
+def test_a_list_page_s_continue_token_is_read_without_decoding_its_items() -> None:
+    """Workers decode a page's items; the command reads only the list's ``metadata``
+    before them (the API server writes it first) to ask for the next page."""
+    from vgpu_state.kube.fleet import continue_token
+
+    head = b'{"kind":"VGPUNodeStateList","apiVersion":"vgpu-state.io/v1alpha1",'
+    meta = b'"metadata":{"resourceVersion":"7","continue":"eyJ2IjoibWV0YS5rOHMuaW8vdjEifQ"},'
+    # Items that do not decode: only the fields before them are read.
+    assert continue_token(head + meta + b'"items":[{"broken": ') == (
+        "eyJ2IjoibWV0YS5rOHMuaW8vdjEifQ"
+    )
+    assert continue_token(b'{ "metadata" : {"continue": "a\\"b"} , "items": [}') == 'a"b'
+    assert continue_token(head + b'"metadata":{"resourceVersion":"7"},"items":[]}') == ""
+    assert continue_token(b'{"kind":"List","items":[]}') == ""
+    # Items first (another writer's order): the whole text is decoded.
+    items_first = b'{"items":[{"metadata":{"continue":"no"}}],"metadata":{"continue":"yes"}}'
+    assert continue_token(items_first) == "yes"
+    # Metadata beyond what is searched: the whole text is decoded too.
+    padded = b'{"kind":"' + b"x" * 70_000 + b'","metadata":{"continue":"far"},"items":[]}'
+    assert continue_token(padded) == "far"
+
+
+def test_a_list_that_is_not_json_is_a_cluster_error() -> None:
+    from vgpu_state.kube.errors import ClusterError
+    from vgpu_state.kube.fleet import continue_token, page_items
+
+    with pytest.raises(ClusterError, match="not JSON"):
+        continue_token(b'{"metadata": nonsense')
+    with pytest.raises(ClusterError, match="not JSON"):
+        page_items(b"<html>")
+    assert page_items(b'{"items":[{"a":1},2]}') == [{"a": 1}]

@@ -13,6 +13,7 @@ Accepted forms (the sysfs ``name`` file, config keys, and NVIDIA's docs):
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -64,8 +65,12 @@ def short_type_name(text: str) -> str:
     return tokens[-1] if tokens else ""
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_type_name(text: str) -> ParsedTypeName | None:
-    """Parse a type name; ``None`` when it does not follow the grammar (still usable)."""
+    """Parse a type name; ``None`` when it does not follow the grammar (still usable).
+
+    Remembered by text (the result is frozen): a fleet's nodes name the same few types
+    in every plan."""
     name = short_type_name(text)
     m = _MIG.match(name)
     if m:

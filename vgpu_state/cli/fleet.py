@@ -21,7 +21,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
 import click
 from pydantic_core import to_json
@@ -29,7 +29,7 @@ from pydantic_core import to_json
 from vgpu_state.cli.common import handle_errors
 from vgpu_state.cli.options import config_file_option, kubeconfig_options, output_option
 from vgpu_state.config.document import ConfigDocument
-from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE
+from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE, Page
 from vgpu_state.kube.nodestate import SnapshotDecoder
 from vgpu_state.model.errors import TransientError
 from vgpu_state.model.plan import ActionKind, Blocked, GpuPlan, Plan
@@ -105,7 +105,7 @@ def fleet() -> None:
     "--jobs",
     type=click.IntRange(min=0),
     default=0,
-    help="Processes that plan nodes in parallel when the fleet spans more than two pages "
+    help="Processes that plan nodes in parallel when the fleet spans more than one page "
     "(default 0: one per CPU, at most 4; 1: none).",
 )
 @click.option(
@@ -135,8 +135,8 @@ def plan_cmd(
 
     The fleet is read page by page (--chunk-size objects per request) and each
     node is planned and summarised as it is read, so memory does not grow with
-    the fleet's size beyond a line per node; pages after the first two are planned
-    by --jobs processes while the next are read.
+    the fleet's size beyond a line per node; when there is more than one page, they
+    are planned by --jobs processes while the next are read.
 
     With --from FILE the fleet is read from a snapshot file instead of the
     cluster, and node ages (--max-age) count from the moment it was taken: the
@@ -627,15 +627,13 @@ class FleetWorkerError(TransientError):
     """A worker process died while it planned a page of the fleet."""
 
 
-IN_PROCESS_PAGES = 2
-"""Pages planned in the command's own process before workers are started."""
-
 _WORK: PageWork | None = None
 """The work of this process (the command's, inherited by its workers)."""
 
 
-def plan_page(page: list[dict[str, Any]]) -> tuple[FleetSummary, list[Rendered]]:
-    """A page of ``VGPUNodeState`` objects: each decoded, planned and rendered in turn."""
+def plan_page(page: Page) -> tuple[FleetSummary, list[Rendered]]:
+    """A page of ``VGPUNodeState`` objects (or the list response's JSON text, decoded
+    here): each decoded, planned and rendered in turn."""
     from vgpu_state.kube.fleet import reported_nodes
     from vgpu_state.reconcile.fleet import plan_node
 
@@ -676,29 +674,21 @@ def default_jobs() -> int:
 
 
 def plan_pages(
-    work: PageWork, pages: Iterator[list[dict[str, Any]]], jobs: int
+    work: PageWork, pages: Iterator[Page], jobs: int
 ) -> Iterator[tuple[FleetSummary, list[Rendered]]]:
-    """Every page planned (:func:`plan_page`), in order. The first pages are planned in
-    this process; with ``jobs`` above 1 and more pages than those, ``jobs`` forked
-    processes plan the rest while this one reads the next pages (a small fleet pays
-    for no processes). At most two pages per process wait, so memory stays a few
-    pages."""
+    """Every page planned (:func:`plan_page`), in order. A fleet of one page is planned
+    in this process; with ``jobs`` above 1 and more pages, ``jobs`` forked processes
+    decode and plan them while this one reads the next pages and collects what they
+    rendered. At most two pages per process wait, so memory stays a few pages."""
     global _WORK
     _WORK = work
-    for _ in range(IN_PROCESS_PAGES if jobs > 1 else -1):
-        page = next(pages, None)
-        if page is None:
-            return
-        yield plan_page(page)
-        del page
     first = next(pages, None)
     if first is None:
         return
-    second = next(pages, None)
-    if jobs <= 1 or second is None:
+    second = next(pages, None) if jobs > 1 else None
+    if second is None:
         yield plan_page(first)
-        if second is not None:
-            yield plan_page(second)
+        del first
         for page in pages:
             yield plan_page(page)
         return

@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 import click
 
@@ -20,6 +20,7 @@ from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE
 
 if TYPE_CHECKING:
     from vgpu_state.kube.api import KubeApi
+    from vgpu_state.kube.fleet import Page
     from vgpu_state.kube.fleetsnapshot import SnapshotReader
 
 
@@ -60,16 +61,15 @@ class FleetSource:
             raise
         return cls(None, reader)
 
-    def read(
-        self, chunk_size: int
-    ) -> tuple[dict[str, dict[str, str]], Iterator[list[dict[str, Any]]]]:
-        """Every Node's labels, and the ``VGPUNodeState`` objects page by page."""
+    def read(self, chunk_size: int) -> tuple[dict[str, dict[str, str]], Iterator[Page]]:
+        """Every Node's labels, and the ``VGPUNodeState`` objects page by page (from the
+        cluster, each page's JSON text, decoded by whichever process plans it)."""
         if self.reader is not None:
             return self.reader.labels, self.reader.pages(chunk_size)
         from vgpu_state.kube.fleet import fleet_pages
 
         assert self.api is not None
-        return fleet_pages(self.api, chunk_size)
+        return fleet_pages(self.api, chunk_size, raw=True)
 
     @property
     def description(self) -> str:

@@ -150,9 +150,38 @@ class KubeApi:
         content_type: str = "application/json",
         query: Mapping[str, str] | None = None,
     ) -> JsonObject:
+        status, raw = self._send(method, path, body, content_type, query, "application/json")
+        data = _decode(raw)
+        if 200 <= status < 300:
+            return data
+        raise _error(method, path, status, data)
+
+    def get_bytes(
+        self,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        accept: str = "application/json",
+    ) -> bytes:
+        """GET ``path``: the response body as sent, not decoded (for a caller that decodes
+        it elsewhere, or in part). Raises as :meth:`request` does."""
+        status, raw = self._send("GET", path, None, "application/json", query, accept)
+        if 200 <= status < 300:
+            return raw
+        raise _error("GET", path, status, _decode(raw))
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | Sequence[Any] | None,
+        content_type: str,
+        query: Mapping[str, str] | None,
+        accept: str,
+    ) -> tuple[int, bytes]:
         if query:
             path = f"{path}?{urlencode(dict(query))}"
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = {"Accept": accept, "Content-Type": content_type}
         try:
             serialized = self._client.param_serialize(
                 method=method,
@@ -173,11 +202,7 @@ class KubeApi:
         for warning in _warnings(response):
             # E.g. a field the server does not know and drops ("unknown field"): a bug to see.
             log.warning("the Kubernetes API server warns (%s %s): %s", method, path, warning)
-        status = int(response.status)
-        data = _decode(raw)
-        if 200 <= status < 300:
-            return data
-        raise _error(method, path, status, data)
+        return int(response.status), raw or b""
 
     def get(self, path: str) -> JsonObject:
         return self.request("GET", path)

@@ -14,8 +14,9 @@ raised.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 from pydantic import ValidationError
 
@@ -36,9 +37,18 @@ from vgpu_state.model.snapshot import scan_problem
 DEFAULT_CHUNK_SIZE = 500
 """Objects per list request (kubectl's default ``--chunk-size``)."""
 
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+"""``Accept`` for a list of the objects' metadata only (what ``kubectl get`` asks for when
+it needs no more): the API server leaves out each Node's spec and status. A server that
+cannot answer so sends the whole objects (the second choice)."""
+
+Page = list[JsonObject] | bytes
+"""A page of a list: its objects, or the response's JSON text not yet decoded
+(:func:`page_items` decodes either)."""
+
 
 def list_pages(
-    api: KubeApi, path: str, chunk_size: int = DEFAULT_CHUNK_SIZE
+    api: KubeApi, path: str, chunk_size: int = DEFAULT_CHUNK_SIZE, accept: str | None = None
 ) -> Iterator[list[JsonObject]]:
     """The collection at ``path``, a page of at most ``chunk_size`` objects per request
     (``0``: all in one request).
@@ -46,13 +56,23 @@ def list_pages(
     Raises the API's errors; a continue token that expired while the list was
     read (HTTP 410) says so.
     """
+    for raw in list_raw_pages(api, path, chunk_size, accept):
+        yield page_items(raw)
+
+
+def list_raw_pages(
+    api: KubeApi, path: str, chunk_size: int = DEFAULT_CHUNK_SIZE, accept: str | None = None
+) -> Iterator[bytes]:
+    """As :func:`list_pages`, each page the response's JSON text: only the list's
+    ``metadata`` (its continue token) is decoded here, so that the items can be decoded
+    where they are used (another process)."""
     token = ""
     while True:
         query = {"limit": str(chunk_size)} if chunk_size > 0 else {}
         if token:
             query["continue"] = token
         try:
-            body = api.request("GET", path, query=query or None)
+            raw = api.get_bytes(path, query=query or None, accept=accept or "application/json")
         except ClusterError as e:
             if e.status == 410:
                 raise ClusterError(
@@ -62,19 +82,88 @@ def list_pages(
                     e.api_reason,
                 ) from None
             raise
-        token = str((body.get("metadata") or {}).get("continue") or "")
-        items = body.get("items") or []
-        del body
-        yield [i for i in items if isinstance(i, dict)]
-        del items
+        token = continue_token(raw)
+        yield raw
+        del raw
         if not token or chunk_size <= 0:
             return
 
 
+def page_items(page: Page) -> list[JsonObject]:
+    """The objects of a page (see :data:`Page`); a body that is not a list has none."""
+    if not isinstance(page, bytes):
+        return page
+    body = _decode_list(page)
+    items = body.get("items") or []
+    return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+
+_JSON = json.JSONDecoder()
+_BLANK = " \t\n\r"
+_HEAD = 64 * 1024
+"""How much of a list response is searched for its ``metadata`` before the items."""
+
+
+def continue_token(raw: bytes) -> str:
+    """``metadata.continue`` of a list response (JSON text), decoding only the fields
+    before ``items`` (the API server writes ``kind``, ``apiVersion``, ``metadata``,
+    then ``items``); the whole text when they are in another order."""
+    try:
+        metadata = _metadata_before_items(raw[:_HEAD].decode("utf-8", "replace"))
+    except (ValueError, IndexError):
+        metadata = None
+    if metadata is None:
+        metadata = _decode_list(raw).get("metadata")
+    if not isinstance(metadata, dict):
+        return ""
+    return str(metadata.get("continue") or "")
+
+
+def _metadata_before_items(text: str) -> Any:
+    """The top-level ``metadata`` of the JSON object ``text`` begins, read field by field
+    up to it; ``None`` when ``items`` comes first. Raises ``ValueError`` or ``IndexError``
+    when the text is cut off before it, or is not an object."""
+
+    def blank(at: int) -> int:
+        while text[at] in _BLANK:
+            at += 1
+        return at
+
+    at = blank(0)
+    if text[at] != "{":
+        raise ValueError("not an object")
+    at = blank(at + 1)
+    while text[at] != "}":
+        key, at = _JSON.raw_decode(text, at)
+        at = blank(at)
+        if not isinstance(key, str) or text[at] != ":":
+            raise ValueError("not an object")
+        if key == "items":
+            return None
+        value, at = _JSON.raw_decode(text, blank(at + 1))
+        if key == "metadata":
+            return value
+        at = blank(at)
+        if text[at] == ",":
+            at = blank(at + 1)
+        elif text[at] != "}":
+            raise ValueError("not an object")
+    return {}
+
+
+def _decode_list(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise ClusterError(f"the API server sent a list that is not JSON: {e}") from None
+    return body if isinstance(body, dict) else {}
+
+
 def read_labels(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> dict[str, dict[str, str]]:
-    """Every Node's labels by name (the rest of each Node is dropped as it is read)."""
+    """Every Node's labels by name (the Nodes' metadata only is asked for; the rest of
+    each Node is dropped as it is read)."""
     labels: dict[str, dict[str, str]] = {}
-    for page in list_pages(api, path_of("", "v1", "nodes"), chunk_size):
+    for page in list_pages(api, path_of("", "v1", "nodes"), chunk_size, METADATA_ONLY):
         for node in page:
             name = (node.get("metadata") or {}).get("name")
             if isinstance(name, str):
@@ -82,17 +171,34 @@ def read_labels(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> dict[str,
     return labels
 
 
+@overload
 def fleet_pages(
-    api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> tuple[dict[str, dict[str, str]], Iterator[list[JsonObject]]]:
+    api: KubeApi, chunk_size: int = ..., *, raw: Literal[False] = ...
+) -> tuple[dict[str, dict[str, str]], Iterator[list[JsonObject]]]: ...
+
+
+@overload
+def fleet_pages(
+    api: KubeApi, chunk_size: int = ..., *, raw: Literal[True]
+) -> tuple[dict[str, dict[str, str]], Iterator[bytes]]: ...
+
+
+def fleet_pages(
+    api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE, *, raw: bool = False
+) -> tuple[dict[str, dict[str, str]], Iterator[list[JsonObject]] | Iterator[bytes]]:
     """Every Node's labels, and the ``VGPUNodeState`` objects page by page (each page
     requested when the previous one is done with), in the order the API server lists
-    them (by name, for a real one; callers that need an order sort).
+    them (by name, for a real one; callers that need an order sort). ``raw``: each page
+    as the response's JSON text, for :func:`page_items` to decode where it is used.
 
     Raises :class:`~vgpu_state.kube.errors.ClusterError` when the resource is
     not installed, and the API's errors when the cluster cannot be read.
     """
-    pages = list_pages(api, nodestate.object_path(), chunk_size)
+    pages: Iterator[Any]
+    if raw:
+        pages = list_raw_pages(api, nodestate.object_path(), chunk_size)
+    else:
+        pages = list_pages(api, nodestate.object_path(), chunk_size)
     try:
         first = next(pages, [])
     except NotFoundError as e:
@@ -104,7 +210,7 @@ def fleet_pages(
         ) from None
     labels = read_labels(api, chunk_size)
 
-    def every_page() -> Iterator[list[JsonObject]]:
+    def every_page() -> Iterator[Any]:
         yield first
         yield from pages
 
@@ -112,12 +218,12 @@ def fleet_pages(
 
 
 def reported_nodes(
-    page: list[JsonObject],
+    page: Page,
     labels: Mapping[str, Mapping[str, str]],
     decoder: SnapshotDecoder,
 ) -> Iterator[ReportedNode]:
     """Each ``VGPUNodeState`` of ``page`` as a :class:`ReportedNode`, one at a time."""
-    for obj in page:
+    for obj in page_items(page):
         name = (obj.get("metadata") or {}).get("name")
         if isinstance(name, str) and name:
             yield reported_node(name, obj, labels.get(name), decoder)

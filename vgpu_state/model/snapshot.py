@@ -232,6 +232,9 @@ def scan_problem(node: str, snapshot: NodeSnapshot) -> str | None:
     """
     if snapshot.node and snapshot.node != node:
         return f"its scan is of node {snapshot.node!r}, not {node!r}"
+    addresses = [a for gpu in snapshot.gpus for a in (gpu.address, *(vf.address for vf in gpu.vfs))]
+    if len(set(addresses)) == len(addresses):
+        return None
     seen: set[str] = set()
     repeated: list[str] = []
     for gpu in snapshot.gpus:

@@ -160,6 +160,8 @@ def plan_inputs(inputs: Inputs, settings: Settings) -> Plan:
 
 def with_cluster_part(plan: Plan, inputs: Inputs, planner: ClusterPlanner, hear: Reporter) -> Plan:
     """``plan`` with its cluster part: the cluster actions and the cluster's blockers."""
+    if isinstance(planner, NoClusterPlan):
+        return plan  # no cluster to ask: the host's expected scan is not needed
     part = planner.cluster_plan(expected_snapshot(plan, inputs.snapshot), inputs.labels)
     for problem in part.problems:
         hear.warning(problem)
