@@ -214,6 +214,29 @@ def test_the_decoder_shares_gpus_across_nodes_and_decodes_what_a_whole_decode_do
     )
 
 
+def test_a_scan_s_fingerprint_is_the_sha256_of_its_stable_view_when_gpus_are_shared() -> None:
+    """The fingerprint is written a GPU at a time, the part before each GPU's vGPUs
+    remembered: on decoded scans that share their GPUs' VFs it is still the hash of
+    the whole stable view, and tells scans apart that differ in their vGPUs alone."""
+    import hashlib
+
+    from vgpu_state.kube.nodestate import SnapshotDecoder
+
+    def whole(scan: Any) -> str:
+        text = json.dumps(scan.stable_view(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+    decoder = SnapshotDecoder()
+    scans = [decoder.decode(_reported(state)) for _, state in BENCH.fleet_items(COUNT, SCANNED)]
+    assert all(s.fingerprint() == whole(s) for s in scans)
+    first = scans[0]
+    fewer = first.model_copy(
+        update={"gpus": (first.gpus[0].model_copy(update={"vgpus": ()}), *first.gpus[1:])}
+    )
+    assert fewer.gpus[0].vfs is first.gpus[0].vfs and first.gpus[0].vgpus
+    assert fewer.fingerprint() == whole(fewer) != first.fingerprint()
+
+
 def test_the_decoder_decodes_scans_it_cannot_split_whole_with_the_same_errors() -> None:
     from vgpu_state.kube.nodestate import (
         SnapshotDecodeError,

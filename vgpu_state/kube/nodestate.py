@@ -211,6 +211,24 @@ _GPU_START = re.compile(rb'\{"index":\d+,"address":"[^"\\]*","vendor_id":')
 """Where a GPU's object starts in a scan's JSON (``vendor_id`` follows ``address`` only in
 a GPU; a quote inside a string is escaped, so this never matches inside one)."""
 _GPUS_OPEN = b'"gpus":['
+_GPU_HEAD = b'{"index":'
+_GPU_VENDOR = b'","vendor_id":'
+
+
+def _gpu_starts(raw: bytes) -> list[int]:
+    """Where :data:`_GPU_START` matches in ``raw``, as ``finditer`` finds them, looked for
+    only before each ``vendor_id`` field (GPUs have one; a scan is mostly its VFs' type
+    lists, which the regular expression would otherwise be tried at every brace of)."""
+    starts: list[int] = []
+    at = raw.find(_GPU_VENDOR)
+    while at >= 0:
+        # The address before it holds no quote: the nearest GPU head is the only candidate.
+        head = raw.rfind(_GPU_HEAD, starts[-1] + 1 if starts else 0, at)
+        found = _GPU_START.match(raw, head) if head >= 0 else None
+        if found is not None and found.end() == at + len(_GPU_VENDOR):
+            starts.append(head)
+        at = raw.find(_GPU_VENDOR, at + 1)
+    return starts
 _SCAN_CLOSE = b"]}"
 _VGPUS = b',"vgpus":'
 
@@ -263,7 +281,7 @@ class SnapshotDecoder:
     def _by_gpu(self, raw: bytes) -> NodeSnapshot | None:
         """The scan from its GPUs' JSON, each looked up first; ``None`` when the text is
         not a list of GPUs closing the scan (problems or an error after it, or invalid)."""
-        starts = [m.start() for m in _GPU_START.finditer(raw)]
+        starts = _gpu_starts(raw)
         if not starts or not raw.endswith(_SCAN_CLOSE):
             return None
         first = starts[0]

@@ -187,24 +187,7 @@ class NodeSnapshot(Frozen):
 
     def stable_view(self) -> dict[str, Any]:
         """The fields that define the host's vGPU state (no paths, problems or counters)."""
-        return {
-            "gpus": [
-                {
-                    "address": g.address,
-                    "device_id": g.device_id,
-                    "subsystem_device_id": g.subsystem_device_id,
-                    "driver": g.driver,
-                    "layout": g.layout.value,
-                    "sriov_numvfs": g.sriov_numvfs,
-                    "vfs": [vf.address for vf in g.vfs],
-                    "vgpus": sorted(
-                        [v.kind, v.parent, v.uuid or "", v.type_id or 0, v.type_name or ""]
-                        for v in g.vgpus
-                    ),
-                }
-                for g in self.gpus
-            ]
-        }
+        return {"gpus": [{**_gpu_view(g), "vgpus": _vgpus_view(g)} for g in self.gpus]}
 
     def fingerprint(self) -> str:
         """sha256 of :meth:`stable_view`; equal for equal host state.
@@ -216,11 +199,66 @@ class NodeSnapshot(Frozen):
         kept = self.__dict__.get("_fingerprint")
         if kept is not None and kept[0] is self.gpus:
             return str(kept[1])
-        blob = json.dumps(self.stable_view(), sort_keys=True, separators=(",", ":"))
+        # json.dumps(self.stable_view(), sort_keys=True, separators=(",", ":")), a GPU at a
+        # time: "vgpus" is the last key, the text before it is the same on every node
+        # with that GPU (its VFs are one shared tuple when decoded by SnapshotDecoder).
+        blob = (
+            '{"gpus":['
+            + ",".join(
+                f'{_gpu_view_text(g)},"vgpus":{json.dumps(_vgpus_view(g), separators=(",", ":"))}}}'
+                for g in self.gpus
+            )
+            + "]}"
+        )
         value = "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
         # Not a field: equality, hashing and serialisation ignore it.
         self.__dict__["_fingerprint"] = (self.gpus, value)
         return value
+
+
+def _gpu_view(g: Gpu) -> dict[str, Any]:
+    """A GPU's part of :meth:`NodeSnapshot.stable_view` but its vGPUs."""
+    return {
+        "address": g.address,
+        "device_id": g.device_id,
+        "subsystem_device_id": g.subsystem_device_id,
+        "driver": g.driver,
+        "layout": g.layout.value,
+        "sriov_numvfs": g.sriov_numvfs,
+        "vfs": [vf.address for vf in g.vfs],
+    }
+
+
+def _vgpus_view(g: Gpu) -> list[list[Any]]:
+    return sorted(
+        [v.kind, v.parent, v.uuid or "", v.type_id or 0, v.type_name or ""] for v in g.vgpus
+    )
+
+
+_VIEW_TEXTS: dict[tuple[Any, ...], tuple[tuple[VirtualFunction, ...], str]] = {}
+""":func:`_gpu_view_text` by the GPU's fields and its VFs' tuple (kept, so its ``id``
+names it while it is here)."""
+
+
+def _gpu_view_text(g: Gpu) -> str:
+    """``json.dumps(_gpu_view(g), sort_keys=True)`` without its closing brace."""
+    key = (
+        g.address,
+        g.device_id,
+        g.subsystem_device_id,
+        g.driver,
+        g.layout,
+        g.sriov_numvfs,
+        id(g.vfs),
+    )
+    found = _VIEW_TEXTS.get(key)
+    if found is not None and found[0] is g.vfs:
+        return found[1]
+    text = json.dumps(_gpu_view(g), sort_keys=True, separators=(",", ":"))[:-1]
+    if len(_VIEW_TEXTS) >= 4096:
+        _VIEW_TEXTS.clear()
+    _VIEW_TEXTS[key] = (g.vfs, text)
+    return text
 
 
 def scan_problem(node: str, snapshot: NodeSnapshot) -> str | None:

@@ -27,9 +27,17 @@ from vgpu_state.model.plan import (
     Plan,
     Selection,
     Summary,
+    action_disruption,
 )
 from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
-from vgpu_state.model.snapshot import Gpu, NodeSnapshot, OfferedType, SysfsInterface, Vgpu
+from vgpu_state.model.snapshot import (
+    Gpu,
+    NodeSnapshot,
+    OfferedType,
+    SysfsInterface,
+    Vgpu,
+    VirtualFunction,
+)
 from vgpu_state.planner.blast import with_blast_radius
 from vgpu_state.planner.identity import free_uuids
 from vgpu_state.planner.support import host_modes
@@ -73,10 +81,18 @@ class _Planner:
         self.catalog = catalog
         self.node = desired.node or snapshot.node
         self.errors: list[str] = []
+        # By the GPU's id: the snapshot holds every GPU while it is planned.
+        self._info: dict[tuple[int, str | None], VgpuType | None] = {}
+        self._vfs_in_order: dict[int, list[VirtualFunction]] = {}
 
     # lookups ------------------------------------------------------------
     def info(self, g: Gpu, name: str | None) -> VgpuType | None:
-        return type_info(self.catalog, g, name)
+        key = (id(g), name)
+        try:
+            return self._info[key]
+        except KeyError:
+            found = self._info[key] = type_info(self.catalog, g, name)
+            return found
 
     def size_of(self, g: Gpu, name: str | None) -> tuple[int, bool] | None:
         t = self.info(g, name)
@@ -462,7 +478,10 @@ class _Planner:
         """The PF (no SR-IOV), else the lowest free VF whose creatable set allows the type."""
         if not g.sriov_capable:
             return g.address
-        for vf in sorted(g.vfs, key=lambda vf: vf.index):
+        vfs = self._vfs_in_order.get(id(g))
+        if vfs is None:
+            vfs = self._vfs_in_order[id(g)] = sorted(g.vfs, key=lambda vf: vf.index)
+        for vf in vfs:
             if vf.address in occupied:
                 continue
             listed = {c.name for c in vf.creatable}
@@ -473,10 +492,17 @@ class _Planner:
     def type_id(self, g: Gpu, name: str, parent: str | None) -> int | None:
         """From the parent's list, else any list of the GPU's driver, else the catalog
         when it knows the real id. Never an id that neither gave."""
-        parents = [vf.creatable for vf in g.vfs if vf.address == parent]
-        parents += [g.pf_creatable] + [vf.creatable for vf in g.vfs]
-        for creatable in parents:
-            for c in creatable:
+        if parent is not None:
+            for vf in g.vfs:
+                if vf.address == parent:
+                    for c in vf.creatable:
+                        if c.name == name:
+                            return c.type_id
+        for c in g.pf_creatable:
+            if c.name == name:
+                return c.type_id
+        for vf in g.vfs:
+            for c in vf.creatable:
                 if c.name == name:
                     return c.type_id
         listed = g.offered_type(name)
@@ -656,7 +682,9 @@ def _create(
     reason = "wanted by the layout"
     if parent is None:
         reason += "; parent chosen once SR-IOV is enabled"
-    return Action(
+    # Every field from values of their type already (the GPU's, the planner's): built
+    # without validating them again, the most frequent step of a fleet's plans.
+    return Action.model_construct(
         kind=ActionKind.CREATE,
         address=address,
         gpu=g.address,
@@ -669,6 +697,7 @@ def _create(
         before=None,
         after=after,
         reason=reason,
+        disruption=action_disruption(ActionKind.CREATE),
     )
 
 
