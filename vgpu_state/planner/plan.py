@@ -323,8 +323,9 @@ class _Planner:
                 )
                 remaining.append(v)
             else:
+                # From the scan's validated values: not validated again (see _create).
                 work.actions.append(
-                    Action(
+                    Action.model_construct(
                         kind=ActionKind.DESTROY,
                         address=address,
                         gpu=g.address,
@@ -337,6 +338,7 @@ class _Planner:
                         before=_vgpu_view(v),
                         after=None,
                         reason="not wanted by the layout",
+                        disruption=action_disruption(ActionKind.DESTROY),
                     )
                 )
         return remaining
