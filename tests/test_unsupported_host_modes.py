@@ -122,25 +122,32 @@ def test_doctor_fails_a_gpu_in_mixed_size_mode_and_plan_refuses_it(
 
 
 def test_the_mode_of_gpus_that_share_type_lists_is_read_from_each_gpu_s_own_lists() -> None:
-    """The MIG-backed names among a GPU's type lists are remembered by the lists (the
-    GPUs of a fleet's identical nodes share them): a GPU with lists of its own is read
-    afresh, and one that shares another's lists but holds other vGPUs reads as that one."""
+    """While a fleet is planned, the MIG-backed names among a GPU's type lists are
+    remembered by the lists (the GPUs of a fleet's identical nodes share them): a GPU
+    with lists of its own is read afresh, one that shares another's lists but holds
+    other vGPUs reads as that one. Nothing is remembered otherwise (an agent's scans
+    are all new)."""
     from vgpu_state.catalog import default_catalog
-    from vgpu_state.model.snapshot import CreatableType
+    from vgpu_state.model.snapshot import CreatableType, SharedParts
     from vgpu_state.planner.support import MIG_LIMITATION, host_modes
     from vgpu_state.sim.spec import parse_spec
 
     with SimHost(parse_spec(A100_NODE, catalog=default_catalog()), in_memory=True) as host:
         plain = host.scan().gpus[0]
-    assert plain.vfs and host_modes(plain) == []
     mig_listed = (CreatableType(type_id=699, name="A100-1-5C", available=1),)
     in_mig_mode = plain.model_copy(
         update={"vfs": tuple(vf.model_copy(update={"creatable": mig_listed}) for vf in plain.vfs)}
     )
-    assert host_modes(in_mig_mode) == [
+    in_mig = [
         f"the GPU is in MIG mode: the driver lists MIG-backed types (A100-1-5C); {MIG_LIMITATION}"
     ]
-    assert host_modes(plain) == []
-    # Lists shared with the first GPU, vGPUs of its own (as a decoded fleet's GPUs are).
-    holding = plain.model_copy(update={"vgpus": ()})
-    assert holding.vfs is plain.vfs and host_modes(holding) == []
+    with SharedParts.remembering():
+        assert plain.vfs and host_modes(plain) == []
+        assert host_modes(in_mig_mode) == in_mig
+        assert host_modes(plain) == []
+        # Lists shared with the first GPU, vGPUs of its own (as a decoded fleet's GPUs are).
+        holding = plain.model_copy(update={"vgpus": ()})
+        assert holding.vfs is plain.vfs and host_modes(holding) == []
+        assert SharedParts._kept
+    assert SharedParts._kept is None
+    assert host_modes(in_mig_mode) == in_mig and host_modes(plain) == []

@@ -34,6 +34,7 @@ from vgpu_state.kube.nodestate import SnapshotDecoder
 from vgpu_state.model.errors import TransientError
 from vgpu_state.model.plan import ActionKind, Blocked, GpuPlan, Plan
 from vgpu_state.model.policy import Publish
+from vgpu_state.model.snapshot import SharedParts
 from vgpu_state.reconcile.fleet import (
     FleetPlan,
     FleetSummary,
@@ -641,12 +642,13 @@ def plan_page(page: Page) -> tuple[FleetSummary, list[Rendered]]:
     assert work is not None
     summary = FleetSummary()
     out: list[Rendered] = []
-    for node in reported_nodes(page, work.labels, work.decoder):
-        planned = plan_node(work.document, node, work.settings, work.now, work.max_age)
-        del node
-        summary.add(planned)
-        out.append(work.writer.render(planned))
-        del planned
+    with SharedParts.remembering():
+        for node in reported_nodes(page, work.labels, work.decoder):
+            planned = plan_node(work.document, node, work.settings, work.now, work.max_age)
+            del node
+            summary.add(planned)
+            out.append(work.writer.render(planned))
+            del planned
     return summary, out
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.pci import PciAddress
+
+T = TypeVar("T")
 
 
 class SysfsInterface(StrEnum):
@@ -201,7 +205,8 @@ class NodeSnapshot(Frozen):
             return str(kept[1])
         # json.dumps(self.stable_view(), sort_keys=True, separators=(",", ":")), a GPU at a
         # time: "vgpus" is the last key, the text before it is the same on every node
-        # with that GPU (its VFs are one shared tuple when decoded by SnapshotDecoder).
+        # with that GPU (its VFs are one shared tuple when decoded by SnapshotDecoder:
+        # see SharedParts).
         blob = (
             '{"gpus":['
             + ",".join(
@@ -235,30 +240,57 @@ def _vgpus_view(g: Gpu) -> list[list[Any]]:
     )
 
 
-_VIEW_TEXTS: dict[tuple[Any, ...], tuple[tuple[VirtualFunction, ...], str]] = {}
-""":func:`_gpu_view_text` by the GPU's fields and its VFs' tuple (kept, so its ``id``
-names it while it is here)."""
+class SharedParts:
+    """Values computed from parts of scans that a ``SnapshotDecoder`` shares between the
+    nodes of one hardware model (a GPU's VFs, its type lists), remembered by those
+    parts' identity: each value is kept with the parts it was computed from (so their
+    ids cannot name other objects while it is here), at most :attr:`LIMIT` of them.
+
+    Off unless :meth:`remembering` is active (``fleet plan`` while it plans a page): a
+    long-running agent scans anew every time, and would only hold old scans alive.
+    """
+
+    LIMIT = 512
+    _kept: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] | None = None
+
+    @classmethod
+    @contextmanager
+    def remembering(cls) -> Iterator[None]:
+        outer = cls._kept is not None
+        if not outer:
+            cls._kept = {}
+        try:
+            yield
+        finally:
+            if not outer:
+                cls._kept = None
+
+    @classmethod
+    def get(cls, parts: tuple[Any, ...], key: tuple[Any, ...], compute: Callable[[], T]) -> T:
+        """``compute()``, remembered by ``key`` and the identity of each of ``parts``."""
+        kept = cls._kept
+        if kept is None:
+            return compute()
+        full = (*key, *map(id, parts))
+        found = kept.get(full)
+        if found is not None and all(a is b for a, b in zip(found[0], parts, strict=True)):
+            value: T = found[1]
+            return value
+        value = compute()
+        if len(kept) >= cls.LIMIT:
+            kept.clear()
+        kept[full] = (parts, value)
+        return value
 
 
 def _gpu_view_text(g: Gpu) -> str:
     """``json.dumps(_gpu_view(g), sort_keys=True)`` without its closing brace."""
-    key = (
-        g.address,
-        g.device_id,
-        g.subsystem_device_id,
-        g.driver,
-        g.layout,
-        g.sriov_numvfs,
-        id(g.vfs),
+    key = (g.address, g.device_id, g.subsystem_device_id, g.driver, g.layout, g.sriov_numvfs)
+    return SharedParts.get(
+        (g.vfs,),
+        ("view", *key),
+        lambda: json.dumps(_gpu_view(g), sort_keys=True, separators=(",", ":"))[:-1],
     )
-    found = _VIEW_TEXTS.get(key)
-    if found is not None and found[0] is g.vfs:
-        return found[1]
-    text = json.dumps(_gpu_view(g), sort_keys=True, separators=(",", ":"))[:-1]
-    if len(_VIEW_TEXTS) >= 4096:
-        _VIEW_TEXTS.clear()
-    _VIEW_TEXTS[key] = (g.vfs, text)
-    return text
 
 
 def scan_problem(node: str, snapshot: NodeSnapshot) -> str | None:

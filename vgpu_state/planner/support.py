@@ -10,10 +10,8 @@ Each function returns the sentences a user reads, empty when all is well.
 
 from __future__ import annotations
 
-from typing import Any
-
 from vgpu_state.catalog import parse_type_name
-from vgpu_state.model.snapshot import Gpu
+from vgpu_state.model.snapshot import Gpu, SharedParts
 
 MIG_LIMITATION = (
     "vgpu-state does not lay out MIG-backed vGPUs (it neither turns on MIG mode nor "
@@ -38,28 +36,19 @@ def name_framebuffer_mib(name: str | None) -> int | None:
     return parsed.framebuffer_gb * 1024 or 512
 
 
-_LISTED: dict[tuple[int, int, int], tuple[Any, list[str]]] = {}
-"""The MIG-backed names among a GPU's type lists, by the lists' ids (the lists are kept
-with it, so an id names them while they are here): the GPUs of a fleet's nodes of
-one hardware model share their lists when decoded (``SnapshotDecoder``)."""
-
-
 def _mig_listed(gpu: Gpu) -> list[str]:
-    key = (id(gpu.offered), id(gpu.vfs), id(gpu.pf_creatable))
-    found = _LISTED.get(key)
-    lists = (gpu.offered, gpu.vfs, gpu.pf_creatable)
-    if found is not None and all(a is b for a, b in zip(found[0], lists, strict=True)):
-        return found[1]
-    listed = (
-        {t.name for t in gpu.offered}
-        | {t.name for vf in gpu.vfs for t in vf.creatable}
-        | {t.name for t in gpu.pf_creatable}
-    )
-    mig = sorted(n for n in listed if is_mig_backed(n))
-    if len(_LISTED) >= 4096:
-        _LISTED.clear()
-    _LISTED[key] = (lists, mig)
-    return mig
+    """The MIG-backed names among a GPU's type lists (the same lists on every GPU of a
+    fleet's nodes of one hardware model: see ``SharedParts``)."""
+
+    def compute() -> list[str]:
+        listed = (
+            {t.name for t in gpu.offered}
+            | {t.name for vf in gpu.vfs for t in vf.creatable}
+            | {t.name for t in gpu.pf_creatable}
+        )
+        return sorted(n for n in listed if is_mig_backed(n))
+
+    return list(SharedParts.get((gpu.offered, gpu.vfs, gpu.pf_creatable), ("mig",), compute))
 
 
 def host_modes(gpu: Gpu) -> list[str]:
