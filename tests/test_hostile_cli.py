@@ -105,6 +105,10 @@ def test_usage_errors_exit_1_not_2(spec: Path) -> None:
     assert r.exit_code == 1
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130(tmp_path: Path, spec: Path) -> None:
     lock = tmp_path / "held.lock"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT)
@@ -114,6 +118,9 @@ def test_ctrl_c_exits_130(tmp_path: Path, spec: Path) -> None:
             [sys.executable, "-m", "vgpu_state.cli.main", "apply", "-f", str(CONFIG), "--sim",
              str(spec), "--auto-approve", "--lock-file", str(lock), "--lock-timeout", "60"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # A shell's background job starts with SIGINT ignored, and a child keeps
+            # that: give the command the terminal's default, as a user's shell does.
+            preexec_fn=_default_sigint,
         )
         # Ctrl-C while the apply waits for the lock: wait for it to say so (a fixed
         # sleep can land before it gets there on a loaded machine).

@@ -27,7 +27,12 @@ import click
 from pydantic_core import to_json
 
 from vgpu_state.cli.common import handle_errors
-from vgpu_state.cli.options import config_file_option, kubeconfig_options, output_option
+from vgpu_state.cli.options import (
+    chunk_size_option,
+    config_file_option,
+    kubeconfig_options,
+    output_option,
+)
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE, Page
 from vgpu_state.kube.nodestate import SnapshotDecoder
@@ -94,13 +99,7 @@ def fleet() -> None:
     show_default=True,
     help="A node whose last scan is older is unknown (0: any age).",
 )
-@click.option(
-    "--chunk-size",
-    type=click.IntRange(min=0),
-    default=DEFAULT_CHUNK_SIZE,
-    show_default=True,
-    help="Objects per list request (0: each list in one request).",
-)
+@chunk_size_option(DEFAULT_CHUNK_SIZE)
 @click.option(
     "-j",
     "--jobs",

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING
 import click
 
 from vgpu_state.cli.common import handle_errors
-from vgpu_state.cli.options import kubeconfig_options
+from vgpu_state.cli.options import chunk_size_option, kubeconfig_options
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE
 
 if TYPE_CHECKING:
@@ -124,13 +124,7 @@ def _output(path: str) -> Iterator[IO[bytes]]:
     "gzip-compressed).",
 )
 @kubeconfig_options()
-@click.option(
-    "--chunk-size",
-    type=click.IntRange(min=0),
-    default=DEFAULT_CHUNK_SIZE,
-    show_default=True,
-    help="Objects per list request (0: each list in one request).",
-)
+@chunk_size_option(DEFAULT_CHUNK_SIZE)
 @handle_errors
 def snapshot_cmd(
     out_file: str, kubeconfig: str | None, context: str | None, chunk_size: int

@@ -172,6 +172,17 @@ def kubeconfig_options() -> Callable[[F], F]:
     return both
 
 
+def chunk_size_option(default: int) -> Callable[[F], F]:
+    """``--chunk-size N``: objects per list request of a command that lists the fleet."""
+    return click.option(
+        "--chunk-size",
+        type=click.IntRange(min=0),
+        default=default,
+        show_default=True,
+        help="Objects per list request (0: each list in one request).",
+    )
+
+
 def output_option(
     choices: Sequence[str] = OUTPUT_FORMATS, default: str = "text", help: str | None = None
 ) -> Callable[[F], F]:
