@@ -33,14 +33,14 @@ from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.dra.claims import AllocatedDevice, Claim
 from vgpu_state.dra.plugin import DraPlugin
-from vgpu_state.dra.prepare import DraPaths, Preparer
+from vgpu_state.dra.prepare import Preparer
 from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.dra import KubeClaims, SlicePublisher
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
-from vgpu_state.testing import FakeCluster, MemoryClaims
+from vgpu_state.testing import FakeCluster, MemoryClaims, dra_paths
 from vgpu_state.testing.dra_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
@@ -92,7 +92,7 @@ def apply_to_slices(vgpus: int) -> tuple[float, float, float, PoolSpec, SimHost]
     host = SimHost(parse_spec(spec(gpus), catalog=CATALOG), in_memory=True)
     api = RunningDraApiServer().start()
     try:
-        api.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        api.put_object(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         publisher = SlicePublisher(client(api.url), NODE)
         publisher.current()  # warm up: the client's first request and the Node lookup,
         publisher._node_owner()  # which a running agent does once at start
@@ -122,13 +122,7 @@ def prepare_latency(rounds: int = 20) -> tuple[list[float], list[float], list[fl
         apply_layout(host, "L40S-1Q", 32)
         pool = build_pool(host.scan(), catalog=CATALOG)
         names = sorted(pool.devices)[:rounds]
-        paths = DraPaths(
-            plugin_dir=base / "plugins" / DRIVER,
-            registry_dir=base / "registry",
-            cdi_dir=base / "cdi",
-            sysfs_root=Path(host.root),
-            dev_root=base / "dev",
-        )
+        paths = dra_paths(base, host.root)
         memory = MemoryClaims()
         kube = KubeClaims(client(api.url))
         results: dict[str, list[float]] = {"memory": [], "api": [], "unprepare": []}
@@ -155,7 +149,7 @@ def prepare_latency(rounds: int = 20) -> tuple[list[float], list[float], list[fl
                         )
                     )
                 else:
-                    uid = api.put(
+                    uid = api.put_object(
                         claims("v1"),
                         {
                             "apiVersion": "resource.k8s.io/v1",

@@ -37,12 +37,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.agent_process import A2_SPEC, STATE_LABEL, swap_configmap  # noqa: E402
+from tests.apiserver import put_kubevirt  # noqa: E402
 from tests.realcluster import ControlPlane, running  # noqa: E402
 from vgpu_state.agent.assemble import AgentFlags, build  # noqa: E402
 from vgpu_state.agent.run import Agent  # noqa: E402
 
-A2_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
-STATE_LABEL = "nvidia.com/vgpu.config.state"
 LAYOUT_LABEL = "nvidia.com/vgpu.config"
 AGENT_USER = "system:serviceaccount:vgpu-state:vgpu-state-agent"
 CONTROLLER_USER = "system:serviceaccount:vgpu-state:vgpu-state-controller"
@@ -60,19 +60,6 @@ vgpu-configs:
 """
 # The change: the A2-4A goes (free, destroyed), two more A2-4Q come. Disruptive: a slot each.
 CHANGED = LAYOUTS.replace("{{A2-4C: 1, A2-4Q: 1, A2-4A: 1}}", "{{A2-4C: 1, A2-4Q: 3}}")
-
-
-def swap_configmap(directory: Path, generation: int, text: str) -> None:
-    """What the kubelet does to a mounted ConfigMap: a new ..data symlink, swapped in."""
-    data = directory / f"..{generation}"
-    data.mkdir()
-    (data / "config.yaml").write_text(text)
-    link = directory / "..data_tmp"
-    link.symlink_to(data.name)
-    link.rename(directory / "..data")
-    target = directory / "config.yaml"
-    if not target.is_symlink():
-        target.symlink_to("..data/config.yaml")
 
 
 def labels(plane: ControlPlane, prefix: str) -> dict[str, str | None]:
@@ -124,7 +111,7 @@ def kubevirt_writes(plane: ControlPlane, mark: int) -> int:
 
 def permitted(plane: ControlPlane) -> set[str]:
     cr = plane.get("kubevirt.io/v1/kubevirts", "kubevirt", "kubevirt") or {}
-    devices = (cr.get("spec", {}).get("configuration", {}).get("permittedHostDevices") or {})
+    devices = cr.get("spec", {}).get("configuration", {}).get("permittedHostDevices") or {}
     return {d.get("resourceName", "") for d in devices.get("mediatedDevices") or []}
 
 
@@ -158,22 +145,7 @@ def main() -> None:
     try:
         with running(work / "k8s") as plane:
             print(f"kube-apiserver ready in {plane.startup_seconds:.1f} s")
-            plane.put(
-                "kubevirt.io/v1/kubevirts",
-                "kubevirt",
-                {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "KubeVirt",
-                    "spec": {
-                        "configuration": {
-                            "developerConfiguration": {
-                                "featureGates": ["DisableMDEVConfiguration"]
-                            }
-                        }
-                    },
-                },
-                namespace="kubevirt",
-            )
+            put_kubevirt(plane)
             config_dir = work / "config"  # one ConfigMap, mounted on every node
             config_dir.mkdir()
             swap_configmap(config_dir, 1, LAYOUTS.format(slots=slots))
@@ -207,8 +179,7 @@ def main() -> None:
                 )
                 thread.start()
                 threads.append(thread)
-            token = plane.agent_token("control-node", service_account="vgpu-state-controller")
-            ckube = plane.write_kubeconfig(work / "controller.kubeconfig", token=token)
+            ckube = plane.controller_kubeconfig(work / "controller.kubeconfig")
             controller = subprocess.Popen(
                 [sys.executable, "-m", "vgpu_state.cli.main", "controller",
                  "--kubeconfig", str(ckube), "--identity", "c-1", "--grace", str(GRACE),

@@ -1,5 +1,10 @@
 """A Kubernetes API server for tests: kmock's ``KubernetesEmulator``, extended, in a thread.
 
+The base of every fake API server in ``tests/``: :class:`RunningApiServer` owns
+the thread, the event loop, the port and the access from the test thread;
+``tests/dra_apiserver.py`` serves the ``resource.k8s.io`` versions a test asks
+for on it, ``tests/kube_emulator.py`` adds the watch semantics of the real one.
+
 kmock serves real HTTP and the official ``kubernetes`` client talks to it, but
 its emulator stores objects as plain dicts merged on PATCH and knows nothing of
 resource versions. Where it falls short of the real API server, :class:`ApiServer`
@@ -25,6 +30,10 @@ for documented API-server behaviour):
 * per-resource validators (schema checks): a write that fails one is refused
   with ``422 Invalid`` and remembered in :attr:`ApiServer.rejected`, so a test
   also fails when the code under test ever sends an invalid object;
+* API group discovery at ``/apis/<group>/`` (the official client's path, with
+  its trailing slash);
+* lists honour ``fieldSelector`` terms (``field=value`` or ``field==value``, such
+  as ``metadata.name``, ``spec.nodeName`` or ``spec.driver``);
 * paged lists (``limit`` and ``continue``): with a ``limit`` the items come in
   key order (namespace, name, as etcd stores them), at most ``limit`` of them,
   with ``metadata.continue`` (an opaque token) and ``remainingItemCount`` when
@@ -42,12 +51,13 @@ import copy
 import datetime
 import itertools
 import json
+import re
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
 
 import aiohttp.web
 import attrs
@@ -116,6 +126,11 @@ class ApiServer(KubernetesEmulator):
         return f"{res.group}/{res.version}/{res.plural}".lstrip("/")
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        if str(request.method.value).upper() == "GET" and re.fullmatch(
+            r"/apis/[^/]+/", request.url.path
+        ):
+            # The official client asks for API groups with a trailing slash.
+            return aiohttp.web.json_response(await self._serve_group(request))
         try:
             return await self._serve(request)
         finally:
@@ -142,6 +157,9 @@ class ApiServer(KubernetesEmulator):
     async def _serve_list(self, request: Any) -> Any:
         body: dict[str, Any] = await super()._serve_list(request)  # type: ignore[assignment]
         params = request.params or {}
+        selector = params.get("fieldSelector") or ""
+        if selector:
+            body = {**body, "items": [i for i in body["items"] if field_selected(i, selector)]}
         if not params.get("limit"):
             return body
         try:
@@ -288,6 +306,18 @@ class ApiServer(KubernetesEmulator):
 ANNOTATIONS_LIMIT = 256 * 1024
 
 
+def field_selected(obj: dict[str, Any], selector: str) -> bool:
+    """Whether ``obj`` matches every ``field=value`` (or ``field==value``) term."""
+    for term in filter(None, selector.split(",")):
+        path, _, value = term.partition("=")
+        found: Any = obj
+        for part in path.split("."):
+            found = found.get(part) if isinstance(found, dict) else None
+        if str(found or "") != value.removeprefix("="):
+            return False
+    return True
+
+
 def _list_key(obj: dict[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
@@ -357,7 +387,11 @@ def _strip_k8s_keys(schema: Any) -> Any:
 
 # running it -------------------------------------------------------------------------
 class RunningApiServer:
-    """An :class:`ApiServer` serving HTTP on 127.0.0.1 from its own event-loop thread."""
+    """An :class:`ApiServer` serving HTTP on 127.0.0.1 from its own event-loop thread.
+
+    :meth:`configure` says which resources it serves (and their status
+    subresources and validators); a subclass serves others.
+    """
 
     def __init__(
         self, server_cls: type[ApiServer] | None = None, *, keep_requests: bool = True
@@ -372,7 +406,22 @@ class RunningApiServer:
         self.url = ""
         self._thread = threading.Thread(target=self._run, name="apiserver", daemon=True)
 
-    def start(self) -> RunningApiServer:
+    def configure(self, server: ApiServer) -> None:
+        """Nodes, Events, Leases, the KubeVirt CR (validated) and VGPUNodeStates."""
+        for kind, info in {
+            NODES: ResourceInfo(kind="Node", namespaced=False),
+            EVENTS: ResourceInfo(kind="Event", namespaced=True),
+            LEASES: ResourceInfo(kind="Lease", namespaced=True),
+            KUBEVIRT: ResourceInfo(kind="KubeVirt", namespaced=True),
+            NODESTATES: ResourceInfo(
+                kind="VGPUNodeState", namespaced=False, subresources={"status"}
+            ),
+        }.items():
+            server.resources[kind] = info
+        server.status_subresource.update({KUBEVIRT, NODESTATES})
+        server.validators[KUBEVIRT] = kubevirt_validator()
+
+    def start(self) -> Self:
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("the test API server did not start within 10 s")
@@ -394,18 +443,7 @@ class RunningApiServer:
         self._stop = asyncio.Event()
         self.server = self._server_cls()
         self.server.keep_requests = self._keep_requests
-        for kind, info in {
-            NODES: ResourceInfo(kind="Node", namespaced=False),
-            EVENTS: ResourceInfo(kind="Event", namespaced=True),
-            LEASES: ResourceInfo(kind="Lease", namespaced=True),
-            KUBEVIRT: ResourceInfo(kind="KubeVirt", namespaced=True),
-            NODESTATES: ResourceInfo(
-                kind="VGPUNodeState", namespaced=False, subresources={"status"}
-            ),
-        }.items():
-            self.server.resources[kind] = info
-        self.server.status_subresource.update({KUBEVIRT, NODESTATES})
-        self.server.validators[KUBEVIRT] = kubevirt_validator()
+        self.configure(self.server)
         async with self.server, Server(self.server) as http:
             self.url = str(http.url).rstrip("/")
             self._ready.set()
@@ -427,24 +465,42 @@ class RunningApiServer:
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
 
-    def put(self, kind: str, name: str, body: dict[str, Any], namespace: str | None = None) -> None:
-        """Store an object as an admin would create it (with metadata filled in)."""
+    def put(
+        self, kind: str, name: str, body: dict[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Store an object as an admin (or another client) would, with metadata filled in;
+        the object stored."""
 
-        def store(server: ApiServer) -> None:
+        def store(server: ApiServer) -> dict[str, Any]:
             obj = copy.deepcopy(body)
             meta = obj.setdefault("metadata", {})
-            meta.update(name=name, uid=str(uuid.uuid4()), creationTimestamp=_now())
+            meta["name"] = name
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", _now())
             meta.setdefault("generation", 1)
             meta["resourceVersion"] = str(next(server._revision))
             if namespace:
                 meta["namespace"] = namespace
             key = (resource(kind), namespace, name)
-            if key in server.objects:
-                server.objects[key].history.append(obj)
-            else:
+            if key not in server.objects:
                 server.objects[key] = obj
+            elif server.objects[key].deleted:
+                server.objects[key].create(obj)
+            else:
+                server.objects[key].history.append(obj)
+            return obj
 
-        self._call(store)
+        result: dict[str, Any] = self._call(store)
+        return result
+
+    def put_object(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`put` with the name and namespace the object's metadata gives."""
+        meta = body.get("metadata") or {}
+        return self.put(kind, meta["name"], body, meta.get("namespace"))
+
+    def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
+        """Delete an object as another client would (the kubelet wiping slices)."""
+        self._call(lambda server: server.objects[(resource(kind), namespace, name)].delete())
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         def read(server: ApiServer) -> dict[str, Any] | None:
@@ -492,9 +548,65 @@ class RunningApiServer:
         assert self.server is not None
         self.server.validators[kind] = check
 
+    def api_client(self) -> Any:
+        """The official client's ``ApiClient`` for this server."""
+        import kubernetes
+
+        return kubernetes.client.ApiClient(kubernetes.client.Configuration(host=self.url))
+
+    def kube_api(self) -> Any:
+        """The product's :class:`~vgpu_state.kube.api.KubeApi` for this server."""
+        from vgpu_state.kube.api import KubeApi
+
+        return KubeApi(self.api_client(), self.url, (5.0, 10.0))
+
     def write_kubeconfig(self, path: Path, server: str | None = None) -> Path:
         """A kubeconfig for this server (or for ``server``, e.g. a closed port)."""
         return write_kubeconfig(path, server or self.url)
+
+
+class Stores(Protocol):
+    """What this server and the real one (``tests/realcluster.py``) both offer a test."""
+
+    def put(
+        self, kind: str, name: str, body: dict[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]: ...
+
+
+def kubevirt_cr(
+    *,
+    permitted: list[dict[str, Any]] | None = None,
+    mdev_types: list[str] | None = None,
+    gates: tuple[str, ...] = ("DisableMDEVConfiguration",),
+) -> dict[str, Any]:
+    """A KubeVirt CR; by default with KubeVirt's own mdev handling off (its feature gate).
+
+    ``permitted``: the ``permittedHostDevices.mediatedDevices`` entries;
+    ``mdev_types``: the ``mediatedDevicesConfiguration`` KubeVirt would create.
+    """
+    configuration: dict[str, Any] = {}
+    if mdev_types is not None:
+        configuration["mediatedDevicesConfiguration"] = {"mediatedDeviceTypes": mdev_types}
+    if permitted is not None:
+        configuration["permittedHostDevices"] = {"mediatedDevices": permitted}
+    configuration["developerConfiguration"] = {"featureGates": list(gates)}
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "spec": {"configuration": configuration},
+    }
+
+
+def put_kubevirt(
+    api: Stores,
+    *,
+    permitted: list[dict[str, Any]] | None = None,
+    mdev_types: list[str] | None = None,
+    gates: tuple[str, ...] = ("DisableMDEVConfiguration",),
+) -> None:
+    """Store ``kubevirt/kubevirt`` (:func:`kubevirt_cr`) as an admin would."""
+    cr = kubevirt_cr(permitted=permitted, mdev_types=mdev_types, gates=gates)
+    api.put(KUBEVIRT, "kubevirt", cr, namespace="kubevirt")
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:

@@ -7,10 +7,10 @@ relists and backs off cannot be tested against that. :class:`WatchingApiServer`
 adds, on top of :class:`tests.apiserver.ApiServer` (resource versions, PUT with
 conflicts, patches, status subresource, validation):
 
-* lists carry the current ``resourceVersion`` and honour
-  ``fieldSelector=metadata.name=…``;
+* lists carry the current ``resourceVersion``;
 * a watch from a ``resourceVersion`` streams only what is newer (no replay of
   what the client has seen), and nothing written while it starts is lost;
+* a watch honours ``fieldSelector`` as a list does;
 * a watch from a version older than :attr:`WatchingApiServer.compacted_below`
   gets ``410 Gone`` (see :meth:`WatchingApiServer.compact`);
 * :meth:`WatchingApiServer.end_watches` ends every open watch, as an API
@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 from kmock import resource
 
-from tests.apiserver import ApiServer, RunningApiServer
+from tests.apiserver import ApiServer, RunningApiServer, field_selected, merge_patch
 
 
 @attrs.define(kw_only=True)
@@ -59,15 +59,6 @@ class WatchingApiServer(ApiServer):
     async def _serve_list(self, request: Any) -> Any:
         result = await super()._serve_list(request)
         result["metadata"] = {"resourceVersion": str(self.latest)}
-        result["items"] = [
-            item
-            for item in result["items"]
-            if _selected(
-                request,
-                item.get("metadata", {}).get("namespace"),
-                item.get("metadata", {}).get("name", ""),
-            )
-        ]
         return result
 
     async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
@@ -95,10 +86,8 @@ class WatchingApiServer(ApiServer):
             async with self._lock:
                 current = [
                     copy.deepcopy(obj.raw)
-                    for (res, namespace, name), obj in self.objects.items()
-                    if res == request.resource
-                    and not obj.deleted
-                    and _selected(request, namespace, name)
+                    for (res, _, _), obj in self.objects.items()
+                    if res == request.resource and not obj.deleted and _selected(request, obj.raw)
                 ]
             for raw in current:
                 if _newer(raw, since):
@@ -118,10 +107,8 @@ class WatchingApiServer(ApiServer):
                     return
                 event = pending.result()
                 pending = None
-                meta = event.get("object", {}).get("metadata", {})
-                if _selected(request, meta.get("namespace"), meta.get("name", "")) and _newer(
-                    event.get("object", {}), since
-                ):
+                raw = event.get("object", {})
+                if _selected(request, raw) and _newer(raw, since):
                     yield event
         finally:
             if pending is not None:  # the client went away, or the watch was ended
@@ -135,18 +122,13 @@ def _newer(raw: Any, since: int) -> bool:
     return not since or version is None or int(version) > since
 
 
-def _selected(request: Any, namespace: str | None, name: str) -> bool:
-    if request.namespace is not None and namespace != request.namespace:
+def _selected(request: Any, raw: dict[str, Any]) -> bool:
+    meta = raw.get("metadata", {})
+    if request.namespace is not None and meta.get("namespace") != request.namespace:
         return False
-    if request.name is not None and name != request.name:
+    if request.name is not None and meta.get("name", "") != request.name:
         return False
-    for term in filter(None, request.params.get("fieldSelector", "").split(",")):
-        field, _, value = term.partition("=")
-        if field == "metadata.name" and name != value.lstrip("="):
-            return False
-        if field == "metadata.namespace" and namespace != value.lstrip("="):
-            return False
-    return True
+    return field_selected(raw, request.params.get("fieldSelector", ""))
 
 
 class RunningEmulator(RunningApiServer):
@@ -170,7 +152,6 @@ class RunningEmulator(RunningApiServer):
         self, kind: str, name: str, body: dict[str, Any], namespace: str | None = None
     ) -> None:
         """Create or merge into an object as a client would (watchers see the event)."""
-        from tests.apiserver import merge_patch
 
         def store(server: WatchingApiServer) -> None:
             key = (resource(kind), namespace, name)
@@ -211,8 +192,3 @@ class RunningEmulator(RunningApiServer):
             self.end_watches()
             time.sleep(0.05)
         super().stop()
-
-    def api_client(self) -> Any:
-        import kubernetes
-
-        return kubernetes.client.ApiClient(kubernetes.client.Configuration(host=self.url))

@@ -1,9 +1,9 @@
-"""A fake kubelet pod-resources server: our own protos, real gRPC, a unix socket."""
+"""A fake kubelet pod-resources server: our own protos, real gRPC, a unix socket
+(:func:`vgpu_state.testing.grpc_unix.unix_server`, as the other kubelet stand-ins)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from vgpu_state.kube.podresources import api_pb2, api_pb2_grpc
+from vgpu_state.testing.grpc_unix import unix_server
 
 
 @dataclass
@@ -51,10 +52,12 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc
 
 @contextmanager
 def serving(socket: Path, kubelet: FakeKubelet) -> Iterator[FakeKubelet]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
-    server.add_insecure_port(f"unix://{socket}")
-    server.start()
+    server = unix_server(
+        socket,
+        lambda s: api_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, s),
+        workers=2,
+        name="pod-resources",
+    )
     try:
         yield kubelet
     finally:

@@ -48,6 +48,7 @@ BIN = Path(os.environ.get("VGPU_STATE_K8S_BIN") or HACK / "bin")
 KUBEVIRT_OPENAPI = Path("/work/shared/reference/kubevirt-cr.openapi.json")  # as tests/apiserver.py
 NAMESPACE = "vgpu-state"
 AGENT_SA = "vgpu-state-agent"
+CONTROLLER_SA = "vgpu-state-controller"
 ADMIN = "vgpu-state-test-admin"
 USER = "vgpu-state-test-user"
 """A second cluster admin (``system:masters``): the person running ``fleet plan`` or
@@ -464,6 +465,12 @@ class ControlPlane:
         }
         path.write_text(json.dumps(config, indent=2))
         return path
+
+    def controller_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig of the cluster controller as its Deployment runs it: its
+        ServiceAccount's token, bound to its pod (on ``control-node``)."""
+        token = self.agent_token("control-node", service_account=CONTROLLER_SA)
+        return self.write_kubeconfig(path, token=token)
 
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
         kubectl = shutil.which("kubectl")

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.agent_process import A2_SPEC, CONFIG, NODE
 from tests.apiserver import NODESTATES, crd_validator
 from tests.builders import V, build_gpu, build_snapshot
 from tests.kube_emulator import RunningEmulator
@@ -58,20 +59,8 @@ from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 REPO = Path(__file__).resolve().parent.parent
-A2_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
-NODE = "a2-node"
 LABEL = "nvidia.com/vgpu.config"
 A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
-CONFIG = """\
-version: v1
-vgpu-configs:
-  a2-4g:           # what the node has: nothing to do
-    - devices: all
-      vgpu-devices: {A2-4C: 1, A2-4Q: 1, A2-4A: 1}
-  grow:            # one more A2-4Q
-    - devices: all
-      vgpu-devices: {A2-4C: 1, A2-4Q: 2, A2-4A: 1}
-"""
 GRACE = 1.0
 
 

@@ -14,19 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes.client import ApiClient, Configuration
 
 from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
 from vgpu_state.agent.dra import ClaimsHoldVgpus, DraNode
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
-from vgpu_state.dra.prepare import DraPaths
 from vgpu_state.dra.slices import DRIVER, PCI_BUS_ID, device_key
-from vgpu_state.kube.api import KubeApi
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
-from vgpu_state.testing import FakeCluster, RecordingDevicePlugin
+from vgpu_state.testing import FakeCluster, RecordingDevicePlugin, dra_paths
 from vgpu_state.testing.dra_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
@@ -64,17 +61,9 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
     kubelet: FakeKubelet | None = None
     dra: DraNode | None = None
     try:
-        api.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        cfg = Configuration()
-        cfg.host = api.url
-        paths = DraPaths(
-            plugin_dir=base / "plugins" / DRIVER,
-            registry_dir=base / "plugins_registry",
-            cdi_dir=base / "cdi",
-            sysfs_root=Path(host.root),
-            dev_root=base / "dev",
-        )
-        kube = KubeApi(ApiClient(cfg), api.url, (5.0, 10.0))
+        api.put_object(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        paths = dra_paths(base, host.root)
+        kube = api.kube_api()
         dra = DraNode(kube, NODE, paths, resync_seconds=3600, catalog=CATALOG).start()
         plugin = RecordingDevicePlugin()
 
@@ -94,7 +83,7 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
 
         # Slices list exactly the four DRA vGPUs; the device plugin got the other two only.
         dra_keys = {v.key for v in report.final.gpu("0000:a1:00.0").vgpus}  # type: ignore[union-attr]
-        objs = api.list(slices("v1"))
+        objs = api.all(slices("v1"))
         published = {
             d["attributes"][PCI_BUS_ID]["string"] for o in objs for d in o["spec"]["devices"]
         }
@@ -108,11 +97,11 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
             api.delete(slices("v1"), o["metadata"]["name"])
         kubelet = FakeKubelet(paths.registry_dir)
         assert kubelet.register_all() == [DRIVER]
-        _wait("slices back after registration", lambda: len(api.list(slices("v1"))) == 1)
+        _wait("slices back after registration", lambda: len(api.all(slices("v1"))) == 1)
 
         # A claim on one of them is prepared, and then holds it.
-        device = sorted(d["name"] for o in api.list(slices("v1")) for d in o["spec"]["devices"])[0]
-        uid = api.put(
+        device = sorted(d["name"] for o in api.all(slices("v1")) for d in o["spec"]["devices"])[0]
+        uid = api.put_object(
             claims("v1"),
             {
                 "apiVersion": "resource.k8s.io/v1",
@@ -153,13 +142,13 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
 
         # Shutdown (a restart or a rollout): sockets gone, slices kept (the kubelet
         # wipes them itself if the driver stays away); an uninstall deletes them.
-        kept = sorted(o["metadata"]["name"] for o in api.list(slices("v1")))
+        kept = sorted(o["metadata"]["name"] for o in api.all(slices("v1")))
         dra.stop()
-        assert sorted(o["metadata"]["name"] for o in api.list(slices("v1"))) == kept
+        assert sorted(o["metadata"]["name"] for o in api.all(slices("v1"))) == kept
         assert not paths.socket.exists()
         dra.stop(remove_slices=True)
         dra = None
-        assert api.list(slices("v1")) == []
+        assert api.all(slices("v1")) == []
     finally:
         if kubelet is not None:
             kubelet.close()
@@ -170,25 +159,12 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
 
 
 def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(base: Path) -> None:
-    import json
 
     from vgpu_state.agent.assemble import AgentFlags, build
 
     api = RunningDraApiServer().start()
     try:
-        kubeconfig = base / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "t", "cluster": {"server": api.url}}],
-                    "users": [{"name": "t", "user": {"token": "t"}}],
-                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-                    "current-context": "t",
-                }
-            )
-        )
+        kubeconfig = api.write_kubeconfig(base / "kubeconfig")
         config_dir = base / "config"
         config_dir.mkdir()
         common = dict(
@@ -286,19 +262,7 @@ def test_a_dra_checkpoint_of_the_wrong_shape_stops_the_agent_with_a_clear_error(
 
     api = RunningDraApiServer().start()
     try:
-        kubeconfig = base / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "t", "cluster": {"server": api.url}}],
-                    "users": [{"name": "t", "user": {"token": "t"}}],
-                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-                    "current-context": "t",
-                }
-            )
-        )
+        kubeconfig = api.write_kubeconfig(base / "kubeconfig")
         checkpoint = base / "plugins" / DRIVER / "checkpoint.json"
         checkpoint.parent.mkdir(parents=True)
         uid = "0b4cf1a2-0000-4000-8000-000000000040"
@@ -340,7 +304,6 @@ def test_dra_remove_slices_deletes_the_drivers_slices_and_proves_none_is_left(
     base: Path,
 ) -> None:
     """The uninstall step: one node's slices, then every node's; another driver's stay."""
-    import json
 
     from click.testing import CliRunner
 
@@ -348,25 +311,13 @@ def test_dra_remove_slices_deletes_the_drivers_slices_and_proves_none_is_left(
 
     api = RunningDraApiServer().start()
     try:
-        kubeconfig = base / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "t", "cluster": {"server": api.url}}],
-                    "users": [{"name": "t", "user": {"token": "t"}}],
-                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-                    "current-context": "t",
-                }
-            )
-        )
+        kubeconfig = api.write_kubeconfig(base / "kubeconfig")
         for body in (_slice("a-1", "node-a"), _slice("a-2", "node-a"), _slice("b-1", "node-b"),
                      _slice("gpu-a", "node-a", driver="gpu.nvidia.com")):  # fmt: skip
-            api.put(slices("v1"), body)
+            api.put_object(slices("v1"), body)
 
         def names() -> list[str]:
-            return sorted(o["metadata"]["name"] for o in api.list(slices("v1")))
+            return sorted(o["metadata"]["name"] for o in api.all(slices("v1")))
 
         run = CliRunner().invoke
         one = run(cli, ["dra-remove-slices", "--node", "node-a", "--kubeconfig", str(kubeconfig)])

@@ -17,255 +17,44 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.kubelet_node import KubeletNodeStatus
+from tests.agent_process import (
+    A2_SPEC,
+    CATALOG,
+    CONFIG,
+    NODE,
+    STATE_LABEL,
+    Running,
+    layout,
+    running_agent,
+    swap_configmap,
+    uuids,
+    wait_for,
+)
+from tests.apiserver import put_kubevirt
 from tests.realcluster import ControlPlane
-from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import mounted
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
-CATALOG = default_catalog()
-
-REPO = Path(__file__).resolve().parent.parent
-A2_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
-NODE = "a2-node"
-STATE_LABEL = "nvidia.com/vgpu.config.state"
-CONFIG = """\
-version: v1
-vgpu-configs:
-  a2-4g:           # what the node has: nothing to do
-    - devices: all
-      vgpu-devices: {A2-4C: 1, A2-4Q: 1, A2-4A: 1}
-  grow:            # one more A2-4Q
-    - devices: all
-      vgpu-devices: {A2-4C: 1, A2-4Q: 2, A2-4A: 1}
-"""
-
-
-def swap_configmap(directory: Path, generation: int, text: str) -> None:
-    """Update a ConfigMap volume as the kubelet does (new dir, atomic ``..data`` rename)."""
-    version = directory / f"..2026_11_23_{generation}"
-    version.mkdir()
-    (version / "config.yaml").write_text(text)
-    (directory / "..data_tmp").symlink_to(version.name)
-    os.rename(directory / "..data_tmp", directory / "..data")
-    if not (directory / "config.yaml").is_symlink():
-        (directory / "config.yaml").symlink_to("..data/config.yaml")
-
-
-SERVING = re.compile(r"serving /healthz, /readyz and /metrics on [^ ]+:(\d+)$", re.MULTILINE)
-
-
-def wait_for(
-    what: str,
-    check: Callable[[], bool],
-    proc: subprocess.Popen[str] | list[subprocess.Popen[str]],
-    timeout: float = 30,
-) -> None:
-    """Poll ``check`` until true; fail at once if any of the agents ``proc`` exits.
-
-    A check that fails an assertion (an object the agent has not written yet: it sets
-    the state label before it writes the ``VGPUNodeState``) counts as not yet true.
-    """
-    procs = proc if isinstance(proc, list) else [proc]
-    deadline = time.monotonic() + timeout
-
-    def holds() -> bool:
-        try:
-            return check()
-        except AssertionError:
-            return False
-
-    while not holds():
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError(f"the agent exited ({p.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def layout(root: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for gpu in scan(root, catalog=CATALOG).gpus:
-        for v in gpu.vgpus:
-            counts[str(v.type_name)] = counts.get(str(v.type_name), 0) + 1
-    return counts
-
-
-class Running:
-    def __init__(self, kube: ControlPlane, tmp: Path, root: str, node: str = NODE) -> None:
-        self.kube = kube
-        self.root = root
-        self.tmp = tmp
-        self.config_dir = tmp / "config"
-        self.config_dir.mkdir()
-        swap_configmap(self.config_dir, 1, CONFIG)
-        self.generation = 1
-        self.log = tmp / "agent.log"
-        # A short directory: unix socket paths have a length limit the pytest one exceeds.
-        self.plugin_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
-        self.kubelet: FakeKubelet | None = None
-        in_use = tmp / "in-use.json"
-        in_use.write_text(json.dumps({"f715f63c-0d00-4007-9c5a-b07b0c6c05de": "vm default/win-1"}))
-        # The agent's identity in a DaemonSet: its ServiceAccount, bound to a Pod on the node.
-        self.token = kube.agent_token(node)
-        kubeconfig = kube.write_kubeconfig(tmp / "kubeconfig", token=self.token)
-        self.args = [
-            sys.executable, "-m", "vgpu_state.cli.main", "agent",
-            "--node", node, "--config-dir", str(self.config_dir),
-            "--kubeconfig", str(kubeconfig), "--sysfs-root", root,
-            "--state-dir", str(tmp / "state"), "--in-use-file", str(in_use),
-            "--listen", "127.0.0.1:0", "--resync", "300",
-            "--namespace", "vgpu-state", "--device-plugin-dir", str(self.plugin_dir),
-        ]  # fmt: skip
-        self.proc: subprocess.Popen[str] | None = None
-        self.started_at = 0  # where the running agent's part of the log begins
-
-    def start(self) -> subprocess.Popen[str]:
-        self.started_at = self.log.stat().st_size if self.log.exists() else 0
-        self.proc = subprocess.Popen(
-            self.args, cwd=REPO, stdout=self.log.open("a"), stderr=subprocess.STDOUT, text=True
-        )
-        return self.proc
-
-    def node(self) -> dict[str, Any]:
-        found = self.kube.get("v1/nodes", NODE)
-        assert found is not None
-        return found
-
-    def advertised(self) -> dict[str, set[str]]:
-        """What the kubelet was last told: resource -> healthy device IDs (empty lists too)."""
-        assert self.kubelet is not None
-        return {
-            r: {d.id for d in devices if d.health == "Healthy"}
-            for r, devices in self.kubelet.resources().items()
-        }
-
-    def state(self) -> str | None:
-        return self.node()["metadata"].get("labels", {}).get(STATE_LABEL)
-
-    def nodestate(self) -> dict[str, Any]:
-        found = self.kube.get("vgpu-state.io/v1alpha1/vgpunodestates", NODE)
-        assert found is not None, "no VGPUNodeState"
-        return dict(found["status"])
-
-    def nodestate_so_far(self) -> dict[str, Any]:
-        """The status as it stands, empty while the object or its status is not yet
-        written (for polling: the label and the status are two writes)."""
-        found = self.kube.get("vgpu-state.io/v1alpha1/vgpunodestates", NODE)
-        return dict((found or {}).get("status") or {})
-
-    def annotation(self, key: str) -> str:
-        return str(self.node()["metadata"].get("annotations", {}).get(key, ""))
-
-    def label(self, value: str) -> None:
-        """``kubectl label node --overwrite``: a merge patch over HTTP."""
-        from vgpu_state.kube.api import KubeApi
-
-        api = KubeApi(self.kube.api_client(), self.kube.url, (5.0, 10.0))
-        api.patch(
-            f"/api/v1/nodes/{NODE}",
-            {"metadata": {"labels": {"nvidia.com/vgpu.config": value}}},
-            "merge",
-        )
-
-    def controller_pass(self) -> Any:
-        """``vgpu-state controller --once`` against the same API server, as the controller's
-        own ServiceAccount (its token bound to its pod)."""
-        from click.testing import CliRunner
-
-        from vgpu_state.cli.main import cli
-
-        token = self.kube.agent_token("control-node", service_account="vgpu-state-controller")
-        kubeconfig = self.kube.write_kubeconfig(self.tmp / "controller", token=token)
-        args = ["controller", "--kubeconfig", str(kubeconfig), "--once", "--identity", "c-1"]
-        return CliRunner().invoke(cli, args)
-
-    def edit_config(self, text: str) -> None:
-        self.generation += 1
-        swap_configmap(self.config_dir, self.generation, text)
-
-    def port(self) -> int | None:
-        """The probe port the running agent logged (it binds port 0: no free port to race for)."""
-        if not self.log.exists():
-            return None
-        with self.log.open("rb") as f:
-            f.seek(self.started_at)
-            found = SERVING.search(f.read().decode(errors="replace"))
-        return int(found.group(1)) if found else None
-
-    def get(self, path: str) -> tuple[int, str]:
-        port = self.port()
-        if port is None:
-            return 0, ""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except OSError:
-            return 0, ""
+A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
 
 
 @pytest.fixture
 def agent(cluster: ControlPlane, tmp_path: Path, require_fuse: None) -> Iterator[Running]:
-    kube = cluster
-    kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
-    kube.put(
-        "kubevirt.io/v1/kubevirts",
-        "kubevirt",
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "KubeVirt",
-            "spec": {
-                "configuration": {
-                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]}
-                }
-            },
-        },
-        namespace="kubevirt",
-    )
-    with mounted(A2_SPEC, tmp_path / "sys") as m:
-        running = Running(kube, tmp_path, str(m.root))
-        running.kubelet = FakeKubelet(str(running.plugin_dir))
-        # As a real kubelet does, the Node's status.allocatable follows the plugin's lists.
-        KubeletNodeStatus(kube, NODE, running.kubelet)
-        running.kubelet.start()
-        try:
-            yield running
-        finally:
-            if running.proc is not None and running.proc.poll() is None:
-                running.proc.kill()
-                running.proc.wait(10)
-            running.kubelet.stop()
-            shutil.rmtree(running.plugin_dir, ignore_errors=True)
-            print(running.log.read_text() if running.log.exists() else "(no agent log)")
-
-
-def uuids(root: str, type_name: str) -> set[str]:
-    gpus = scan(root, catalog=CATALOG).gpus
-    return {v.uuid or "" for g in gpus for v in g.vgpus if v.type_name == type_name}
-
-
-A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
+    cluster.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
+    put_kubevirt(cluster)
+    # As a real kubelet does, the Node's status.allocatable follows the plugin's lists.
+    with running_agent(cluster, tmp_path, kubelet=True, allocatable=True) as running:
+        yield running
 
 
 def test_label_change_configmap_edit_bad_config_and_sigterm(agent: Running) -> None:
@@ -351,21 +140,7 @@ def test_kubevirt_managing_mdevs_stops_the_agent_and_it_says_why(agent: Running)
     ``DisableMDEVConfiguration`` gate) would undo the agent's work: the agent applies
     nothing, and the state label, the status, the last-plan annotation and an Event
     say why, until the CR hands the mdevs over."""
-    agent.kube.put(
-        "kubevirt.io/v1/kubevirts",
-        "kubevirt",
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "KubeVirt",
-            "spec": {
-                "configuration": {
-                    "mediatedDevicesConfiguration": {"mediatedDeviceTypes": ["nvidia-745"]},
-                    "developerConfiguration": {"featureGates": []},
-                }
-            },
-        },
-        namespace="kubevirt",
-    )
+    put_kubevirt(agent.kube, mdev_types=["nvidia-745"], gates=())
     agent.label("grow")
     before = scan(agent.root, catalog=CATALOG).fingerprint()
     proc = agent.start()
@@ -390,21 +165,7 @@ def test_kubevirt_managing_mdevs_stops_the_agent_and_it_says_why(agent: Running)
     assert events and "KubeVirt manages mediated devices" in events[0]["message"]
 
     # The CR hands the mdevs over: the agent applies the layout.
-    agent.kube.put(
-        "kubevirt.io/v1/kubevirts",
-        "kubevirt",
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "KubeVirt",
-            "spec": {
-                "configuration": {
-                    "mediatedDevicesConfiguration": {"mediatedDeviceTypes": ["nvidia-745"]},
-                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]},
-                }
-            },
-        },
-        namespace="kubevirt",
-    )
+    put_kubevirt(agent.kube, mdev_types=["nvidia-745"])
     agent.edit_config(CONFIG + "  # touched\n")  # a trigger: the agent does not watch the CR
     wait_for("the grown layout", lambda: layout(agent.root).get("A2-4Q") == 2, proc)
     wait_for("success", lambda: agent.state() == "success", proc)
@@ -436,27 +197,21 @@ def test_sigkill_mid_apply_then_the_restarted_agent_converges_without_duplicates
     spec = tmp_path / "slow.yaml"
     spec.write_text(SLOW_SPEC)
     kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "swap"}}})
-    with mounted(spec, tmp_path / "sys") as m:
-        running = Running(kube, tmp_path, str(m.root))
+    with running_agent(kube, tmp_path, spec) as running:
         swap_configmap(running.config_dir, 2, SWAP)
         proc = running.start()
-        try:
-            state_dir = tmp_path / "state"
-            wait_for("the first step", lambda: journal_steps(state_dir) >= 1, proc)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
-            assert layout(running.root) != {"A2-4C": 1, "A2-4Q": 3}, "killed mid-apply"
-            proc = running.start()
-            wait_for("the layout", lambda: layout(running.root) == {"A2-4C": 1, "A2-4Q": 3}, proc)
-            wait_for("success", lambda: running.state() == "success", proc)
-            uuids = [v.uuid for g in scan(running.root, catalog=CATALOG).gpus for v in g.vgpus]
-            assert len(uuids) == len(set(uuids)) == 4
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            print(running.log.read_text())
+        state_dir = tmp_path / "state"
+        wait_for("the first step", lambda: journal_steps(state_dir) >= 1, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert layout(running.root) != {"A2-4C": 1, "A2-4Q": 3}, "killed mid-apply"
+        proc = running.start()
+        wait_for("the layout", lambda: layout(running.root) == {"A2-4C": 1, "A2-4Q": 3}, proc)
+        wait_for("success", lambda: running.state() == "success", proc)
+        uuids = [v.uuid for g in scan(running.root, catalog=CATALOG).gpus for v in g.vgpus]
+        assert len(uuids) == len(set(uuids)) == 4
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
 
 
 def apply_window(log: Path) -> tuple[float, float]:
@@ -599,37 +354,29 @@ def test_an_unreachable_api_server_leaves_the_host_alone_and_the_agent_reports_o
 ) -> None:
     kube = cluster
     kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
-    proxy = Proxy(kube.url)
-    with mounted(A2_SPEC, tmp_path / "sys") as m:
-        running = Running(kube, tmp_path, str(m.root))
+    with contextlib.closing(Proxy(kube.url)) as proxy, running_agent(kube, tmp_path) as running:
         kubeconfig = kube.write_kubeconfig(
             tmp_path / "via-proxy", token=running.token, server=proxy.url
         )
         running.args[running.args.index("--kubeconfig") + 1] = str(kubeconfig)
         proc = running.start()
-        try:
-            wait_for("the first reconcile", lambda: running.state() == "success", proc)
-            proxy.down()
-            before = scan(running.root, catalog=CATALOG).fingerprint()
-            # While the API server is away the config asks for a change: nothing happens.
-            running.edit_config(CONFIG.replace("a2-4g:", "old:").replace("grow:", "a2-4g:"))
-            time.sleep(3)
-            after = scan(running.root, catalog=CATALOG).fingerprint()
-            assert after == before, "no host change without the API"
-            assert proc.poll() is None, "the agent keeps running"
-            assert running.get("/readyz")[0] == 503
-            assert running.get("/healthz")[0] == 200
-            proxy.up = True
-            wait_for("the new layout", lambda: layout(running.root).get("A2-4Q") == 2, proc, 60)
-            wait_for("success", lambda: running.state() == "success", proc, 60)
-            wait_for("ready", lambda: running.get("/readyz")[0] == 200, proc)
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
-        finally:
-            proxy.close()
-            if proc.poll() is None:
-                proc.kill()
-            print(running.log.read_text())
+        wait_for("the first reconcile", lambda: running.state() == "success", proc)
+        proxy.down()
+        before = scan(running.root, catalog=CATALOG).fingerprint()
+        # While the API server is away the config asks for a change: nothing happens.
+        running.edit_config(CONFIG.replace("a2-4g:", "old:").replace("grow:", "a2-4g:"))
+        time.sleep(3)
+        after = scan(running.root, catalog=CATALOG).fingerprint()
+        assert after == before, "no host change without the API"
+        assert proc.poll() is None, "the agent keeps running"
+        assert running.get("/readyz")[0] == 503
+        assert running.get("/healthz")[0] == 200
+        proxy.up = True
+        wait_for("the new layout", lambda: layout(running.root).get("A2-4Q") == 2, proc, 60)
+        wait_for("success", lambda: running.state() == "success", proc, 60)
+        wait_for("ready", lambda: running.get("/readyz")[0] == 200, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
 
 
 @pytest.mark.usefixtures("require_fuse")
@@ -645,31 +392,24 @@ def test_a_deferred_switch_runs_when_its_holder_goes_not_at_the_next_resync(
     # itself, so once the file lets go the vGPU can be destroyed.
     spec = tmp_path / "a2.yaml"
     spec.write_text(A2_SPEC.read_text().replace(', in-use: "vm default/win-1"', ""))
-    with mounted(spec, tmp_path / "sys") as m:
-        running = Running(kube, tmp_path, str(m.root))
+    with running_agent(kube, tmp_path, spec) as running:
         running.edit_config(
             CONFIG + "  a2-8q:\n    - devices: all\n      vgpu-devices: {A2-8Q: 2}\n"
         )
         running.args += ["--holder-poll", "0.5"]
         proc = running.start()
-        try:
-            wait_for("the first reconcile", lambda: running.state() == "success", proc)
-            running.label("a2-8q")
-            deferred = lambda: "switch deferred" in json.dumps(running.nodestate_so_far())  # noqa: E731
-            wait_for("the deferred switch reported", deferred, proc)
-            assert layout(running.root) == {"A2-4C": 1, "A2-4Q": 1, "A2-4A": 1}, "none destroyed"
-            assert running.state() == "pending"
+        wait_for("the first reconcile", lambda: running.state() == "success", proc)
+        running.label("a2-8q")
+        deferred = lambda: "switch deferred" in json.dumps(running.nodestate_so_far())  # noqa: E731
+        wait_for("the deferred switch reported", deferred, proc)
+        assert layout(running.root) == {"A2-4C": 1, "A2-4Q": 1, "A2-4A": 1}, "none destroyed"
+        assert running.state() == "pending"
 
-            (tmp_path / "in-use.json").write_text("{}")
-            wait_for("the switch", lambda: layout(running.root) == {"A2-8Q": 2}, proc, 60)
-            wait_for("success", lambda: running.state() == "success", proc)
-            counted = 'vgpu_state_triggers_total{source="holders"} 1.0'
-            wait_for("the trigger counted", lambda: counted in running.get("/metrics")[1], proc)
-            assert 'vgpu_state_triggers_total{source="resync"} 0.0' in running.get("/metrics")[1]
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            shutil.rmtree(running.plugin_dir, ignore_errors=True)
-            print(running.log.read_text())
+        (tmp_path / "in-use.json").write_text("{}")
+        wait_for("the switch", lambda: layout(running.root) == {"A2-8Q": 2}, proc, 60)
+        wait_for("success", lambda: running.state() == "success", proc)
+        counted = 'vgpu_state_triggers_total{source="holders"} 1.0'
+        wait_for("the trigger counted", lambda: counted in running.get("/metrics")[1], proc)
+        assert 'vgpu_state_triggers_total{source="resync"} 0.0' in running.get("/metrics")[1]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0

@@ -22,6 +22,7 @@ from tests.apiserver import (
     NODESTATES,
     RunningApiServer,
     closed_port_url,
+    put_kubevirt,
 )
 from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
 from tests.realcluster import ControlPlane
@@ -54,21 +55,7 @@ def cluster(apiserver: ControlPlane, tmp_path: Path) -> tuple[ControlPlane, Path
             "metadata": {"labels": {"nvidia.com/vgpu.config": "mixed", "zone": "a"}},
         },
     )
-    apiserver.put(
-        KUBEVIRT,
-        "kubevirt",
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "KubeVirt",
-            "spec": {
-                "configuration": {
-                    "permittedHostDevices": {"mediatedDevices": [FOREIGN]},
-                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]},
-                }
-            },
-        },
-        namespace="kubevirt",
-    )
+    put_kubevirt(apiserver, permitted=[FOREIGN])
     spec = tmp_path / "node.yaml"
     shutil.copy(REPO / "configs" / "sim" / "mixed.yaml", spec)
     return apiserver, apiserver.write_kubeconfig(tmp_path / "kubeconfig"), spec

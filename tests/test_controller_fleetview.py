@@ -48,8 +48,7 @@ def test_the_fleet_view_is_the_fleet_plan_as_metrics(cluster: ControlPlane, tmp_
         _report(cluster, node, _scan("a2-host.yaml", node))
     cluster.ensure_node("gpu-4", {"nvidia.com/vgpu.config": "swap"})  # no report: not planned
 
-    token = cluster.agent_token("control-node", service_account="vgpu-state-controller")
-    api = KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "controller", token=token)))
+    api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
     catalog = default_catalog()
     fleet = FleetViewSettings(FileConfigSource(layouts, catalog), Settings(catalog=catalog))
     ctl = Controller(api, ControllerSettings(identity="c-0", fleet=fleet))
@@ -100,8 +99,7 @@ def test_the_controller_reports_its_passes_and_leadership(
         "spec": {},
     })  # fmt: skip
     _report(cluster, "gpu-1", _scan("a2-host.yaml", "gpu-1"))
-    token = cluster.agent_token("control-node", service_account="vgpu-state-controller")
-    api = KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "controller", token=token)))
+    api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
     ctl = Controller(api, ControllerSettings(identity="c-0"))
     assert ctl.run_once() is not None
     assert ctl.run_once() is not None

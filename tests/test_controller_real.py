@@ -82,8 +82,7 @@ def controller(
         },
     )
     # The controller's own ServiceAccount, its token bound to its pod.
-    token = cluster.agent_token("control-node", service_account="vgpu-state-controller")
-    api = KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "controller", token=token)))
+    api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
     clock = [0.0]
     settings = ControllerSettings(identity="controller-0", grace=GRACE)
     return cluster, Controller(api, settings, clock=lambda: clock[0]), clock

@@ -92,7 +92,6 @@ ALLOWED: dict[str, str] = {
     "kube/nodestate.py:encoding": "a VGPUNodeState status field, written by model_dump",
     "kube/nodestate.py:observed_generation": "a VGPUNodeState field, written by model_dump",
     "kube/nodestate.py:vgpu_count": "a VGPUNodeState status field, written by model_dump",
-    "model/inuse.py:as_dict": "the holders as a plain dict, for testing.FakeCluster and tests",
     "model/plan.py:format_version": "a field of the plan's JSON, written by model_dump",
     "sim/fuse.py:mounted": "the simulator mounted for a block, for tests and benchmarks",
     "sim/tree.py:creatable_text": "the simulated creatable_vgpu_types text, its tests read it",

@@ -23,12 +23,19 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from tests.agent_process import (
+    A2_SPEC,
+    NODE,
+    Running,
+    layout,
+    running_agent,
+    swap_configmap,
+    uuids,
+    wait_for,
+)
 from tests.realcluster import ControlPlane
-from tests.test_agent_e2e import A2_SPEC, NODE, Running, layout, swap_configmap, uuids, wait_for
 from vgpu_state.catalog import default_catalog
-from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.spec import dump_spec, load_spec
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
 REPO = Path(__file__).resolve().parent.parent
@@ -94,58 +101,47 @@ def test_the_installed_agent_reports_plans_and_writes_nothing_to_the_host(
     spec = tmp_path / "node.yaml"
     shutil.copy(A2_SPEC, spec)
     original = dump_spec(load_spec(spec, catalog=CATALOG))
-    with mounted(spec, tmp_path / "sys", save=True) as m:
-        running = Running(kube, tmp_path, str(m.root))
+    with running_agent(kube, tmp_path, spec, save=True, kubelet=True) as running:
         swap_configmap(running.config_dir, 2, config)
         kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig", token=running.token)
         admin = kube.write_kubeconfig(tmp_path / "admin-kubeconfig")
         running.args = [*running.args[:3], *harness_args(args, running, tmp_path, kubeconfig)]
         assert running.args[3] == "agent"
-        running.kubelet = FakeKubelet(str(running.plugin_dir))
-        running.kubelet.start()
         before = (layout(running.root), uuids(running.root, "A2-4Q"))
         proc = running.start()
-        try:
-            # A fresh install: the node has no layout label, and the config no default.
-            wait_for("the first status", lambda: kube.get(NODESTATES, NODE) is not None, proc)
-            status = running.nodestate()
-            assert running.state() is None  # no state label: nothing selects the node
-            assert status["selectedConfig"].get("name") is None
-            assert status["vgpuCount"] == 3  # its scan is reported: fleet plan can plan it
-            ready = {c["type"]: c for c in status["conditions"]}["Ready"]
-            assert (ready["status"], ready["reason"]) == ("True", "NoConfigSelected")
-            assert (layout(running.root), uuids(running.root, "A2-4Q")) == before
+        # A fresh install: the node has no layout label, and the config no default.
+        wait_for("the first status", lambda: kube.get(NODESTATES, NODE) is not None, proc)
+        status = running.nodestate()
+        assert running.state() is None  # no state label: nothing selects the node
+        assert status["selectedConfig"].get("name") is None
+        assert status["vgpuCount"] == 3  # its scan is reported: fleet plan can plan it
+        ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+        assert (ready["status"], ready["reason"]) == ("True", "NoConfigSelected")
+        assert (layout(running.root), uuids(running.root, "A2-4Q")) == before
 
-            # What the shipped layouts would do to this node, read from its report.
-            fleet = subprocess.run(
-                [sys.executable, "-m", "vgpu_state.cli.main", "fleet", "plan", "-f",
-                 str(REPO / "configs" / "default.yaml"), "--kubeconfig", str(admin),
-                 "-o", "json"],
-                capture_output=True, text=True, check=False, cwd=REPO,
-            )  # fmt: skip
-            assert fleet.returncode == 0, fleet.stderr
-            (planned,) = json.loads(fleet.stdout)["nodes"]
-            assert (planned["node"], planned["outcome"]) == (NODE, "changes")
+        # What the shipped layouts would do to this node, read from its report.
+        fleet = subprocess.run(
+            [sys.executable, "-m", "vgpu_state.cli.main", "fleet", "plan", "-f",
+             str(REPO / "configs" / "default.yaml"), "--kubeconfig", str(admin),
+             "-o", "json"],
+            capture_output=True, text=True, check=False, cwd=REPO,
+        )  # fmt: skip
+        assert fleet.returncode == 0, fleet.stderr
+        (planned,) = json.loads(fleet.stdout)["nodes"]
+        assert (planned["node"], planned["outcome"]) == (NODE, "changes")
 
-            # The operator picks the shipped layout for the node: plan-only reports the
-            # switch (pending, Synced False with the plan) and changes nothing.
-            running.label("default")
-            wait_for("the plan", lambda: running.state() == "pending", proc)
-            status = running.nodestate()
-            synced = {c["type"]: c for c in status["conditions"]}["Synced"]
-            assert synced["status"] == "False"
-            assert status["selectedConfig"]["name"] == "default"
-            assert (layout(running.root), uuids(running.root, "A2-4Q")) == before
-            log = running.log.read_text()
-            assert "reconcile (node; 1 trigger(s))" in log and "config 'default'" in log, log
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-            running.kubelet.stop()
-            shutil.rmtree(running.plugin_dir, ignore_errors=True)
-            print(running.log.read_text() if running.log.exists() else "(no agent log)")
+        # The operator picks the shipped layout for the node: plan-only reports the
+        # switch (pending, Synced False with the plan) and changes nothing.
+        running.label("default")
+        wait_for("the plan", lambda: running.state() == "pending", proc)
+        status = running.nodestate()
+        synced = {c["type"]: c for c in status["conditions"]}["Synced"]
+        assert synced["status"] == "False"
+        assert status["selectedConfig"]["name"] == "default"
+        assert (layout(running.root), uuids(running.root, "A2-4Q")) == before
+        log = running.log.read_text()
+        assert "reconcile (node; 1 trigger(s))" in log and "config 'default'" in log, log
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
     # The simulated driver's whole state, written back at unmount: not one change.
     assert dump_spec(load_spec(spec, catalog=CATALOG)) == original

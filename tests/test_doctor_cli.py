@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.apiserver import KUBEVIRT, NODES, NODESTATES, RunningApiServer, crd_validator
+from tests.apiserver import (
+    KUBEVIRT,
+    NODES,
+    NODESTATES,
+    RunningApiServer,
+    crd_validator,
+    put_kubevirt,
+)
 from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
@@ -407,20 +414,7 @@ def cluster(apiserver: RunningApiServer, tmp_path: Path) -> tuple[RunningApiServ
             "metadata": {"labels": {"nvidia.com/vgpu.config": "mixed"}},
         },
     )
-    apiserver.put(
-        KUBEVIRT,
-        "kubevirt",
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "KubeVirt",
-            "spec": {
-                "configuration": {
-                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]}
-                }
-            },
-        },
-        namespace="kubevirt",
-    )
+    put_kubevirt(apiserver)
     node = sim_copy(tmp_path, "mixed.yaml")
     return apiserver, apiserver.write_kubeconfig(tmp_path / "kubeconfig"), node
 

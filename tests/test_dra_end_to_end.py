@@ -14,20 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient, Configuration
 
 from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
 from vgpu_state.dra.plugin import DraPlugin
-from vgpu_state.dra.prepare import DraPaths, Preparer
+from vgpu_state.dra.prepare import Preparer
 from vgpu_state.dra.slices import DRIVER, MDEV_UUID, PCI_BUS_ID, build_pool
-from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.dra import KubeClaims, SlicePublisher, claims_in_use
 from vgpu_state.model.publish import split
 from vgpu_state.reconcile import Mode, Ports, Report, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
-from vgpu_state.testing import FakeCluster
+from vgpu_state.testing import FakeCluster, dra_paths
 from vgpu_state.testing.dra_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
@@ -59,10 +57,8 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
     plugin: DraPlugin | None = None
     kubelet: FakeKubelet | None = None
     try:
-        api.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        cfg = Configuration()
-        cfg.host = api.url
-        client = KubeApi(ApiClient(cfg), api.url, (5.0, 10.0))
+        api.put_object(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        client = api.kube_api()
 
         # 1. apply: four 12Q vGPUs on the second L40S, published through DRA; the first
         #    L40S is not in the layout and keeps its two 4Q on the device plugin.
@@ -80,7 +76,7 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
         # 2. the node's slices list exactly the live DRA vGPUs, with the key KubeVirt reads.
         pool = build_pool(channels.dra, catalog=CATALOG)
         SlicePublisher(client, NODE).publish(pool)
-        objs = api.list(slices("v1"))
+        objs = api.all(slices("v1"))
         devices = {d["name"]: d for o in objs for d in o["spec"]["devices"]}
         published = {
             (d["attributes"].get(PCI_BUS_ID) or d["attributes"].get(MDEV_UUID))["string"]
@@ -124,16 +120,10 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
                 ],
             },
         }
-        uid = api.put(claims("v1"), claim)["metadata"]["uid"]
+        uid = api.put_object(claims("v1"), claim)["metadata"]["uid"]
 
         # 4. the kubelet prepares it: CDI spec with the VF's own IOMMU group.
-        paths = DraPaths(
-            plugin_dir=base / "plugins" / DRIVER,
-            registry_dir=base / "plugins_registry",
-            cdi_dir=base / "cdi",
-            sysfs_root=Path(host.root),
-            dev_root=base / "dev",
-        )
+        paths = dra_paths(base, host.root)
         preparer = Preparer(
             node=NODE, claims=KubeClaims(client), inventory=lambda: pool.devices, paths=paths
         )

@@ -21,7 +21,7 @@ from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
 from vgpu_state.sim.host import SimHost
-from vgpu_state.testing import MemoryClaims
+from vgpu_state.testing import MemoryClaims, dra_paths
 from vgpu_state.testing.dra_kubelet import FakeKubelet
 
 CATALOG = default_catalog()
@@ -75,13 +75,7 @@ def rig() -> Iterator[Rig]:
     base = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # unix socket paths stay short
     host = SimHost(MIXED)
     pool = build_pool(host.scan(), catalog=CATALOG)
-    paths = DraPaths(
-        plugin_dir=base / "plugins" / DRIVER,
-        registry_dir=base / "plugins_registry",
-        cdi_dir=base / "cdi",
-        sysfs_root=Path(host.root),
-        dev_root=base / "dev",
-    )
+    paths = dra_paths(base, host.root)
     claims = MemoryClaims()
     preparer = Preparer(node=NODE, claims=claims, inventory=lambda: pool.devices, paths=paths)
     plugin = DraPlugin(preparer, paths)

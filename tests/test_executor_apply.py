@@ -109,7 +109,7 @@ def test_apply_converges_verifies_and_is_idempotent(
     spec = SIM / spec_name
     journal = Journal(tmp_path / "journal.jsonl")
     with open_host(kind, spec, tmp_path) as host:
-        in_use = held_vgpus(SimHost(spec)).as_dict()
+        in_use = dict(held_vgpus(SimHost(spec)))
         before = host.scan()
         p = plan_for(host, layout, tmp_path, in_use)
         assert p.actions and not p.blocked

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.apiserver import KUBEVIRT, NODES, NODESTATES, closed_port_url
+from tests.apiserver import NODES, NODESTATES, closed_port_url, put_kubevirt
 from tests.realcluster import USER, ControlPlane
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink
 from vgpu_state.catalog import default_catalog
@@ -455,20 +455,7 @@ def test_fleet_plan_agrees_with_the_agents_own_reconcile(fleet: Fleet) -> None:
 
 def test_apply_with_kubeconfig_reports_what_fleet_plan_needs(fleet: Fleet, tmp_path: Path) -> None:
     """``apply --kubeconfig`` writes the scan and the holders it found; fleet plan reads both."""
-    fleet.server.put(
-        KUBEVIRT,
-        "kubevirt",
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "KubeVirt",
-            "spec": {
-                "configuration": {
-                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]}
-                }
-            },
-        },
-        namespace="kubevirt",
-    )
+    put_kubevirt(fleet.server)
     fleet.node("node-k", {"nvidia.com/vgpu.config": "t4-as-is"})
     spec = tmp_path / "node-k.yaml"
     spec.write_text(_spec("t4-pair.yaml", "node-k"))
@@ -551,11 +538,12 @@ def test_a_steady_node_rewrites_its_scan_only_every_ten_minutes(fleet: Fleet) ->
         return status.snapshot.scanned_at
 
     def puts() -> int:
-        """Status writes of the agent on node-s, as the server's audit log shows them."""
+        """Status writes of the agent on node-s, as the server's audit log shows them
+        (requests that name no object, such as API discovery, have no ``objectRef``)."""
         return sum(
             e["verb"] in ("update", "patch") and e["objectRef"].get("subresource") == "status"
             for e in fleet.server.audit(user=agent)
-            if e["objectRef"].get("name") == "node-s"
+            if e.get("objectRef", {}).get("name") == "node-s"
         )
 
     assert report(_scan("t4-pair.yaml", "node-s"), 0) == "2026-11-23T12:00:00Z"

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from tests.agent_process import A2_SPEC, CONFIG, NODE, STATE_LABEL, swap_configmap, wait_for
 from tests.realcluster import ControlPlane
-from tests.test_agent_e2e import A2_SPEC, CONFIG, NODE, STATE_LABEL, swap_configmap, wait_for
 from vgpu_state.catalog import default_catalog
 from vgpu_state.sim.spec import load_spec
 

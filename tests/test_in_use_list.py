@@ -31,7 +31,7 @@ def test_the_cli_and_the_agent_read_the_same_holders(tmp_path: Path, text: str) 
     path.write_text(text)
     expected = {UUID: "vm default/win-1", "0000:81:00.4": "pod ml/a"}
     assert parse_in_use((), str(path)) == expected
-    assert in_use_from_file(str(path))().as_dict() == expected
+    assert dict(in_use_from_file(str(path))()) == expected
 
 
 def test_bad_json_names_line_and_column_for_both(tmp_path: Path) -> None:

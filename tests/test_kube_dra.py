@@ -47,7 +47,7 @@ def serve() -> Iterator[Any]:
     def start(versions: tuple[str, ...] = ("v1",)) -> tuple[RunningDraApiServer, KubeApi]:
         server = RunningDraApiServer(versions).start()
         running.append(server)
-        server.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        server.put_object(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         return server, _client(server.url)
 
     yield start
@@ -76,7 +76,7 @@ def test_a_v1beta2_cluster_gets_v1beta2_slices(serve: Any, mixed: NodeSnapshot) 
     publisher = SlicePublisher(client, NODE)
     assert publisher.version == "v1beta2"
     publisher.publish(build_pool(mixed, catalog=CATALOG))
-    objs = server.list(slices("v1beta2"))
+    objs = server.all(slices("v1beta2"))
     assert len(objs) == 3 and {o["apiVersion"] for o in objs} == {"resource.k8s.io/v1beta2"}
     assert server.server.rejected == []
 

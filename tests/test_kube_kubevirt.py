@@ -65,8 +65,7 @@ def _cr(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
 @pytest.fixture
 def api(cluster: ControlPlane, tmp_path: Path) -> KubeApi:
     """The API as the controller sees it (its ServiceAccount's token, bound to its pod)."""
-    token = cluster.agent_token("control-node", service_account="vgpu-state-controller")
-    return KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)))
+    return KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "kubeconfig")))
 
 
 def _mixed(sim_spec_paths: list[Path]) -> SimHost:
@@ -201,9 +200,7 @@ def test_remove_only_owned_entries_that_nobody_advertises(
     # Without the duty to remove (keep=None) nothing goes, whatever the node has.
     assert sync(api, REF, []).changes == ()
     # T4-8C is still advertised by another node; A2-4Q and the L40S type by none.
-    result = sync(
-        api, REF, [], keep=lambda: frozenset({t4.resource, FOREIGN_MDEV["resourceName"]})
-    )
+    result = sync(api, REF, [], keep=lambda: frozenset({t4.resource, FOREIGN_MDEV["resourceName"]}))
     assert sorted(c.describe(REF) for c in result.changes) == [
         "- kubevirt[kubevirt/kubevirt].mediatedDevices[NVIDIA A2-4Q]",
         "- kubevirt[kubevirt/kubevirt].pciHostDevices[nvidia.com/NVIDIA_L40S-12Q]",

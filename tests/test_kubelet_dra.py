@@ -34,8 +34,8 @@ import pytest
 
 from tests.kubelet_harness import Harness, require_harness, running
 from vgpu_state.catalog import default_catalog
-from vgpu_state.dra.prepare import DraPaths
 from vgpu_state.dra.slices import DRIVER
+from vgpu_state.testing import dra_paths
 
 CATALOG = default_catalog()
 REPO = Path(__file__).resolve().parent.parent
@@ -167,13 +167,7 @@ def rig(cluster: Any, tmp_path: Path) -> Iterator[Rig]:
 
     base = Path(tempfile.mkdtemp(prefix="kdra-", dir="/tmp"))  # unix socket paths stay short
     host = SimHost(SIM)
-    paths = DraPaths(
-        plugin_dir=base / "plugins" / DRIVER,
-        registry_dir=base / "plugins_registry",
-        cdi_dir=base / "cdi",
-        sysfs_root=Path(host.root),
-        dev_root=base / "dev",
-    )
+    paths = dra_paths(base, host.root)
     api = KubeApi.connect(str(agent_kubeconfig))
     dra = DraNode(api, NODE, paths, catalog=CATALOG, resync_seconds=1.0)
     try:

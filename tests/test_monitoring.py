@@ -27,9 +27,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from ruamel.yaml import YAML
 
+from tests.agent_process import A2_SPEC, CONFIG, NODE, layout, running_agent, wait_for
+from tests.apiserver import put_kubevirt
 from tests.realcluster import ControlPlane
-from tests.test_agent_e2e import A2_SPEC, CONFIG, NODE, Running, layout, wait_for
-from vgpu_state.sim.fuse import mounted
 
 REPO = Path(__file__).resolve().parent.parent
 MONITORING = REPO / "deploy" / "monitoring"
@@ -268,30 +268,16 @@ def agent_pages(
     tmp = tmp_path_factory.mktemp("agent")
     kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})
     # KubeVirt with its own mdev handling off, and no vGPU type permitted yet.
-    kube.put(
-        "kubevirt.io/v1/kubevirts",
-        "kubevirt",
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "KubeVirt",
-            "spec": {
-                "configuration": {
-                    "developerConfiguration": {"featureGates": ["DisableMDEVConfiguration"]}
-                }
-            },
-        },
-        namespace="kubevirt",
-    )
+    put_kubevirt(kube)
     # The in-use file says who holds the A2-4C; the simulated driver holds nothing itself.
     spec = tmp / "a2.yaml"
     spec.write_text(A2_SPEC.read_text().replace(', in-use: "vm default/win-1"', ""))
-    with mounted(spec, tmp / "sys") as m:
-        running = Running(kube, tmp, str(m.root))
-        running.edit_config(
-            CONFIG + "  a2-8q:\n    - devices: all\n      vgpu-devices: {A2-8Q: 2}\n"
-        )
-        proc = running.start()
-        try:
+    try:
+        with running_agent(kube, tmp, spec) as running:
+            running.edit_config(
+                CONFIG + "  a2-8q:\n    - devices: all\n      vgpu-devices: {A2-8Q: 2}\n"
+            )
+            proc = running.start()
             wait_for("the first reconcile", lambda: running.state() == "success", proc)
             before = running.get("/metrics")[1]
             # The controller permits the node's three types; the agent's next reconcile
@@ -308,12 +294,8 @@ def agent_pages(
             yield {"before": before, "deferred": page}
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            shutil.rmtree(running.plugin_dir, ignore_errors=True)
-            print(running.log.read_text())
-            kube.reset()
+    finally:
+        kube.reset()
 
 
 @pytest.fixture(scope="module")
@@ -353,8 +335,7 @@ def controller_metrics(
     for node, config in (("gpu-1", "a2-4g"), ("gpu-2", "a2-8q")):
         kube.ensure_node(node, {"nvidia.com/vgpu.config": config})
         _report(kube, node, _scan("a2-host.yaml", node))
-    token = kube.agent_token("control-node", service_account="vgpu-state-controller")
-    api = KubeApi.connect(str(kube.write_kubeconfig(tmp / "kubeconfig", token=token)))
+    api = KubeApi.connect(str(kube.controller_kubeconfig(tmp / "kubeconfig")))
     catalog = default_catalog()
     fleet = FleetViewSettings(FileConfigSource(layouts, catalog), Settings(catalog=catalog))
     ctl = Controller(api, ControllerSettings(identity="c-0", fleet=fleet))

@@ -23,12 +23,16 @@ from vgpu_state.sim.spec import GpuSpec, NodeSpec, VgpuSpec
 CATALOG = default_catalog()
 
 # Models the simulator offers, with the layouts valid for them (no SR-IOV: mdev on the PF).
-MODELS = {"A2": ("mdev",), "A16": ("mdev",), "T4": ("mdev",), "A40": ("mdev", "vendor-vfio"),
-          "L40S": ("mdev", "vendor-vfio"), "A10": ("vendor-vfio",)}
+MODELS = {
+    "A2": ("mdev",),
+    "A16": ("mdev",),
+    "T4": ("mdev",),
+    "A40": ("mdev", "vendor-vfio"),
+    "L40S": ("mdev", "vendor-vfio"),
+    "A10": ("vendor-vfio",),
+}
 ADDRESSES = ("0000:08:00.0", "0000:3b:00.0", "0000:81:00.0")
-SETTINGS = settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 
 def _scan(s: Scenario) -> tuple[NodeSnapshot, dict[str, str]]:
     with SimHost(s.spec) as host:
-        return host.scan(), held_vgpus(host).as_dict()
+        return host.scan(), dict(held_vgpus(host))
 
 
 @SETTINGS
@@ -140,7 +144,7 @@ def test_plan_is_deterministic(s: Scenario) -> None:
 @given(scenarios())
 def test_applying_to_the_simulator_converges_except_blocked(s: Scenario) -> None:
     with SimHost(s.spec) as host:
-        snapshot, in_use = host.scan(), held_vgpus(host).as_dict()
+        snapshot, in_use = host.scan(), dict(held_vgpus(host))
         d = desired(s.layouts, snapshot, Policy(prune=True))
         first = plan(d, snapshot, in_use, catalog=CATALOG)
         result = apply(

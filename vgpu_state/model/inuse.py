@@ -36,6 +36,3 @@ class InUse(Mapping[str, str]):
     def merged(self, other: Mapping[str, str]) -> InUse:
         """These holders and ``other``'s; ``other`` wins for a key both name."""
         return InUse({**self._held, **other})
-
-    def as_dict(self) -> dict[str, str]:
-        return dict(self._held)

@@ -10,7 +10,8 @@ runs the real reconcile path without a GPU or a Kubernetes API server:
   whose labels and holders a test changes, and which keeps every status and
   Event reported to it.
 * :class:`RecordingDevicePlugin` keeps every snapshot it is refreshed with.
-* :class:`MemoryClaims` holds ResourceClaims in memory for the DRA plugin.
+* :class:`MemoryClaims` holds ResourceClaims in memory for the DRA plugin;
+  :func:`dra_paths` puts every path of the DRA plugin under one directory.
 * :mod:`vgpu_state.testing.deviceplugin_kubelet` and
   :mod:`vgpu_state.testing.dra_kubelet` are stand-ins for the kubelet's device
   manager and DRA manager on real gRPC (each imported on its own: they load gRPC).
@@ -23,6 +24,7 @@ from vgpu_state.testing.fakes import (
     MemoryClaims,
     RecordingDevicePlugin,
     RecordingHost,
+    dra_paths,
 )
 
 __all__ = [
@@ -31,4 +33,5 @@ __all__ = [
     "MemoryClaims",
     "RecordingDevicePlugin",
     "RecordingHost",
+    "dra_paths",
 ]

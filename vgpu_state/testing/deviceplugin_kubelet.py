@@ -20,7 +20,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ import grpc
 from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from vgpu_state.model.resources import resource_name_problem
+from vgpu_state.testing.grpc_unix import unix_server
 from vgpu_state.wellknown import KUBELET_DEVICE_PLUGIN_SOCKET
 
 
@@ -89,11 +89,11 @@ class FakeKubelet:
         os.makedirs(self.plugin_dir, exist_ok=True)
         if os.path.lexists(self.socket_path):
             os.unlink(self.socket_path)
-        server = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="fake-kubelet"))
-        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        server.start()
-        self._server = server
+        self._server = unix_server(
+            self.socket_path,
+            lambda server: pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server),
+            name="fake-kubelet",
+        )
 
     def stop(self) -> None:
         """Stop serving and drop every plugin connection (streams end)."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from vgpu_state.dra.claims import Claim
+from vgpu_state.dra.prepare import DraPaths
+from vgpu_state.dra.slices import DRIVER
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import NodeStatus
 from vgpu_state.ports.cluster import MemoryCluster
@@ -95,7 +98,7 @@ class FakeCluster(MemoryCluster):
         self._in_use = self._in_use.merged({key: holder})
 
     def release(self, key: str) -> None:
-        held = self._in_use.as_dict()
+        held = dict(self._in_use)
         held.pop(key, None)
         self._in_use = type(self._in_use)(held)
 
@@ -125,3 +128,15 @@ class MemoryClaims:
 
     def get_claim(self, namespace: str, name: str) -> Claim | None:
         return self.claims.get((namespace, name))
+
+
+def dra_paths(base: Path, sysfs_root: str | Path) -> DraPaths:
+    """Every path of the DRA plugin under ``base`` (the kubelet's directories, CDI and
+    ``/dev``), reading the devices of the sysfs tree at ``sysfs_root``."""
+    return DraPaths(
+        plugin_dir=base / "plugins" / DRIVER,
+        registry_dir=base / "plugins_registry",
+        cdi_dir=base / "cdi",
+        sysfs_root=Path(sysfs_root),
+        dev_root=base / "dev",
+    )
