@@ -13,6 +13,7 @@ from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import NodeStatus
 from vgpu_state.ports.cluster import MemoryCluster
 from vgpu_state.ports.host import HostPort
+from vgpu_state.wellknown import KUBELET_PLUGIN_REGISTRY_DIR
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def dra_paths(base: Path, sysfs_root: str | Path) -> DraPaths:
     ``/dev``), reading the devices of the sysfs tree at ``sysfs_root``."""
     return DraPaths(
         plugin_dir=base / "plugins" / DRIVER,
-        registry_dir=base / "plugins_registry",
+        registry_dir=base / Path(KUBELET_PLUGIN_REGISTRY_DIR).name,
         cdi_dir=base / "cdi",
         sysfs_root=Path(sysfs_root),
         dev_root=base / "dev",
