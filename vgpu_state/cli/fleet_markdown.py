@@ -14,7 +14,6 @@ out, last sections first, and the comment says so.
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import TextIO
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import ActionKind, Blocked, Disruption, Plan
 from vgpu_state.model.policy import Publish
+from vgpu_state.model.timestamps import rfc3339
 from vgpu_state.reconcile.fleet import FleetTotals, NodeOutcome, NodePlan
 from vgpu_state.render.plan import before_after
 
@@ -63,10 +63,6 @@ def _n(value: int) -> str:
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{_n(n)} {word if n == 1 else plural or word + 's'}"
-
-
-def _time(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _source(source: str) -> str:
@@ -406,7 +402,7 @@ class MarkdownWriter:
                 f"**Disruption** (planned nodes per level): {levels}."
                 + self._disruption_note(result),
                 "",
-                f"The fleet as of {_time(result.now)}{source}; each node planned against "
+                f"The fleet as of {rfc3339(result.now)}{source}; each node planned against "
                 "the scan and holders its agent last reported.",
             ]
         )

@@ -21,6 +21,7 @@ from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import Action, ClusterPart, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import ConfigState, NodeEvent, NodeStatus
+from vgpu_state.model.timestamps import rfc3339
 from vgpu_state.ports import HostPort, NoProcesses, ProcessHolders
 from vgpu_state.reconcile import Mode, Ports
 
@@ -103,8 +104,8 @@ class KubeNodeCluster:
             self.kube.observe_apply(
                 LastApply(
                     plan_id=plan.snapshot_fingerprint,
-                    start=_time(self.started or now),
-                    end=_time(now),
+                    start=rfc3339(self.started or now),
+                    end=rfc3339(now),
                     result=result,
                 )
             )
@@ -176,10 +177,6 @@ def _source(source: str) -> Literal["label", "node-selector", "default", "explic
     if source == "default":
         return "default"
     return "explicit"
-
-
-def _time(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def kube_ports(

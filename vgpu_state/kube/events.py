@@ -16,6 +16,7 @@ import re
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of, retry_on_conflict
 from vgpu_state.kube.errors import ContendedWriteError, NotFoundError
 from vgpu_state.model.status import EventType
+from vgpu_state.model.timestamps import rfc3339
 
 COMPONENT = "vgpu-state"
 EVENT_NAMESPACE = "default"
@@ -32,10 +33,6 @@ def event_name(node: str, reason: str) -> str:
         digest = hashlib.sha256(name.encode()).hexdigest()[:10]
         name = f"{name[:242]}.{digest}"
     return name
-
-
-def _seconds(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def record(
@@ -73,8 +70,8 @@ def record(
                 "message": message,
                 "type": type.value,
                 "count": 1,
-                "firstTimestamp": _seconds(moment),
-                "lastTimestamp": _seconds(moment),
+                "firstTimestamp": rfc3339(moment),
+                "lastTimestamp": rfc3339(moment),
                 "source": {"component": COMPONENT, "host": node},
                 "reportingComponent": COMPONENT,
                 "reportingInstance": instance or node,
@@ -86,7 +83,7 @@ def record(
                 "resourceVersion": (existing.get("metadata") or {}).get("resourceVersion")
             },
             "count": count,
-            "lastTimestamp": _seconds(moment),
+            "lastTimestamp": rfc3339(moment),
             "message": message,
             "type": type.value,
         }

@@ -42,6 +42,7 @@ from vgpu_state import __version__
 from vgpu_state.kube.api import JsonObject, KubeApi
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE, fleet_pages
 from vgpu_state.model.errors import Reason, UserError
+from vgpu_state.model.timestamps import rfc3339
 
 SNAPSHOT_KIND = "vgpu-state-fleet-snapshot"
 SNAPSHOT_FORMAT_VERSION = "1"
@@ -62,10 +63,6 @@ class SnapshotFileError(UserError):
         self.path, self.line, self.column = path, line, column
         where = f"{path}:{line}:{column}" if line else path
         super().__init__(f"{where}: {problem}")
-
-
-def _time(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _line(record: Mapping[str, Any]) -> bytes:
@@ -95,7 +92,7 @@ def write_snapshot(
     header = {
         "kind": SNAPSHOT_KIND,
         "format_version": SNAPSHOT_FORMAT_VERSION,
-        "taken_at": _time(taken),
+        "taken_at": rfc3339(taken),
         "source": {"server": api.server, "context": context},
         "generator": f"vgpu-state {__version__}",
     }

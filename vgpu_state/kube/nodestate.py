@@ -30,6 +30,7 @@ from vgpu_state.model.lenient import known_fields
 from vgpu_state.model.resources import ResourceNameError, resource_name
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
 from vgpu_state.model.status import ConfigState
+from vgpu_state.model.timestamps import rfc3339
 
 GROUP = "vgpu-state.io"
 VERSION = "v1alpha1"
@@ -364,10 +365,6 @@ class VGPUNodeStateStatus(_Model):
     def resources(self) -> frozenset[str]:
         """The resources this node advertises (total above zero)."""
         return frozenset(c.resource_name for c in self.capacity if c.total > 0)
-
-
-def rfc3339(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def layout_status(

@@ -24,6 +24,7 @@ from vgpu_state.model.fleet import ReportedNode, Unknown, UnknownReason
 from vgpu_state.model.plan import Disruption, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.model.timestamps import rfc3339
 from vgpu_state.ports import MemoryCluster
 from vgpu_state.reconcile.once import Mode, Ports, reconcile_once
 from vgpu_state.reconcile.settings import Settings
@@ -344,7 +345,7 @@ def plan_fleet(
 def _time(moment: datetime.datetime | None) -> str | None:
     if moment is None:
         return None
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(moment)
 
 
 def fleet_document(fleet: FleetPlan, config_file: str) -> dict[str, Any]:
