@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Self
 
@@ -67,7 +68,7 @@ class Backoff:
 _RNG = random.Random()
 
 
-class BackgroundLoop:
+class BackgroundLoop(ABC):
     """Run :meth:`step` on a daemon thread named ``name`` until :meth:`stop`.
 
     ``first``: seconds before the first step (``0``: at once; ``None``: not
@@ -87,10 +88,10 @@ class BackgroundLoop:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
+    @abstractmethod
     def step(self) -> float | None:
         """One round of the loop's work; returns the seconds until the next one
         (``None``: not until :meth:`wake`)."""
-        raise NotImplementedError
 
     def start(self) -> Self:
         """Start the thread (once; starting again does nothing)."""
