@@ -257,7 +257,7 @@ def reported_node(
     if not isinstance(raw, dict) or not raw:
         return _unknown(name, labels, UnknownReason.NO_STATUS, "the node has not reported yet")
     try:
-        status = VGPUNodeStateStatus.model_validate(known_status(raw))
+        status = _status(raw)
     except ValidationError as e:
         problem = e.errors()[0]
         where = ".".join(str(p) for p in problem["loc"])
@@ -314,6 +314,18 @@ def reported_node(
         scanned_at=scanned_at,
         **common,
     )
+
+
+def _status(raw: dict[str, Any]) -> VGPUNodeStateStatus:
+    """``raw`` as this version reads it: validated as it is first (what an agent of this
+    version writes), and only when that fails without the fields and condition types
+    this version does not know (:func:`~vgpu_state.kube.nodestate.known_status`), whose
+    error is the one reported. A status that validates as it is has none of those (the
+    models forbid unknown fields and condition types): both give the same status."""
+    try:
+        return VGPUNodeStateStatus.model_validate(raw)
+    except ValidationError:
+        return VGPUNodeStateStatus.model_validate(known_status(raw))
 
 
 def _unknown(

@@ -230,8 +230,11 @@ def _gpu_starts(raw: bytes) -> list[int]:
             starts.append(head)
         at = raw.find(_GPU_VENDOR, at + 1)
     return starts
+
+
 _SCAN_CLOSE = b"]}"
 _VGPUS = b',"vgpus":'
+_UUID = b'"uuid":'
 
 
 @functools.cache
@@ -247,7 +250,8 @@ class SnapshotDecoder:
     type lists): each distinct GPU's JSON without its ``vgpus`` is validated once
     and the decoded (frozen) :class:`~vgpu_state.model.snapshot.Gpu` is shared by
     every scan that has it; only the ``vgpus`` list, which names each node's own
-    mdev UUIDs, is decoded per node.
+    mdev UUIDs, is decoded per node. A GPU whose ``vgpus`` name no mdev UUID (VFs
+    holding types, the same on every node of a model and layout) is shared whole.
     A scan whose JSON does not split into GPUs cleanly is validated whole, as
     :func:`decode_snapshot` does, so errors read the same. The fingerprint is
     computed once (the snapshot keeps it).
@@ -300,11 +304,17 @@ class SnapshotDecoder:
             return None
         if head.gpus:
             return None
-        return head.model_copy(update={"gpus": tuple(gpus)})
+        return head.with_gpus(tuple(gpus))
 
     def _gpu(self, text: bytes) -> Gpu:
-        """A GPU from its JSON: what precedes ``vgpus`` shared, ``vgpus`` its own. Raises
-        ``ValueError`` when the text is not a GPU."""
+        """A GPU from its JSON: what precedes ``vgpus`` shared, ``vgpus`` its own (and the
+        whole GPU shared when its vGPUs name no mdev UUID: VFs holding the same types on
+        nodes of one model are the same text). Raises ``ValueError`` when the text is not
+        a GPU."""
+        whole = self._gpus.get(text)
+        if whole is not None:
+            self.shared += 1
+            return whole
         at = text.find(_VGPUS)
         if at < 0 or not text.endswith(b"]}") or text.find(_VGPUS, at + 1) >= 0:
             base, vgpus = text, None
@@ -326,7 +336,10 @@ class SnapshotDecoder:
             return Gpu.model_validate_json(text)
         if gpu.vgpus:
             raise ValueError("vgpus twice")
-        return gpu.model_copy(update={"vgpus": listed})
+        gpu = gpu.with_vgpus(listed)
+        if _UUID not in vgpus:
+            self._keep(text, gpu)
+        return gpu
 
     def _keep(self, text: bytes, gpu: Gpu) -> None:
         if self._held + len(text) > self._budget:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from operator import is_
 from typing import Any, Literal, TypeVar
 
 from vgpu_state.model.frozen import Frozen
@@ -128,6 +130,10 @@ class Gpu(Frozen):
     vgpus: tuple[Vgpu, ...] = ()
     problems: tuple[str, ...] = ()
 
+    def with_vgpus(self, vgpus: tuple[Vgpu, ...]) -> Gpu:
+        """This GPU with ``vgpus`` (``model_copy(update={"vgpus": vgpus})``, faster)."""
+        return _copy_with(self, "vgpus", vgpus)
+
     @property
     def sriov_capable(self) -> bool:
         return bool(self.sriov_totalvfs)
@@ -153,6 +159,10 @@ class NodeSnapshot(Frozen):
     error: str | None = None
     """Set when the host could not be read at all (no sysfs, an empty one, a dead
     mount): then nothing else in the snapshot says anything about the host."""
+
+    def with_gpus(self, gpus: tuple[Gpu, ...]) -> NodeSnapshot:
+        """This snapshot with ``gpus`` (``model_copy(update={"gpus": gpus})``, faster)."""
+        return _copy_with(self, "gpus", gpus)
 
     def gpu(self, address: str) -> Gpu | None:
         for g in self.gpus:
@@ -204,21 +214,32 @@ class NodeSnapshot(Frozen):
         if kept is not None and kept[0] is self.gpus:
             return str(kept[1])
         # json.dumps(self.stable_view(), sort_keys=True, separators=(",", ":")), a GPU at a
-        # time: "vgpus" is the last key, the text before it is the same on every node
-        # with that GPU (its VFs are one shared tuple when decoded by SnapshotDecoder:
-        # see SharedParts).
-        blob = (
-            '{"gpus":['
-            + ",".join(
-                f'{_gpu_view_text(g)},"vgpus":{json.dumps(_vgpus_view(g), separators=(",", ":"))}}}'
-                for g in self.gpus
-            )
-            + "]}"
-        )
+        # time (_gpu_text): "vgpus" is the last key, the text before it is the same on
+        # every node with that GPU (its VFs are one shared tuple when decoded by
+        # SnapshotDecoder: see SharedParts), and a GPU shared whole keeps its text.
+        blob = '{"gpus":[' + ",".join(_gpu_text(g) for g in self.gpus) + "]}"
         value = "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
         # Not a field: equality, hashing and serialisation ignore it.
         self.__dict__["_fingerprint"] = (self.gpus, value)
         return value
+
+
+M = TypeVar("M", bound=Frozen)
+
+
+def _copy_with(model: M, name: str, value: Any) -> M:
+    """``model.model_copy(update={name: value})`` for a frozen model without extra fields
+    or private attributes: the same fields, fields set and (for a :class:`NodeSnapshot`)
+    kept fingerprint, without pydantic's general copy. ``value`` is not validated (nor is
+    it by ``model_copy``): the typed callers pass valid values only."""
+    copied = model.__class__.__new__(model.__class__)
+    fields = model.__dict__.copy()
+    fields[name] = value
+    object.__setattr__(copied, "__dict__", fields)
+    object.__setattr__(copied, "__pydantic_extra__", None)
+    object.__setattr__(copied, "__pydantic_fields_set__", model.__pydantic_fields_set__ | {name})
+    object.__setattr__(copied, "__pydantic_private__", None)
+    return copied
 
 
 def _gpu_view(g: Gpu) -> dict[str, Any]:
@@ -238,6 +259,23 @@ def _vgpus_view(g: Gpu) -> list[list[Any]]:
     return sorted(
         [v.kind, v.parent, v.uuid or "", v.type_id or 0, v.type_name or ""] for v in g.vgpus
     )
+
+
+_PLAIN = re.compile(r"[ !#-\[\]-~]*")
+"""Text that JSON writes as it is between quotes (printable ASCII but ``"`` and ``\\``)."""
+
+
+def _vgpus_view_text(g: Gpu) -> str:
+    """``json.dumps(_vgpus_view(g), separators=(",", ":"))``, written directly when every
+    string in it is :data:`_PLAIN` and every type id an ``int`` (the usual case)."""
+    rows = sorted(
+        (v.kind, v.parent, v.uuid or "", v.type_id or 0, v.type_name or "") for v in g.vgpus
+    )
+    if _PLAIN.fullmatch("".join(k + p + u + n for k, p, u, _, n in rows)) and all(
+        type(r[3]) is int for r in rows
+    ):
+        return "[" + ",".join(f'["{k}","{p}","{u}",{t},"{n}"]' for k, p, u, t, n in rows) + "]"
+    return json.dumps([list(r) for r in rows], separators=(",", ":"))
 
 
 class SharedParts:
@@ -273,7 +311,7 @@ class SharedParts:
             return compute()
         full = (*key, *map(id, parts))
         found = kept.get(full)
-        if found is not None and all(a is b for a, b in zip(found[0], parts, strict=True)):
+        if found is not None and len(found[0]) == len(parts) and all(map(is_, found[0], parts)):
             value: T = found[1]
             return value
         value = compute()
@@ -281,6 +319,20 @@ class SharedParts:
             kept.clear()
         kept[full] = (parts, value)
         return value
+
+
+def _gpu_text(g: Gpu) -> str:
+    """``g``'s part of the JSON text of :meth:`NodeSnapshot.stable_view`, kept with the GPU
+    (a ``SnapshotDecoder`` gives the nodes whose GPUs are the same text the same
+    :class:`Gpu`) together with the fields it was computed from, as the fingerprint is."""
+    key = (g.address, g.device_id, g.subsystem_device_id, g.driver, g.layout, g.sriov_numvfs)
+    kept = g.__dict__.get("_view_text")
+    if kept is not None and kept[0] is g.vfs and kept[1] is g.vgpus and kept[2] == key:
+        return str(kept[3])
+    text = f'{_gpu_view_text(g)},"vgpus":{_vgpus_view_text(g)}}}'
+    # Not a field: equality, hashing and serialisation ignore it.
+    g.__dict__["_view_text"] = (g.vfs, g.vgpus, key, text)
+    return text
 
 
 def _gpu_view_text(g: Gpu) -> str:
@@ -302,7 +354,9 @@ def scan_problem(node: str, snapshot: NodeSnapshot) -> str | None:
     """
     if snapshot.node and snapshot.node != node:
         return f"its scan is of node {snapshot.node!r}, not {node!r}"
-    addresses = [a for gpu in snapshot.gpus for a in (gpu.address, *(vf.address for vf in gpu.vfs))]
+    addresses: list[str] = [gpu.address for gpu in snapshot.gpus]
+    for gpu in snapshot.gpus:
+        addresses.extend(_vf_addresses(gpu.vfs))
     if len(set(addresses)) == len(addresses):
         return None
     seen: set[str] = set()
@@ -319,3 +373,9 @@ def scan_problem(node: str, snapshot: NodeSnapshot) -> str | None:
             "a host has each address once"
         )
     return None
+
+
+def _vf_addresses(vfs: tuple[VirtualFunction, ...]) -> tuple[str, ...]:
+    """The addresses of ``vfs`` (shared by the nodes of one hardware model: see
+    :class:`SharedParts`)."""
+    return SharedParts.get((vfs,), ("vf addresses",), lambda: tuple(vf.address for vf in vfs))

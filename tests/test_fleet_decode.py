@@ -1,0 +1,163 @@
+"""Reading a fleet's reports fast gives what reading them the careful way gives.
+
+``fleet plan`` validates each status as it is, and only when that fails reads it
+without what this version does not know (a newer agent's fields and condition
+types); it writes a scan's fingerprint text directly when its strings need no
+escaping; it shares decoded GPUs between nodes. Each shortcut must give the same
+plan input and the same reason for an unknown node as the careful way.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from tests.test_fleet_stream import BENCH, SCANNED
+from vgpu_state.kube.fleet import reported_node
+from vgpu_state.kube.nodestate import (
+    SnapshotDecoder,
+    VGPUNodeStateStatus,
+    decode_snapshot,
+    encode_snapshot,
+    known_status,
+)
+from vgpu_state.model.fleet import ReportedNode, UnknownReason
+from vgpu_state.model.snapshot import NodeSnapshot, SharedParts, Vgpu
+
+
+@functools.cache
+def _states(count: int = 17) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
+    """The benchmark fleet's first ``count`` nodes (never changed: tests change copies)."""
+    return [
+        (state["metadata"]["name"], node["metadata"]["labels"], state)
+        for node, state in BENCH.fleet_items(count, SCANNED)
+    ]
+
+
+def _careful(name: str, state: dict[str, Any], labels: dict[str, str]) -> ReportedNode:
+    """``reported_node`` as it read every status: without the unknown parts, always."""
+    known = copy.deepcopy(state)
+    known["status"] = known_status(state["status"])
+    return reported_node(name, known, labels, SnapshotDecoder())
+
+
+def test_a_newer_agent_s_status_is_planned_as_this_version_reads_it() -> None:
+    """Fields and condition types this version does not know, at every level, are
+    ignored: the node is planned against the same scan as without them."""
+    for name, labels, state in _states():
+        newer = copy.deepcopy(state)
+        status = newer["status"]
+        status["placementHints"] = {"numa": [0, 1]}
+        status["conditions"] = [
+            {"type": "Migrating", "status": "True", "reason": "Later", "lastTransitionTime": "x"}
+        ]
+        status["gpus"][0]["vgpus"][0]["migratable"] = True
+        status["snapshot"]["signature"] = "ed25519:..."
+        node = reported_node(name, newer, labels, SnapshotDecoder())
+        assert node.unknown is None
+        assert node == reported_node(name, state, labels, SnapshotDecoder())
+        assert node == _careful(name, newer, labels)
+
+
+def test_an_invalid_status_from_a_newer_agent_gives_the_same_reason_as_before() -> None:
+    """The reason names the invalid field, not the unknown one (the error of the status
+    without the unknown fields, as before)."""
+    name, labels, state = _states(1)[0]
+    bad = copy.deepcopy(state)
+    bad["status"]["vgpuCount"] = "many"
+    bad["status"]["placementHints"] = {"numa": [0, 1]}
+    node = reported_node(name, bad, labels, SnapshotDecoder())
+    assert node.unknown is not None
+    assert node.unknown.reason is UnknownReason.STATUS_UNREADABLE
+    assert node.unknown.message == (
+        "status.vgpuCount: Input should be a valid integer, unable to parse string as an integer"
+    )
+    assert node == _careful(name, bad, labels)
+    # A field under both its JSON name and its Python name: the JSON name's value, as before.
+    both = copy.deepcopy(state)
+    both["status"]["inUseKnown"] = False
+    both["status"]["in_use_known"] = True
+    node = reported_node(name, both, labels, SnapshotDecoder())
+    assert node.unknown is None and node.in_use_known is False
+    assert node == _careful(name, both, labels)
+
+
+def _whole_fingerprint(scan: NodeSnapshot) -> str:
+    text = json.dumps(scan.stable_view(), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "type_name",
+    ["A16-2Q", 'A16 "2Q"', "A16\\2Q", "A16-2Q ✓", "A16\t2Q", "A16\x7f2Q", "", "~ !#[]"],
+)
+def test_the_fingerprint_is_the_sha256_of_the_stable_view_whatever_the_names(
+    type_name: str,
+) -> None:
+    """Names that JSON escapes (quotes, backslashes, non-ASCII, control characters) give
+    the hash of ``json.dumps`` of the stable view, as names that it does not."""
+    scans = [decode_snapshot(_reported(s)) for _, _, s in _states()]
+    for scan in scans:
+        gpu = scan.gpus[-1]
+        if not gpu.vgpus:
+            continue
+        renamed = tuple(
+            v.model_copy(update={"type_name": type_name, "uuid": v.uuid and v.uuid + type_name})
+            for v in gpu.vgpus
+        )
+        changed = scan.with_gpus((*scan.gpus[:-1], gpu.with_vgpus(renamed)))
+        assert changed.fingerprint() == _whole_fingerprint(changed)
+        back = SnapshotDecoder().decode(encode_snapshot(changed, SCANNED))
+        assert back == changed and back.fingerprint() == changed.fingerprint()
+
+
+def _reported(state: dict[str, Any]) -> Any:
+    return VGPUNodeStateStatus.model_validate(state["status"]).snapshot
+
+
+def test_a_copy_with_other_gpus_or_vgpus_is_what_model_copy_makes() -> None:
+    scan = decode_snapshot(_reported(_states(1)[0][2]))
+    gpu = scan.gpus[0]
+    vgpus = (Vgpu(kind="vf", parent=gpu.vfs[-1].address, type_id=1, type_name="x"),)
+    for made, expected in (
+        (gpu.with_vgpus(vgpus), gpu.model_copy(update={"vgpus": vgpus})),
+        (scan.with_gpus(scan.gpus[1:]), scan.model_copy(update={"gpus": scan.gpus[1:]})),
+    ):
+        assert made == expected and type(made) is type(expected)
+        assert made.model_fields_set == expected.model_fields_set
+        assert made.model_dump_json(exclude_unset=True) == expected.model_dump_json(
+            exclude_unset=True
+        )
+    fewer = scan.with_gpus(scan.gpus[1:])
+    assert fewer.fingerprint() == _whole_fingerprint(fewer) != scan.fingerprint()
+    assert scan.fingerprint() == _whole_fingerprint(scan)
+
+
+def test_nodes_with_the_same_gpu_text_share_the_decoded_gpu() -> None:
+    """A GPU whose vGPUs are VFs is the same text on every node of a model with the same
+    layout: decoded once, one object. A GPU holding mdevs is not (their UUIDs are the
+    node's own): what precedes its vGPUs is shared."""
+    decoder = SnapshotDecoder()
+    with SharedParts.remembering():
+        scans = [decoder.decode(_reported(s)) for _, _, s in _states(48)]
+    whole: dict[str, Any] = {}
+    base: dict[str, Any] = {}
+    same = different = 0
+    for scan in scans:
+        for gpu in scan.gpus:
+            first = whole.setdefault(gpu.model_dump_json(), gpu)
+            if first is not gpu:
+                assert first == gpu
+                same += 1
+            shared = base.setdefault(gpu.model_dump_json(exclude={"vgpus"}), gpu)
+            if shared is not gpu and shared.vgpus != gpu.vgpus:
+                assert shared.vfs is gpu.vfs and shared.offered is gpu.offered
+                different += 1
+    # Every repeated text was the same object (``first is gpu`` above, but the first).
+    assert same == 0 and different > 0
+    assert sum(len(s.gpus) for s in scans) > len(whole)
