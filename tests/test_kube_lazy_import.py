@@ -6,9 +6,18 @@ than a second); a plan against a simulated or local node must not pay for it.
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,7 +77,8 @@ def test_connecting_loads_the_client() -> None:
 
 def test_connecting_loads_only_the_client_parts_it_uses() -> None:
     """Not the dynamic client (jsonschema), streams (websocket), informer or leader election;
-    and for the in-cluster service account not the kubeconfig loader (OAuth, YAML, requests)."""
+    for a kubeconfig not its OAuth support (requests), which refreshes OIDC tokens only; for
+    the in-cluster service account not the kubeconfig loader (OAuth, YAML, requests)."""
     probe = (
         "from vgpu_state.kube.api import KubeApi\n"
         "try:\n    KubeApi.connect({kubeconfig!r}, in_cluster={in_cluster})\n"
@@ -76,8 +86,8 @@ def test_connecting_loads_only_the_client_parts_it_uses() -> None:
     )
     heavy = {"kubernetes_validate", "jsonschema", "websocket", "referencing"}
     kubeconfig = _imported(["-c", probe.format(kubeconfig="/nonexistent", in_cluster=None)])
-    assert {"kubernetes", "requests_oauthlib", "yaml"} <= kubeconfig
-    assert not heavy & kubeconfig
+    assert {"kubernetes", "yaml"} <= kubeconfig
+    assert not (heavy | {"requests_oauthlib", "requests"}) & kubeconfig
     in_cluster = _imported(["-c", probe.format(kubeconfig=None, in_cluster=True)])
     assert "kubernetes" in in_cluster
     assert not (heavy | {"requests_oauthlib", "oauthlib", "requests", "yaml"}) & in_cluster
@@ -103,3 +113,143 @@ def test_the_kubernetes_package_is_whole_for_other_code_after_connecting() -> No
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# OIDC: the kubeconfig loader refreshes an expired ID token at the identity provider ---------
+def _jwt(claims: dict[str, object]) -> str:
+    def part(doc: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'none'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+EXPIRED = _jwt({"sub": "alice", "exp": int(time.time()) - 3600})
+FRESH = _jwt({"sub": "alice", "exp": int(time.time()) + 3600})
+REFRESHED = _jwt({"sub": "alice", "exp": int(time.time()) + 7200})
+
+
+class _IdentityProvider(BaseHTTPRequestHandler):
+    """An OpenID Connect provider's discovery document and token endpoint (the identity
+    provider is outside Kubernetes; the kubeconfig loader asks it for a new ID token)."""
+
+    refuse = False
+    refreshes: ClassVar[list[bytes]] = []
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self, status: int, document: dict[str, object]) -> None:
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        issuer = f"http://{self.headers['Host']}"
+        self._answer(200, {"issuer": issuer, "token_endpoint": f"{issuer}/token"})
+
+    def do_POST(self) -> None:
+        self.refreshes.append(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.refuse:
+            self._answer(400, {"error": "invalid_request", "error_description": "unknown client"})
+            return
+        self._answer(
+            200,
+            {
+                "access_token": "access",
+                "token_type": "Bearer",
+                "id_token": REFRESHED,
+                "refresh_token": "refresh-2",
+                "expires_in": 3600,
+            },
+        )
+
+
+@pytest.fixture
+def identity_provider() -> Iterator[tuple[str, type[_IdentityProvider]]]:
+    handler = type("Provider", (_IdentityProvider,), {"refreshes": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _oidc_credentials(tmp_path: Path, issuer: str, id_token: str) -> tuple[str, bool]:
+    """The bearer token a fresh process loads from an OIDC kubeconfig, and whether it
+    loaded the OAuth support (``requests_oauthlib``) meanwhile."""
+    user = {
+        "auth-provider": {
+            "name": "oidc",
+            "config": {
+                "client-id": "vgpu-state",
+                "client-secret": "secret",
+                "id-token": id_token,
+                "refresh-token": "refresh-1",
+                "idp-issuer-url": issuer,
+            },
+        }
+    }
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "oidc",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+                "contexts": [{"name": "oidc", "context": {"cluster": "c", "user": "oidc"}}],
+                "users": [{"name": "oidc", "user": user}],
+            }
+        )
+    )
+    probe = (
+        "import json, os, sys\n"
+        "os.environ['OAUTHLIB_INSECURE_TRANSPORT'] = '1'  # the provider speaks plain HTTP\n"
+        "from vgpu_state.kube.api import KubeApi\n"
+        f"api = KubeApi.connect({str(kubeconfig)!r})\n"
+        "print(json.dumps([api.client.configuration.api_key['BearerToken'],\n"
+        "                  'requests_oauthlib' in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    token, oauth_loaded = json.loads(done.stdout)
+    return str(token), bool(oauth_loaded)
+
+
+def test_an_expired_oidc_token_is_refreshed_at_the_identity_provider(
+    tmp_path: Path, identity_provider: tuple[str, type[_IdentityProvider]]
+) -> None:
+    issuer, provider = identity_provider
+    token, oauth_loaded = _oidc_credentials(tmp_path, issuer, EXPIRED)
+    assert token == f"Bearer {REFRESHED}"
+    assert len(provider.refreshes) == 1
+    assert b"refresh_token=refresh-1" in provider.refreshes[0]
+    assert oauth_loaded
+
+
+def test_a_refresh_the_provider_refuses_keeps_the_token_from_the_kubeconfig(
+    tmp_path: Path, identity_provider: tuple[str, type[_IdentityProvider]]
+) -> None:
+    issuer, provider = identity_provider
+    provider.refuse = True
+    token, _ = _oidc_credentials(tmp_path, issuer, EXPIRED)
+    assert token == f"Bearer {EXPIRED}"
+    assert len(provider.refreshes) == 1
+
+
+def test_a_valid_oidc_token_is_used_as_it_is_without_loading_the_oauth_support(
+    tmp_path: Path, identity_provider: tuple[str, type[_IdentityProvider]]
+) -> None:
+    issuer, provider = identity_provider
+    token, oauth_loaded = _oidc_credentials(tmp_path, issuer, FRESH)
+    assert token == f"Bearer {FRESH}"
+    assert provider.refreshes == []
+    assert not oauth_loaded

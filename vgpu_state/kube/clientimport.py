@@ -9,8 +9,11 @@ those modules directly, with the ``__init__`` of ``kubernetes``,
 ``kubernetes.config`` and ``kubernetes.utils`` deferred: each of these packages
 stays as it is until code asks it for anything that is not one of its loaded
 submodules, and then runs its ``__init__`` in full, so other code in the process
-sees the usual package. The kubeconfig loader (OAuth, YAML and ``requests``)
-loads only when a kubeconfig is used, never for the in-cluster service account.
+sees the usual package. The kubeconfig loader (YAML) loads only when a
+kubeconfig is used, never for the in-cluster service account; its OAuth support
+(``requests_oauthlib``, ``oauthlib``, ``requests``: a fifth of a command's
+start-up), used only to refresh an expired OIDC token, loads when a token is
+refreshed (:func:`kubeconfig_loader`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from types import ModuleType
 from typing import Any
 
 _EAGER_PACKAGES = ("kubernetes", "kubernetes.config", "kubernetes.utils")
+_KUBECONFIG_MODULE = "kubernetes.config.kube_config"
+_OAUTH_SESSION_MODULE = "requests_oauthlib"
 _PACKAGE_DUNDERS = frozenset({"__version__", "__project__", "__all__"})
 _lock = threading.RLock()
 
@@ -94,6 +99,48 @@ def client_parts() -> ClientParts:
 
 
 def kubeconfig_loader() -> Callable[..., None]:
-    """The client's ``load_kube_config`` (loads OAuth, YAML and ``requests`` support)."""
-    loader: Callable[..., None] = _import("kubernetes.config.kube_config").load_kube_config
+    """The client's ``load_kube_config`` (loads YAML support; OAuth on first use)."""
+    with _lock:
+        if _KUBECONFIG_MODULE not in sys.modules:
+            _import_kubeconfig_module()
+        loader: Callable[..., None] = _import(_KUBECONFIG_MODULE).load_kube_config
     return loader
+
+
+def _oauth2_session(*args: Any, **kwargs: Any) -> Any:
+    """``requests_oauthlib.OAuth2Session(...)``, imported at the first call: what the
+    kubeconfig loader calls (only) to refresh an expired OIDC token."""
+    return importlib.import_module(_OAUTH_SESSION_MODULE).OAuth2Session(*args, **kwargs)
+
+
+def _import_kubeconfig_module() -> None:
+    """Import the kubeconfig loader with its OAuth modules deferred: ``oauthlib.oauth2``
+    as the ``kubernetes`` packages are (:func:`_defer_init`), and in place of the
+    class ``requests_oauthlib.OAuth2Session`` (which loads ``requests``), which the
+    loader binds by name, :func:`_oauth2_session`. ``requests_oauthlib`` itself is not
+    imported: while the loader is imported it is a module that has only that name (and
+    imports the real module for any other), and afterwards it is absent, so other code
+    imports the real one."""
+    _import("oauthlib")
+    _defer_init("oauthlib.oauth2")
+    if _OAUTH_SESSION_MODULE in sys.modules:
+        _import(_KUBECONFIG_MODULE)
+        return
+    stand_in = ModuleType(_OAUTH_SESSION_MODULE)
+    stand_in.OAuth2Session = _oauth2_session  # type: ignore[attr-defined]
+
+    def real(attribute: str) -> Any:
+        if attribute.startswith("__"):  # the import system's probes (``__path__``)
+            raise AttributeError(attribute)
+        with _lock:
+            if sys.modules.get(_OAUTH_SESSION_MODULE) is stand_in:
+                del sys.modules[_OAUTH_SESSION_MODULE]
+            return getattr(importlib.import_module(_OAUTH_SESSION_MODULE), attribute)
+
+    stand_in.__getattr__ = real  # type: ignore[method-assign]
+    sys.modules[_OAUTH_SESSION_MODULE] = stand_in
+    try:
+        _import(_KUBECONFIG_MODULE)
+    finally:
+        if sys.modules.get(_OAUTH_SESSION_MODULE) is stand_in:
+            del sys.modules[_OAUTH_SESSION_MODULE]
