@@ -37,7 +37,7 @@ from vgpu_state.config.document import ConfigDocument
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE, Page
 from vgpu_state.kube.nodestate import SnapshotDecoder
 from vgpu_state.model.errors import TransientError
-from vgpu_state.model.plan import ActionKind, Blocked, GpuPlan, Plan
+from vgpu_state.model.plan import Action, ActionKind, Blocked, GpuPlan, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import SharedParts
 from vgpu_state.reconcile.fleet import (
@@ -318,7 +318,7 @@ def _gpu_name(g: GpuPlan) -> str:
     return f"{g.address} {g.model or 'unknown model'}"
 
 
-def _grouped_blocked(items: tuple[Blocked, ...]) -> Iterator[tuple[int, Blocked]]:
+def _grouped_blocked(items: Sequence[Blocked]) -> Iterator[tuple[int, Blocked]]:
     """Blocked items; creates of one type with one reason collapse into a count."""
     i = 0
     while i < len(items):
@@ -338,9 +338,15 @@ def _grouped_blocked(items: tuple[Blocked, ...]) -> Iterator[tuple[int, Blocked]
 def node_rows(plan: Plan) -> Iterator[tuple[Cell, ...]]:
     """(GPU, mark, count, vGPU type, detail) rows: actions counted by kind and type,
     blocked items with their reason (a held vGPU names its holder)."""
+    actions_of: dict[str, list[Action]] = {}
+    for a in plan.actions:
+        actions_of.setdefault(a.gpu, []).append(a)
+    blocked_of: dict[str, list[Blocked]] = {}
+    for b in plan.blocked:
+        blocked_of.setdefault(b.gpu, []).append(b)
     for g in plan.gpus:
-        blocked = plan.gpu_blocked(g.address)
-        actions = plan.gpu_actions(g.address)
+        blocked = blocked_of.get(g.address, [])
+        actions = actions_of.get(g.address, [])
         if not actions and not blocked:
             continue
         counts: dict[tuple[ActionKind, str], int] = {}

@@ -22,7 +22,7 @@ from vgpu_state.config.semantics import candidate_models
 from vgpu_state.config.typenames import canonical_type_name
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import ConfigError, ConfigIssue, SelectionError
-from vgpu_state.model.snapshot import Gpu
+from vgpu_state.model.snapshot import Gpu, SharedParts
 
 
 def gpu_model(gpu: Gpu, catalog: Catalog) -> GpuModel | None:
@@ -90,32 +90,22 @@ def resolve(
         tail = f"; did you mean {hint}?" if hint else ""
         raise SelectionError(f"config {config_name!r} is not defined in {document.file}{tail}")
     entries = document.configs[config_name].entries
-    policy = document.policy_for(config_name)
+    policy = SharedParts.get(
+        (document,), ("policy", config_name), lambda: document.policy_for(config_name)
+    )
     desired: list[DesiredGpu] = []
     unmanaged: list[str] = []
     issues: list[ConfigIssue] = []
     used: set[int] = set()
     for gpu in sorted(gpus, key=lambda g: (g.index, g.address)):
-        model = gpu_model(gpu, catalog)
-        applying = [i for i, e in enumerate(entries) if entry_applies(e, gpu, model, catalog)]
+        applying, wanted = _gpu_layout(document, config_name, gpu, catalog)
         used.update(applying)
         if not applying:
             unmanaged.append(gpu.address)
-            continue
-        if len(applying) > 1:
+        elif wanted is None:
             issues.append(_overlap(document, config_name, gpu, applying[0], applying[1]))
-            continue
-        index = applying[0]
-        desired.append(
-            DesiredGpu(
-                address=gpu.address,
-                index=gpu.index,
-                model=model.name if model is not None else gpu.model,
-                types=entry_types(entries[index], catalog),
-                entry=document.entry_ref(config_name, index),
-                publish=entries[index].publish or policy.publish,
-            )
-        )
+        else:
+            desired.append(wanted)
     for index, entry in enumerate(entries):
         if index not in used:
             issue = _applies_to_nothing(
@@ -133,6 +123,45 @@ def resolve(
         gpus=tuple(desired),
         unmanaged=tuple(unmanaged),
     )
+
+
+def _gpu_layout(
+    document: ConfigDocument, config_name: str, gpu: Gpu, catalog: Catalog
+) -> tuple[tuple[int, ...], DesiredGpu | None]:
+    """The indexes of the config's entries that apply to ``gpu`` and, when one does, the
+    GPU's desired layout. The same for every GPU of one hardware model at one index and
+    address (a fleet's nodes of one pool): remembered by the GPU's identifying fields and
+    its type list (see ``SharedParts``)."""
+
+    def compute() -> tuple[tuple[int, ...], DesiredGpu | None]:
+        entries = document.configs[config_name].entries
+        model = gpu_model(gpu, catalog)
+        applying = tuple(i for i, e in enumerate(entries) if entry_applies(e, gpu, model, catalog))
+        if len(applying) != 1:
+            return applying, None
+        index = applying[0]
+        policy = document.policy_for(config_name)
+        return applying, DesiredGpu(
+            address=gpu.address,
+            index=gpu.index,
+            model=model.name if model is not None else gpu.model,
+            types=entry_types(entries[index], catalog),
+            entry=document.entry_ref(config_name, index),
+            publish=entries[index].publish or policy.publish,
+        )
+
+    key = (
+        "layout",
+        config_name,
+        gpu.index,
+        gpu.address,
+        gpu.vendor_id,
+        gpu.device_id,
+        gpu.subsystem_vendor_id,
+        gpu.subsystem_device_id,
+        gpu.model,
+    )
+    return SharedParts.get((document, catalog, gpu.offered), key, compute)
 
 
 def _gpu_list(gpus: Sequence[Gpu], catalog: Catalog) -> str:
@@ -208,4 +237,3 @@ def _overlap(document: ConfigDocument, name: str, gpu: Gpu, first: int, second: 
         f"[{first}] on line {first_line} and [{second}] on line {line}; make their devices "
         "or device-filter disjoint",
     )
-

@@ -128,23 +128,27 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
         by_gpu.setdefault(a.gpu, []).append(a)
     for g in snapshot.gpus:
         channel = publish.get(g.address, default)
+        actions = by_gpu.get(g.address, ())
+        # A vGPU's resource follows from its type's names: worked out once per type.
+        key_of: dict[tuple[str | None, str | None, int | None], _Key] = {}
         keys: dict[str, _Key] = {}
         for v in g.vgpus:
-            short = v.type_label
-            key = _key(names.of_vgpu(g, v), short, channel)
+            kind = (v.type_sysfs_name, v.type_name, v.type_id)
+            key = key_of.get(kind)
+            if key is None:
+                key = key_of[kind] = _key(names.of_vgpu(g, v), v.type_label, channel)
             keys[v.key] = key
             before[key] += 1
-            if v.key in in_use:
+            if in_use and v.key in in_use:
                 held[key] += 1
         after.update(keys.values())
-        for a in by_gpu.get(g.address, ()):
+        for a in actions:
             if a.kind is ActionKind.DESTROY:
                 gone = keys.get(a.vgpu_key)
                 if gone is not None:
                     after[gone] -= 1
             elif a.kind is ActionKind.CREATE:
-                short = a.type_label
-                after[_key(names.of_create(g, a), short, channel)] += 1
+                after[_key(names.of_create(g, a), a.type_label, channel)] += 1
     blocked: Counter[_Key] = Counter()
     codes: dict[_Key, BlockedReason] = {}
     waits: dict[_Key, set[str]] = {}
@@ -160,20 +164,46 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
         if b.code is BlockedReason.SWITCH_DEFERRED and b.holder is not None:
             waits.setdefault(key, set()).add(b.holder)
     return tuple(
-        Capacity(
-            resource=key[0] or None,
-            type_name=key[1],
-            publish=key[2],
-            before=before[key],
-            after=after[key],
-            held=held[key],
-            blocked=blocked[key],
-            blocked_code=codes.get(key),
-            waits_for=tuple(sorted(waits.get(key, ()))),
+        _capacity(
+            key[0] or None,
+            key[1],
+            key[2],
+            before[key],
+            after[key],
+            held[key],
+            blocked[key],
+            codes.get(key),
+            tuple(sorted(waits.get(key, ()))),
         )
         for key in sorted(
             set(before) | set(after) | set(blocked), key=lambda k: (k[0] or "~", k[1], k[2])
         )
+    )
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _capacity(
+    resource: str | None,
+    type_name: str,
+    publish: Publish,
+    before: int,
+    after: int,
+    held: int,
+    blocked: int,
+    code: BlockedReason | None,
+    waits_for: tuple[str, ...],
+) -> Capacity:
+    """One frozen value for equal rows (a fleet's nodes of one pool share theirs)."""
+    return Capacity(
+        resource=resource,
+        type_name=type_name,
+        publish=publish,
+        before=before,
+        after=after,
+        held=held,
+        blocked=blocked,
+        blocked_code=code,
+        waits_for=waits_for,
     )
 
 

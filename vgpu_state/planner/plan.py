@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from vgpu_state.catalog.capacity import check_fit, size_key
 from vgpu_state.catalog.capacity import remaining as room
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import BlockedReason, PlanningError
+from vgpu_state.model.frozen import built
 from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.plan import (
     Action,
@@ -29,14 +31,14 @@ from vgpu_state.model.plan import (
     Summary,
     action_disruption,
 )
-from vgpu_state.model.policy import InUsePolicy, Policy, SriovPolicy
+from vgpu_state.model.policy import InUsePolicy, Policy, Publish, SriovPolicy
 from vgpu_state.model.snapshot import (
     Gpu,
     NodeSnapshot,
     OfferedType,
+    SharedParts,
     SysfsInterface,
     Vgpu,
-    VirtualFunction,
 )
 from vgpu_state.planner.blast import with_blast_radius
 from vgpu_state.planner.identity import free_uuids
@@ -65,6 +67,17 @@ class _GpuWork:
     """vGPUs that stay and block the creates (set when every create is blocked by them)."""
 
 
+class _Lookups:
+    """What the planner looks up in a GPU's lists (type descriptions, type ids, its VFs in
+    order with the names each offers), remembered for every GPU with the same lists and
+    model: across a fleet's nodes of one pool (see ``SharedParts``), else one node."""
+
+    def __init__(self) -> None:
+        self.info: dict[str | None, VgpuType | None] = {}
+        self.type_ids: dict[tuple[str, str | None], int | None] = {}
+        self.vfs_in_order: tuple[tuple[PciAddress, frozenset[str]], ...] | None = None
+
+
 class _Planner:
     def __init__(
         self,
@@ -82,16 +95,26 @@ class _Planner:
         self.node = desired.node or snapshot.node
         self.errors: list[str] = []
         # By the GPU's id: the snapshot holds every GPU while it is planned.
-        self._info: dict[tuple[int, str | None], VgpuType | None] = {}
-        self._vfs_in_order: dict[int, list[VirtualFunction]] = {}
+        self._lookups: dict[int, _Lookups] = {}
 
     # lookups ------------------------------------------------------------
+    def lookups(self, g: Gpu) -> _Lookups:
+        """What is looked up in ``g``'s lists, remembered (see :class:`_Lookups`)."""
+        found = self._lookups.get(id(g))
+        if found is None:
+            found = self._lookups[id(g)] = SharedParts.get(
+                (g.vfs, g.pf_creatable, g.offered, self.catalog),
+                ("lookups", g.model, g.sriov_totalvfs),
+                _Lookups,
+            )
+        return found
+
     def info(self, g: Gpu, name: str | None) -> VgpuType | None:
-        key = (id(g), name)
+        infos = self.lookups(g).info
         try:
-            return self._info[key]
+            return infos[name]
         except KeyError:
-            found = self._info[key] = type_info(self.catalog, g, name)
+            found = infos[name] = type_info(self.catalog, g, name)
             return found
 
     def size_of(self, g: Gpu, name: str | None) -> tuple[int, bool] | None:
@@ -169,6 +192,41 @@ class _Planner:
                 ok = False
         return ok
 
+    def checked(self, g: Gpu, dg: DesiredGpu) -> bool:
+        """Can ``g`` be given ``dg``'s layout? When not, the errors say why.
+
+        The checks read the GPU's fields and lists, the names of the types its vGPUs
+        have and the layout, never the vGPUs' UUIDs or holders: the answer is the same
+        for every GPU of a fleet's pool with the same layout (see ``SharedParts``).
+        """
+
+        def compute() -> tuple[bool, tuple[str, ...]]:
+            before = len(self.errors)
+            ok = (
+                self.check_not_mig(g, dg)
+                and self.check_host_mode(g, dg)
+                and self.check_offered(g, dg)
+                and self.check_fits(g, dg)
+            )
+            found = tuple(self.errors[before:])
+            del self.errors[before:]
+            return ok, found
+
+        key = (
+            "checked",
+            g.address,
+            g.model,
+            g.layout,
+            g.sriov_totalvfs,
+            g.offered_complete,
+            tuple(v.type_name for v in g.vgpus),
+        )
+        ok, errors = SharedParts.get(
+            (dg, self.catalog, g.vfs, g.pf_creatable, g.offered), key, compute
+        )
+        self.errors.extend(errors)
+        return ok
+
     # one GPU --------------------------------------------------------------
     def plan_gpu(self, g: Gpu, dg: DesiredGpu) -> tuple[GpuPlan, _GpuWork]:
         work = _GpuWork()
@@ -185,17 +243,17 @@ class _Planner:
         if creates:
             deferred = self.plan_creates(g, dg, creates, kept, remaining, work)
             switch = self.defer_switch(g, creates, work)
-        header = GpuPlan(
-            address=g.address,
-            index=g.index,
-            model=g.model,
-            layout=g.layout,
-            managed=True,
-            entry=dg.entry,
-            kept=len(kept),
-            deferred=deferred,
-            publish=dg.publish,
-            deferred_switch=switch,
+        header = _gpu_plan(
+            g.address,
+            g.index,
+            g.model,
+            g.layout,
+            True,
+            dg.entry,
+            len(kept),
+            deferred,
+            dg.publish,
+            switch,
         )
         return header, work
 
@@ -325,7 +383,8 @@ class _Planner:
             else:
                 # From the scan's validated values: not validated again (see _create).
                 work.actions.append(
-                    Action.model_construct(
+                    built(
+                        Action,
                         kind=ActionKind.DESTROY,
                         address=address,
                         gpu=g.address,
@@ -480,20 +539,32 @@ class _Planner:
         """The PF (no SR-IOV), else the lowest free VF whose creatable set allows the type."""
         if not g.sriov_capable:
             return g.address
-        vfs = self._vfs_in_order.get(id(g))
+        lookups = self.lookups(g)
+        vfs = lookups.vfs_in_order
         if vfs is None:
-            vfs = self._vfs_in_order[id(g)] = sorted(g.vfs, key=lambda vf: vf.index)
-        for vf in vfs:
-            if vf.address in occupied:
+            vfs = lookups.vfs_in_order = tuple(
+                (vf.address, frozenset(c.name for c in vf.creatable))
+                for vf in sorted(g.vfs, key=lambda vf: vf.index)
+            )
+        for address, listed in vfs:
+            if address in occupied:
                 continue
-            listed = {c.name for c in vf.creatable}
             if name in listed or not listed or has_destroys:
-                return vf.address
+                return address
         return None
 
     def type_id(self, g: Gpu, name: str, parent: str | None) -> int | None:
         """From the parent's list, else any list of the GPU's driver, else the catalog
         when it knows the real id. Never an id that neither gave."""
+        ids = self.lookups(g).type_ids
+        key = (name, parent)
+        try:
+            return ids[key]
+        except KeyError:
+            found = ids[key] = self._type_id(g, name, parent)
+            return found
+
+    def _type_id(self, g: Gpu, name: str, parent: str | None) -> int | None:
         if parent is not None:
             for vf in g.vfs:
                 if vf.address == parent:
@@ -546,23 +617,21 @@ class _Planner:
             dg = wanted.get(g.address)
             if dg is None:
                 headers.append(
-                    GpuPlan(
-                        address=g.address,
-                        index=g.index,
-                        model=g.model,
-                        layout=g.layout,
-                        managed=False,
-                        kept=len(g.vgpus),
-                        publish=self.policy.publish,
+                    _gpu_plan(
+                        g.address,
+                        g.index,
+                        g.model,
+                        g.layout,
+                        False,
+                        "",
+                        len(g.vgpus),
+                        False,
+                        self.policy.publish,
+                        None,
                     )
                 )
                 continue
-            if (
-                not self.check_not_mig(g, dg)
-                or not self.check_host_mode(g, dg)
-                or not self.check_offered(g, dg)
-                or not self.check_fits(g, dg)
-            ):
+            if not self.checked(g, dg):
                 continue
             header, work = self.plan_gpu(g, dg)
             headers.append(header)
@@ -591,6 +660,35 @@ class _Planner:
             summary=summary,
         )
         return with_blast_radius(p, self.snapshot, self.in_use)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _gpu_plan(
+    address: PciAddress,
+    index: int,
+    model: str | None,
+    layout: SysfsInterface,
+    managed: bool,
+    entry: str,
+    kept: int,
+    deferred: bool,
+    publish: Publish,
+    switch: DeferredSwitch | None,
+) -> GpuPlan:
+    """A GPU's header: one frozen value for equal ones (the GPUs of a fleet's pool have
+    equal headers, so a fleet plan makes each once)."""
+    return GpuPlan(
+        address=address,
+        index=index,
+        model=model,
+        layout=layout,
+        managed=managed,
+        entry=entry,
+        kept=kept,
+        deferred=deferred,
+        publish=publish,
+        deferred_switch=switch,
+    )
 
 
 def type_info(catalog: Catalog, g: Gpu, name: str | None) -> VgpuType | None:
@@ -686,7 +784,8 @@ def _create(
         reason += "; parent chosen once SR-IOV is enabled"
     # Every field from values of their type already (the GPU's, the planner's): built
     # without validating them again, the most frequent step of a fleet's plans.
-    return Action.model_construct(
+    return built(
+        Action,
         kind=ActionKind.CREATE,
         address=address,
         gpu=g.address,

@@ -1,9 +1,10 @@
 """The fleet-wide dry run: every node's plan against what its agent last reported (pure).
 
 For each :class:`~vgpu_state.model.fleet.ReportedNode` the plan is made by
-:func:`~vgpu_state.reconcile.reconcile_once` in :attr:`~vgpu_state.reconcile.Mode.PLAN`,
-the same path the node's agent takes, over ports that hold the report: the
-Node's live labels select the config, the reported scan stands for the host
+:func:`~vgpu_state.reconcile.once.read_and_plan`, the first half of
+:func:`~vgpu_state.reconcile.reconcile_once` (the same path the node's agent takes),
+over ports that hold the report: the Node's live labels select the config, the
+reported scan stands for the host
 (it refuses every write) and the reported holders are the in-use vGPUs. So a
 fleet plan shows what each agent will plan once it reads the new config, as
 long as its host is still as it last reported.
@@ -26,11 +27,13 @@ from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.timestamps import rfc3339
 from vgpu_state.ports import MemoryCluster
-from vgpu_state.reconcile.once import Mode, Ports, reconcile_once
+from vgpu_state.reconcile.once import Ports, read_and_plan
+from vgpu_state.reconcile.report import QuietReporter
 from vgpu_state.reconcile.settings import Settings
 
 FLEET_PLAN_KIND = "vgpu-state-fleet-plan"
 FLEET_FORMAT_VERSION = "1.1"
+_QUIET = QuietReporter()
 
 
 class NodeOutcome(StrEnum):
@@ -314,18 +317,18 @@ def plan_node(
         StaticConfigSource(document),
     )
     try:
-        report = reconcile_once(ports, settings, mode=Mode.PLAN)
+        # What reconcile_once computes before it compares or applies anything.
+        inputs, plan = read_and_plan(ports, settings, _QUIET)
     except VgpuStateError as e:
         return NodePlan(
             node.name, NodeOutcome.ERROR, reason=e.reason.value, message=str(e), **common
         )
-    warnings = list(report.inputs.warnings)
+    warnings = list(inputs.warnings)
     if not node.in_use_known:
         warnings.append(
             "when the node last reported, which vGPUs pods hold was unknown: a vGPU shown "
             "here as destroyed may be held, and its agent will then block that destroy"
         )
-    plan = report.plan
     outcome = NodeOutcome.NO_CHANGES if plan.is_converged else NodeOutcome.CHANGES
     return NodePlan(node.name, outcome, plan=plan, warnings=tuple(warnings), **common)
 

@@ -170,6 +170,32 @@ def with_cluster_part(plan: Plan, inputs: Inputs, planner: ClusterPlanner, hear:
     return plan.with_cluster(part.actions, part.blocked)
 
 
+def read_and_plan(
+    ports: Ports,
+    settings: Settings,
+    hear: Reporter,
+    config_name: str | None = None,
+    document: ConfigDocument | None = None,
+) -> tuple[Inputs, Plan]:
+    """The inputs (:func:`gather`) and the plan with its cluster part: what every
+    reconcile computes before it applies anything (and all that a fleet plan asks of a
+    node). ``hear`` gets the inputs' warnings and the plan."""
+    inputs = gather(ports, settings, config_name, document)
+    for message in inputs.warnings:
+        hear.warning(message)
+    plan = with_cluster_part(plan_inputs(inputs, settings), inputs, ports.kubevirt, hear)
+    log.info(
+        "node %s: configuration %r (%s): %d action(s), %d blocked",
+        inputs.node,
+        inputs.config,
+        inputs.detail,
+        len(plan.actions),
+        len(plan.blocked),
+    )
+    hear.planned(plan)
+    return inputs, plan
+
+
 @contextmanager
 def _host_lock(settings: Settings, hear: Reporter) -> Iterator[None]:
     if settings.lock_path is None:
@@ -223,19 +249,7 @@ def reconcile_once(
         if document is None:
             document = ports.config.document()
         with lock:
-            inputs = gather(ports, settings, config_name, document)
-            for message in inputs.warnings:
-                hear.warning(message)
-            plan = with_cluster_part(plan_inputs(inputs, settings), inputs, ports.kubevirt, hear)
-            log.info(
-                "node %s: configuration %r (%s): %d action(s), %d blocked",
-                inputs.node,
-                inputs.config,
-                inputs.detail,
-                len(plan.actions),
-                len(plan.blocked),
-            )
-            hear.planned(plan)
+            inputs, plan = read_and_plan(ports, settings, hear, config_name, document)
             warning = str(ports.config.error) if ports.config.error else None
             if mode is Mode.PLAN:
                 report = Report(
