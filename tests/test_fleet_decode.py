@@ -1,10 +1,11 @@
 """Reading a fleet's reports fast gives what reading them the careful way gives.
 
-``fleet plan`` validates each status as it is, and only when that fails reads it
-without what this version does not know (a newer agent's fields and condition
-types); it writes a scan's fingerprint text directly when its strings need no
-escaping; it shares decoded GPUs between nodes. Each shortcut must give the same
-plan input and the same reason for an unknown node as the careful way.
+``fleet plan`` reads each list page with pydantic's JSON parser (the standard one
+for what that refuses); validates each status as it is, and only when that fails
+reads it without what this version does not know (a newer agent's fields and
+condition types); shares decoded GPUs between nodes; and checks a scan's PCI
+addresses once per set of GPUs and VF lists. Each shortcut must give the same plan
+input and the same reason for an unknown node as the careful way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 import pytest
 
 from tests.test_fleet_stream import BENCH, SCANNED
-from vgpu_state.kube.fleet import reported_node
+from vgpu_state.kube.errors import ClusterError
+from vgpu_state.kube.fleet import page_items, reported_node
 from vgpu_state.kube.nodestate import (
     SnapshotDecoder,
     VGPUNodeStateStatus,
@@ -27,7 +29,7 @@ from vgpu_state.kube.nodestate import (
     known_status,
 )
 from vgpu_state.model.fleet import ReportedNode, UnknownReason
-from vgpu_state.model.snapshot import NodeSnapshot, SharedParts, Vgpu
+from vgpu_state.model.snapshot import NodeSnapshot, SharedParts, Vgpu, scan_problem
 
 
 @functools.cache
@@ -161,3 +163,61 @@ def test_nodes_with_the_same_gpu_text_share_the_decoded_gpu() -> None:
     # Every repeated text was the same object (``first is gpu`` above, but the first).
     assert same == 0 and different > 0
     assert sum(len(s.gpus) for s in scans) > len(whole)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"kind":"VGPUNodeStateList","items":[{"metadata":{"name":"n"},"status":{}}]}',
+        # What pydantic's parser refuses and the standard one reads: read as before.
+        b'{"items":[{"metadata":{"name":"n\\ud800"}}]}',
+        b'\xef\xbb\xbf{"items":[{"metadata":{"name":"n"}}]}',
+        b'{"items":[' + b"[" * 300 + b"]" * 300 + b',{"metadata":{"name":"n"}}]}',
+        b'{"items":[{"metadata":{"name":"n"},"a":1,"a":' + b"9" * 5000 + b"}]}",
+        b'{"items":[{"metadata":{"name":"n"},"n":[1e400,-0,0.1,NaN,123456789012345678901]}]}',
+    ],
+)
+def test_a_list_page_is_read_as_the_standard_json_parser_reads_it(body: bytes) -> None:
+    try:
+        expected: Any = json.loads(body)
+    except ValueError as e:
+        with pytest.raises(ClusterError, match="the API server sent a list that is not JSON"):
+            page_items(body)
+        assert str(e)
+        return
+    items = [i for i in expected["items"] if isinstance(i, dict)]
+    assert repr(page_items(body)) == repr(items)
+
+
+def test_a_list_page_that_is_not_json_is_an_error_naming_the_place() -> None:
+    with pytest.raises(ClusterError) as e:
+        page_items(b'{"items":[{"metadata":{"name":"n"}}]')
+    assert str(e.value) == (
+        "the API server sent a list that is not JSON: "
+        "Expecting ',' delimiter: line 1 column 37 (char 36)"
+    )
+
+
+def test_repeated_addresses_are_found_whichever_scans_were_checked_before() -> None:
+    """The check is remembered per set of GPU addresses and VF lists: a scan that repeats
+    a node's GPUs is refused after the node's own scan was accepted, and the other way."""
+    decoder = SnapshotDecoder()
+    with SharedParts.remembering():
+        scans = [decoder.decode(_reported(s)) for _, _, s in _states(48)]
+        for scan in scans:
+            twice = scan.with_gpus(scan.gpus * 2)
+            # The second GPU at the first one's address: the same VF lists, other addresses.
+            moved = scan.with_gpus(
+                (
+                    *scan.gpus[:1],
+                    *(
+                        g.model_copy(update={"address": scan.gpus[0].address})
+                        for g in scan.gpus[1:2]
+                    ),
+                )
+            )
+            for _ in range(2):
+                assert scan_problem(scan.node, scan) is None
+                problem = scan_problem(scan.node, twice)
+                assert problem is not None and problem.startswith("its scan repeats PCI addresses")
+                assert (scan_problem(scan.node, moved) is None) == (len(scan.gpus) == 1)

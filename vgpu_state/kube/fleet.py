@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Literal, overload
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from vgpu_state.kube import nodestate
 from vgpu_state.kube.api import JsonObject, KubeApi, path_of
@@ -153,9 +154,15 @@ def _metadata_before_items(text: str) -> Any:
 
 def _decode_list(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
-    except ValueError as e:
-        raise ClusterError(f"the API server sent a list that is not JSON: {e}") from None
+        # pydantic's JSON parser, about twice as fast as the standard one; what it refuses
+        # that the standard one may read (lone surrogates, a byte order mark, very deep
+        # nesting), and text that is not JSON, is read by the standard one, as before.
+        body = from_json(raw, cache_strings="keys")
+    except ValueError:
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            raise ClusterError(f"the API server sent a list that is not JSON: {e}") from None
     return body if isinstance(body, dict) else {}
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -261,21 +260,14 @@ def _vgpus_view(g: Gpu) -> list[list[Any]]:
     )
 
 
-_PLAIN = re.compile(r"[ !#-\[\]-~]*")
-"""Text that JSON writes as it is between quotes (printable ASCII but ``"`` and ``\\``)."""
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+"""``json.dumps(value, separators=(",", ":"))`` as ``_COMPACT.encode(value)``: the same
+encoder, made once instead of on every call."""
 
 
 def _vgpus_view_text(g: Gpu) -> str:
-    """``json.dumps(_vgpus_view(g), separators=(",", ":"))``, written directly when every
-    string in it is :data:`_PLAIN` and every type id an ``int`` (the usual case)."""
-    rows = sorted(
-        (v.kind, v.parent, v.uuid or "", v.type_id or 0, v.type_name or "") for v in g.vgpus
-    )
-    if _PLAIN.fullmatch("".join(k + p + u + n for k, p, u, _, n in rows)) and all(
-        type(r[3]) is int for r in rows
-    ):
-        return "[" + ",".join(f'["{k}","{p}","{u}",{t},"{n}"]' for k, p, u, t, n in rows) + "]"
-    return json.dumps([list(r) for r in rows], separators=(",", ":"))
+    """``json.dumps(_vgpus_view(g), separators=(",", ":"))``."""
+    return _COMPACT.encode(_vgpus_view(g))
 
 
 class SharedParts:
@@ -354,14 +346,24 @@ def scan_problem(node: str, snapshot: NodeSnapshot) -> str | None:
     """
     if snapshot.node and snapshot.node != node:
         return f"its scan is of node {snapshot.node!r}, not {node!r}"
-    addresses: list[str] = [gpu.address for gpu in snapshot.gpus]
-    for gpu in snapshot.gpus:
-        addresses.extend(_vf_addresses(gpu.vfs))
+    gpus = snapshot.gpus
+    # Worked out once per set of GPU addresses and VF lists (shared by the nodes of one
+    # hardware model: see SharedParts).
+    return SharedParts.get(
+        tuple(g.vfs for g in gpus),
+        ("repeated addresses", *(g.address for g in gpus)),
+        lambda: _repeated_addresses(gpus),
+    )
+
+
+def _repeated_addresses(gpus: tuple[Gpu, ...]) -> str | None:
+    """What :func:`scan_problem` says of GPUs that repeat PCI addresses, or ``None``."""
+    addresses = [a for gpu in gpus for a in (gpu.address, *(vf.address for vf in gpu.vfs))]
     if len(set(addresses)) == len(addresses):
         return None
     seen: set[str] = set()
     repeated: list[str] = []
-    for gpu in snapshot.gpus:
+    for gpu in gpus:
         for address in (gpu.address, *(vf.address for vf in gpu.vfs)):
             if str(address) in seen and str(address) not in repeated:
                 repeated.append(str(address))
@@ -373,9 +375,3 @@ def scan_problem(node: str, snapshot: NodeSnapshot) -> str | None:
             "a host has each address once"
         )
     return None
-
-
-def _vf_addresses(vfs: tuple[VirtualFunction, ...]) -> tuple[str, ...]:
-    """The addresses of ``vfs`` (shared by the nodes of one hardware model: see
-    :class:`SharedParts`)."""
-    return SharedParts.get((vfs,), ("vf addresses",), lambda: tuple(vf.address for vf in vfs))
