@@ -76,15 +76,16 @@ def test_connecting_loads_the_client() -> None:
 
 
 def test_connecting_loads_only_the_client_parts_it_uses() -> None:
-    """Not the dynamic client (jsonschema), streams (websocket), informer or leader election;
-    for a kubeconfig not its OAuth support (requests), which refreshes OIDC tokens only; for
-    the in-cluster service account not the kubeconfig loader (OAuth, YAML, requests)."""
+    """Not the dynamic client (jsonschema), streams (websocket), informer or leader election,
+    nor the date parser of the generated models (dateutil); for a kubeconfig not its OAuth
+    support (requests), which refreshes OIDC tokens only; for the in-cluster service account
+    not the kubeconfig loader (OAuth, YAML, requests)."""
     probe = (
         "from vgpu_state.kube.api import KubeApi\n"
         "try:\n    KubeApi.connect({kubeconfig!r}, in_cluster={in_cluster})\n"
         "except Exception as e:\n    assert 'cannot load Kubernetes credentials' in str(e), e"
     )
-    heavy = {"kubernetes_validate", "jsonschema", "websocket", "referencing"}
+    heavy = {"kubernetes_validate", "jsonschema", "websocket", "referencing", "dateutil"}
     kubeconfig = _imported(["-c", probe.format(kubeconfig="/nonexistent", in_cluster=None)])
     assert {"kubernetes", "yaml"} <= kubeconfig
     assert not (heavy | {"requests_oauthlib", "requests"}) & kubeconfig
@@ -106,6 +107,9 @@ def test_the_kubernetes_package_is_whole_for_other_code_after_connecting() -> No
         "assert dynamic.DynamicClient and config.load_kube_config\n"
         "assert config.new_client_from_config\n"
         "assert utils.parse_quantity('1Ki') == 1024\n"
+        "when = kubernetes.client.ApiClient().deserialize(\n"
+        "    '\"2024-05-06T07:08:09Z\"', 'datetime', 'application/json')\n"
+        "assert (when.year, when.hour, when.utcoffset().total_seconds()) == (2024, 7, 0)\n"
         "assert 'kubernetes.dynamic' in sys.modules\n"
         "print('ok')\n"
     )

@@ -1,10 +1,19 @@
 """vgpu-state: declarative desired state for NVIDIA vGPU on Kubernetes and KubeVirt nodes."""
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _installed_version
+from __future__ import annotations
 
-try:
-    __version__ = _installed_version("vgpu-state")
-    """The installed package's version: from the git tags when it was built (setuptools-scm)."""
-except PackageNotFoundError:  # pragma: no cover - run from a source tree that is not installed
-    __version__ = "0.0.0+unknown"
+
+def __getattr__(name: str) -> str:
+    """``__version__``: the installed package's version, from the git tags when it was built
+    (setuptools-scm); read from the package's metadata when first asked for."""
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        version = installed_version("vgpu-state")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree that is not installed
+        version = "0.0.0+unknown"
+    globals()["__version__"] = version
+    return version

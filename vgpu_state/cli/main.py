@@ -12,7 +12,6 @@ from typing import Any
 
 import click
 
-from vgpu_state import __version__
 from vgpu_state.cli.options import ENV_LOG_LEVEL, LOG_LEVELS, modernise
 
 # name -> (module, attribute, one-line help). Modules load only when the command runs.
@@ -147,8 +146,26 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``, as ``click.version_option`` prints it; the package's metadata is read
+    only then."""
+    if not value or ctx.resilient_parsing:
+        return
+    from vgpu_state import __version__
+
+    click.echo(f"vgpu-state, version {__version__}", color=ctx.color)
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="vgpu-state")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 @click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS),

@@ -10,13 +10,12 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.common import SessionArgs, parse_in_use, parse_labels
-from vgpu_state.compose import NodeSettings, OpenNode, open_node
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.config.loader import MAX_CONFIG_BYTES
 from vgpu_state.config.source import FileConfigSource
@@ -25,6 +24,9 @@ from vgpu_state.model.errors import SelectionError
 from vgpu_state.ports import ConfigSource
 from vgpu_state.reconcile import Mode, Ports, QuietReporter, Report, Settings, reconcile_once
 from vgpu_state.statefiles import DEFAULT_STATE_DIR, Journal, StateDir
+
+if TYPE_CHECKING:
+    from vgpu_state.compose import OpenNode
 
 ENV_JOURNAL = "VGPU_STATE_JOURNAL"
 ENV_LOCK = "VGPU_STATE_LOCK_FILE"
@@ -69,6 +71,8 @@ def open_host(
     holding vGPUs are read from ``proc_root`` (default ``/proc``; a simulated
     node's own ``/proc`` unless given).
     """
+    from vgpu_state.compose import NodeSettings, open_node
+
     return open_node(
         NodeSettings(
             settings.catalog,

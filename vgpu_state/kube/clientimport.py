@@ -13,7 +13,9 @@ sees the usual package. The kubeconfig loader (YAML) loads only when a
 kubeconfig is used, never for the in-cluster service account; its OAuth support
 (``requests_oauthlib``, ``oauthlib``, ``requests``: a fifth of a command's
 start-up), used only to refresh an expired OIDC token, loads when a token is
-refreshed (:func:`kubeconfig_loader`).
+refreshed, and the ``ApiClient``'s date parser (``dateutil.parser``, for the
+generated model classes the adapters do not use) when it parses a date
+(:func:`_import_with_stand_ins`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from typing import Any
 
 _EAGER_PACKAGES = ("kubernetes", "kubernetes.config", "kubernetes.utils")
 _KUBECONFIG_MODULE = "kubernetes.config.kube_config"
-_OAUTH_SESSION_MODULE = "requests_oauthlib"
 _PACKAGE_DUNDERS = frozenset({"__version__", "__project__", "__all__"})
 _lock = threading.RLock()
 
@@ -91,7 +92,9 @@ class ClientParts:
 def client_parts() -> ClientParts:
     """The ``ApiClient`` and ``Configuration`` classes and the in-cluster loader."""
     return ClientParts(
-        api_client=_import("kubernetes.client.api_client").ApiClient,
+        api_client=_import_with_stand_ins(
+            "kubernetes.client.api_client", {"dateutil.parser": "parse"}
+        ).ApiClient,
         configuration=_import("kubernetes.client.configuration").Configuration,
         config_exception=_import("kubernetes.config.config_exception").ConfigException,
         load_incluster_config=_import("kubernetes.config.incluster_config").load_incluster_config,
@@ -102,45 +105,58 @@ def kubeconfig_loader() -> Callable[..., None]:
     """The client's ``load_kube_config`` (loads YAML support; OAuth on first use)."""
     with _lock:
         if _KUBECONFIG_MODULE not in sys.modules:
-            _import_kubeconfig_module()
+            _import("oauthlib")
+            _defer_init("oauthlib.oauth2")
+            _import_with_stand_ins(_KUBECONFIG_MODULE, {"requests_oauthlib": "OAuth2Session"})
         loader: Callable[..., None] = _import(_KUBECONFIG_MODULE).load_kube_config
     return loader
 
 
-def _oauth2_session(*args: Any, **kwargs: Any) -> Any:
-    """``requests_oauthlib.OAuth2Session(...)``, imported at the first call: what the
-    kubeconfig loader calls (only) to refresh an expired OIDC token."""
-    return importlib.import_module(_OAUTH_SESSION_MODULE).OAuth2Session(*args, **kwargs)
+def _on_first_call(module: str, name: str) -> Callable[..., Any]:
+    """A stand-in for the callable ``module.name`` that imports ``module`` when called."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    return call
 
 
-def _import_kubeconfig_module() -> None:
-    """Import the kubeconfig loader with its OAuth modules deferred: ``oauthlib.oauth2``
-    as the ``kubernetes`` packages are (:func:`_defer_init`), and in place of the
-    class ``requests_oauthlib.OAuth2Session`` (which loads ``requests``), which the
-    loader binds by name, :func:`_oauth2_session`. ``requests_oauthlib`` itself is not
-    imported: while the loader is imported it is a module that has only that name (and
-    imports the real module for any other), and afterwards it is absent, so other code
-    imports the real one."""
-    _import("oauthlib")
-    _defer_init("oauthlib.oauth2")
-    if _OAUTH_SESSION_MODULE in sys.modules:
-        _import(_KUBECONFIG_MODULE)
-        return
-    stand_in = ModuleType(_OAUTH_SESSION_MODULE)
-    stand_in.OAuth2Session = _oauth2_session  # type: ignore[attr-defined]
+def _import_with_stand_ins(name: str, stand_ins: dict[str, str]) -> ModuleType:
+    """Import module ``name``, which binds by name a callable of each module in
+    ``stand_ins`` (module -> name) that it calls only on paths the adapters do not
+    take (or rarely): each of those modules not imported yet is not imported now.
+    While ``name`` is imported such a module is a stand-in that has only that name,
+    :func:`_on_first_call` (and imports the real module for any other name); afterwards
+    it is absent again, so other code imports the real one."""
+    with _lock:
+        if name in sys.modules:
+            return _import(name)
+        placed: dict[str, ModuleType] = {}
+        for module, attribute in stand_ins.items():
+            if module in sys.modules:
+                continue
+            stand_in = ModuleType(module)
+            setattr(stand_in, attribute, _on_first_call(module, attribute))
+            stand_in.__getattr__ = _real_module(module, stand_in)  # type: ignore[method-assign]
+            placed[module] = stand_in
+        sys.modules.update(placed)
+        try:
+            return _import(name)
+        finally:
+            for module, stand_in in placed.items():
+                if sys.modules.get(module) is stand_in:
+                    del sys.modules[module]
+
+
+def _real_module(module: str, stand_in: ModuleType) -> Callable[[str], Any]:
+    """A stand-in's ``__getattr__``: any other name is the real module's (imported then)."""
 
     def real(attribute: str) -> Any:
         if attribute.startswith("__"):  # the import system's probes (``__path__``)
             raise AttributeError(attribute)
         with _lock:
-            if sys.modules.get(_OAUTH_SESSION_MODULE) is stand_in:
-                del sys.modules[_OAUTH_SESSION_MODULE]
-            return getattr(importlib.import_module(_OAUTH_SESSION_MODULE), attribute)
+            if sys.modules.get(module) is stand_in:
+                del sys.modules[module]
+            return getattr(importlib.import_module(module), attribute)
 
-    stand_in.__getattr__ = real  # type: ignore[method-assign]
-    sys.modules[_OAUTH_SESSION_MODULE] = stand_in
-    try:
-        _import(_KUBECONFIG_MODULE)
-    finally:
-        if sys.modules.get(_OAUTH_SESSION_MODULE) is stand_in:
-            del sys.modules[_OAUTH_SESSION_MODULE]
+    return real
