@@ -378,3 +378,41 @@ def test_a_list_that_is_not_json_is_a_cluster_error() -> None:
     with pytest.raises(ClusterError, match="not JSON"):
         page_items(b"<html>")
     assert page_items(b'{"items":[{"a":1},2]}') == [{"a": 1}]
+
+
+def test_each_node_s_plan_in_a_fleet_is_the_plan_it_gets_alone() -> None:
+    """Within a page, what depends only on a GPU's model, lists and layout is worked out
+    once per pool, and a VF-layout GPU's plan once per pool, vGPUs and holders: every
+    node still gets exactly the plan it gets planned on its own (here 60 nodes of every
+    pool, every fourth with a held vGPU, some holders moved to other GPUs)."""
+    from vgpu_state.catalog import default_catalog
+    from vgpu_state.config.loader import load_text
+    from vgpu_state.kube.fleet import reported_node
+    from vgpu_state.kube.node import labels_of
+    from vgpu_state.kube.nodestate import SnapshotDecoder
+    from vgpu_state.model.snapshot import SharedParts
+    from vgpu_state.reconcile.fleet import NodeOutcome, plan_node
+    from vgpu_state.reconcile.settings import Settings
+
+    settings = Settings(catalog=default_catalog())
+    document = load_text(BENCH.CONFIG, "layouts.yaml", catalog=settings.catalog)
+    nodes = []
+    decoder = SnapshotDecoder()  # shares the GPU lists of a pool's nodes, as fleet plan's
+    for i, (node, state) in enumerate(BENCH.fleet_items(60, SCANNED)):
+        if i % 3 == 1:
+            # A holder on a GPU's last vGPU (the first a new layout destroys): the same
+            # GPU as other nodes', another plan.
+            vgpus = next(g["vgpus"] for g in state["status"]["gpus"] if g.get("vgpus"))
+            vgpus[-1]["holder"] = f"pod vms/virt-launcher-test-{i}"
+        name = node["metadata"]["name"]
+        nodes.append(reported_node(name, state, labels_of(node), decoder))
+    alone = [plan_node(document, n, settings, SCANNED) for n in nodes]
+    with SharedParts.remembering():
+        together = [plan_node(document, n, settings, SCANNED) for n in nodes]
+    assert [p.outcome for p in alone].count(NodeOutcome.CHANGES) > 10
+    assert sum(1 for n in nodes if n.in_use) >= 30
+    assert sum(1 for p in alone if p.plan is not None and p.plan.protected) >= 10
+    for a, b in zip(alone, together, strict=True):
+        assert b == a
+        assert b.plan is not None and a.plan is not None
+        assert b.plan.model_dump_json() == a.plan.model_dump_json()

@@ -160,8 +160,7 @@ def plan_cmd(
     now = source.now
     if output == "table":
         click.echo(
-            "warning: -o table is deprecated and will be removed in the next release: "
-            "use -o text",
+            "warning: -o table is deprecated and will be removed in the next release: use -o text",
             err=True,
         )
         output = "text"
@@ -288,7 +287,24 @@ def format_table(
 
     lines = [_paint(line(headers, headers), "bold", colour)]
     lines.append("─┼─".join("─" * w for w in widths))
-    lines.extend(line(cells, texts) for cells, texts in zip(rows, plain, strict=True))
+    if colour:
+        lines.extend(line(cells, texts) for cells, texts in zip(rows, plain, strict=True))
+        return lines
+    # Without colour a cell is its text, padded: the same lines, a row at a time.
+    pads = [
+        str.rjust if i in right else (None if i == last else str.ljust) for i in range(len(widths))
+    ]
+    for texts in plain:
+        if len(texts) != len(widths):
+            raise ValueError(f"a row of {len(texts)} cells in a table of {len(widths)} columns")
+        lines.append(
+            " │ ".join(
+                [
+                    text if pad is None else pad(text, width)
+                    for text, pad, width in zip(texts, pads, widths, strict=True)
+                ]
+            ).rstrip()
+        )
     return lines
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import TypeVar, overload
+
+T = TypeVar("T")
 
 
 class InUse(Mapping[str, str]):
@@ -23,6 +26,20 @@ class InUse(Mapping[str, str]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._held)
+
+    # The dictionary's own lookups: Mapping's would raise and catch a KeyError for every
+    # vGPU nobody holds (most of them), on every plan.
+    def __contains__(self, key: object) -> bool:
+        return key in self._held
+
+    @overload
+    def get(self, key: str, /) -> str | None: ...
+
+    @overload
+    def get(self, key: str, default: str | T, /) -> str | T: ...
+
+    def get(self, key: str, default: object = None, /) -> object:
+        return self._held.get(key, default)
 
     def __len__(self) -> int:
         return len(self._held)

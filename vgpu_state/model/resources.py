@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Literal
 
-from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SharedParts, Vgpu
 
 DEFAULT_DOMAIN = "nvidia.com"
 
@@ -82,15 +82,29 @@ def name_prefix(gpu: Gpu) -> str | None:
     Read off any type whose full and short names the GPU shows; the driver names
     every type of a GPU the same way.
     """
-    named: list[tuple[str | None, str | None]] = [
-        (t.sysfs_name, t.name) for vf in gpu.vfs for t in vf.creatable
-    ]
+    found = SharedParts.get((gpu.vfs, gpu.pf_creatable), ("prefix",), lambda: _listed_prefix(gpu))
+    if found is not _NONE_LISTED:
+        return found
+    return _prefix(((v.type_sysfs_name, v.type_name) for v in gpu.vgpus), None)
+
+
+_NONE_LISTED = "\0"
+"""What :func:`_listed_prefix` gives when no type of the GPU's lists names one."""
+
+
+def _listed_prefix(gpu: Gpu) -> str | None:
+    """:func:`name_prefix` from the GPU's type lists alone (the same for every GPU with
+    those lists: see ``SharedParts``); :data:`_NONE_LISTED` when none tells."""
+    named = [(t.sysfs_name, t.name) for vf in gpu.vfs for t in vf.creatable]
     named += [(t.sysfs_name, t.name) for t in gpu.pf_creatable]
-    named += [(v.type_sysfs_name, v.type_name) for v in gpu.vgpus]
+    return _prefix(named, _NONE_LISTED)
+
+
+def _prefix(named: Iterable[tuple[str | None, str | None]], otherwise: str | None) -> str | None:
     for full, short in named:
         if full and short and full.endswith(short) and full != short:
             return full[: -len(short)].strip() or None
-    return None
+    return otherwise
 
 
 def sysfs_names(snapshot: NodeSnapshot) -> dict[int, str]:
@@ -102,9 +116,8 @@ def gpus_sysfs_names(gpus: Iterable[Gpu]) -> dict[int, str]:
     """The driver's (sysfs) name of every type id these GPUs show."""
     names: dict[int, str] = {}
     for gpu in gpus:
-        for t in (*gpu.pf_creatable, *(t for vf in gpu.vfs for t in vf.creatable)):
-            if t.sysfs_name:
-                names.setdefault(t.type_id, t.sysfs_name)
+        for type_id, name in _listed_names(gpu).items():
+            names.setdefault(type_id, name)
         for v in gpu.vgpus:
             if v.type_sysfs_name and v.type_id is not None:
                 names.setdefault(v.type_id, v.type_sysfs_name)
@@ -119,3 +132,17 @@ def driver_type_name(v: Vgpu, known: dict[int, str], prefix: str | None) -> str 
     if not name and prefix and v.type_name:
         name = f"{prefix} {v.type_name}"
     return name or None
+
+
+def _listed_names(gpu: Gpu) -> dict[int, str]:
+    """The driver's name of each type id the GPU's lists show, the first one listed (the
+    same for every GPU with those lists: see ``SharedParts``)."""
+
+    def compute() -> dict[int, str]:
+        names: dict[int, str] = {}
+        for t in (*gpu.pf_creatable, *(t for vf in gpu.vfs for t in vf.creatable)):
+            if t.sysfs_name:
+                names.setdefault(t.type_id, t.sysfs_name)
+        return names
+
+    return SharedParts.get((gpu.vfs, gpu.pf_creatable), ("names",), compute)

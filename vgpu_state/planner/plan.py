@@ -228,6 +228,48 @@ class _Planner:
         return ok
 
     # one GPU --------------------------------------------------------------
+    def planned_gpu(
+        self, g: Gpu, dg: DesiredGpu
+    ) -> tuple[GpuPlan, tuple[Action, ...], tuple[Blocked, ...]]:
+        """``g``'s header, its steps in order (destroy, SR-IOV, create) and its blocked
+        items (:meth:`plan_gpu`).
+
+        A GPU whose vGPUs are its virtual functions (vendor-specific VFIO, VFs on)
+        names them by their PCI addresses and creates none with a UUID: its plan
+        does not depend on the node, only on the GPU, its vGPUs and their holders,
+        the layout and the policy. Such plans are remembered (see ``SharedParts``):
+        the GPUs of a fleet's pool at one address plan alike.
+        """
+
+        def compute() -> tuple[GpuPlan, tuple[Action, ...], tuple[Blocked, ...], tuple[str, ...]]:
+            before = len(self.errors)
+            header, work = self.plan_gpu(g, dg)
+            order = {ActionKind.DESTROY: 0, ActionKind.ENABLE_SRIOV: 1, ActionKind.CREATE: 2}
+            steps = tuple(sorted(work.actions, key=lambda a: order[a.kind]))
+            found = tuple(self.errors[before:])
+            del self.errors[before:]
+            return header, steps, tuple(work.blocked), found
+
+        if g.layout is not SysfsInterface.VENDOR_VFIO or not g.sriov_numvfs:
+            header, steps, items, errors = compute()
+        else:
+            key = (
+                "gpu-plan",
+                g.address,
+                g.index,
+                g.model,
+                g.sriov_totalvfs,
+                g.sriov_numvfs,
+                g.layout_reason,
+                g.offered_complete,
+                g.vgpus,
+                tuple(self.in_use.get(v.key) for v in g.vgpus),
+            )
+            parts = (dg, self.policy, self.catalog, g.vfs, g.pf_creatable, g.offered, g.problems)
+            header, steps, items, errors = SharedParts.get(parts, key, compute)
+        self.errors.extend(errors)
+        return header, steps, items
+
     def plan_gpu(self, g: Gpu, dg: DesiredGpu) -> tuple[GpuPlan, _GpuWork]:
         work = _GpuWork()
         target = {n: c for n, c in dg.types if c > 0}
@@ -633,11 +675,10 @@ class _Planner:
                 continue
             if not self.checked(g, dg):
                 continue
-            header, work = self.plan_gpu(g, dg)
+            header, gpu_actions, gpu_blocked = self.planned_gpu(g, dg)
             headers.append(header)
-            order = {ActionKind.DESTROY: 0, ActionKind.ENABLE_SRIOV: 1, ActionKind.CREATE: 2}
-            actions.extend(sorted(work.actions, key=lambda a: order[a.kind]))
-            blocked.extend(work.blocked)
+            actions.extend(gpu_actions)
+            blocked.extend(gpu_blocked)
         if self.errors:
             raise PlanningError("\n".join(self.errors))
         counts = Counter(a.kind for a in actions)
