@@ -7,8 +7,9 @@ the way `kubectl label` does: the agent reports the plan and changes nothing,
 `vgpu-state fleet plan` shows it; then the node is promoted with the label
 vgpu-state.io/mode=enforce and the agent converges it, the device plugin (a
 stand-in kubelet shows what it is told, and writes the Node's allocatable from
-it as a kubelet does), the KubeVirt CR and the state label; then the stand-in
-kubelet loses one resource and the agent notices and registers it again.
+it as a kubelet does) and the state label; one pass of `vgpu-state controller`,
+the KubeVirt CR's only writer, permits the node's resources there; then the
+stand-in kubelet loses one resource and the agent notices and registers it again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -161,9 +163,26 @@ def main() -> int:
         print("   what the agent did:")
         for line in log.read_text().splitlines()[seen:]:
             print("   | " + line.split(" ", 2)[-1])
+        # The KubeVirt CR has one writer, the controller (deploy/ runs it as a Deployment):
+        # one pass derives the permitted devices from every node's VGPUNodeState.
+        controller = [
+            "controller", "--kubeconfig", str(kubeconfig), "--once", "--config", "",
+            "--webhook-port", "0", "--listen", "", "--log-level", "warning",
+        ]  # fmt: skip
+        print(f"\n$ vgpu-state {shlex.join(controller)}   # the KubeVirt CR's only writer")
+        passed = subprocess.run(
+            [sys.executable, "-m", "vgpu_state.cli.main", *controller],
+            cwd=REPO, capture_output=True, text=True,
+        )  # fmt: skip
+        for line in (passed.stdout + passed.stderr).splitlines():
+            print("   | " + line)
+        if passed.returncode != 0:
+            raise SystemExit(f"demo failed: the controller's pass exited {passed.returncode}")
         cr = kube.get("kubevirt.io/v1/kubevirts", "kubevirt", "kubevirt") or {}
         permitted = cr.get("spec", {}).get("configuration", {}).get("permittedHostDevices", {})
         names = sorted(e["resourceName"] for e in permitted.get("mediatedDevices", []))
+        if "nvidia.com/NVIDIA_A2-4Q" not in names:
+            raise SystemExit(f"demo failed: the KubeVirt CR permits {names or 'nothing'}")
         print(f"   KubeVirt CR permits: {', '.join(names)}")
         wait_for("the kubelet", lambda: advertised().get("nvidia.com/NVIDIA_A2-4Q") == 3, proc)
         print(f"   kubelet sees: {_devices(advertised())}")
