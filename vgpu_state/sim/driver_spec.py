@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import uuid as uuid_mod
+from abc import ABC, abstractmethod
 
 from vgpu_state.catalog import Catalog, VgpuType, parse_type_name, suggest
 from vgpu_state.sim.faults import FaultState
@@ -60,8 +61,12 @@ def _suggest_model(text: str, catalog: Catalog) -> str:
     return f"; did you mean {found!r}?" if found else ""
 
 
-class _SpecDriver:
-    """The driver's GPUs as a spec describes them; lookups by address and UUID."""
+class _SpecDriver(ABC):
+    """The driver's GPUs as a spec describes them; lookups by address and UUID.
+
+    Abstract: the state machine (:class:`~vgpu_state.sim.driver_model.SimDriver`)
+    supplies the writes that create the spec's vGPUs.
+    """
 
     def __init__(self, spec: NodeSpec, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -236,8 +241,8 @@ class _SpecDriver:
 
     # The state machine (:class:`~vgpu_state.sim.driver_model.SimDriver`) creates
     # the spec's vGPUs through the same writes a client makes.
-    def mdev_create(self, parent: str, type_id: int, data: bytes) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def mdev_create(self, parent: str, type_id: int, data: bytes) -> None: ...
 
-    def vf_type_write(self, vf_addr: str, data: bytes) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def vf_type_write(self, vf_addr: str, data: bytes) -> None: ...
