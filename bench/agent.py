@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from vgpu_state.kube.api import KubeApi  # noqa: E402
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet  # noqa: E402
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet  # noqa: E402
 
 NODE = "a2-node"
 STATE = "nvidia.com/vgpu.config.state"
@@ -78,7 +78,7 @@ def free_port() -> int:
 class Agent:
     def __init__(self, kube: Any, work: Path, resync: float) -> None:
         self.kube = kube
-        self.kubelet = FakeKubelet(str(work / f"dp-{resync}"))
+        self.kubelet = DevicePluginKubelet(str(work / f"dp-{resync}"))
         self.kubelet.start()
         self.work = work
         self.config = work / f"config-{resync}"

@@ -28,7 +28,7 @@ from vgpu_state.deviceplugin import DevicePluginManager
 from vgpu_state.deviceplugin.allocation import preferred
 from vgpu_state.deviceplugin.inventory import Device, ResourceInventory
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet
 
 TARGET_MS = 100.0
 RESTART_TARGET_S = 2.0
@@ -81,7 +81,7 @@ def ids_of(s: NodeSnapshot) -> dict[str, set[str]]:
 
 
 def bench_refresh(resources: int, plugin_dir: str) -> list[float]:
-    kubelet = FakeKubelet(plugin_dir)
+    kubelet = DevicePluginKubelet(plugin_dir)
     kubelet.start()
     manager = DevicePluginManager(
         plugin_dir, iommufd=False, present=lambda d: True, health_interval=3600
@@ -107,7 +107,7 @@ def bench_refresh(resources: int, plugin_dir: str) -> list[float]:
 
 
 def bench_restart(resources: int, plugin_dir: str, rounds: int = 5) -> list[float]:
-    kubelet = FakeKubelet(plugin_dir)
+    kubelet = DevicePluginKubelet(plugin_dir)
     kubelet.start()
     manager = DevicePluginManager(
         plugin_dir, iommufd=False, present=lambda d: True, health_interval=3600

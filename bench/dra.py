@@ -41,7 +41,7 @@ from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
 from vgpu_state.testing import FakeCluster, MemoryClaims, dra_paths
-from vgpu_state.testing.dra_kubelet import FakeKubelet
+from vgpu_state.testing.dra_kubelet import DraKubelet
 
 CATALOG = default_catalog()
 
@@ -116,7 +116,7 @@ def prepare_latency(rounds: int = 20) -> tuple[list[float], list[float], list[fl
     # a sysfs tree: prepare reads IOMMU groups from it
     host = SimHost(parse_spec(spec(1), catalog=CATALOG))
     api = RunningDraApiServer().start()
-    kubelet: FakeKubelet | None = None
+    kubelet: DraKubelet | None = None
     plugin: DraPlugin | None = None
     try:
         apply_layout(host, "L40S-1Q", 32)
@@ -132,7 +132,7 @@ def prepare_latency(rounds: int = 20) -> tuple[list[float], list[float], list[fl
             )
             plugin = DraPlugin(preparer, paths)
             plugin.start()
-            kubelet = FakeKubelet(paths.registry_dir)
+            kubelet = DraKubelet(paths.registry_dir)
             kubelet.register_all()
             for i, name in enumerate(names):
                 claim_name = f"c{i}"

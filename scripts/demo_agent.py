@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from vgpu_state.kube.api import KubeApi  # noqa: E402
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet  # noqa: E402
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet  # noqa: E402
 
 NODE_SPEC = REPO / "configs" / "sim" / "a2-host.yaml"
 NODE = "a2-node"
@@ -73,7 +73,7 @@ def main() -> int:
     # The test suite's API server emulator (kmock); loaded by name, it is test code.
     kube: Any = importlib.import_module("tests.kube_emulator").RunningEmulator().start()
     proc: subprocess.Popen[bytes] | None = None
-    kubelet = FakeKubelet(str(work / "device-plugins"))
+    kubelet = DevicePluginKubelet(str(work / "device-plugins"))
     kubelet.start()
     try:
         kube.write("v1/nodes", NODE, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-4g"}}})

@@ -29,7 +29,7 @@ from tests.realcluster import ControlPlane
 from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import mounted
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet
 
 CATALOG = default_catalog()
 
@@ -121,7 +121,7 @@ class Running:
         self.log = tmp / "agent.log"
         # A short directory: unix socket paths have a length limit the pytest one exceeds.
         self.plugin_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
-        self.kubelet: FakeKubelet | None = None
+        self.kubelet: DevicePluginKubelet | None = None
         in_use = tmp / "in-use.json"
         in_use.write_text('{"f715f63c-0d00-4007-9c5a-b07b0c6c05de": "vm default/win-1"}')
         # The agent's identity in a DaemonSet: its ServiceAccount, bound to a Pod on the node.
@@ -255,7 +255,7 @@ def running_agent(
         running = Running(kube, tmp, str(m.root))
         try:
             if kubelet:
-                running.kubelet = FakeKubelet(str(running.plugin_dir))
+                running.kubelet = DevicePluginKubelet(str(running.plugin_dir))
                 if allocatable:
                     KubeletNodeStatus(kube, running.node_name, running.kubelet)
                 running.kubelet.start()

@@ -4,7 +4,7 @@ A real kubelet's device manager counts, per extended resource, every device a
 plugin lists (``status.capacity``) and the healthy ones
 (``status.allocatable``), and the kubelet posts them in the Node's status; the
 scheduler places pods by ``allocatable``. :class:`KubeletNodeStatus` does that
-for a :class:`~vgpu_state.testing.deviceplugin_kubelet.FakeKubelet` against the
+for a :class:`~vgpu_state.testing.deviceplugin_kubelet.DevicePluginKubelet` against the
 test API server, beside the node's own resources (cpu, memory, and another
 plugin's ``nvidia.com/gpu``, which vgpu-state must leave alone). It can also
 lose a resource's registration (:meth:`lose`: the kubelet drops the plugin and
@@ -18,7 +18,7 @@ import datetime
 import threading
 from typing import Any, Protocol
 
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet, SeenDevice
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet, SeenDevice
 
 
 class Cluster(Protocol):
@@ -39,7 +39,7 @@ NODE_RESOURCES = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu":
 class KubeletNodeStatus:
     """Installs itself as ``kubelet.on_list``; every list the kubelet gets is posted."""
 
-    def __init__(self, kube: Cluster, node: str, kubelet: FakeKubelet) -> None:
+    def __init__(self, kube: Cluster, node: str, kubelet: DevicePluginKubelet) -> None:
         self.kube = kube
         self.node = node
         self.kubelet = kubelet

@@ -25,7 +25,7 @@ class PodDevices:
 
 
 @dataclass
-class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+class PodResourcesKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     """Answers ``List`` with :attr:`pods`; ``fail`` makes it answer with that status code."""
 
     pods: list[PodDevices] = field(default_factory=list)
@@ -51,7 +51,7 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc
 
 
 @contextmanager
-def serving(socket: Path, kubelet: FakeKubelet) -> Iterator[FakeKubelet]:
+def serving(socket: Path, kubelet: PodResourcesKubelet) -> Iterator[PodResourcesKubelet]:
     server = unix_server(
         socket,
         lambda s: api_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, s),

@@ -55,7 +55,7 @@ from vgpu_state.model.status import (
 )
 from vgpu_state.reconcile import Ports, Settings
 from vgpu_state.sim.node import open_sim
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet
 
 CATALOG = default_catalog()
 REPO = Path(__file__).resolve().parent.parent
@@ -217,7 +217,7 @@ class InProcess:
     def __init__(self, kube: RunningEmulator, tmp: Path) -> None:
         self.kube = kube
         self.plugin_dir = tempfile.mkdtemp(prefix="dp-", dir="/tmp")
-        self.kubelet = FakeKubelet(self.plugin_dir)
+        self.kubelet = DevicePluginKubelet(self.plugin_dir)
         self.kubelet.start()
         self.node_status = KubeletNodeStatus(kube, NODE, self.kubelet)
         self.sim = open_sim(A2_SPEC)
@@ -410,7 +410,7 @@ def test_dra_published_vgpus_are_in_the_status_but_not_expected_in_allocatable(
         snapshot, lambda address: Publish.DRA if address == b else Publish.DEVICE_PLUGIN
     )
     plugin_dir = tempfile.mkdtemp(prefix="dp-", dir="/tmp")
-    kubelet = FakeKubelet(plugin_dir)
+    kubelet = DevicePluginKubelet(plugin_dir)
     kubelet.start()
     node_status = KubeletNodeStatus(kube, NODE, kubelet)
     plugin = DevicePluginManager(plugin_dir, present=lambda device: True, poll_interval=0.02)

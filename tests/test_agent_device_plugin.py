@@ -26,7 +26,7 @@ from vgpu_state.model.policy import Publish
 from vgpu_state.model.publish import join, split
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.status import EventType
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet
 
 Q = "nvidia.com/A2-4Q"
 A = "0000:08:00.0"
@@ -124,7 +124,7 @@ def test_a_plugin_directory_too_long_for_unix_sockets_is_refused() -> None:
 
 def test_a_kubelet_restart_wakes_the_agent_once_and_the_first_kubelet_does_not() -> None:
     with tempfile.TemporaryDirectory(prefix="dp-", dir="/tmp") as d:
-        kubelet = FakeKubelet(d)
+        kubelet = DevicePluginKubelet(d)
         kubelet.start()
         manager = DevicePluginManager(d, present=lambda device: True, poll_interval=0.02)
         restarts: list[int] = []

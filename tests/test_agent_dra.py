@@ -24,7 +24,7 @@ from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster, RecordingDevicePlugin, dra_paths
-from vgpu_state.testing.dra_kubelet import FakeKubelet
+from vgpu_state.testing.dra_kubelet import DraKubelet
 
 CATALOG = default_catalog()
 
@@ -58,7 +58,7 @@ def base() -> Iterator[Path]:
 def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) -> None:
     api = RunningDraApiServer().start()
     host = SimHost(SIM / "l40s-pair.yaml")
-    kubelet: FakeKubelet | None = None
+    kubelet: DraKubelet | None = None
     dra: DraNode | None = None
     try:
         api.put_object(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
@@ -95,7 +95,7 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
         # which republishes them at once.
         for o in objs:
             api.delete(slices("v1"), o["metadata"]["name"])
-        kubelet = FakeKubelet(paths.registry_dir)
+        kubelet = DraKubelet(paths.registry_dir)
         assert kubelet.register_all() == [DRIVER]
         _wait("slices back after registration", lambda: len(api.all(slices("v1"))) == 1)
 

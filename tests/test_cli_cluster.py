@@ -24,7 +24,7 @@ from tests.apiserver import (
     closed_port_url,
     put_kubevirt,
 )
-from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
+from tests.kubelet_podresources import PodDevices, PodResourcesKubelet, serving
 from tests.realcluster import ControlPlane
 from vgpu_state.cli.main import cli
 from vgpu_state.kube.kubevirt import OWNERSHIP_ANNOTATION
@@ -223,7 +223,7 @@ def test_a_vgpu_a_pod_holds_is_not_destroyed_and_the_plan_names_the_pod(
 ) -> None:
     _, kubeconfig, spec = cluster
     sock = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp")) / "kubelet.sock"
-    kubelet = FakeKubelet(
+    kubelet = PodResourcesKubelet(
         [
             PodDevices(
                 "vms", "virt-launcher-cad-7xk2p", "compute", "nvidia.com/GRID_T4-8C", [HELD_T4]

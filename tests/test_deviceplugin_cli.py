@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet
 
 REPO = Path(__file__).resolve().parent.parent
 T4_4Q = "nvidia.com/GRID_T4-4Q"
@@ -43,7 +43,7 @@ def test_follows_applies_to_the_simulated_node_and_empties_on_sigterm(
     shutil.copy(REPO / "configs" / "sim" / "t4-pair.yaml", spec)
     layout = tmp_path / "layout.yaml"
     layout.write_text(LAYOUT)
-    with FakeKubelet(str(plugin_dir)) as kubelet:
+    with DevicePluginKubelet(str(plugin_dir)) as kubelet:
         proc = subprocess.Popen(
             cli("deviceplugin", "--sim", str(spec), "--plugin-dir", str(plugin_dir)),
             stdout=subprocess.PIPE,

@@ -22,7 +22,7 @@ from vgpu_state.catalog import default_catalog
 from vgpu_state.deviceplugin import DevicePluginManager
 from vgpu_state.host import scan
 from vgpu_state.sim.fuse import mounted
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet
 
 CATALOG = default_catalog()
 
@@ -56,7 +56,7 @@ def test_apply_then_kubelet_sees_new_devices_and_allocates_them(
     )
     with (
         mounted(REPO / "configs" / "sim" / spec_name, tmp_path / "mnt") as m,
-        FakeKubelet(str(plugin_dir)) as kubelet,
+        DevicePluginKubelet(str(plugin_dir)) as kubelet,
     ):
         root = str(m.root)
         plugins = DevicePluginManager(str(plugin_dir), poll_interval=0.02, iommufd=False)

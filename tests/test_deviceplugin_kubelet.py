@@ -24,7 +24,7 @@ from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
 from vgpu_state.sim.host import SimHost
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet, SeenDevice
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet, SeenDevice
 
 REPO = Path(__file__).resolve().parent.parent
 SIM = REPO / "configs" / "sim"
@@ -45,8 +45,8 @@ def plugin_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def kubelet(plugin_dir: Path) -> Iterator[FakeKubelet]:
-    with FakeKubelet(str(plugin_dir)) as k:
+def kubelet(plugin_dir: Path) -> Iterator[DevicePluginKubelet]:
+    with DevicePluginKubelet(str(plugin_dir)) as k:
         yield k
 
 
@@ -79,7 +79,7 @@ def ids(devices: tuple[SeenDevice, ...]) -> list[str]:
 
 
 def test_registers_and_streams_the_full_list_with_numa(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
 ) -> None:
     plugins.refresh(t4.scan())
     kubelet.wait_registered(T4_4Q)
@@ -97,7 +97,7 @@ def test_registers_and_streams_the_full_list_with_numa(
 
 
 def test_refresh_after_create_and_destroy(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost
 ) -> None:
     plugins.refresh(t4.scan())
     kubelet.wait_for(T4_4Q, lambda d: len(d) == 2)
@@ -112,7 +112,7 @@ def test_refresh_after_create_and_destroy(
 
 
 def test_kubelet_restart_reregisters_within_two_seconds(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
 ) -> None:
     plugins.refresh(t4.scan())
     kubelet.wait_for(T4_4Q, lambda d: len(d) == 2)
@@ -124,7 +124,7 @@ def test_kubelet_restart_reregisters_within_two_seconds(
 
 
 def test_deleted_socket_alone_reregisters(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
 ) -> None:
     plugins.refresh(t4.scan())
     kubelet.wait_registered(T4_4Q)
@@ -135,7 +135,7 @@ def test_deleted_socket_alone_reregisters(
 
 
 def test_stream_ended_by_the_kubelet_reregisters(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost
 ) -> None:
     plugins.refresh(t4.scan())
     kubelet.wait_for(T4_4Q, lambda d: len(d) == 2)
@@ -150,7 +150,7 @@ def test_stream_ended_by_the_kubelet_reregisters(
 
 
 def test_removed_resource_gets_an_empty_list_and_loses_its_socket(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
 ) -> None:
     t4.create_mdev("0000:af:00.0", 233, U3)
     plugins.refresh(t4.scan())
@@ -165,7 +165,7 @@ def test_removed_resource_gets_an_empty_list_and_loses_its_socket(
 
 
 def test_second_resource_appears_while_the_first_streams(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost
 ) -> None:
     plugins.refresh(t4.scan())
     kubelet.wait_for(T4_4Q, lambda d: len(d) == 2)
@@ -180,7 +180,7 @@ def test_second_resource_appears_while_the_first_streams(
 
 
 def test_allocate_returns_the_env_var_kubevirt_reads_and_vfio_nodes(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost
 ) -> None:
     snapshot = t4.scan()
     plugins.refresh(snapshot)
@@ -197,7 +197,9 @@ def test_allocate_returns_the_env_var_kubevirt_reads_and_vfio_nodes(
     assert dict(second.envs) == {"MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-4Q": U1}
 
 
-def test_allocate_of_vendor_vfio_vfs_with_iommufd(kubelet: FakeKubelet, plugin_dir: Path) -> None:
+def test_allocate_of_vendor_vfio_vfs_with_iommufd(
+    kubelet: DevicePluginKubelet, plugin_dir: Path
+) -> None:
     m = manager(plugin_dir, iommufd=True)
     try:
         with SimHost(SIM / "l40s-pair.yaml") as host:
@@ -220,7 +222,7 @@ def test_allocate_of_vendor_vfio_vfs_with_iommufd(kubelet: FakeKubelet, plugin_d
 
 
 def test_allocate_of_an_unknown_id_is_an_error_naming_it(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost
 ) -> None:
     plugins.refresh(t4.scan())
     kubelet.wait_for(T4_4Q, lambda d: len(d) == 2)
@@ -231,7 +233,7 @@ def test_allocate_of_an_unknown_id_is_an_error_naming_it(
 
 
 def test_device_vanishing_outside_an_apply_turns_unhealthy(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost
 ) -> None:
     plugins.refresh(t4.scan())
     kubelet.wait_for(T4_4Q, lambda d: len(d) == 2)
@@ -242,7 +244,9 @@ def test_device_vanishing_outside_an_apply_turns_unhealthy(
     kubelet.wait_for(T4_4Q, lambda d: {x.health for x in d} == {"Healthy"})
 
 
-def test_stop_sends_empty_lists_first(kubelet: FakeKubelet, plugin_dir: Path, t4: SimHost) -> None:
+def test_stop_sends_empty_lists_first(
+    kubelet: DevicePluginKubelet, plugin_dir: Path, t4: SimHost
+) -> None:
     m = manager(plugin_dir)
     t4.create_mdev("0000:af:00.0", 233, U3)
     m.refresh(t4.scan())
@@ -255,7 +259,7 @@ def test_stop_sends_empty_lists_first(kubelet: FakeKubelet, plugin_dir: Path, t4
 
 
 def test_registration_retries_until_the_kubelet_accepts(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost
 ) -> None:
     kubelet.reject_registrations = 2
     plugins.refresh(t4.scan())
@@ -264,7 +268,7 @@ def test_registration_retries_until_the_kubelet_accepts(
 
 
 def test_a_new_kubelet_socket_gets_quick_retries_before_the_backoff(
-    kubelet: FakeKubelet, plugin_dir: Path, t4: SimHost
+    kubelet: DevicePluginKubelet, plugin_dir: Path, t4: SimHost
 ) -> None:
     kubelet.reject_registrations = 2  # e.g. a kubelet still starting behind its socket
     m = manager(plugin_dir, backoff=Backoff(30.0, 30.0))
@@ -281,14 +285,16 @@ def test_plugin_waits_for_a_kubelet_that_starts_later(plugin_dir: Path, t4: SimH
         m.refresh(t4.scan())
         time.sleep(0.2)
         assert not m.status()[T4_4Q].registered
-        with FakeKubelet(str(plugin_dir)) as k:  # kubelet.sock appears: no 30 s backoff wait
+        with DevicePluginKubelet(
+            str(plugin_dir)
+        ) as k:  # kubelet.sock appears: no 30 s backoff wait
             k.wait_for(T4_4Q, lambda d: len(d) == 2, timeout=2)
     finally:
         m.stop()
 
 
 def test_illegal_resource_name_is_reported_not_registered(
-    kubelet: FakeKubelet, plugin_dir: Path
+    kubelet: DevicePluginKubelet, plugin_dir: Path
 ) -> None:
     # A node built in memory: no sysfs to check device health against.
     plugins = manager(plugin_dir, present=lambda d: True)
@@ -307,7 +313,7 @@ def test_illegal_resource_name_is_reported_not_registered(
 
 
 def test_many_open_streams_do_not_starve_allocate(
-    kubelet: FakeKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
+    kubelet: DevicePluginKubelet, plugins: DevicePluginManager, t4: SimHost, plugin_dir: Path
 ) -> None:
     plugins.refresh(t4.scan())
     kubelet.wait_for(T4_4Q, lambda d: len(d) == 2)

@@ -20,7 +20,7 @@ from tests.apiserver import (
     crd_validator,
     put_kubevirt,
 )
-from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
+from tests.kubelet_podresources import PodDevices, PodResourcesKubelet, serving
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.kube import crd
@@ -448,7 +448,7 @@ def test_with_a_cluster_labels_come_from_the_node_and_a_pod_held_vgpu_blocks(
     served = len(_served(api))
     sim_before = node.read_text()
     sock = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp")) / "kubelet.sock"
-    kubelet = FakeKubelet(
+    kubelet = PodResourcesKubelet(
         [
             PodDevices(
                 "vms", "virt-launcher-cad-7xk2p", "compute", "nvidia.com/GRID_T4-8C", [HELD_T4]

@@ -26,7 +26,7 @@ from vgpu_state.model.publish import split
 from vgpu_state.reconcile import Mode, Ports, Report, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster, dra_paths
-from vgpu_state.testing.dra_kubelet import FakeKubelet
+from vgpu_state.testing.dra_kubelet import DraKubelet
 
 CATALOG = default_catalog()
 
@@ -55,7 +55,7 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
     api = RunningDraApiServer().start()
     host = SimHost(SIM / "l40s-pair.yaml")
     plugin: DraPlugin | None = None
-    kubelet: FakeKubelet | None = None
+    kubelet: DraKubelet | None = None
     try:
         api.put_object(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         client = api.kube_api()
@@ -129,7 +129,7 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
         )
         plugin = DraPlugin(preparer, paths)
         plugin.start()
-        kubelet = FakeKubelet(paths.registry_dir)
+        kubelet = DraKubelet(paths.registry_dir)
         assert kubelet.register_all() == [DRIVER]
         reply = kubelet.prepare(DRIVER, [("vms", "render-vgpu", uid)]).claims[uid]
         assert reply.error == ""

@@ -22,7 +22,7 @@ from vgpu_state.dra.prepare import DraPaths, Preparer
 from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import MemoryClaims, dra_paths
-from vgpu_state.testing.dra_kubelet import FakeKubelet
+from vgpu_state.testing.dra_kubelet import DraKubelet
 
 CATALOG = default_catalog()
 
@@ -39,7 +39,7 @@ class Rig:
     paths: DraPaths
     claims: MemoryClaims
     plugin: DraPlugin
-    kubelet: FakeKubelet
+    kubelet: DraKubelet
 
     def group(self, sysfs_path: str) -> str:
         return Path(self.host.root, sysfs_path, "iommu_group").resolve().name
@@ -80,7 +80,7 @@ def rig() -> Iterator[Rig]:
     preparer = Preparer(node=NODE, claims=claims, inventory=lambda: pool.devices, paths=paths)
     plugin = DraPlugin(preparer, paths)
     plugin.start()
-    kubelet = FakeKubelet(paths.registry_dir)
+    kubelet = DraKubelet(paths.registry_dir)
     r = Rig(host, pool, paths, claims, plugin, kubelet)
     try:
         yield r

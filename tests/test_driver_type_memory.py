@@ -38,7 +38,7 @@ from vgpu_state.statefiles.drivertypes import (
     DriverTypeMemory,
     DriverTypesFile,
 )
-from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet
+from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet
 
 CATALOG = default_catalog()
 
@@ -225,7 +225,7 @@ def test_the_device_plugin_advertises_a_full_gpu_of_a_newer_drivers_type(tmp_pat
     resource = "nvidia.com/NVIDIA_L40S-5Q"
     serve = ["deviceplugin", "--sim", str(spec), "--plugin-dir", str(plugin_dir)]
     try:
-        with FakeKubelet(str(plugin_dir)) as kubelet:
+        with DevicePluginKubelet(str(plugin_dir)) as kubelet:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "vgpu_state.cli.main", *serve],
                 stdout=subprocess.PIPE,

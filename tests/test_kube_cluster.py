@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.apiserver import EVENTS, KUBEVIRT, NODES, NODESTATES
-from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
+from tests.kubelet_podresources import PodDevices, PodResourcesKubelet, serving
 from tests.realcluster import ControlPlane
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.cluster import KubeCluster
@@ -83,7 +83,7 @@ def test_it_is_a_cluster_port(kubeconfig: str) -> None:
 
 def test_labels_and_in_use_from_the_node_and_the_kubelet(kubeconfig: str) -> None:
     sock = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp")) / "kubelet.sock"
-    kubelet = FakeKubelet(
+    kubelet = PodResourcesKubelet(
         [
             PodDevices(
                 "vms",

@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.kubelet_podresources import FakeKubelet, PodDevices, serving
+from tests.kubelet_podresources import PodDevices, PodResourcesKubelet, serving
 from vgpu_state.kube.errors import PodResourcesUnavailableError
 from vgpu_state.kube.podresources.client import PodHolder, list_holders
 
@@ -23,7 +23,7 @@ def _socket(tmp_path: Path) -> Path:
 
 def test_holders_of_our_resources_with_the_vm_of_a_virt_launcher(tmp_path: Path) -> None:
     sock = _socket(tmp_path)
-    kubelet = FakeKubelet(
+    kubelet = PodResourcesKubelet(
         [
             PodDevices(
                 "vms", "virt-launcher-win-1-x7k2p", "compute", "nvidia.com/NVIDIA_A2-4C", [UUID_A]
@@ -57,7 +57,7 @@ def test_a_missing_socket_is_a_typed_error(tmp_path: Path) -> None:
 def test_a_kubelet_that_refuses_is_a_typed_error(tmp_path: Path) -> None:
     sock = _socket(tmp_path)
     with (
-        serving(sock, FakeKubelet(fail=grpc.StatusCode.RESOURCE_EXHAUSTED)),
+        serving(sock, PodResourcesKubelet(fail=grpc.StatusCode.RESOURCE_EXHAUSTED)),
         pytest.raises(PodResourcesUnavailableError, match="RESOURCE_EXHAUSTED"),
     ):
         list_holders(str(sock))
@@ -65,7 +65,7 @@ def test_a_kubelet_that_refuses_is_a_typed_error(tmp_path: Path) -> None:
 
 def test_a_dead_socket_is_a_typed_error(tmp_path: Path) -> None:
     sock = _socket(tmp_path)
-    with serving(sock, FakeKubelet()):
+    with serving(sock, PodResourcesKubelet()):
         pass
     # The server is gone; whether its socket file stays or not, nobody answers.
     if not sock.exists():

@@ -120,13 +120,13 @@ def deviceplugin(
     source: _Source | None = None
     try:
         if fake_kubelet:
-            from vgpu_state.testing.deviceplugin_kubelet import FakeKubelet, SeenDevice
+            from vgpu_state.testing.deviceplugin_kubelet import DevicePluginKubelet, SeenDevice
 
             def show(resource: str, devices: tuple[SeenDevice, ...]) -> None:
                 listed = ", ".join(f"{d.id} ({d.health})" for d in devices) or "no devices"
                 click.echo(f"kubelet sees {resource}: {listed}")
 
-            kubelet = FakeKubelet(plugin_dir, on_list=show)
+            kubelet = DevicePluginKubelet(plugin_dir, on_list=show)
             kubelet.start()
             click.echo(f"fake kubelet serving {kubelet.socket_path}", err=True)
         source = _Source(sim_spec, sysfs_root)

@@ -4,9 +4,9 @@ It serves ``Registration`` on ``<dir>/kubelet.sock`` and does what the kubelet
 does with a registration: checks the version and the resource name, dials the
 plugin's socket back, calls ``GetDevicePluginOptions`` before answering, then
 opens ``ListAndWatch`` in the background and keeps the latest full list per
-resource. :meth:`FakeKubelet.restart` behaves like a kubelet restart: every
+resource. :meth:`DevicePluginKubelet.restart` behaves like a kubelet restart: every
 socket in the directory is removed and ``kubelet.sock`` is created anew;
-:meth:`FakeKubelet.forget` loses one resource's registration without telling
+:meth:`DevicePluginKubelet.forget` loses one resource's registration without telling
 the plugin, as a confused kubelet can.
 
 Used by the tests and benchmarks, and by ``vgpu-state deviceplugin
@@ -61,7 +61,7 @@ class _Endpoint:
         self.channel.close()
 
 
-class FakeKubelet:
+class DevicePluginKubelet:
     """A fake kubelet serving ``Registration`` in ``plugin_dir``; :meth:`start` it first."""
 
     def __init__(
@@ -145,7 +145,7 @@ class FakeKubelet:
                 self._forgotten.append(ep)
             self._cond.notify_all()
 
-    def __enter__(self) -> FakeKubelet:
+    def __enter__(self) -> DevicePluginKubelet:
         self.start()
         return self
 
@@ -297,7 +297,7 @@ class FakeKubelet:
 
 
 class _Registration(pb_grpc.RegistrationServicer):
-    def __init__(self, kubelet: FakeKubelet) -> None:
+    def __init__(self, kubelet: DevicePluginKubelet) -> None:
         self.kubelet = kubelet
 
     def Register(self, request: pb.RegisterRequest, context: Any) -> pb.Empty:

@@ -38,7 +38,7 @@ class Registered:
     pb2: Any
 
 
-class FakeKubelet:
+class DraKubelet:
     """Registers DRA plugins found in ``registry_dir`` and calls them."""
 
     def __init__(self, registry_dir: Path, versions: tuple[str, ...] = tuple(_VERSIONS)) -> None:
