@@ -1,8 +1,10 @@
 """The cluster controller: the KubeVirt CR's permitted devices from every node's status.
 
-Pure parts (which entries a report justifies, the grace period, unreadable and
-refused statuses) are tested on values; the loop (leader election, one guarded
-write per change) against the test API server.
+The pure parts, on values: which entries a report justifies, the grace period,
+unreadable and refused statuses, and the one guarded patch a decision makes. The loop
+(leader election between replicas, one guarded write per change counted in the API
+server's audit log, no second decode of an unchanged status) runs against the real
+kube-apiserver as the controller's ServiceAccount: ``tests/test_controller_real.py``.
 """
 
 from __future__ import annotations
@@ -13,14 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.apiserver import KUBEVIRT, NODESTATES, RunningApiServer
 from vgpu_state.controller.desired import Missing, decide
 from vgpu_state.controller.reports import NodeReport, checked_entries, read_report
-from vgpu_state.controller.run import Controller, ControllerSettings
 from vgpu_state.kube import nodestate
-from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.nodestate import VGPUNodeStateStatus, encode_snapshot
 from vgpu_state.kube.permitted import OWNERSHIP_ANNOTATION, desired_entries
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -246,86 +243,3 @@ def test_one_guarded_patch_adds_every_nodes_entries() -> None:
     ]
     assert names == ["nvidia.com/GRID_T4-1Q", "nvidia.com/NVIDIA_A2-4Q", "nvidia.com/GRID_T4-8C"]
     assert decide(after, reports, d.missing, now=1.0, grace=GRACE).plan.patch == ()
-
-
-# the loop against an API server ---------------------------------------------------
-@pytest.fixture
-def api(apiserver: RunningApiServer, tmp_path: Path) -> KubeApi:
-    from tests.apiserver import crd_validator
-    from vgpu_state.kube import crd
-
-    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
-    cr = _cr()
-    del cr["metadata"]["resourceVersion"]
-    apiserver.put(KUBEVIRT, "kubevirt", cr, namespace="kubevirt")
-    return KubeApi.connect(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")))
-
-
-def test_the_leader_writes_once_per_change_and_the_other_replica_waits(
-    apiserver: RunningApiServer, api: KubeApi, sim_spec_paths: list[Path]
-) -> None:
-    for node, spec in (("gpu-1", "mixed.yaml"), ("gpu-2", "a2-host.yaml")):
-        status = VGPUNodeStateStatus(
-            snapshot=encode_snapshot(_scan(sim_spec_paths, spec, node), T0)
-        )
-        nodestate.write_status(api, node, status)
-    clock = [0.0]
-    one = Controller(api, ControllerSettings(identity="c-1"), clock=lambda: clock[0])
-    two = Controller(api, ControllerSettings(identity="c-2"), clock=lambda: clock[0])
-    patches = apiserver.counts["PATCH"]
-    first = one.run_once()
-    assert first is not None and first.write.writes == 1
-    assert two.run_once() is None, "the other replica follows"
-    assert apiserver.counts["PATCH"] == patches + 1, "one write for the whole fleet"
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
-    assert cr is not None
-    mdevs = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
-    assert mdevs[0] == FOREIGN
-    owned = json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION])
-    assert "nvidia.com/NVIDIA_A2-4Q" in owned and "nvidia.com/NVIDIA_L40S-12Q" in owned
-    # Steady: no write.
-    again = one.run_once()
-    assert again is not None and again.write.writes == 0
-    assert apiserver.counts["PATCH"] == patches + 1
-    # gpu-1 (the only node with the L40S and T4 types) loses its vGPUs: they stay for
-    # the grace period, then go in one write; the A2 types gpu-2 still has stay.
-    empty = _scan(sim_spec_paths, "mixed.yaml", "gpu-1").model_copy(update={"gpus": ()})
-    nodestate.write_status(api, "gpu-1", VGPUNodeStateStatus(snapshot=encode_snapshot(empty, T0)))
-    held = one.run_once()
-    assert held is not None and held.write.writes == 0 and held.decision.waiting
-    clock[0] = GRACE + 1
-    gone = one.run_once()
-    assert gone is not None and gone.write.writes == 1
-    assert {c.op for c in gone.write.changes} == {"remove"}
-    cr = apiserver.get(KUBEVIRT, "kubevirt", "kubevirt")
-    assert cr is not None
-    left = set(json.loads(cr["metadata"]["annotations"][OWNERSHIP_ANNOTATION]))
-    assert "nvidia.com/NVIDIA_L40S-12Q" not in left and "nvidia.com/NVIDIA_A2-4Q" in left
-
-
-def test_an_unchanged_status_is_not_decoded_again(
-    apiserver: RunningApiServer, api: KubeApi, sim_spec_paths: list[Path], monkeypatch: Any
-) -> None:
-    import vgpu_state.controller.run as run
-
-    status = VGPUNodeStateStatus(
-        snapshot=encode_snapshot(_scan(sim_spec_paths, "mixed.yaml", "gpu-1"), T0)
-    )
-    nodestate.write_status(api, "gpu-1", status)
-    decoded: list[str] = []
-    real = run.read_report
-
-    def counting(obj: dict[str, Any]) -> NodeReport:
-        decoded.append(obj["metadata"]["name"])
-        return real(obj)
-
-    monkeypatch.setattr(run, "read_report", counting)
-    ctl = Controller(api, ControllerSettings(identity="c-1"))
-    first = ctl.run_once()
-    again = ctl.run_once()
-    assert first is not None and again is not None
-    assert decoded == ["gpu-1"]
-    assert again.reports == first.reports
-    nodestate.write_status(api, "gpu-1", status.model_copy(update={"vgpu_count": 1}))
-    assert ctl.run_once() is not None
-    assert decoded == ["gpu-1", "gpu-1"]

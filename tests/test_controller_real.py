@@ -1,6 +1,8 @@
 """The controller against the real API server, as its own ServiceAccount: one guarded JSON
-Patch per change (the server's own ``test`` semantics), entries kept through a node's
-status race and a newer agent's status, and no way in for a non-NVIDIA device."""
+Patch per change (the server's own ``test`` semantics, the writes counted in its audit log),
+the second replica idle while the first holds the Lease, an unchanged status not decoded
+again, entries kept through a node's status race and a newer agent's status, and no way in
+for a non-NVIDIA device."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster import ApiError, ControlPlane
+from tests.realcluster import CONTROLLER_SA, ApiError, ControlPlane
+from vgpu_state.controller import run
+from vgpu_state.controller.reports import NodeReport
 from vgpu_state.controller.run import Controller, ControllerSettings
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.nodestate import VGPUNodeStateStatus, encode_snapshot
@@ -24,6 +28,9 @@ from vgpu_state.sim.host import SimHost
 REPO = Path(__file__).resolve().parent.parent
 NODESTATES = "/apis/vgpu-state.io/v1alpha1/vgpunodestates"
 KUBEVIRT = "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts"
+CONTROLLER_USER = f"system:serviceaccount:vgpu-state:{CONTROLLER_SA}"
+POD_NAME = "authentication.kubernetes.io/pod-name"
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 FOREIGN = {"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}
 GRACE = 300.0
 
@@ -65,6 +72,25 @@ def _cr(cluster: ControlPlane) -> dict[str, Any]:
 def _owned(cluster: ControlPlane) -> set[str]:
     annotations = _cr(cluster)["metadata"].get("annotations") or {}
     return set(json.loads(annotations.get(OWNERSHIP_ANNOTATION, "[]")))
+
+
+def _requests(cluster: ControlPlane, mark: int, pod: str) -> list[dict[str, Any]]:
+    """What the controller replica running in ``pod`` asked the server since ``mark``, as the
+    server's audit log records it (the pod's name comes with its bound token)."""
+    return [
+        e
+        for e in cluster.audit(mark, CONTROLLER_USER)
+        if pod in (e.get("user", {}).get("extra", {}).get(POD_NAME) or [])
+    ]
+
+
+def _cr_patches(cluster: ControlPlane, mark: int, pod: str) -> list[int]:
+    """The response codes of the replica's patches of the KubeVirt CR since ``mark``."""
+    return [
+        int(e.get("responseStatus", {}).get("code", 0))
+        for e in _requests(cluster, mark, pod)
+        if e["verb"] == "patch" and e.get("objectRef", {}).get("resource") == "kubevirts"
+    ]
 
 
 @pytest.fixture
@@ -172,3 +198,108 @@ def test_an_agent_cannot_do_the_controllers_job(
             token=token,
         )
     assert refused.value.status == 403
+
+
+def test_the_leader_writes_once_per_change_and_the_other_replica_waits(
+    controller: tuple[ControlPlane, Controller, list[float]], tmp_path: Path
+) -> None:
+    """Two replicas (two pods of the controller's ServiceAccount) over two nodes: the one
+    holding the Lease sends one patch for the whole fleet, the other sends no write at all;
+    a steady fleet costs no CR write, a change one. The patch is guarded by the CR's
+    ``resourceVersion``: an annotation another writer adds between the leader's read and
+    its write makes the server refuse that write, and the leader's retry keeps it."""
+    cluster, one, clock = controller
+    token = cluster.agent_token("control-node-2", service_account=CONTROLLER_SA)
+    two = Controller(
+        KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "two", token=token))),
+        ControllerSettings(identity="controller-1", grace=GRACE),
+        clock=lambda: clock[0],
+    )
+    pod_one, pod_two = f"{CONTROLLER_SA}-control-node", f"{CONTROLLER_SA}-control-node-2"
+    _report(cluster, "gpu-1", _scan("mixed.yaml", "gpu-1"))
+    _report(cluster, "gpu-2", _scan("a2-host.yaml", "gpu-2"))
+    start = cluster.audit_mark()
+    assert one.lead()
+    assert two.run_once() is None, "the other replica follows"
+    assert "annotations" not in _cr(cluster)["metadata"], "the follower changed the CR"
+
+    # Another writer annotates the CR right after the leader read it.
+    real_get = one.api.get
+    raced: list[str] = []
+
+    def get_then_race(path: str) -> Any:
+        obj = real_get(path)
+        if path.endswith("/kubevirts/kubevirt") and not raced:
+            raced.append(path)
+            cluster.request(
+                "PATCH",
+                f"{KUBEVIRT}/kubevirt",
+                {"metadata": {"annotations": {"example.com/owner": "ops"}}},
+                "application/merge-patch+json",
+            )
+        return obj
+
+    one.api.get = get_then_race  # type: ignore[method-assign]
+    first = one.run_once()
+    assert first is not None and first.write.writes == 1 and raced
+    assert _cr_patches(cluster, start, pod_one) == [422, 200], (
+        "the write planned on the older CR is refused; one write for the whole fleet"
+    )
+    cr = _cr(cluster)
+    assert cr["metadata"]["annotations"]["example.com/owner"] == "ops"
+    assert cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"][0] == FOREIGN
+    assert {"nvidia.com/NVIDIA_A2-4Q", "nvidia.com/NVIDIA_L40S-12Q"} <= _owned(cluster)
+
+    # Steady: no CR write, whichever replica passes.
+    mark = cluster.audit_mark()
+    steady = one.run_once()
+    assert two.run_once() is None
+    assert _cr_patches(cluster, mark, pod_one) == []
+    assert steady is not None and steady.write.writes == 0
+
+    # gpu-1 (the only node with the L40S types) loses its vGPUs: they stay for the grace
+    # period, then go in one write; the A2 types gpu-2 still has stay.
+    _report(cluster, "gpu-1", _scan("mixed.yaml", "gpu-1").model_copy(update={"gpus": ()}))
+    mark = cluster.audit_mark()
+    held = one.run_once()
+    assert _cr_patches(cluster, mark, pod_one) == []
+    assert held is not None and held.write.writes == 0 and held.decision.waiting
+    clock[0] = GRACE + 1
+    gone = one.run_once()
+    assert gone is not None and {c.op for c in gone.write.changes} == {"remove"}
+    assert _cr_patches(cluster, mark, pod_one) == [200]
+    owned = _owned(cluster)
+    assert "nvidia.com/NVIDIA_L40S-12Q" not in owned and "nvidia.com/NVIDIA_A2-4Q" in owned
+
+    asked = _requests(cluster, start, pod_two)
+    assert asked and {e["objectRef"]["resource"] for e in asked} == {"leases"}, (
+        "the follower asks about the Lease only"
+    )
+    assert [e for e in asked if e["verb"] in WRITES] == [], "the follower writes nothing"
+
+
+def test_an_unchanged_status_is_not_decoded_again(
+    controller: tuple[ControlPlane, Controller, list[float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass decodes and checks only the statuses whose ``resourceVersion`` changed since
+    the last one (counted in-process; the versions are the server's)."""
+    cluster, ctl, _ = controller
+    mixed = _scan("mixed.yaml", "gpu-1")
+    _report(cluster, "gpu-1", mixed)
+    decoded: list[str] = []
+    real = run.read_report
+
+    def counting(obj: dict[str, Any]) -> NodeReport:
+        decoded.append(obj["metadata"]["name"])
+        return real(obj)
+
+    monkeypatch.setattr(run, "read_report", counting)
+    first = ctl.run_once()
+    again = ctl.run_once()
+    assert first is not None and again is not None
+    assert decoded == ["gpu-1"]
+    assert again.reports == first.reports
+    _report(cluster, "gpu-1", mixed.model_copy(update={"gpus": mixed.gpus[:1]}))
+    changed = ctl.run_once()
+    assert changed is not None and changed.reports != first.reports
+    assert decoded == ["gpu-1", "gpu-1"]
