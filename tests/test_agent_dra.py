@@ -1,8 +1,14 @@
 """The agent's DRA side end to end: reconcile -> slices -> kubelet registration and prepare
 -> claims block a destroy -> shutdown removes the slices.
 
-Real parts: the simulated node's sysfs tree, kmock's emulator behind the
-official client, the plugin's unix sockets and a fake kubelet.
+Real parts: the simulated node's sysfs tree, the real kube-apiserver + etcd of
+the harness (``cluster``, ``tests/realcluster.py``), the plugin's unix sockets,
+and a stand-in kubelet (:class:`~vgpu_state.testing.dra_kubelet.DraKubelet`).
+The agent talks to the server as its ServiceAccount, with a token bound to a Pod
+on its Node, under the shipped RBAC (``deploy/`` and its DRA component); the
+server's own validation checks every ResourceSlice it writes. What a user or the
+scheduler would do (a claim's allocation, the kubelet wiping the node's slices,
+an uninstall's ``dra-remove-slices``) the test does as a cluster admin.
 """
 
 from __future__ import annotations
@@ -12,14 +18,16 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
+from tests.realcluster import ControlPlane
 from vgpu_state.agent.dra import ClaimsHoldVgpus, DraNode
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.dra.slices import DRIVER, PCI_BUS_ID, device_key
+from vgpu_state.kube.api import KubeApi
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
@@ -38,6 +46,8 @@ vgpu-configs:
       publish: dra
 """
 SHRINK = GROW.replace("{L40S-12Q: 4}", "{L40S-24Q: 2}")
+SLICES = "resource.k8s.io/v1/resourceslices"
+CLAIMS = "resource.k8s.io/v1/resourceclaims"
 
 
 def _wait(what: str, check: object, timeout: float = 10.0) -> None:
@@ -55,15 +65,24 @@ def base() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) -> None:
-    api = RunningDraApiServer().start()
+def _agent_kubeconfig(cluster: ControlPlane, base: Path) -> Path:
+    """A kubeconfig of the agent on NODE: its ServiceAccount's token, bound to its Pod."""
+    return cluster.write_kubeconfig(base / "agent-kubeconfig", token=cluster.agent_token(NODE))
+
+
+def _slices(cluster: ControlPlane) -> list[dict[str, Any]]:
+    return cluster.list(SLICES)
+
+
+def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(
+    cluster: ControlPlane, base: Path
+) -> None:
     host = SimHost(SIM / "l40s-pair.yaml")
     kubelet: DraKubelet | None = None
     dra: DraNode | None = None
+    kube = KubeApi.connect(str(_agent_kubeconfig(cluster, base)))
     try:
-        api.put_object(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         paths = dra_paths(base, host.root)
-        kube = api.kube_api()
         dra = DraNode(kube, NODE, paths, resync_seconds=3600, catalog=CATALOG).start()
         plugin = RecordingDevicePlugin()
 
@@ -83,7 +102,7 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
 
         # Slices list exactly the four DRA vGPUs; the device plugin got the other two only.
         dra_keys = {v.key for v in report.final.gpu("0000:a1:00.0").vgpus}  # type: ignore[union-attr]
-        objs = api.all(slices("v1"))
+        objs = _slices(cluster)
         published = {
             d["attributes"][PCI_BUS_ID]["string"] for o in objs for d in o["spec"]["devices"]
         }
@@ -94,19 +113,26 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
         # The kubelet starts: it wipes the node's slices, then registers the plugin,
         # which republishes them at once.
         for o in objs:
-            api.delete(slices("v1"), o["metadata"]["name"])
+            cluster.delete(SLICES, o["metadata"]["name"])
+        assert _slices(cluster) == []
         kubelet = DraKubelet(paths.registry_dir)
         assert kubelet.register_all() == [DRIVER]
-        _wait("slices back after registration", lambda: len(api.all(slices("v1"))) == 1)
+        _wait("slices back after registration", lambda: len(_slices(cluster)) == 1)
 
-        # A claim on one of them is prepared, and then holds it.
-        device = sorted(d["name"] for o in api.all(slices("v1")) for d in o["spec"]["devices"])[0]
-        uid = api.put_object(
-            claims("v1"),
+        # A claim on one of them (allocated by the scheduler, reserved for the VM's
+        # pod) is prepared, and then holds it.
+        device = sorted(d["name"] for o in _slices(cluster) for d in o["spec"]["devices"])[0]
+        if cluster.get("v1/namespaces", "vms") is None:
+            cluster.write("v1/namespaces", "vms", {})
+        uid = cluster.write(
+            CLAIMS,
+            "render",
             {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": "render", "namespace": "vms"},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "vgpu", "exactly": {"deviceClassName": DRIVER}}]
+                    }
+                },
                 "status": {
                     "allocation": {
                         "devices": {
@@ -121,10 +147,15 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
                         }
                     },
                     "reservedFor": [
-                        {"resource": "pods", "name": "virt-launcher-render-1", "uid": "p"}
+                        {
+                            "resource": "pods",
+                            "name": "virt-launcher-render-1",
+                            "uid": "5f0c2d1e-0000-4000-8000-00000000b001",
+                        }
                     ],
                 },
             },
+            namespace="vms",
         )["metadata"]["uid"]
         reply = kubelet.prepare(DRIVER, [("vms", "render", uid)]).claims[uid]
         assert reply.error == "" and reply.devices[0].device_name == device
@@ -142,65 +173,64 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(base: Path) 
 
         # Shutdown (a restart or a rollout): sockets gone, slices kept (the kubelet
         # wipes them itself if the driver stays away); an uninstall deletes them.
-        kept = sorted(o["metadata"]["name"] for o in api.all(slices("v1")))
+        kept = sorted(o["metadata"]["name"] for o in _slices(cluster))
+        assert kept
         dra.stop()
-        assert sorted(o["metadata"]["name"] for o in api.all(slices("v1"))) == kept
+        assert sorted(o["metadata"]["name"] for o in _slices(cluster)) == kept
         assert not paths.socket.exists()
         dra.stop(remove_slices=True)
         dra = None
-        assert api.all(slices("v1")) == []
+        assert _slices(cluster) == []
     finally:
         if kubelet is not None:
             kubelet.close()
         if dra is not None:
             dra.stop()
         host.close()
-        api.stop()
+        kube.close()
 
 
-def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(base: Path) -> None:
+def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(
+    cluster: ControlPlane, base: Path
+) -> None:
 
     from vgpu_state.agent.assemble import AgentFlags, build
 
-    api = RunningDraApiServer().start()
-    try:
-        kubeconfig = api.write_kubeconfig(base / "kubeconfig")
-        config_dir = base / "config"
-        config_dir.mkdir()
-        common = dict(
-            node=NODE,
-            config_dir=config_dir,
-            kubeconfig=str(kubeconfig),
-            listen="",
-            state_dir=base / "state",
-            in_use_file=str(base / "held"),
-            device_plugin=False,
-        )
-        plain = build(AgentFlags(**common))  # type: ignore[arg-type]
-        assert plain.parts.ports.dra.inner is None  # type: ignore[attr-defined]
-        assert not isinstance(plain.parts.ports.cluster, ClaimsHoldVgpus)
+    kubeconfig = _agent_kubeconfig(cluster, base)
+    config_dir = base / "config"
+    config_dir.mkdir()
+    common = dict(
+        node=NODE,
+        config_dir=config_dir,
+        kubeconfig=str(kubeconfig),
+        listen="",
+        state_dir=base / "state",
+        in_use_file=str(base / "held"),
+        device_plugin=False,
+    )
+    plain = build(AgentFlags(**common))  # type: ignore[arg-type]
+    assert plain.parts.ports.dra.inner is None  # type: ignore[attr-defined]
+    assert not isinstance(plain.parts.ports.cluster, ClaimsHoldVgpus)
 
-        flags = AgentFlags(
-            **common,
-            dra=True,
-            dra_plugins_dir=base / "plugins",  # type: ignore[arg-type]
-            dra_registry_dir=base / "registry",
-            cdi_dir=base / "cdi",
-        )
-        agent = build(flags)
-        dra = agent.parts.ports.dra
-        dra = dra.inner  # type: ignore[attr-defined]
-        assert isinstance(dra, DraNode) and dra.publisher.version == "v1"
-        assert isinstance(agent.parts.ports.cluster, ClaimsHoldVgpus)
-        stop = agent.parts.services[-1]()  # what Agent.run does
-        try:
-            assert (base / "registry" / f"{DRIVER}-reg.sock").exists()
-            assert (base / "plugins" / DRIVER / "dra.sock").exists()
-        finally:
-            stop()
-        assert not (base / "registry" / f"{DRIVER}-reg.sock").exists()
+    flags = AgentFlags(
+        **common,
+        dra=True,
+        dra_plugins_dir=base / "plugins",  # type: ignore[arg-type]
+        dra_registry_dir=base / "registry",
+        cdi_dir=base / "cdi",
+    )
+    agent = build(flags)
+    dra = agent.parts.ports.dra
+    dra = dra.inner  # type: ignore[attr-defined]
+    assert isinstance(dra, DraNode) and dra.publisher.version == "v1"
+    assert isinstance(agent.parts.ports.cluster, ClaimsHoldVgpus)
+    stop = agent.parts.services[-1]()  # what Agent.run does
+    try:
+        assert (base / "registry" / f"{DRIVER}-reg.sock").exists()
+        assert (base / "plugins" / DRIVER / "dra.sock").exists()
     finally:
-        api.stop()
+        stop()
+    assert not (base / "registry" / f"{DRIVER}-reg.sock").exists()
 
 
 def test_vgpus_held_by_claims_are_held_in_the_reported_status_too() -> None:
@@ -250,7 +280,7 @@ def test_vgpus_held_by_claims_are_held_in_the_reported_status_too() -> None:
 
 
 def test_a_dra_checkpoint_of_the_wrong_shape_stops_the_agent_with_a_clear_error(
-    base: Path,
+    cluster: ControlPlane, base: Path
 ) -> None:
     """The right version, the wrong shape (an entry without its devices): the agent says
     which file, which claim and what is missing, and exits 1, instead of a KeyError."""
@@ -260,37 +290,30 @@ def test_a_dra_checkpoint_of_the_wrong_shape_stops_the_agent_with_a_clear_error(
 
     from vgpu_state.cli.main import cli
 
-    api = RunningDraApiServer().start()
-    try:
-        kubeconfig = api.write_kubeconfig(base / "kubeconfig")
-        checkpoint = base / "plugins" / DRIVER / "checkpoint.json"
-        checkpoint.parent.mkdir(parents=True)
-        uid = "0b4cf1a2-0000-4000-8000-000000000040"
-        entry = {"namespace": "vms", "name": "render", "files": []}
-        checkpoint.write_text(json.dumps({"version": 1, "claims": {uid: entry}}))
-        (base / "config").mkdir()
-        result = CliRunner().invoke(
-            cli,
-            ["agent", "--node", NODE, "--config-dir", str(base / "config"),
-             "--kubeconfig", str(kubeconfig), "--state-dir", str(base / "state"),
-             "--in-use-file", str(base / "held"), "--no-device-plugin", "--listen", "",
-             "--dra", "--dra-plugins-dir", str(base / "plugins"),
-             "--dra-registry-dir", str(base / "registry"), "--cdi-dir", str(base / "cdi")],
-        )  # fmt: skip
-        assert result.exit_code == 1, result.output
-        assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
-        assert f"error: {checkpoint}: claim '{uid}': missing key 'devices'" in result.output
-        assert "move it aside" in result.output
-        assert not (base / "registry" / f"{DRIVER}-reg.sock").exists()
-    finally:
-        api.stop()
+    kubeconfig = _agent_kubeconfig(cluster, base)
+    checkpoint = base / "plugins" / DRIVER / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    uid = "0b4cf1a2-0000-4000-8000-000000000040"
+    entry = {"namespace": "vms", "name": "render", "files": []}
+    checkpoint.write_text(json.dumps({"version": 1, "claims": {uid: entry}}))
+    (base / "config").mkdir()
+    result = CliRunner().invoke(
+        cli,
+        ["agent", "--node", NODE, "--config-dir", str(base / "config"),
+         "--kubeconfig", str(kubeconfig), "--state-dir", str(base / "state"),
+         "--in-use-file", str(base / "held"), "--no-device-plugin", "--listen", "",
+         "--dra", "--dra-plugins-dir", str(base / "plugins"),
+         "--dra-registry-dir", str(base / "registry"), "--cdi-dir", str(base / "cdi")],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    assert f"error: {checkpoint}: claim '{uid}': missing key 'devices'" in result.output
+    assert "move it aside" in result.output
+    assert not (base / "registry" / f"{DRIVER}-reg.sock").exists()
 
 
-def _slice(name: str, node: str, driver: str = DRIVER) -> dict[str, object]:
+def _slice(node: str, driver: str = DRIVER) -> dict[str, Any]:
     return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
         "spec": {
             "driver": driver,
             "nodeName": node,
@@ -301,32 +324,31 @@ def _slice(name: str, node: str, driver: str = DRIVER) -> dict[str, object]:
 
 
 def test_dra_remove_slices_deletes_the_drivers_slices_and_proves_none_is_left(
-    base: Path,
+    cluster: ControlPlane, base: Path
 ) -> None:
-    """The uninstall step: one node's slices, then every node's; another driver's stay."""
+    """The uninstall step: one node's slices, then every node's; another driver's stay.
+
+    A cluster admin runs it (the agents are gone by then), with their own kubeconfig."""
 
     from click.testing import CliRunner
 
     from vgpu_state.cli.main import cli
 
-    api = RunningDraApiServer().start()
-    try:
-        kubeconfig = api.write_kubeconfig(base / "kubeconfig")
-        for body in (_slice("a-1", "node-a"), _slice("a-2", "node-a"), _slice("b-1", "node-b"),
-                     _slice("gpu-a", "node-a", driver="gpu.nvidia.com")):  # fmt: skip
-            api.put_object(slices("v1"), body)
+    kubeconfig = cluster.write_kubeconfig(base / "kubeconfig", identity="user")
+    for name, body in (("a-1", _slice("node-a")), ("a-2", _slice("node-a")),
+                       ("b-1", _slice("node-b")),
+                       ("gpu-a", _slice("node-a", driver="gpu.nvidia.com"))):  # fmt: skip
+        cluster.write(SLICES, name, body)
 
-        def names() -> list[str]:
-            return sorted(o["metadata"]["name"] for o in api.all(slices("v1")))
+    def names() -> list[str]:
+        return sorted(o["metadata"]["name"] for o in _slices(cluster))
 
-        run = CliRunner().invoke
-        one = run(cli, ["dra-remove-slices", "--node", "node-a", "--kubeconfig", str(kubeconfig)])
-        assert one.exit_code == 0, one.output
-        assert "2 ResourceSlice(s) deleted; none left on node node-a" in one.output
-        assert names() == ["b-1", "gpu-a"]
-        every = run(cli, ["dra-remove-slices", "--kubeconfig", str(kubeconfig)])
-        assert every.exit_code == 0, every.output
-        assert "deleted ResourceSlice b-1" in every.output
-        assert names() == ["gpu-a"]
-    finally:
-        api.stop()
+    run = CliRunner().invoke
+    one = run(cli, ["dra-remove-slices", "--node", "node-a", "--kubeconfig", str(kubeconfig)])
+    assert one.exit_code == 0, one.output
+    assert "2 ResourceSlice(s) deleted; none left on node node-a" in one.output
+    assert names() == ["b-1", "gpu-a"]
+    every = run(cli, ["dra-remove-slices", "--kubeconfig", str(kubeconfig)])
+    assert every.exit_code == 0, every.output
+    assert "deleted ResourceSlice b-1" in every.output
+    assert names() == ["gpu-a"]

@@ -1,7 +1,13 @@
 """Apply creates vGPUs, the node's slices list them, a claim on one is prepared and holds it.
 
-Real parts: the simulated node's sysfs tree, kmock's emulator behind the
-official client, the DRA plugin on unix sockets driven by a fake kubelet.
+Real parts: the simulated node's sysfs tree, the real kube-apiserver + etcd of
+the harness (``cluster``, ``tests/realcluster.py``), the DRA plugin on unix
+sockets driven by a stand-in kubelet
+(:class:`~vgpu_state.testing.dra_kubelet.DraKubelet`). The node's side (slices,
+claims read at prepare time and as holders) talks to the server as the agent's
+ServiceAccount, with a token bound to a Pod on its Node, under the shipped RBAC;
+the server's own validation checks every slice and claim. The claim's allocation
+(the scheduler's part) is written as a cluster admin.
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ from typing import Any
 
 import pytest
 
-from tests.dra_apiserver import NODES, RunningDraApiServer, claims, slices
+from tests.realcluster import ControlPlane
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
 from vgpu_state.dra.plugin import DraPlugin
 from vgpu_state.dra.prepare import Preparer
 from vgpu_state.dra.slices import DRIVER, MDEV_UUID, PCI_BUS_ID, build_pool
+from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.dra import KubeClaims, SlicePublisher, claims_in_use
 from vgpu_state.model.publish import split
 from vgpu_state.reconcile import Mode, Ports, Report, Settings, reconcile_once
@@ -32,6 +39,8 @@ CATALOG = default_catalog()
 
 SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
 NODE = "l40s-node"
+SLICES = "resource.k8s.io/v1/resourceslices"
+CLAIMS = "resource.k8s.io/v1/resourceclaims"
 
 
 def _reconcile(
@@ -51,15 +60,15 @@ def base() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path) -> None:
-    api = RunningDraApiServer().start()
+def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(
+    cluster: ControlPlane, base: Path
+) -> None:
+    token = cluster.agent_token(NODE)  # the agent's, bound to its Pod on NODE
+    client = KubeApi.connect(str(cluster.write_kubeconfig(base / "agent", token=token)))
     host = SimHost(SIM / "l40s-pair.yaml")
     plugin: DraPlugin | None = None
     kubelet: DraKubelet | None = None
     try:
-        api.put_object(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        client = api.kube_api()
-
         # 1. apply: four 12Q vGPUs on the second L40S, published through DRA; the first
         #    L40S is not in the layout and keeps its two 4Q on the device plugin.
         layout = (
@@ -70,20 +79,21 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
         channels = split(host.scan(), report.inputs.desired.publish_for)
         live = {v.key for g in channels.dra.gpus for v in g.vgpus}
         assert len(live) == 4
-        plugin = {v.key for g in channels.device_plugin.gpus for v in g.vgpus}
-        assert len(plugin) == 2 and plugin.isdisjoint(live)
+        advertised = {v.key for g in channels.device_plugin.gpus for v in g.vgpus}
+        assert len(advertised) == 2 and advertised.isdisjoint(live)
 
         # 2. the node's slices list exactly the live DRA vGPUs, with the key KubeVirt reads.
         pool = build_pool(channels.dra, catalog=CATALOG)
         SlicePublisher(client, NODE).publish(pool)
-        objs = api.all(slices("v1"))
+        objs = cluster.list(SLICES)
         devices = {d["name"]: d for o in objs for d in o["spec"]["devices"]}
         published = {
             (d["attributes"].get(PCI_BUS_ID) or d["attributes"].get(MDEV_UUID))["string"]
             for d in devices.values()
         }
         assert published == live  # and none of the device plugin's
-        assert api.server is not None and api.server.rejected == []
+        assert all(o["spec"]["nodeName"] == NODE for o in objs)
+        assert "422" not in cluster.counts, cluster.counts  # the server refused no slice
 
         # 3. the scheduler allocates one new 12Q to a claim of a VM's pod.
         target = next(
@@ -92,9 +102,6 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
             if d.gpu == "0000:a1:00.0" and d.attributes["vgpuType"] == "L40S-12Q"
         )
         claim: dict[str, Any] = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "render-vgpu", "namespace": "vms"},
             "spec": {
                 "devices": {"requests": [{"name": "vgpu", "exactly": {"deviceClassName": DRIVER}}]}
             },
@@ -120,7 +127,9 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
                 ],
             },
         }
-        uid = api.put_object(claims("v1"), claim)["metadata"]["uid"]
+        if cluster.get("v1/namespaces", "vms") is None:
+            cluster.write("v1/namespaces", "vms", {})
+        uid = cluster.write(CLAIMS, "render-vgpu", claim, namespace="vms")["metadata"]["uid"]
 
         # 4. the kubelet prepares it: CDI spec with the VF's own IOMMU group.
         paths = dra_paths(base, host.root)
@@ -159,4 +168,4 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(base: Path)
         if plugin is not None:
             plugin.stop()
         host.close()
-        api.stop()
+        client.close()
