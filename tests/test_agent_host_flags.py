@@ -1,5 +1,9 @@
 """The agent's ``--proc-root`` and ``--sriov-manage``, as a real process on a FUSE-simulated node.
 
+The agent talks to the harness's real kube-apiserver (``cluster``) as its
+ServiceAccount, with a token bound to a Pod on its node, as the DaemonSet runs
+it: a request the shipped RBAC refuses fails the test.
+
 * A process holding a vGPU's VFIO node open (as a VM's QEMU does) blocks that
   vGPU in the agent's reconcile, read from ``--proc-root``; the node's status
   names the process, and the agent never fails on the driver's EBUSY.
@@ -19,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.kube_emulator import RunningEmulator
+from tests.realcluster import NAMESPACE, ControlPlane
 from tests.test_holders_fuse import HELD, SPEC, _group, qemu_holding
 from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
@@ -42,19 +46,21 @@ vgpu-configs:
 
 
 def start_agent(
-    kube: RunningEmulator, tmp: Path, node: str, root: Path, *extra: str, config: str = CONFIG
+    cluster: ControlPlane, tmp: Path, node: str, root: Path, *extra: str, config: str = CONFIG
 ) -> tuple[subprocess.Popen[str], Path]:
-    """The agent of ``node`` on the sysfs at ``root``, its state in ``tmp/state``."""
+    """The agent of ``node`` on the sysfs at ``root``, its state in ``tmp/state``, as its
+    ServiceAccount with a token bound to a Pod on ``node``."""
     config_dir = tmp / "config"
     config_dir.mkdir(exist_ok=True)
     (config_dir / "config.yaml").write_text(config)
     in_use = tmp / "in-use.json"
     in_use.write_text("{}")  # no pod holds anything (and no kubelet to ask)
     log = tmp / "agent.log"
+    kubeconfig = cluster.write_kubeconfig(tmp / "kubeconfig", token=cluster.agent_token(node))
     args = [
         sys.executable, "-m", "vgpu_state.cli.main", "agent",
         "--node", node, "--config-dir", str(config_dir),
-        "--kubeconfig", str(kube.write_kubeconfig(tmp / "kubeconfig")),
+        "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE,
         "--sysfs-root", str(root), "--state-dir", str(tmp / "state"),
         "--in-use-file", str(in_use), "--listen", "", "--resync", "300",
         "--no-device-plugin", "--no-kubevirt", *extra,
@@ -74,8 +80,8 @@ def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[str], 
     raise AssertionError(f"timed out waiting for {what}: {log.read_text()}")
 
 
-def conditions(kube: RunningEmulator, node: str) -> dict[str, dict[str, Any]]:
-    found = kube.get("vgpu-state.io/v1alpha1/vgpunodestates", node)
+def conditions(cluster: ControlPlane, node: str) -> dict[str, dict[str, Any]]:
+    found = cluster.get("vgpu-state.io/v1alpha1/vgpunodestates", node)
     if found is None:
         return {}
     return {c["type"]: c for c in found.get("status", {}).get("conditions", [])}
@@ -92,19 +98,19 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.usefixtures("require_fuse")
-def test_agent_blocks_a_vgpu_a_process_holds(kube: RunningEmulator, tmp_path: Path) -> None:
+def test_agent_blocks_a_vgpu_a_process_holds(cluster: ControlPlane, tmp_path: Path) -> None:
     node = "a2-node"
-    kube.write("v1/nodes", node, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a2-2q"}}})
+    cluster.ensure_node(node, {"nvidia.com/vgpu.config": "a2-2q"})
     (tmp_path / "node.yaml").write_text(SPEC)
     with mounted(tmp_path / "node.yaml", tmp_path / "mnt") as m:
         vfio = m.root / VFIO_NODES / _group(m.root, HELD)
         with qemu_holding(vfio) as qemu:
-            proc, log = start_agent(kube, tmp_path, node, m.root, "--proc-root", "/proc")
+            proc, log = start_agent(cluster, tmp_path, node, m.root, "--proc-root", "/proc")
             try:
                 holder = f"VM win-7 (process {qemu.pid}, qemu-system-x86_64)"
 
                 def blocked() -> bool:
-                    c = conditions(kube, node).get("Blocked")
+                    c = conditions(cluster, node).get("Blocked")
                     return c is not None and c["status"] == "True" and holder in c["message"]
 
                 wait_for("the Blocked condition naming the process", blocked, proc, log)
@@ -116,27 +122,27 @@ def test_agent_blocks_a_vgpu_a_process_holds(kube: RunningEmulator, tmp_path: Pa
 
 
 @pytest.mark.usefixtures("require_fuse")
-def test_agent_enables_sriov_through_sriov_manage(kube: RunningEmulator, tmp_path: Path) -> None:
+def test_agent_enables_sriov_through_sriov_manage(cluster: ControlPlane, tmp_path: Path) -> None:
     node = "a16-node"
-    kube.write("v1/nodes", node, {"metadata": {"labels": {"nvidia.com/vgpu.config": "a16"}}})
+    cluster.ensure_node(node, {"nvidia.com/vgpu.config": "a16"})
     with mounted(REPO / "configs" / "sim" / "a16-board.yaml", tmp_path / "mnt") as m:
         off = [g.address for g in scan(str(m.root), catalog=CATALOG).gpus if not g.sriov_numvfs]
         assert off, "the example board has a GPU with its VFs off"
 
         def state() -> str | None:
-            found = kube.get("v1/nodes", node) or {}
+            found = cluster.get("v1/nodes", node) or {}
             labels = found.get("metadata", {}).get("labels", {})
             return labels.get("nvidia.com/vgpu.config.state")
 
         # Without it the agent writes sriov_numvfs, which the driver refuses (ENOENT).
-        proc, log = start_agent(kube, tmp_path, node, m.root, "--sriov-manage", "")
+        proc, log = start_agent(cluster, tmp_path, node, m.root, "--sriov-manage", "")
         try:
             wait_for("failed", lambda: state() == "failed", proc, log)
         finally:
             stop(proc)
         assert "sriov_numvfs" in log.read_text()
         command = shlex.join(m.sriov_manage_command())
-        proc, log = start_agent(kube, tmp_path, node, m.root, "--sriov-manage", command)
+        proc, log = start_agent(cluster, tmp_path, node, m.root, "--sriov-manage", command)
         try:
             wait_for("success", lambda: state() == "success", proc, log)
         finally:

@@ -4,6 +4,10 @@ Both keep their state in one directory (``/var/lib/vgpu-state`` by default,
 the agent's ``--state-dir``); a second apply that waits says who holds the
 lock and for how long, and a lock file that does not say (empty, or written
 by something else) gets a plain sentence.
+
+The agent talks to the harness's real kube-apiserver (``cluster``) as its
+ServiceAccount, with a token bound to a Pod on its node; a request the shipped
+RBAC refuses fails the test.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube_emulator import RunningEmulator
+from tests.realcluster import ControlPlane
 from tests.test_agent_host_flags import start_agent, stop, wait_for
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.agent import agent as agent_command
@@ -96,16 +100,16 @@ def test_a_lock_file_that_does_not_say_who_holds_it_gets_a_plain_message(
 
 @pytest.mark.usefixtures("require_fuse")
 def test_cli_apply_waits_for_the_agent_and_says_who_holds_the_lock(
-    kube: RunningEmulator, tmp_path: Path
+    cluster: ControlPlane, tmp_path: Path
 ) -> None:
     node = "a2-node"
-    kube.write("v1/nodes", node, {"metadata": {"labels": {"nvidia.com/vgpu.config": "four"}}})
+    cluster.ensure_node(node, {"nvidia.com/vgpu.config": "four"})
     (tmp_path / "node.yaml").write_text(SPEC)
     config = tmp_path / "layout.yaml"
     config.write_text(LAYOUT)
     state = StateDir.at(tmp_path / "state")
     with mounted(tmp_path / "node.yaml", tmp_path / "mnt") as m:
-        agent, log = start_agent(kube, tmp_path, node, m.root, config=LAYOUT)
+        agent, log = start_agent(cluster, tmp_path, node, m.root, config=LAYOUT)
         try:
 
             def agent_holds_the_lock() -> bool:
