@@ -616,6 +616,15 @@ class ControlPlane:
             "crd/kubevirts.kubevirt.io", "crd/vgpunodestates.vgpu-state.io",
         )  # fmt: skip
         self.request("POST", "/api/v1/namespaces", {"metadata": {"name": "kubevirt"}})
+        # Established is not served: until the custom resources' storage is up, a list of
+        # them is answered 429 ("storage is (re)initializing"). Wait for it here, so that
+        # the first test's first read does not meet it.
+        for kind in ("vgpu-state.io/v1alpha1/vgpunodestates", "kubevirt.io/v1/kubevirts"):
+            deadline = time.monotonic() + 60
+            while self._status(api_path(kind) + "?limit=1") == 429:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{kind}: storage not ready after 60 s")
+                time.sleep(0.2)
 
     # identities ---------------------------------------------------------------------------------
     def ensure_node(self, node: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
