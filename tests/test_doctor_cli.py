@@ -1,4 +1,12 @@
-"""`vgpu-state doctor` as an operator runs it: can this host run vGPUs, and if not, why."""
+"""`vgpu-state doctor` as an operator runs it: can this host run vGPUs, and if not, why.
+
+With ``--kubeconfig`` the node's labels and what pods hold come from a cluster: the
+harness's real kube-apiserver + etcd (``cluster`` of ``tests/conftest.py``, with
+``deploy/`` and the KubeVirt CRD installed), reached as a person runs ``doctor``
+(docs/doctor.md: the cluster options of docs/cluster.md, ``--kubeconfig
+~/.kube/config``): a cluster user's kubeconfig, whose requests the server's audit
+log records. The kubelet is a pod-resources gRPC stand-in on a unix socket.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +20,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.apiserver import (
-    KUBEVIRT,
-    NODES,
-    NODESTATES,
-    RunningApiServer,
-    crd_validator,
-    put_kubevirt,
-)
+from tests.apiserver import KUBEVIRT, NODES, NODESTATES, put_kubevirt
 from tests.kubelet_podresources import PodDevices, PodResourcesKubelet, serving
+from tests.realcluster import USER, ControlPlane
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
-from vgpu_state.kube import crd
 from vgpu_state.sim.dirtree import materialize
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.spec import parse_spec
@@ -402,10 +403,10 @@ HELD_T4 = "9a3e5f10-4b6d-4e3c-9f20-3b4c5d6e7f80"
 
 
 @pytest.fixture
-def cluster(apiserver: RunningApiServer, tmp_path: Path) -> tuple[RunningApiServer, Path, Path]:
-    """The API server with the node (labelled for the ``mixed`` config) and a KubeVirt CR."""
-    apiserver.set_validator(NODESTATES, crd_validator(crd.crd()))
-    apiserver.put(
+def doctor_cluster(cluster: ControlPlane, tmp_path: Path) -> tuple[ControlPlane, Path, Path]:
+    """The real API server with the node (labelled for the ``mixed`` config) and a KubeVirt
+    CR; a cluster user's kubeconfig; a copy of the simulated node."""
+    cluster.put(
         NODES,
         CLUSTER_NODE,
         {
@@ -414,15 +415,10 @@ def cluster(apiserver: RunningApiServer, tmp_path: Path) -> tuple[RunningApiServ
             "metadata": {"labels": {"nvidia.com/vgpu.config": "mixed"}},
         },
     )
-    put_kubevirt(apiserver)
+    put_kubevirt(cluster)
     node = sim_copy(tmp_path, "mixed.yaml")
-    return apiserver, apiserver.write_kubeconfig(tmp_path / "kubeconfig"), node
-
-
-def _served(api: RunningApiServer) -> list[str]:
-    """Method and path of every request the API server has served."""
-    requests: list[Any] = api._call(lambda server: list(server))
-    return [f"{str(r.method.value).upper()} {r.url}" for r in requests]
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig", identity="user")
+    return cluster, kubeconfig, node
 
 
 def _cluster_doctor(kubeconfig: Path, node: Path, *extra: str | Path) -> tuple[int, str, str]:
@@ -441,11 +437,11 @@ def _cluster_doctor(kubeconfig: Path, node: Path, *extra: str | Path) -> tuple[i
 
 
 def test_with_a_cluster_labels_come_from_the_node_and_a_pod_held_vgpu_blocks(
-    cluster: tuple[RunningApiServer, Path, Path],
+    doctor_cluster: tuple[ControlPlane, Path, Path],
 ) -> None:
-    api, kubeconfig, node = cluster
+    api, kubeconfig, node = doctor_cluster
     objects = {kind: api.all(kind) for kind in (NODES, KUBEVIRT, NODESTATES)}
-    served = len(_served(api))
+    mark = api.audit_mark()
     sim_before = node.read_text()
     sock = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp")) / "kubelet.sock"
     kubelet = PodResourcesKubelet(
@@ -467,16 +463,16 @@ def test_with_a_cluster_labels_come_from_the_node_and_a_pod_held_vgpu_blocks(
     assert "(VM vms/cad)" in t4
     assert "GPU 1 0000:3b:00.0 Tesla T4: fail" in out
     # Doctor only read the cluster, and left the node as it was.
-    requests = _served(api)[served:]
-    assert requests and all(r.startswith("GET ") for r in requests), requests
+    requests = [f"{e['verb']} {e['requestURI']}" for e in api.audit(mark, USER)]
+    assert requests and all(r.split()[0] in ("get", "list", "watch") for r in requests), requests
     assert {kind: api.all(kind) for kind in (NODES, KUBEVIRT, NODESTATES)} == objects
     assert node.read_text() == sim_before
 
 
 def test_with_a_cluster_a_silent_kubelet_is_one_warn_check(
-    cluster: tuple[RunningApiServer, Path, Path], tmp_path: Path
+    doctor_cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
-    _, kubeconfig, node = cluster
+    _, kubeconfig, node = doctor_cluster
     code, out, err = _cluster_doctor(
         kubeconfig, node, "--pod-resources", tmp_path / "no-kubelet.sock"
     )
