@@ -1,8 +1,15 @@
-"""plan, apply and assert with --kubeconfig: a simulated node of a cluster.
+"""plan and apply with --kubeconfig: a simulated node of a cluster.
 
-The cluster is the real API server (``tests/realcluster.py``, with the CRDs of
-``deploy/`` and KubeVirt); the node is the simulator; the kubelet is a gRPC
-server on a unix socket when a test needs one.
+The cluster is the harness's real kube-apiserver + etcd (the ``cluster`` fixture of
+``tests/conftest.py``, ``tests/realcluster.py``, with ``deploy/`` and the KubeVirt
+CRD installed); the node is the simulator; the kubelet is a gRPC server on a unix
+socket when a test needs one. ``plan`` and ``apply`` run as docs/cluster.md shows
+them (``--kubeconfig ~/.kube/config``): with a person's kubeconfig, a cluster user's
+client certificate. ``vgpu-state controller --once`` runs as the controller's
+Deployment does, with its ServiceAccount's token under the shipped RBAC.
+
+No test here needs a fault only the kmock emulator can make: the unreachable server
+is a port where nothing listens.
 """
 
 from __future__ import annotations
@@ -16,16 +23,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.apiserver import (
-    KUBEVIRT,
-    NODES,
-    NODESTATES,
-    RunningApiServer,
-    closed_port_url,
-    put_kubevirt,
-)
+from tests.apiserver import KUBEVIRT, NODES, NODESTATES, put_kubevirt
 from tests.kubelet_podresources import PodDevices, PodResourcesKubelet, serving
-from tests.realcluster import ControlPlane
+from tests.realcluster import CONTROLLER_SA, NAMESPACE, ControlPlane, free_port
 from vgpu_state.cli.main import cli
 from vgpu_state.kube.kubevirt import OWNERSHIP_ANNOTATION
 from vgpu_state.kube.node import STATE_LABEL
@@ -38,15 +38,10 @@ HELD_T4 = "9a3e5f10-4b6d-4e3c-9f20-3b4c5d6e7f80"
 
 
 @pytest.fixture
-def apiserver(real_cluster: ControlPlane) -> ControlPlane:
-    """The real control plane, under the name these tests use."""
-    return real_cluster
-
-
-@pytest.fixture
-def cluster(apiserver: ControlPlane, tmp_path: Path) -> tuple[ControlPlane, Path, Path]:
-    """The API server with the node (labelled for the ``mixed`` config) and a KubeVirt CR."""
-    apiserver.put(
+def node_cluster(cluster: ControlPlane, tmp_path: Path) -> tuple[ControlPlane, Path, Path]:
+    """The real API server with the node (labelled for the ``mixed`` config) and a KubeVirt
+    CR; a cluster user's kubeconfig; a copy of the simulated node."""
+    cluster.put(
         NODES,
         NODE,
         {
@@ -55,10 +50,10 @@ def cluster(apiserver: ControlPlane, tmp_path: Path) -> tuple[ControlPlane, Path
             "metadata": {"labels": {"nvidia.com/vgpu.config": "mixed", "zone": "a"}},
         },
     )
-    put_kubevirt(apiserver, permitted=[FOREIGN])
+    put_kubevirt(cluster, permitted=[FOREIGN])
     spec = tmp_path / "node.yaml"
     shutil.copy(REPO / "configs" / "sim" / "mixed.yaml", spec)
-    return apiserver, apiserver.write_kubeconfig(tmp_path / "kubeconfig"), spec
+    return cluster, cluster.write_kubeconfig(tmp_path / "kubeconfig", identity="user"), spec
 
 
 def run(*args: str | Path) -> Result:
@@ -70,9 +65,10 @@ def _common(kubeconfig: Path, spec: Path) -> list[str | Path]:
 
 
 def test_apply_creates_the_layout_and_updates_the_cluster(
-    cluster: tuple[ControlPlane, Path, Path],
+    node_cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
-    api, kubeconfig, spec = cluster
+    api, kubeconfig, spec = node_cluster
+    controller_kubeconfig = api.controller_kubeconfig(tmp_path / "controller")
     result = run("apply", *_common(kubeconfig, spec), "--auto-approve")
     assert result.exit_code == 0, result.output
 
@@ -85,7 +81,9 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert cr["spec"]["configuration"]["permittedHostDevices"] == {"mediatedDevices": [FOREIGN]}
-    controller = run("controller", "--kubeconfig", kubeconfig, "--once", "--identity", "c-1")
+    controller = run(
+        "controller", "--kubeconfig", controller_kubeconfig, "--once", "--identity", "c-1"
+    )
     assert controller.exit_code == 0, controller.output
     assert "+ kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-4Q]" in controller.output
 
@@ -126,15 +124,22 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     assert status["vgpuCount"] == sum(len(g["vgpus"]) for g in scan["gpus"])
     assert {c["type"]: c["status"] for c in status["conditions"]}["Synced"] == "True"
     assert status["lastApply"]["result"] == "success"
-    # A second pass finds nothing to change and writes nothing.
-    again = run("controller", "--kubeconfig", kubeconfig, "--once", "--identity", "c-1")
+    # A second pass finds nothing to change and writes nothing to the CR.
+    mark = api.audit_mark()
+    again = run("controller", "--kubeconfig", controller_kubeconfig, "--once", "--identity", "c-1")
     assert "KubeVirt CR kubevirt/kubevirt: no changes" in again.output
+    cr_writes = [
+        f"{e['verb']} {e['requestURI']}"
+        for e in api.audit(mark, f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}")
+        if "/kubevirts" in e["requestURI"] and e["verb"] not in ("get", "list", "watch")
+    ]
+    assert cr_writes == []
 
 
 def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(
-    cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
+    node_cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
-    api, kubeconfig, spec = cluster
+    api, kubeconfig, spec = node_cluster
     text = run("plan", *_common(kubeconfig, spec))
     assert text.exit_code == 0, text.output
     assert "+ kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-4Q] will be added" in text.output
@@ -175,12 +180,14 @@ def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(
 
 
 def test_an_unreachable_api_server_writes_nothing_to_the_host(
-    cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
+    node_cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
-    _, _, spec = cluster
+    """A kubeconfig of the cluster (its CA, a user's certificate) whose server address is a
+    port on 127.0.0.1 where nothing listens: the connection is refused."""
+    api, _, spec = node_cluster
     before = spec.read_bytes()
-    dead = RunningApiServer.write_kubeconfig(
-        RunningApiServer(), tmp_path / "dead", server=closed_port_url()
+    dead = api.write_kubeconfig(
+        tmp_path / "dead", server=f"https://127.0.0.1:{free_port()}", identity="user"
     )
     result = run("apply", *_common(dead, spec), "--auto-approve")
     assert result.exit_code == 1
@@ -190,9 +197,9 @@ def test_an_unreachable_api_server_writes_nothing_to_the_host(
 
 
 def test_a_config_error_writes_nothing_to_the_host_and_fails_the_state(
-    cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
+    node_cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
-    api, kubeconfig, spec = cluster
+    api, kubeconfig, spec = node_cluster
     before = spec.read_bytes()
     bad = tmp_path / "bad.yaml"
     bad.write_text(
@@ -219,9 +226,9 @@ def test_a_config_error_writes_nothing_to_the_host_and_fails_the_state(
 
 
 def test_a_vgpu_a_pod_holds_is_not_destroyed_and_the_plan_names_the_pod(
-    cluster: tuple[ControlPlane, Path, Path],
+    node_cluster: tuple[ControlPlane, Path, Path],
 ) -> None:
-    _, kubeconfig, spec = cluster
+    _, kubeconfig, spec = node_cluster
     sock = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp")) / "kubelet.sock"
     kubelet = PodResourcesKubelet(
         [
@@ -251,9 +258,9 @@ def test_a_vgpu_a_pod_holds_is_not_destroyed_and_the_plan_names_the_pod(
 
 
 def test_without_the_kubelet_plan_warns_and_apply_refuses(
-    cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
+    node_cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:
-    _, kubeconfig, spec = cluster
+    _, kubeconfig, spec = node_cluster
     missing = tmp_path / "no-kubelet.sock"
     plan = run("plan", *_common(kubeconfig, spec), "--pod-resources", missing)
     assert plan.exit_code == 0, plan.output
@@ -266,9 +273,9 @@ def test_without_the_kubelet_plan_warns_and_apply_refuses(
 
 
 def test_kubevirt_managing_mdevs_blocks_the_apply(
-    cluster: tuple[ControlPlane, Path, Path],
+    node_cluster: tuple[ControlPlane, Path, Path],
 ) -> None:
-    api, kubeconfig, spec = cluster
+    api, kubeconfig, spec = node_cluster
     cr: dict[str, Any] | None = api.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     cr["spec"]["configuration"]["developerConfiguration"]["featureGates"] = []
@@ -286,10 +293,10 @@ def test_kubevirt_managing_mdevs_blocks_the_apply(
 
 
 def test_holders_on_standard_input_are_read_once_and_kept(
-    cluster: tuple[RunningApiServer, Path, Path],
+    node_cluster: tuple[ControlPlane, Path, Path],
 ) -> None:
     """``--in-use-file -`` with a cluster: the holders given on standard input block."""
-    _, kubeconfig, spec = cluster
+    _, kubeconfig, spec = node_cluster
     plan = CliRunner().invoke(
         cli,
         ["plan", *map(str, _common(kubeconfig, spec)), "--in-use-file", "-"],
