@@ -4,12 +4,18 @@ A real kubelet's device manager counts, per extended resource, every device a
 plugin lists (``status.capacity``) and the healthy ones
 (``status.allocatable``), and the kubelet posts them in the Node's status; the
 scheduler places pods by ``allocatable``. :class:`KubeletNodeStatus` does that
-for a :class:`~vgpu_state.testing.deviceplugin_kubelet.DevicePluginKubelet` against the
-test API server, beside the node's own resources (cpu, memory, and another
-plugin's ``nvidia.com/gpu``, which vgpu-state must leave alone). It can also
-lose a resource's registration (:meth:`lose`: the kubelet drops the plugin and
-shows 0 allocatable, the plugin is not told) and post a heartbeat
-(:meth:`heartbeat`: a status update that changes no resource).
+for a :class:`~vgpu_state.testing.deviceplugin_kubelet.DevicePluginKubelet`, beside the
+node's own resources (cpu, memory, and another plugin's ``nvidia.com/gpu``,
+which vgpu-state must leave alone). It can also lose a resource's registration
+(:meth:`lose`: the kubelet drops the plugin and shows 0 allocatable, the plugin
+is not told) and post a heartbeat (:meth:`heartbeat`: a status update that
+changes no resource).
+
+On the real control plane (:class:`tests.realcluster.ControlPlane`) every post
+is a merge patch of the Node's ``status`` subresource by the cluster's admin,
+standing in for the kubelet's own identity; on the API server emulator
+(``tests/kube_emulator.py``, which ``scripts/demo_agent.py`` uses) it is a merge
+into the stored Node.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ class Cluster(Protocol):
     def write(
         self, kind: str, name: str, body: dict[str, Any], namespace: str | None = None
     ) -> Any:
-        """Create or merge into an object (its ``status`` included)."""
+        """Create or merge into an object (its ``status`` included); the real server's
+        answer is the object as stored, the emulator's ``None``."""
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or ``None``."""
@@ -67,7 +74,7 @@ class KubeletNodeStatus:
         with self._lock:
             self.heartbeats += 1
             now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            self.kube.write(
+            written = self.kube.write(
                 "v1/nodes",
                 self.node,
                 {
@@ -84,7 +91,9 @@ class KubeletNodeStatus:
                     }
                 },
             )
-        found = self.kube.get("v1/nodes", self.node)
+        # The real server answers with the Node as written (the agent may write it next);
+        # the emulator answers nothing, so its Node is read back.
+        found = written if isinstance(written, dict) else self.kube.get("v1/nodes", self.node)
         assert found is not None
         return str(found["metadata"]["resourceVersion"])
 

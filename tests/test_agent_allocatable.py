@@ -7,19 +7,29 @@ the condition turns False naming it, a Warning Event says the plugin
 registers it again, and once the kubelet offers it again the condition is
 True. A kubelet heartbeat costs nothing: no reconcile, no write.
 
-The integration tests run the agent in-process with real parts: the API
-server emulator (kmock, real HTTP), the device plugin's gRPC servers, the fake
-kubelet on a unix socket, and :class:`tests.kubelet_node.KubeletNodeStatus`,
-which writes the Node's ``status.capacity``/``allocatable`` from the lists the
-fake kubelet receives, as a real kubelet does.
+The integration tests run the agent's parts in-process against the harness's
+real kube-apiserver + etcd (the ``cluster`` fixture, ``tests/realcluster.py``),
+talking as the agent's ServiceAccount with a token bound to a Pod on the node,
+under the shipped RBAC and the installed CRD's validation (the fixture fails a
+test on any 403; the ``running`` fixture on any 422 of the agent's). Beside
+them: the device plugin's gRPC servers, the fake kubelet on a unix socket, and
+:class:`tests.kubelet_node.KubeletNodeStatus`, which writes the Node's
+``status.capacity``/``allocatable`` from the lists the fake kubelet receives,
+as a real kubelet does (as the admin, through the status subresource). The
+agent's writes are counted from the server's audit log; the successive
+``KubeletAllocatable`` conditions are read from an admin's watch of the
+``VGPUNodeState``. No test here needs a fault only an emulator can make.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,10 +37,10 @@ from typing import Any
 import pytest
 
 from tests.agent_process import A2_SPEC, CONFIG, NODE
-from tests.apiserver import NODESTATES, crd_validator
+from tests.apiserver import NODESTATES
 from tests.builders import V, build_gpu, build_snapshot
-from tests.kube_emulator import RunningEmulator
 from tests.kubelet_node import KubeletNodeStatus
+from tests.realcluster import AGENT_SA, NAMESPACE, ApiError, ControlPlane, api_path
 from vgpu_state.agent.allocatable import AllocatableMonitor
 from vgpu_state.agent.assemble import allocatable_monitor
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink
@@ -40,7 +50,6 @@ from vgpu_state.agent.triggers import Trigger
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
 from vgpu_state.deviceplugin import DevicePluginManager
-from vgpu_state.kube import crd
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.model.allocatable import AllocatableReason, check, extended_counts
 from vgpu_state.model.inuse import InUse
@@ -62,6 +71,8 @@ REPO = Path(__file__).resolve().parent.parent
 LABEL = "nvidia.com/vgpu.config"
 A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
 GRACE = 1.0
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{AGENT_SA}"
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 
 
 # the verdict (pure) ----------------------------------------------------------------------
@@ -213,15 +224,95 @@ def test_a_changed_list_gives_the_kubelet_the_grace_period_before_false() -> Non
 
 
 # the agent, in-process, with real parts --------------------------------------------------
+def agent_requests(kube: ControlPlane, since: int) -> list[dict[str, Any]]:
+    """What the agent's ServiceAccount asked the server since ``since``, from its audit log."""
+    return kube.audit(since, AGENT_USER)
+
+
+def writes(requests: list[dict[str, Any]]) -> list[str]:
+    """The writes among ``requests``: ``"update vgpunodestates/status"`` and the like."""
+    return [
+        f"{e['verb']} {e['objectRef'].get('resource')}"
+        + (f"/{e['objectRef']['subresource']}" if e["objectRef"].get("subresource") else "")
+        for e in requests
+        if e["verb"] in WRITES
+    ]
+
+
+class StatusVersions:
+    """Every version of the node's ``VGPUNodeState`` the server stores, in order, as an
+    admin's watch delivers them (the watch ends every second and resumes where it was)."""
+
+    def __init__(self, kube: ControlPlane) -> None:
+        self.kube = kube
+        self.versions: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._from = self._listed_version()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _listed_version(self) -> str:
+        """Where the watch starts: the list's version (a freshly installed CRD's storage
+        answers 429 for a moment)."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                listed = self.kube.request("GET", api_path(NODESTATES))
+                return str(listed["metadata"]["resourceVersion"])
+            except ApiError as e:
+                if e.status != 429 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            query = urllib.parse.urlencode(
+                {
+                    "watch": "1",
+                    "fieldSelector": f"metadata.name={NODE}",
+                    "resourceVersion": self._from,
+                    "allowWatchBookmarks": "true",
+                    "timeoutSeconds": "1",
+                }
+            )
+            url = f"{self.kube.url}{api_path(NODESTATES)}?{query}"
+            with urllib.request.urlopen(url, timeout=10, context=self.kube.ssl_context()) as r:
+                for line in r:
+                    event = json.loads(line)
+                    assert event["type"] != "ERROR", event
+                    self._from = str(event["object"]["metadata"]["resourceVersion"])
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.versions.append(event["object"])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(10)
+
+    def upto_now(self) -> list[dict[str, Any]]:
+        """Every version so far, the one the server holds now included."""
+        found = self.kube.get(NODESTATES, NODE)
+        assert found is not None
+        now = found["metadata"]["resourceVersion"]
+        wait_for(
+            "the watch to deliver the stored version",
+            lambda: any(v["metadata"]["resourceVersion"] == now for v in self.versions),
+        )
+        return list(self.versions)
+
+
 class InProcess:
-    def __init__(self, kube: RunningEmulator, tmp: Path) -> None:
+    """The agent's parts in this process, talking to the server as the agent's
+    ServiceAccount (its token bound to a Pod on the node, as a DaemonSet's pod gets it)."""
+
+    def __init__(self, kube: ControlPlane, tmp: Path) -> None:
         self.kube = kube
         self.plugin_dir = tempfile.mkdtemp(prefix="dp-", dir="/tmp")
         self.kubelet = DevicePluginKubelet(self.plugin_dir)
         self.kubelet.start()
         self.node_status = KubeletNodeStatus(kube, NODE, self.kubelet)
         self.sim = open_sim(A2_SPEC)
-        self.api = KubeApi(kube.api_client(), kube.url, (5.0, 10.0))
+        token = kube.agent_token(NODE)
+        self.api = KubeApi(kube.api_client(token), kube.url, (5.0, 10.0))
         self.cluster = AgentCluster(self.api, NODE, pod_resources=None, in_use_source=InUse)
         self.plugin = DevicePluginManager(
             self.plugin_dir, present=lambda device: True, poll_interval=0.02
@@ -245,7 +336,7 @@ class InProcess:
             listen=None,
             resync_seconds=3600,
             trigger_sources=[
-                node_watch_starter(kube.api_client(), NODE, on_node=self.monitor.node_seen)
+                node_watch_starter(kube.api_client(token), NODE, on_node=self.monitor.node_seen)
             ],
             services=[self.monitor.service()],
             shutdown=[("device plugin", self.plugin.stop)],
@@ -263,10 +354,12 @@ class InProcess:
         self.thread = threading.Thread(
             target=self.agent.run, kwargs={"install_signals": False}, daemon=True
         )
+        self.statuses = StatusVersions(kube)
 
     def close(self) -> None:
         self.agent.stop()
         self.thread.join(30)
+        self.statuses.stop()
         self.kubelet.stop()
         self.sim.close()
         shutil.rmtree(self.plugin_dir, ignore_errors=True)
@@ -287,14 +380,15 @@ class InProcess:
     def conditions_written(self) -> list[dict[str, Any]]:
         """Every ``KubeletAllocatable`` condition the status held, in order."""
         out: list[dict[str, Any]] = []
-        for version in self.kube.history(NODESTATES, NODE):
+        for version in self.statuses.upto_now():
             for c in (version.get("status") or {}).get("conditions", []):
                 if c["type"] == "KubeletAllocatable" and (not out or out[-1] != c):
                     out.append(c)
         return out
 
     def label(self, value: str) -> None:
-        self.api.patch(f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {LABEL: value}}}, "merge")
+        """``kubectl label node --overwrite`` by the cluster's admin."""
+        self.kube.write("v1/nodes", NODE, {"metadata": {"labels": {LABEL: value}}})
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
@@ -306,16 +400,21 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
 
 
 @pytest.fixture
-def running(kube: RunningEmulator, tmp_path: Path) -> Iterator[InProcess]:
-    kube.set_validator(NODESTATES, crd_validator(crd.crd()))
-    kube.write("v1/nodes", NODE, {"metadata": {"labels": {LABEL: "a2-4g"}}})
-    agent = InProcess(kube, tmp_path)
+def running(cluster: ControlPlane, tmp_path: Path) -> Iterator[InProcess]:
+    mark = cluster.audit_mark()
+    cluster.write("v1/nodes", NODE, {"metadata": {"labels": {LABEL: "a2-4g"}}})
+    agent = InProcess(cluster, tmp_path)
     agent.thread.start()
     try:
         yield agent
     finally:
         agent.close()
-    assert not kube.rejected, f"the API server refused invalid writes: {kube.rejected}"
+    refused = [
+        f"{e['verb']} {e['requestURI']}: {e['responseStatus']['code']}"
+        for e in agent_requests(cluster, mark)
+        if e.get("responseStatus", {}).get("code") == 422
+    ]
+    assert not refused, f"the API server refused the agent's invalid writes: {refused}"
 
 
 def true_with(agent: InProcess, text: str) -> Callable[[], bool]:
@@ -361,6 +460,7 @@ def test_a_lost_resource_turns_false_is_registered_again_and_turns_true(
     events = [e for e in running.kube.all("v1/events") if e["reason"] == "DevicePluginReregistered"]
     assert events and events[0]["type"] == "Warning"
     assert lost in events[0]["message"]
+    assert events[0]["involvedObject"]["name"] == NODE
     assert set(running.monitor.reregistered) == {A2_4Q}, "only the lost resource"
     metrics = running.agent.metrics.render().decode()
     assert f'vgpu_state_device_plugin_reregistrations_total{{resource="{A2_4Q}"}}' in metrics
@@ -380,11 +480,16 @@ def test_a_heartbeat_costs_no_reconcile_no_check_no_write_and_a_resync_no_write(
     node_rv, status_rv = running.versions()
     triggers, seen = len(running.triggers), running.monitor.nodes_seen
     evaluations = running.monitor.evaluations
+    # The audit log names the agent's writes (its status, among others, before the quiet).
+    before_quiet = writes(agent_requests(running.kube, running.kube.test_mark))
+    assert "update vgpunodestates/status" in before_quiet
+    mark = running.kube.audit_mark()
 
     heartbeat_rv = running.node_status.heartbeat()
     wait_for("the watch saw the heartbeat", lambda: running.monitor.node_version == heartbeat_rv)
     assert running.monitor.nodes_seen == seen + 1
     assert running.versions() == (heartbeat_rv, status_rv), "nothing but the heartbeat written"
+    assert writes(agent_requests(running.kube, mark)) == [], "the agent wrote nothing"
     assert running.triggers[triggers:] == [], "no reconcile was asked for"
     assert running.monitor.evaluations == evaluations, "not even a check"
     assert heartbeat_rv != node_rv
@@ -394,13 +499,14 @@ def test_a_heartbeat_costs_no_reconcile_no_check_no_write_and_a_resync_no_write(
     running.agent.trigger(Trigger.RESYNC)
     wait_for("the resync", lambda: running.agent.reconciler.last_report is not before)
     assert running.versions() == (heartbeat_rv, status_rv), "a steady node costs no write"
+    assert writes(agent_requests(running.kube, mark)) == [], "the resync wrote nothing"
     assert running.condition()["status"] == "True"
 
 
 def test_dra_published_vgpus_are_in_the_status_but_not_expected_in_allocatable(
-    kube: RunningEmulator, tmp_path: Path
+    cluster: ControlPlane,
 ) -> None:
-    kube.write("v1/nodes", NODE, {"metadata": {"labels": {LABEL: "mixed"}}})
+    cluster.write("v1/nodes", NODE, {"metadata": {"labels": {LABEL: "mixed"}}})
     a, b = "0000:08:00.0", "0000:41:00.0"
     snapshot = build_snapshot(
         build_gpu(a, "A2", vgpus=[V("A2-4Q", 0), V("A2-4Q", 1)]),
@@ -412,15 +518,16 @@ def test_dra_published_vgpus_are_in_the_status_but_not_expected_in_allocatable(
     plugin_dir = tempfile.mkdtemp(prefix="dp-", dir="/tmp")
     kubelet = DevicePluginKubelet(plugin_dir)
     kubelet.start()
-    node_status = KubeletNodeStatus(kube, NODE, kubelet)
+    node_status = KubeletNodeStatus(cluster, NODE, kubelet)
     plugin = DevicePluginManager(plugin_dir, present=lambda device: True, poll_interval=0.02)
     try:
-        cluster = AgentCluster(
-            KubeApi(kube.api_client(), kube.url, (5.0, 10.0)), NODE, pod_resources=None
+        token = cluster.agent_token(NODE)
+        agent = AgentCluster(
+            KubeApi(cluster.api_client(token), cluster.url, (5.0, 10.0)), NODE, pod_resources=None
         )
-        monitor = allocatable_monitor(cluster, plugin, GRACE)
-        sink = ClusterSink(cluster, plugin)
-        cluster.last_in_use = InUse()
+        monitor = allocatable_monitor(agent, plugin, GRACE)
+        sink = ClusterSink(agent, plugin)
+        agent.last_in_use = InUse()
         # One reconcile's order: the device plugin, then DRA, then the status.
         sink.refresh(channels.device_plugin)
         sink.dra_channel(None).refresh(channels.dra)
@@ -428,10 +535,10 @@ def test_dra_published_vgpus_are_in_the_status_but_not_expected_in_allocatable(
             "the kubelet's allocatable",
             lambda: node_status.allocatable.get("nvidia.com/A2-4Q") == 2,
         )
-        found = kube.get("v1/nodes", NODE)
+        found = cluster.get("v1/nodes", NODE)
         assert found is not None
         monitor.node_seen(found)  # what the Node watch delivers
-        cluster.report_status(
+        agent.report_status(
             NodeStatus(
                 node=NODE,
                 config="mixed",
@@ -439,7 +546,7 @@ def test_dra_published_vgpus_are_in_the_status_but_not_expected_in_allocatable(
                 conditions=(Condition(type=ConditionType.SYNCED, status=True, reason="Converged"),),
             )
         )
-        stored = kube.get(NODESTATES, NODE)
+        stored = cluster.get(NODESTATES, NODE)
         assert stored is not None
         status = stored["status"]
         capacity = {c["resourceName"]: c["total"] for c in status["capacity"]}
