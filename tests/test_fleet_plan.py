@@ -1,13 +1,22 @@
 """``vgpu-state fleet plan``: every node planned from its reported status, on a real API server.
 
-The cluster is upstream's kube-apiserver with ``deploy/`` installed
-(``tests/realcluster.py``). Every ``VGPUNodeState`` status here is written by
-the real status writer (:class:`~vgpu_state.kube.cluster.KubeCluster`) from a
-scan of a simulated node, as that node's agent (its ServiceAccount token, bound
-to a Pod on the node, under the shipped RBAC), and one by a real reconcile of
-the agent's cluster port, so what ``fleet plan`` reads is what nodes report.
-``fleet plan`` runs as a person would, with their own credentials; the server's
-audit log shows every request it made.
+The cluster is upstream's kube-apiserver and etcd with ``deploy/`` installed
+(the ``cluster`` fixture, ``tests/realcluster.py``), so every object here is
+checked by the server's own validation (the VGPUNodeState CRD's schema, RBAC).
+Every ``VGPUNodeState`` status is written by the real status writer
+(:class:`~vgpu_state.kube.cluster.KubeCluster`) from a scan of a simulated node,
+as that node's agent (its ServiceAccount token, bound to a Pod on the node,
+under the shipped RBAC), and one by a real reconcile of the agent's cluster
+port, so what ``fleet plan`` reads is what nodes report; statuses no current
+agent writes (none, an old agent's, a damaged or copied scan) are stored by the
+test's admin, through the status subresource. ``fleet plan`` runs as a person
+would, with their own credentials (a second ``system:masters`` user), and once
+with the read-only role of ``examples/gitops/fleet-reader.yaml``; that it never
+writes is read from the server's audit log of that user's requests.
+
+Two tests need no API server: an unreachable cluster is a closed port on
+127.0.0.1 (nothing listens, which no running server can be made to be), and
+the decoding of a damaged reported scan is checked on the scan alone.
 """
 
 from __future__ import annotations
@@ -23,8 +32,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.apiserver import NODES, NODESTATES, closed_port_url, put_kubevirt
-from tests.realcluster import USER, ControlPlane
+from tests.apiserver import NODES, NODESTATES, put_kubevirt
+from tests.realcluster import USER, ControlPlane, free_port
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
@@ -291,6 +300,29 @@ def test_fleet_plan_never_writes_to_the_cluster(fleet: Fleet) -> None:
     assert len(seen) == 6, [e["requestURI"] for e in seen]
 
 
+def test_the_read_only_role_is_enough_and_plans_the_same(
+    fleet: Fleet, fleet_reader_kubeconfig: Path
+) -> None:
+    """The role ``docs/gitops.md`` ships for CI (get and list on Nodes and VGPUNodeStates)
+    plans the fleet as a cluster admin does: every request a list, none refused."""
+    reader = "system:serviceaccount:vgpu-state:vgpu-state-fleet-reader"
+    before = fleet.server.audit_mark()
+    argv = ["fleet", "plan", "-f", str(fleet.config), "--kubeconfig"]
+    for output in ("text", "json"):
+        as_reader = CliRunner().invoke(cli, [*argv, str(fleet_reader_kubeconfig), "-o", output])
+        as_admin = fleet.run("-o", output)
+        assert as_reader.exit_code == as_admin.exit_code == 0, as_reader.output
+        if output == "text":
+            assert as_reader.stdout == as_admin.stdout
+            assert "Fleet: 3 node(s): 2 with changes, 1 unchanged" in as_reader.stdout
+        else:  # the same document, but for the second it was made in
+            doc, admin_doc = json.loads(as_reader.stdout), json.loads(as_admin.stdout)
+            assert doc.pop("generated_at") and admin_doc.pop("generated_at")
+            assert doc == admin_doc and doc["totals"]["changed"] == 2
+    seen = fleet.server.audit(before, user=reader)
+    assert [(e["verb"], e["responseStatus"]["code"]) for e in seen] == [("list", 200)] * 4
+
+
 def test_detailed_exitcode(fleet: Fleet, tmp_path: Path) -> None:
     assert fleet.run("--detailed-exitcode").exit_code == 2
     # Every node's layout as it is: nothing to change anywhere.
@@ -397,7 +429,9 @@ def test_config_error_names_the_place_and_reads_nothing_from_the_cluster(
 
 
 def test_an_unreachable_cluster_is_an_error(fleet: Fleet, tmp_path: Path) -> None:
-    closed = closed_port_url().replace("http:", "https:")
+    """A kubeconfig whose server is a closed port (nothing listens there: a fault of no
+    running API server, so none is needed) fails with the reason, not a traceback."""
+    closed = f"https://127.0.0.1:{free_port()}"
     kubeconfig = fleet.server.write_kubeconfig(tmp_path / "closed", server=closed)
     done = CliRunner().invoke(
         cli, ["fleet", "plan", "-f", str(fleet.config), "--kubeconfig", str(kubeconfig)]

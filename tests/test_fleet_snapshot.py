@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from tests.test_fleet_plan import HELD_A2, HELD_T4, Fleet, _scan
 from vgpu_state.cli.main import cli
 
 REPO = Path(__file__).resolve().parent.parent
-READER_RBAC = REPO / "examples" / "gitops" / "fleet-reader.yaml"
 READER_SA = "vgpu-state-fleet-reader"
 
 
@@ -49,21 +47,10 @@ def fleet(cluster: ControlPlane, tmp_path: Path) -> Fleet:
 
 
 @pytest.fixture
-def reader_kubeconfig(fleet: Fleet, tmp_path: Path) -> Iterator[Path]:
-    """A kubeconfig with a token of the fleet reader's ServiceAccount, RBAC as shipped."""
-    server = fleet.server
-    server.kubectl("apply", "--server-side", "-f", str(READER_RBAC))
-    answer = server.request(
-        "POST",
-        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{READER_SA}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
-    )
-    token = str(answer["status"]["token"])
-    assert server.whoami(token)["username"] == f"system:serviceaccount:{NAMESPACE}:{READER_SA}"
-    try:
-        yield server.write_kubeconfig(tmp_path / "reader-kubeconfig", token=token)
-    finally:
-        server.kubectl("delete", "--ignore-not-found", "-f", str(READER_RBAC))
+def reader_kubeconfig(fleet: Fleet, fleet_reader_kubeconfig: Path) -> Path:
+    """A kubeconfig with a token of the fleet reader's ServiceAccount, RBAC as shipped
+    (``tests/conftest.py``), once the fleet has reported."""
+    return fleet_reader_kubeconfig
 
 
 def _offline(fleet: Fleet, snapshot: Path, *args: str) -> Result:
