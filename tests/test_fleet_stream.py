@@ -4,8 +4,14 @@ The fleet is the benchmark's (``bench/fleet.py``: six pools, every shape of
 node, every fourth node with a held vGPU), cut to a few dozen nodes, plus the
 nodes a real cluster also has: one that has not reported, one whose Node is
 gone, one that no config selects, one whose holders were unknown, one that ran
-another config. It is served by the test API server (kmock's emulator with
-paged lists, see ``tests/apiserver.py``).
+another config, one whose status does not match the CRD's schema. It is served
+by the harness's real kube-apiserver + etcd (``real_cluster``, see
+``tests/realcluster.py``), written there before each test (the harness deletes
+every Node and VGPUNodeState after each): Nodes with their labels,
+VGPUNodeStates with their status through ``/status``; the status the schema
+refuses is rewritten in etcd under the server (:func:`store_fleet`).
+``fleet plan`` runs as a person (the harness's ``user`` identity), and the
+server's audit log tells how many list requests it made.
 
 The golden files ``tests/golden/fleet-plan.txt`` and ``fleet-plan.json`` were
 written by the command as it was before it streamed (it read both lists whole,
@@ -13,13 +19,19 @@ decoded and kept every node, then rendered), so these tests prove the output
 is unchanged, table and JSON, byte for byte (``generated_at`` aside). After an
 intended change of the output, regenerate them with ``UPDATE_GOLDEN=1`` and
 review the diff.
+
+One test uses the API server emulator (``tests/apiserver.py``) instead: a server
+that lists out of name order, which a real one cannot be made to do. The decoder,
+fingerprint, continue-token and per-node plan tests need no server.
 """
 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import copy
 import datetime
+import functools
 import gzip
 import importlib.util
 import json
@@ -27,13 +39,16 @@ import os
 import random
 import re
 import sys
+import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.apiserver import NODES, NODESTATES, RunningApiServer
+from tests.apiserver import RunningApiServer
+from tests.realcluster import USER, ControlPlane, api_path
 from vgpu_state.cli.fleet import plan_page
 from vgpu_state.cli.main import cli
 
@@ -41,6 +56,9 @@ REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
 SCANNED = datetime.datetime(2026, 11, 23, 9, 0, tzinfo=datetime.UTC)
 COUNT = 24
+NODES = "v1/nodes"
+NODESTATES = "vgpu-state.io/v1alpha1/vgpunodestates"
+BROKEN = "gpu-bbb-broken"  # its status does not match the schema
 
 
 def _bench() -> Any:
@@ -73,6 +91,11 @@ def _scan_of(node: str, reported: dict[str, Any]) -> dict[str, Any]:
 
 def fleet_objects() -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
     """(name, Node or None, VGPUNodeState or None) for every node of the test fleet."""
+    return copy.deepcopy(_fleet_objects())
+
+
+@functools.cache
+def _fleet_objects() -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
     out: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
     for node, state in BENCH.fleet_items(COUNT, SCANNED):
         out.append((node["metadata"]["name"], node, state))
@@ -113,28 +136,79 @@ def fleet_objects() -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | N
     # A status whose Node is gone.
     out.append(("gpu-zzz-gone", None, renamed("gpu-zzz-gone", template_state)))
     # A status that does not match the schema.
-    broken = renamed("gpu-bbb-broken", template_state)
+    broken = renamed(BROKEN, template_state)
     broken["status"]["vgpuCount"] = "many"
-    out.append(("gpu-bbb-broken", renamed("gpu-bbb-broken", template_node), broken))
+    out.append((BROKEN, renamed(BROKEN, template_node), broken))
     return out
 
 
-@pytest.fixture
-def cluster(apiserver: RunningApiServer, tmp_path: Path) -> tuple[RunningApiServer, Path]:
-    objects = fleet_objects()
-    random.Random(25).shuffle(objects)  # stored out of name order
-    for name, node, state in objects:
+def store_fleet(plane: ControlPlane) -> None:
+    """The test fleet, written to the real API server as the admin: each Node's labels,
+    each VGPUNodeState's spec and (through ``/status``) status, a few nodes at a time.
+
+    The one status the CRD's schema refuses (``gpu-bbb-broken``'s, a string for a
+    count) is stored valid, then rewritten in etcd under the server, as an object
+    stored before its schema checked it is kept: the server serves what its storage
+    holds, and ``fleet plan`` must say it cannot read it."""
+
+    def store(name: str, node: dict[str, Any] | None, state: dict[str, Any] | None) -> None:
         if node is not None:
-            apiserver.put(NODES, name, node)
-        if state is not None:
-            apiserver.put(NODESTATES, name, state)
+            meta = {"name": name, "labels": node["metadata"]["labels"]}
+            plane.request("POST", api_path(NODES), {"kind": "Node", "apiVersion": "v1",
+                                                    "metadata": meta})  # fmt: skip
+        if state is None:
+            return
+        meta = {"name": name, "labels": state["metadata"].get("labels", {})}
+        body = {"apiVersion": state["apiVersion"], "kind": state["kind"], "metadata": meta}
+        plane.request("POST", api_path(NODESTATES), {**body, "spec": state["spec"]})
+        status = state.get("status")
+        if status is not None:
+            if name == BROKEN:
+                status = {**status, "vgpuCount": 0}
+            plane.request("PATCH", api_path(NODESTATES, name) + "/status", {"status": status},
+                          "application/merge-patch+json")  # fmt: skip
+
+    objects = fleet_objects()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for done in [pool.submit(store, *obj) for obj in objects]:
+            done.result()
+    (broken,) = [state for name, _, state in objects if name == BROKEN]
+    assert broken is not None and broken["status"]["vgpuCount"] == "many"
+    _rewrite_in_etcd(plane, NODESTATES, BROKEN, {"status": broken["status"]})
+    served = plane.get(NODESTATES, BROKEN)
+    assert served is not None and served["status"]["vgpuCount"] == "many"
+
+
+def _rewrite_in_etcd(plane: ControlPlane, kind: str, name: str, fields: dict[str, Any]) -> None:
+    """Replace ``fields`` of a cluster-scoped custom object where the API server keeps it
+    (etcd's key ``/registry/GROUP/RESOURCE/NAME``, the object as JSON), past the server
+    and its validation."""
+    group, _, resource = kind.split("/")
+    key = base64.b64encode(f"/registry/{group}/{resource}/{name}".encode()).decode()
+
+    def etcd(call: str, body: dict[str, Any]) -> Any:
+        url = f"{plane.etcd_url}/v3/kv/{call}"
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    (stored,) = etcd("range", {"key": key})["kvs"]
+    obj = {**json.loads(base64.b64decode(stored["value"])), **fields}
+    etcd("put", {"key": key, "value": base64.b64encode(json.dumps(obj).encode()).decode()})
+
+
+@pytest.fixture
+def cluster(real_cluster: ControlPlane, tmp_path: Path) -> tuple[ControlPlane, Path]:
+    """The test fleet on the real API server; its ``fleet.yaml``."""
+    store_fleet(real_cluster)
     config = tmp_path / "fleet.yaml"
     config.write_text(BENCH.CONFIG)
-    return apiserver, config
+    return real_cluster, config
 
 
-def run(server: RunningApiServer, config: Path, tmp_path: Path, *args: str) -> tuple[Result, str]:
-    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+def run(server: ControlPlane, config: Path, tmp_path: Path, *args: str) -> tuple[Result, str]:
+    """``fleet plan`` as the person (:data:`USER`): the result, and its output."""
+    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig", identity="user")
     argv = ["fleet", "plan", "-f", str(config), "--kubeconfig", str(kubeconfig), "--max-age", "0"]
     done = CliRunner().invoke(cli, [*argv, *args])
     assert done.exit_code == 1, done.output  # the unselected node is an error
@@ -161,13 +235,13 @@ PAGING = [
     pytest.param((), id="default-chunks"),
     pytest.param(("--chunk-size", "4", "--jobs", "1"), id="pages-of-4"),
     pytest.param(("--chunk-size", "3", "--jobs", "2"), id="pages-of-3-in-2-processes"),
-    pytest.param(("--chunk-size", "0"), id="one-list-in-stored-order"),
+    pytest.param(("--chunk-size", "0"), id="one-list"),
 ]
 
 
 @pytest.mark.parametrize("paging", PAGING)
 def test_table_is_the_golden_table(
-    cluster: tuple[RunningApiServer, Path], tmp_path: Path, paging: tuple[str, ...]
+    cluster: tuple[ControlPlane, Path], tmp_path: Path, paging: tuple[str, ...]
 ) -> None:
     server, config = cluster
     _, text = run(server, config, tmp_path, *paging)
@@ -176,21 +250,52 @@ def test_table_is_the_golden_table(
 
 @pytest.mark.parametrize("paging", PAGING)
 def test_json_is_the_golden_json(
-    cluster: tuple[RunningApiServer, Path], tmp_path: Path, paging: tuple[str, ...]
+    cluster: tuple[ControlPlane, Path], tmp_path: Path, paging: tuple[str, ...]
 ) -> None:
     server, config = cluster
     _, text = run(server, config, tmp_path, "-o", "json", *paging)
     check_golden("fleet-plan.json", _json_text(text))
 
 
-def test_the_lists_are_read_in_pages(
-    cluster: tuple[RunningApiServer, Path], tmp_path: Path
-) -> None:
-    """28 VGPUNodeStates and 27 Nodes, 4 per request: 7 pages each, and nothing more."""
+def test_the_lists_are_read_in_pages(cluster: tuple[ControlPlane, Path], tmp_path: Path) -> None:
+    """28 VGPUNodeStates and 27 Nodes, 4 per request: 7 pages each, and nothing more
+    (the person's requests, from the server's audit log)."""
     server, config = cluster
-    before = server.counts["LIST_PAGE"]
+    mark = server.audit_mark()
     run(server, config, tmp_path, "--chunk-size", "4")
-    assert server.counts["LIST_PAGE"] - before == 7 + 7
+    lists = Counter(
+        e["objectRef"]["resource"]
+        for e in server.audit(mark, USER)
+        if e["verb"] == "list" and e["responseStatus"]["code"] == 200
+    )
+    assert lists == {"vgpunodestates": 7, "nodes": 7}
+    assert len(server.audit(mark, USER)) == 7 + 7
+
+
+def test_a_server_listing_out_of_name_order_gets_the_golden_output(
+    apiserver: RunningApiServer, tmp_path: Path
+) -> None:
+    """A real API server lists by name; ``fleet plan`` does not rely on it: served out of
+    name order, in one list, by the emulator (``tests/apiserver.py``, which a real server
+    cannot be made to do), the table and the JSON are still the golden ones."""
+    objects = fleet_objects()
+    random.Random(25).shuffle(objects)
+    for name, node, state in objects:
+        if node is not None:
+            apiserver.put(NODES, name, node)
+        if state is not None:
+            apiserver.put(NODESTATES, name, state)
+    listed = [o["metadata"]["name"] for o in apiserver.all(NODESTATES)]
+    assert listed != sorted(listed)
+    config = tmp_path / "fleet.yaml"
+    config.write_text(BENCH.CONFIG)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    argv = ["fleet", "plan", "-f", str(config), "--kubeconfig", str(kubeconfig), "--max-age", "0"]
+    for extra, golden in (((), "fleet-plan.txt"), (("-o", "json"), "fleet-plan.json")):
+        done = CliRunner().invoke(cli, [*argv, "--chunk-size", "0", *extra])
+        assert done.exit_code == 1, done.output  # the unselected node is an error
+        text = done.stdout.replace(str(config), "fleet.yaml")
+        check_golden(golden, _json_text(text) if extra else text)
 
 
 def _reported(state: dict[str, Any]) -> Any:
@@ -287,13 +392,13 @@ def _dying_worker(page: list[dict[str, Any]]) -> Any:
 
 
 def test_a_worker_process_that_dies_fails_the_command_and_prints_no_plan(
-    cluster: tuple[RunningApiServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: tuple[ControlPlane, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vgpu_state.cli import fleet as fleet_cli
 
     server, config = cluster
     monkeypatch.setattr(fleet_cli, "plan_page", _dying_worker)
-    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig", identity="user")
     argv = ["fleet", "plan", "-f", str(config), "--kubeconfig", str(kubeconfig)]
     done = CliRunner().invoke(cli, [*argv, "--chunk-size", "5", "--jobs", "2"])
     assert done.exit_code == 1
@@ -302,25 +407,11 @@ def test_a_worker_process_that_dies_fails_the_command_and_prints_no_plan(
 
 
 def test_a_real_api_server_pages_the_fleet_and_the_plan_is_the_same_in_any_page_size(
-    real_cluster: Any, tmp_path: Path
+    cluster: tuple[ControlPlane, Path], tmp_path: Path
 ) -> None:
-    """Upstream's kube-apiserver (``tests/realcluster.py``): the fleet above (but the
-    status the CRD's schema refuses) stored there; ``fleet plan`` with pages of 4, of
-    500 and in one request prints the same plan of every node, by name."""
-    stored, with_node = [], []
-    for name, node, state in fleet_objects():
-        if name == "gpu-bbb-broken":  # the server refuses it (a string for a count)
-            continue
-        if node is not None:
-            real_cluster.write(NODES, name, {"metadata": {"labels": node["metadata"]["labels"]}})
-            with_node.append(name)
-        if state is not None:
-            body = {k: v for k, v in state.items() if k in ("metadata", "spec", "status")}
-            body["metadata"] = {"labels": state["metadata"].get("labels", {})}
-            real_cluster.write(NODESTATES, name, body)
-        stored.append(name)
-    config = tmp_path / "fleet.yaml"
-    config.write_text(BENCH.CONFIG)
+    """``fleet plan`` with pages of 4, of 500 and in one request prints the same plan of
+    every node, by name; the Nodes are read as their metadata alone."""
+    real_cluster, config = cluster
     kubeconfig = real_cluster.write_kubeconfig(tmp_path / "kubeconfig", identity="user")
     argv = ["fleet", "plan", "-f", str(config), "--kubeconfig", str(kubeconfig), "--max-age", "0"]
     outputs = {}
@@ -329,10 +420,12 @@ def test_a_real_api_server_pages_the_fleet_and_the_plan_is_the_same_in_any_page_
         assert done.exit_code == 1, done.output  # the unselected node is an error
         outputs[chunk] = _json_text(done.stdout)
     assert outputs["4"] == outputs["500"] == outputs["0"]
+    stored = [name for name, _, _ in fleet_objects()]
+    with_node = [name for name, node, _ in fleet_objects() if node is not None]
     doc = json.loads(outputs["4"])
     assert [n["node"] for n in doc["nodes"]] == sorted(stored)
-    assert doc["totals"]["nodes"] == len(stored) == COUNT + 3
-    assert doc["totals"]["errors"] == 1 and doc["totals"]["unknown"] == 2
+    assert doc["totals"]["nodes"] == len(stored) == COUNT + 4
+    assert doc["totals"]["errors"] == 1 and doc["totals"]["unknown"] == 3
     # The labels come from the Nodes' metadata alone: the server leaves out the rest.
     from vgpu_state.kube.api import KubeApi
     from vgpu_state.kube.fleet import METADATA_ONLY, list_pages
