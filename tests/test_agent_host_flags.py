@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster import NAMESPACE, ControlPlane
+from tests.realcluster import AGENT_SA, NAMESPACE, ControlPlane
 from tests.test_holders_fuse import HELD, SPEC, _group, qemu_holding
 from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
@@ -31,6 +31,7 @@ from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.tree import VFIO_NODES
 
 CATALOG = default_catalog()
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{AGENT_SA}"
 REPO = Path(__file__).resolve().parent.parent
 
 CONFIG = """\
@@ -105,6 +106,7 @@ def test_agent_blocks_a_vgpu_a_process_holds(cluster: ControlPlane, tmp_path: Pa
     with mounted(tmp_path / "node.yaml", tmp_path / "mnt") as m:
         vfio = m.root / VFIO_NODES / _group(m.root, HELD)
         with qemu_holding(vfio) as qemu:
+            mark = cluster.audit_mark()
             proc, log = start_agent(cluster, tmp_path, node, m.root, "--proc-root", "/proc")
             try:
                 holder = f"VM win-7 (process {qemu.pid}, qemu-system-x86_64)"
@@ -117,6 +119,32 @@ def test_agent_blocks_a_vgpu_a_process_holds(cluster: ControlPlane, tmp_path: Pa
                 gpu = scan(str(m.root), catalog=CATALOG).gpus[0]
                 assert HELD in {v.uuid for v in gpu.vgpus}, "the held vGPU is still there"
                 assert "EBUSY" not in log.read_text()
+
+                # One Warning per reason, not one per blocked item (11 here): a node
+                # with hundreds of blocked steps writes a few Events per reconcile.
+                def warnings() -> dict[str, dict[str, Any]]:
+                    return {
+                        e["reason"]: e
+                        for e in cluster.all("v1/events")
+                        if e["involvedObject"]["name"] == node and e["type"] == "Warning"
+                    }
+
+                wait_for("the Warnings", lambda: {"InUse"} <= set(warnings()), proc, log)
+                time.sleep(1)  # any further Event write of this reconcile
+                found = warnings()
+                assert {r: e["count"] for r, e in found.items()} == dict.fromkeys(found, 1)
+                assert set(found) == {"InUse", "SwitchDeferred"}
+                assert holder in found["InUse"]["message"]  # the one held vGPU
+                deferred = found["SwitchDeferred"]["message"]  # 2 free vGPUs and 8 creates
+                assert deferred.startswith("10 plan items blocked: gpu[0000:08:00.0]"), deferred
+                assert deferred.endswith("; and 8 more"), deferred
+                writes = [
+                    e["verb"]
+                    for e in cluster.audit(mark, AGENT_USER)
+                    if e["objectRef"].get("resource") == "events"
+                    and e["verb"] in ("create", "patch", "update")
+                ]
+                assert writes == ["create"] * len(found), writes
             finally:
                 stop(proc)
 

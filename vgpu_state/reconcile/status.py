@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from vgpu_state.model.errors import Reason, VgpuStateError
+from vgpu_state.model.plan import Blocked
 from vgpu_state.model.status import (
     Condition,
     ConditionType,
@@ -146,12 +149,31 @@ def applied_events(report: Report) -> tuple[NodeEvent, ...]:
                 f"{counts['ok']} change(s) made, {counts['skipped']} already done",
             )
         )
-    for b in report.plan.blocked:
-        events.append(
-            NodeEvent(
-                type=EventType.WARNING, reason=b.code.value, message=f"{b.address}: {b.reason}"
-            )
-        )
+    events.extend(blocked_events(report.plan.blocked))
+    return tuple(events)
+
+
+BLOCKED_NAMED = 2
+"""How many of a reason's blocked items an Event names; the rest are counted."""
+
+
+def blocked_events(blocked: Iterable[Blocked]) -> tuple[NodeEvent, ...]:
+    """One Warning per blocked code (in the order the plan first names it), not one per
+    item: a node with hundreds of blocked steps writes one Event per reason each
+    reconcile, and the Event's ``count`` counts reconciles, not items."""
+    by_code: dict[str, list[Blocked]] = {}
+    for b in blocked:
+        by_code.setdefault(b.code.value, []).append(b)
+    events: list[NodeEvent] = []
+    for code, items in by_code.items():
+        named = "; ".join(f"{b.address}: {b.reason}" for b in items[:BLOCKED_NAMED])
+        if len(items) == 1:
+            message = named
+        else:
+            message = f"{len(items)} plan items blocked: {named}"
+            if len(items) > BLOCKED_NAMED:
+                message += f"; and {len(items) - BLOCKED_NAMED} more"
+        events.append(NodeEvent(type=EventType.WARNING, reason=code, message=message))
     return tuple(events)
 
 
