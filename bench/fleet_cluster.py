@@ -39,14 +39,11 @@ sys.path.insert(0, str(REPO))
 
 from tests.agent_process import A2_SPEC, STATE_LABEL, swap_configmap  # noqa: E402
 from tests.apiserver import put_kubevirt  # noqa: E402
-from tests.realcluster import ControlPlane, running  # noqa: E402
+from tests.realcluster import AGENT_USER, CONTROLLER_USER, WRITE_VERBS, ControlPlane, running  # noqa: E402
 from vgpu_state.agent.assemble import AgentFlags, build  # noqa: E402
 from vgpu_state.agent.run import Agent  # noqa: E402
 
 LAYOUT_LABEL = "nvidia.com/vgpu.config"
-AGENT_USER = "system:serviceaccount:vgpu-state:vgpu-state-agent"
-CONTROLLER_USER = "system:serviceaccount:vgpu-state:vgpu-state-controller"
-WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 GRACE = 5  # seconds: a resource no node reports leaves the CR within the run
 
 LAYOUTS = """\
@@ -93,7 +90,7 @@ def audit_counts(plane: ControlPlane, mark: int) -> tuple[Counter[str], Counter[
         if not who:
             continue
         requests[who] += 1
-        if e.get("verb") in WRITES:
+        if e.get("verb") in WRITE_VERBS:
             writes[who] += 1
             writes[f"{who} {e.get('objectRef', {}).get('resource', '?')}"] += 1
     return requests, writes

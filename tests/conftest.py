@@ -139,20 +139,19 @@ def fleet_reader_kubeconfig(cluster: object, tmp_path: Path) -> Iterator[Path]:
     """A kubeconfig with a token of the read-only ServiceAccount that
     ``examples/gitops/fleet-reader.yaml`` ships (get and list on Nodes and
     VGPUNodeStates, nothing else), the file applied as a user would; removed after the test."""
-    from tests.realcluster import NAMESPACE, ControlPlane
+    from tests.realcluster import FLEET_READER_SA, FLEET_READER_USER, NAMESPACE, ControlPlane
 
     assert isinstance(cluster, ControlPlane)
     rbac = REPO_ROOT / "examples" / "gitops" / "fleet-reader.yaml"
-    account = "vgpu-state-fleet-reader"
     cluster.kubectl("apply", "--server-side", "-f", str(rbac))
     try:
         answer = cluster.request(
             "POST",
-            f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token",
+            f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{FLEET_READER_SA}/token",
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
         )
         token = str(answer["status"]["token"])
-        assert cluster.whoami(token)["username"] == f"system:serviceaccount:{NAMESPACE}:{account}"
+        assert cluster.whoami(token)["username"] == FLEET_READER_USER
         yield cluster.write_kubeconfig(tmp_path / "fleet-reader-kubeconfig", token=token)
     finally:
         cluster.kubectl("delete", "--ignore-not-found", "-f", str(rbac))

@@ -49,6 +49,20 @@ KUBEVIRT_OPENAPI = Path("/work/shared/reference/kubevirt-cr.openapi.json")  # as
 NAMESPACE = "vgpu-state"
 AGENT_SA = "vgpu-state-agent"
 CONTROLLER_SA = "vgpu-state-controller"
+FLEET_READER_SA = "vgpu-state-fleet-reader"
+"""The read-only ServiceAccount of ``examples/gitops/fleet-reader.yaml``."""
+
+
+def service_account_user(name: str, namespace: str = NAMESPACE) -> str:
+    """The user name the API server (and its audit log) gives a ServiceAccount's token."""
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+AGENT_USER = service_account_user(AGENT_SA)
+CONTROLLER_USER = service_account_user(CONTROLLER_SA)
+FLEET_READER_USER = service_account_user(FLEET_READER_SA)
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+"""The audit log's verbs of the requests that change objects."""
 ADMIN = "vgpu-state-test-admin"
 USER = "vgpu-state-test-user"
 """A second cluster admin (``system:masters``): the person running ``fleet plan`` or
@@ -615,7 +629,9 @@ class ControlPlane:
             "wait", "--for=condition=Established", "--timeout=60s",
             "crd/kubevirts.kubevirt.io", "crd/vgpunodestates.vgpu-state.io",
         )  # fmt: skip
-        self.request("POST", "/api/v1/namespaces", {"metadata": {"name": "kubevirt"}})
+        # The KubeVirt CR's namespace, and the VMs' (their pods and ResourceClaims).
+        for namespace in ("kubevirt", "vms"):
+            self.request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
         # Established is not served: until the custom resources' storage is up, a list of
         # them is answered 429 ("storage is (re)initializing"). Wait for it here, so that
         # the first test's first read does not meet it.

@@ -40,7 +40,7 @@ from tests.agent_process import A2_SPEC, CONFIG, NODE
 from tests.apiserver import NODESTATES
 from tests.builders import V, build_gpu, build_snapshot
 from tests.kubelet_node import KubeletNodeStatus
-from tests.realcluster import AGENT_SA, NAMESPACE, ApiError, ControlPlane, api_path
+from tests.realcluster import AGENT_USER, WRITE_VERBS, ControlPlane, api_path
 from vgpu_state.agent.allocatable import AllocatableMonitor
 from vgpu_state.agent.assemble import allocatable_monitor
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink
@@ -71,8 +71,6 @@ REPO = Path(__file__).resolve().parent.parent
 LABEL = "nvidia.com/vgpu.config"
 A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
 GRACE = 1.0
-AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{AGENT_SA}"
-WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 
 
 # the verdict (pure) ----------------------------------------------------------------------
@@ -235,7 +233,7 @@ def writes(requests: list[dict[str, Any]]) -> list[str]:
         f"{e['verb']} {e['objectRef'].get('resource')}"
         + (f"/{e['objectRef']['subresource']}" if e["objectRef"].get("subresource") else "")
         for e in requests
-        if e["verb"] in WRITES
+        if e["verb"] in WRITE_VERBS
     ]
 
 
@@ -252,17 +250,9 @@ class StatusVersions:
         self.thread.start()
 
     def _listed_version(self) -> str:
-        """Where the watch starts: the list's version (a freshly installed CRD's storage
-        answers 429 for a moment)."""
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                listed = self.kube.request("GET", api_path(NODESTATES))
-                return str(listed["metadata"]["resourceVersion"])
-            except ApiError as e:
-                if e.status != 429 or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        """Where the watch starts: the list's version."""
+        listed = self.kube.request("GET", api_path(NODESTATES))
+        return str(listed["metadata"]["resourceVersion"])
 
     def _run(self) -> None:
         while not self._stop.is_set():

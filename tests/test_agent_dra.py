@@ -122,8 +122,6 @@ def test_the_agents_dra_node_publishes_prepares_holds_and_cleans_up(
         # A claim on one of them (allocated by the scheduler, reserved for the VM's
         # pod) is prepared, and then holds it.
         device = sorted(d["name"] for o in _slices(cluster) for d in o["spec"]["devices"])[0]
-        if cluster.get("v1/namespaces", "vms") is None:
-            cluster.write("v1/namespaces", "vms", {})
         uid = cluster.write(
             CLAIMS,
             "render",

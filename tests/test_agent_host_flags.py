@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster import AGENT_SA, NAMESPACE, ControlPlane
+from tests.realcluster import AGENT_USER, NAMESPACE, WRITE_VERBS, ControlPlane
 from tests.test_holders_fuse import HELD, SPEC, _group, qemu_holding
 from vgpu_state.catalog import default_catalog
 from vgpu_state.host import scan
@@ -31,7 +31,6 @@ from vgpu_state.sim.fuse import mounted
 from vgpu_state.sim.tree import VFIO_NODES
 
 CATALOG = default_catalog()
-AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{AGENT_SA}"
 REPO = Path(__file__).resolve().parent.parent
 
 CONFIG = """\
@@ -141,8 +140,7 @@ def test_agent_blocks_a_vgpu_a_process_holds(cluster: ControlPlane, tmp_path: Pa
                 writes = [
                     e["verb"]
                     for e in cluster.audit(mark, AGENT_USER)
-                    if e["objectRef"].get("resource") == "events"
-                    and e["verb"] in ("create", "patch", "update")
+                    if e["objectRef"].get("resource") == "events" and e["verb"] in WRITE_VERBS
                 ]
                 assert writes == ["create"] * len(found), writes
             finally:

@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 
 from tests.apiserver import KUBEVIRT, NODES, NODESTATES, put_kubevirt
 from tests.kubelet_podresources import PodDevices, PodResourcesKubelet, serving
-from tests.realcluster import CONTROLLER_SA, NAMESPACE, ControlPlane, free_port
+from tests.realcluster import CONTROLLER_USER, WRITE_VERBS, ControlPlane, free_port
 from vgpu_state.cli.main import cli
 from vgpu_state.kube.kubevirt import OWNERSHIP_ANNOTATION
 from vgpu_state.kube.node import STATE_LABEL
@@ -130,8 +130,8 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     assert "KubeVirt CR kubevirt/kubevirt: no changes" in again.output
     cr_writes = [
         f"{e['verb']} {e['requestURI']}"
-        for e in api.audit(mark, f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}")
-        if "/kubevirts" in e["requestURI"] and e["verb"] not in ("get", "list", "watch")
+        for e in api.audit(mark, CONTROLLER_USER)
+        if "/kubevirts" in e["requestURI"] and e["verb"] in WRITE_VERBS
     ]
     assert cr_writes == []
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster import CONTROLLER_SA, ApiError, ControlPlane
+from tests.realcluster import CONTROLLER_SA, CONTROLLER_USER, WRITE_VERBS, ApiError, ControlPlane
 from vgpu_state.controller import run
 from vgpu_state.controller.reports import NodeReport
 from vgpu_state.controller.run import Controller, ControllerSettings
@@ -28,9 +28,7 @@ from vgpu_state.sim.host import SimHost
 REPO = Path(__file__).resolve().parent.parent
 NODESTATES = "/apis/vgpu-state.io/v1alpha1/vgpunodestates"
 KUBEVIRT = "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts"
-CONTROLLER_USER = f"system:serviceaccount:vgpu-state:{CONTROLLER_SA}"
 POD_NAME = "authentication.kubernetes.io/pod-name"
-WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 FOREIGN = {"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}
 GRACE = 300.0
 
@@ -275,7 +273,7 @@ def test_the_leader_writes_once_per_change_and_the_other_replica_waits(
     assert asked and {e["objectRef"]["resource"] for e in asked} == {"leases"}, (
         "the follower asks about the Lease only"
     )
-    assert [e for e in asked if e["verb"] in WRITES] == [], "the follower writes nothing"
+    assert [e for e in asked if e["verb"] in WRITE_VERBS] == [], "the follower writes nothing"
 
 
 def test_an_unchanged_status_is_not_decoded_again(

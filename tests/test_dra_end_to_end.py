@@ -127,8 +127,6 @@ def test_apply_publish_prepare_and_a_claimed_vgpu_is_never_destroyed(
                 ],
             },
         }
-        if cluster.get("v1/namespaces", "vms") is None:
-            cluster.write("v1/namespaces", "vms", {})
         uid = cluster.write(CLAIMS, "render-vgpu", claim, namespace="vms")["metadata"]["uid"]
 
         # 4. the kubelet prepares it: CDI spec with the VF's own IOMMU group.

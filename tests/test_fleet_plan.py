@@ -33,7 +33,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.apiserver import NODES, NODESTATES, put_kubevirt
-from tests.realcluster import USER, ControlPlane, free_port
+from tests.realcluster import AGENT_USER, FLEET_READER_USER, USER, ControlPlane, free_port
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
@@ -305,7 +305,6 @@ def test_the_read_only_role_is_enough_and_plans_the_same(
 ) -> None:
     """The role ``docs/gitops.md`` ships for CI (get and list on Nodes and VGPUNodeStates)
     plans the fleet as a cluster admin does: every request a list, none refused."""
-    reader = "system:serviceaccount:vgpu-state:vgpu-state-fleet-reader"
     before = fleet.server.audit_mark()
     argv = ["fleet", "plan", "-f", str(fleet.config), "--kubeconfig"]
     for output in ("text", "json"):
@@ -319,7 +318,7 @@ def test_the_read_only_role_is_enough_and_plans_the_same(
             doc, admin_doc = json.loads(as_reader.stdout), json.loads(as_admin.stdout)
             assert doc.pop("generated_at") and admin_doc.pop("generated_at")
             assert doc == admin_doc and doc["totals"]["changed"] == 2
-    seen = fleet.server.audit(before, user=reader)
+    seen = fleet.server.audit(before, user=FLEET_READER_USER)
     assert [(e["verb"], e["responseStatus"]["code"]) for e in seen] == [("list", 200)] * 4
 
 
@@ -561,7 +560,6 @@ def test_a_steady_node_rewrites_its_scan_only_every_ten_minutes(fleet: Fleet) ->
     kube = KubeCluster(
         fleet.agent_api("node-s"), "node-s", pod_resources=None, clock=lambda: now[0]
     )
-    agent = "system:serviceaccount:vgpu-state:vgpu-state-agent"
 
     def report(snapshot: NodeSnapshot, minutes: int) -> str | None:
         now[0] = t0 + datetime.timedelta(minutes=minutes)
@@ -576,7 +574,7 @@ def test_a_steady_node_rewrites_its_scan_only_every_ten_minutes(fleet: Fleet) ->
         (requests that name no object, such as API discovery, have no ``objectRef``)."""
         return sum(
             e["verb"] in ("update", "patch") and e["objectRef"].get("subresource") == "status"
-            for e in fleet.server.audit(user=agent)
+            for e in fleet.server.audit(user=AGENT_USER)
             if e.get("objectRef", {}).get("name") == "node-s"
         )
 

@@ -20,12 +20,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.realcluster import NAMESPACE, ApiError, ControlPlane
+from tests.realcluster import FLEET_READER_USER, NAMESPACE, ApiError, ControlPlane
 from tests.test_fleet_plan import HELD_A2, HELD_T4, Fleet, _scan
 from vgpu_state.cli.main import cli
 
 REPO = Path(__file__).resolve().parent.parent
-READER_SA = "vgpu-state-fleet-reader"
 
 
 def _run(*args: str | Path) -> Result:
@@ -46,13 +45,6 @@ def fleet(cluster: ControlPlane, tmp_path: Path) -> Fleet:
     return f
 
 
-@pytest.fixture
-def reader_kubeconfig(fleet: Fleet, fleet_reader_kubeconfig: Path) -> Path:
-    """A kubeconfig with a token of the fleet reader's ServiceAccount, RBAC as shipped
-    (``tests/conftest.py``), once the fleet has reported."""
-    return fleet_reader_kubeconfig
-
-
 def _offline(fleet: Fleet, snapshot: Path, *args: str) -> Result:
     """``fleet plan --from``: no kubeconfig at all."""
     argv = ["fleet", "plan", "-f", str(fleet.config), "--from", str(snapshot), *args]
@@ -70,14 +62,14 @@ def _without_time(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_plan_from_a_snapshot_prints_what_planning_against_the_cluster_printed(
-    fleet: Fleet, reader_kubeconfig: Path, tmp_path: Path
+    fleet: Fleet, fleet_reader_kubeconfig: Path, tmp_path: Path
 ) -> None:
     snapshot = tmp_path / "fleet.jsonl"
     mark = fleet.server.audit_mark()
-    done = _snapshot(reader_kubeconfig, snapshot)
+    done = _snapshot(fleet_reader_kubeconfig, snapshot)
     assert "3 Node(s), 3 VGPUNodeState(s)" in done.stderr
     # The reader's token made list requests only, and nothing was refused.
-    seen = fleet.server.audit(mark, user=f"system:serviceaccount:{NAMESPACE}:{READER_SA}")
+    seen = fleet.server.audit(mark, user=FLEET_READER_USER)
     assert {e["verb"] for e in seen} == {"list"}
     assert all(e["responseStatus"]["code"] == 200 for e in seen)
 
@@ -108,9 +100,11 @@ def test_plan_from_a_snapshot_prints_what_planning_against_the_cluster_printed(
     assert "Fleet: 3 node(s): 2 with changes, 1 unchanged" in again.stdout
 
 
-def test_plan_from_makes_no_request(fleet: Fleet, reader_kubeconfig: Path, tmp_path: Path) -> None:
+def test_plan_from_makes_no_request(
+    fleet: Fleet, fleet_reader_kubeconfig: Path, tmp_path: Path
+) -> None:
     snapshot = tmp_path / "fleet.jsonl.gz"
-    _snapshot(reader_kubeconfig, snapshot)
+    _snapshot(fleet_reader_kubeconfig, snapshot)
     assert snapshot.read_bytes()[:2] == b"\x1f\x8b"  # gzip, by its name
     mark = fleet.server.audit_mark()
     done = _offline(fleet, snapshot)
@@ -120,11 +114,11 @@ def test_plan_from_makes_no_request(fleet: Fleet, reader_kubeconfig: Path, tmp_p
 
 
 def test_the_snapshot_is_versioned_json_lines(
-    fleet: Fleet, reader_kubeconfig: Path, tmp_path: Path
+    fleet: Fleet, fleet_reader_kubeconfig: Path, tmp_path: Path
 ) -> None:
     snapshot = tmp_path / "fleet.jsonl"
     fleet.node("node-idle", {"pool": "cpu"})  # a Node without a VGPUNodeState
-    _snapshot(reader_kubeconfig, snapshot)
+    _snapshot(fleet_reader_kubeconfig, snapshot)
     records = [json.loads(line) for line in snapshot.read_text().splitlines()]
     header = records[0]
     assert header["kind"] == "vgpu-state-fleet-snapshot"
@@ -142,10 +136,10 @@ def test_the_snapshot_is_versioned_json_lines(
 
 
 def test_the_reader_role_reads_and_writes_nothing(
-    fleet: Fleet, reader_kubeconfig: Path, tmp_path: Path
+    fleet: Fleet, fleet_reader_kubeconfig: Path, tmp_path: Path
 ) -> None:
     fleet.server.refusals_expected = True
-    token = json.loads(reader_kubeconfig.read_text())["users"][0]["user"]["token"]
+    token = json.loads(fleet_reader_kubeconfig.read_text())["users"][0]["user"]["token"]
     for method, path, body in (
         ("PATCH", "/api/v1/nodes/node-a", {"metadata": {"labels": {"x": "y"}}}),
         ("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", None),

@@ -48,7 +48,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.apiserver import RunningApiServer
-from tests.realcluster import USER, ControlPlane, api_path
+from tests.realcluster import USER, ControlPlane
 from vgpu_state.cli.fleet import plan_page
 from vgpu_state.cli.main import cli
 
@@ -153,20 +153,14 @@ def store_fleet(plane: ControlPlane) -> None:
 
     def store(name: str, node: dict[str, Any] | None, state: dict[str, Any] | None) -> None:
         if node is not None:
-            meta = {"name": name, "labels": node["metadata"]["labels"]}
-            plane.request("POST", api_path(NODES), {"kind": "Node", "apiVersion": "v1",
-                                                    "metadata": meta})  # fmt: skip
+            plane.write(NODES, name, {"metadata": {"labels": node["metadata"]["labels"]}})
         if state is None:
             return
-        meta = {"name": name, "labels": state["metadata"].get("labels", {})}
-        body = {"apiVersion": state["apiVersion"], "kind": state["kind"], "metadata": meta}
-        plane.request("POST", api_path(NODESTATES), {**body, "spec": state["spec"]})
-        status = state.get("status")
-        if status is not None:
-            if name == BROKEN:
-                status = {**status, "vgpuCount": 0}
-            plane.request("PATCH", api_path(NODESTATES, name) + "/status", {"status": status},
-                          "application/merge-patch+json")  # fmt: skip
+        body = {"metadata": {"labels": state["metadata"].get("labels", {})}, "spec": state["spec"]}
+        if "status" in state:
+            broken = name == BROKEN
+            body["status"] = {**state["status"], "vgpuCount": 0} if broken else state["status"]
+        plane.write(NODESTATES, name, body)
 
     objects = fleet_objects()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:

@@ -218,8 +218,6 @@ def _claim(
 def test_claims_allocated_in_this_pool_hold_their_vgpus(
     cluster: ControlPlane, agent: KubeApi
 ) -> None:
-    if cluster.get("v1/namespaces", "vms") is None:
-        cluster.write("v1/namespaces", "vms", {})
     t4 = "mdev-9a3e5f10-4b6d-4e3c-9f20-3b4c5d6e7f80"
     _claim(cluster, "win-gpu", t4, pod="virt-launcher-win-abcde")
     _claim(cluster, "render", "vf-0000-81-00-6")
