@@ -41,13 +41,18 @@ def _nodestate(node: str) -> dict[str, Any]:
     }
 
 
-def _lease(name: str, holder: str, renewed: str) -> dict[str, Any]:
+def _lease(name: str, holder: str, renewed: str, seconds: int = 120) -> dict[str, Any]:
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": name},
-        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 120, "renewTime": renewed},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds, "renewTime": renewed},
     }
+
+
+IN_2099 = "2099-01-01T00:00:00.000000Z"
+SLOT_WRITER = "?fieldManager=vgpu-state-rollout"
+"""The field manager the agent writes its slots as; the policy reads the server's time from it."""
 
 
 def _slice(name: str, node: str) -> dict[str, Any]:
@@ -135,11 +140,16 @@ def _status(node: str) -> Write:
     return method, path, created_first, content
 
 
-def _take(lease: str, holder: str) -> Write:
-    def change(o: dict[str, Any]) -> None:
-        o["spec"].update(holderIdentity=holder, renewTime=_now())
+def _take(lease: str, holder: str, renewed: str | None = None) -> Write:
+    """A PUT of the slot in ``holder``'s name, renewed now (or at ``renewed``), written as
+    the agent writes it."""
 
-    return _replaced(f"{LEASES}/{lease}", change)
+    def body(cluster: ControlPlane) -> Any:
+        current = dict(cluster.request("GET", f"{LEASES}/{lease}"))
+        current["spec"].update(holderIdentity=holder, renewTime=renewed or _now())
+        return current
+
+    return ("PUT", f"{LEASES}/{lease}{SLOT_WRITER}", body, JSON)
 
 
 def _create(path: str, body: dict[str, Any]) -> Write:
@@ -174,6 +184,26 @@ WRITES: list[tuple[str, Write, Write | None]] = [
         _take("vgpu-state-rollout-3", A),  # B's expired ten minutes ago: free to take
     ),
     ("the controller's Lease", _create(LEASES, _lease("vgpu-state-controller", A, _now())), None),
+    # Slots 0..63 only, for at most 600 s, dated no later than the server's time (+60 s).
+    ("a slot beyond 63", _create(LEASES, _lease("vgpu-state-rollout-64", A, _now())), None),
+    ("a slot 999", _create(LEASES, _lease("vgpu-state-rollout-999", A, _now())), None),
+    ("a Lease named like a slot", _create(LEASES, _lease("vgpu-state-rollout-x", A, _now())), None),
+    (
+        "a slot lasting an hour",
+        _create(LEASES, _lease("vgpu-state-rollout-0", A, _now(), seconds=3600)),
+        None,
+    ),
+    ("a slot dated 2099", _create(LEASES, _lease("vgpu-state-rollout-0", A, IN_2099)), None),
+    (
+        "its own slot renewed into 2099",
+        _take("vgpu-state-rollout-0", A, IN_2099),
+        _create(LEASES, _lease("vgpu-state-rollout-0", A, _now())),
+    ),
+    (
+        "its own slot renewed without the field manager",  # no server time to check it by
+        ("PUT", f"{LEASES}/vgpu-state-rollout-0", _take("vgpu-state-rollout-0", A)[2], JSON),
+        _create(LEASES, _lease("vgpu-state-rollout-0", A, _now())),
+    ),
     (
         "a ResourceSlice",
         ("DELETE", f"{SLICES}/{B}-slice", _fixed(None), JSON),
