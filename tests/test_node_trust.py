@@ -244,3 +244,41 @@ def test_a_token_without_a_node_name_is_refused(two_nodes: tuple[ControlPlane, s
     )["status"]["token"]
     with pytest.raises(ApiError, match="carries no node name"):
         cluster.request("POST", NODESTATES, _nodestate(A), JSON, token=unbound)
+
+
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims"
+
+
+def test_an_agent_token_reads_resource_claims_and_changes_none(
+    two_nodes: tuple[ControlPlane, str],
+) -> None:
+    """The DRA component's RBAC: the agent reads a claim by name (the kubelet's prepare) and
+    lists claims (those allocated in its pool hold vGPUs); it cannot watch them, nor create,
+    change, delete or set the status of any (docs/security.md says why the list stays)."""
+    cluster, token = two_nodes
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "their-gpu"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.vgpu-state.io"}}]
+            }
+        },
+    }
+    stored = cluster.request("POST", CLAIMS, claim)
+    assert cluster.request("GET", f"{CLAIMS}/their-gpu", token=token)["metadata"]["uid"]
+    assert cluster.request("GET", "/apis/resource.k8s.io/v1/resourceclaims", token=token)["items"]
+    status = {**stored, "status": {"reservedFor": [{"resource": "pods", "name": "x", "uid": "1"}]}}
+    writes = [
+        ("GET", "/apis/resource.k8s.io/v1/resourceclaims?watch=1&timeoutSeconds=1", None),
+        ("GET", f"{CLAIMS}?watch=1&timeoutSeconds=1", None),
+        ("POST", CLAIMS, {**claim, "metadata": {"name": "mine"}}),
+        ("PUT", f"{CLAIMS}/their-gpu", stored),
+        ("PUT", f"{CLAIMS}/their-gpu/status", status),
+        ("DELETE", f"{CLAIMS}/their-gpu", None),
+    ]
+    for method, path, body in writes:
+        with pytest.raises(ApiError) as refused:
+            cluster.request(method, path, body, token=token)
+        assert refused.value.status == 403, (method, path, refused.value)
