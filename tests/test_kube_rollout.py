@@ -236,6 +236,22 @@ def test_a_slot_held_by_a_deleted_node_is_taken_over(cluster: ControlPlane) -> N
     assert spec["holderIdentity"] == "node-b" and spec["leaseTransitions"] == 1  # type: ignore[index]
 
 
+def test_a_holder_whose_clock_runs_up_to_a_minute_ahead_still_holds(cluster: ControlPlane) -> None:
+    kube = cluster
+    ahead, behind = Clock(), Clock()
+    ahead.now = T0 + dt.timedelta(seconds=50)
+    held = slots(kube, "node-a", clock=ahead).acquire()
+    assert held is not None
+    b = slots(kube, "node-b", clock=behind)
+    assert b.holders() == {held.name: "node-a"}
+    assert b.acquire() is None
+    ahead.now = T0 + dt.timedelta(seconds=70)  # a renewal 70 s ahead of node-b: not believed
+    assert slots(kube, "node-a", clock=ahead).renew(held) is not None
+    assert b.holders() == {held.name: None}
+    taken = b.acquire()
+    assert taken is not None and taken.name == held.name
+
+
 def test_a_lease_longer_than_the_bound_is_refused_before_any_request() -> None:
     with pytest.raises(ValueError, match="1 to 600 s"):
         RolloutSlots(KubeApi(None, "nowhere", (1.0, 1.0)), NS, "node-a", lease_seconds=3600)
