@@ -200,6 +200,11 @@ WRITES: list[tuple[str, Write, Write | None]] = [
         _create(LEASES, _lease("vgpu-state-rollout-0", A, _now())),
     ),
     (
+        "its own slot deleted",  # a slot is released, never deleted
+        ("DELETE", f"{LEASES}/vgpu-state-rollout-0", _fixed(None), JSON),
+        _create(LEASES, _lease("vgpu-state-rollout-0", A, _now())),
+    ),
+    (
         "its own slot renewed without the field manager",  # no server time to check it by
         ("PUT", f"{LEASES}/vgpu-state-rollout-0", _take("vgpu-state-rollout-0", A)[2], JSON),
         _create(LEASES, _lease("vgpu-state-rollout-0", A, _now())),
