@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.realcluster import ApiError, ControlPlane, api_path
-from vgpu_state.kube.api import KubeApi
+from vgpu_state.kube.api import InvalidError, KubeApi
 from vgpu_state.kube.rollout import RolloutSlots, utc_now
 
 LEASES = "coordination.k8s.io/v1/leases"
@@ -250,6 +250,30 @@ def test_a_holder_whose_clock_runs_up_to_a_minute_ahead_still_holds(cluster: Con
     assert b.holders() == {held.name: None}
     taken = b.acquire()
     assert taken is not None and taken.name == held.name
+
+
+def test_a_take_over_the_server_refuses_moves_on_to_the_next_slot(cluster: ControlPlane) -> None:
+    """node-a's clock runs 50 s ahead of the API server's: by it, node-x's slot has run out;
+    by the server's it has not, and the take-over is refused. node-a takes the next slot,
+    and with no other slot it gets the server's refusal."""
+    kube = cluster
+    kube.ensure_node("node-x")
+    renewed = _stamp(utc_now() - dt.timedelta(seconds=20))
+    kube.request(
+        "POST", api_path(LEASES, None, NS), _slot_body("vgpu-state-rollout-0", "node-x", renewed)
+    )
+    api = KubeApi(kube.api_client(kube.agent_token("node-a")), "node-a", (5.0, 30.0))
+
+    def ahead() -> dt.datetime:
+        return utc_now() + dt.timedelta(seconds=50)
+
+    two = RolloutSlots(api, NS, "node-a", slots=2, lease_seconds=60, clock=ahead)
+    got = two.acquire()
+    assert got is not None and got.name == "vgpu-state-rollout-1"
+    one = RolloutSlots(api, NS, "node-a", slots=1, lease_seconds=60, clock=ahead)
+    with pytest.raises(InvalidError, match="has not expired"):
+        one.acquire()
+    assert lease(kube, "vgpu-state-rollout-0")["spec"]["holderIdentity"] == "node-x"  # type: ignore[index]
 
 
 def test_a_lease_longer_than_the_bound_is_refused_before_any_request() -> None:

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from vgpu_state.background import BackgroundLoop
-from vgpu_state.kube.api import JsonObject, KubeApi
+from vgpu_state.kube.api import InvalidError, JsonObject, KubeApi
 from vgpu_state.kube.errors import ClusterError, ClusterUnreachableError, NotFoundError
 from vgpu_state.kube.lease import Leases, holder, live_holder, version
 from vgpu_state.kube.node import read_node
@@ -104,22 +104,33 @@ class RolloutSlots:
         return [f"{SLOT_PREFIX}{i}" for i in range(min(self.slots, MAX_SLOTS))]
 
     def acquire(self) -> Slot | None:
-        """Take a slot (or keep the one this holder already has); ``None`` when all are taken."""
+        """Take a slot (or keep the one this holder already has); ``None`` when all are taken.
+
+        A take-over the API server refuses (422: the slot has not expired by the server's
+        clock, which may lag this node's) moves on to the next slot; when no slot was
+        taken, the first refusal is raised."""
         leases = {n: self.leases.get(n) for n in self.names()}
         # One this holder already has first (a restart in the middle of an apply).
         for name, lease in leases.items():
             if lease is not None and holder(lease) == self.holder:
                 return self._take(name, lease)
         now = self._clock()
+        refused: InvalidError | None = None
         for name, lease in leases.items():
             if lease is None:
                 slot = self._slot(name, self.leases.create(name, self.lease_seconds, now), "new")
             elif self._live_holder(lease, now) is None:
-                slot = self._take(name, lease)
+                try:
+                    slot = self._take(name, lease)
+                except InvalidError as e:
+                    refused = refused or e
+                    continue
             else:
                 continue
             if slot is not None:
                 return slot
+        if refused is not None:
+            raise refused
         return None
 
     def renew(self, slot: Slot) -> Slot | None:
