@@ -88,23 +88,37 @@ def binaries(build: bool = True) -> tuple[Path, Path]:
             "from the Go module proxy (hack/k8s/build.sh)"
         )
     if build:
-        proc = subprocess.run(
-            ["sh", str(HACK / "build.sh")],
-            env={**os.environ, "GO": go, "VGPU_STATE_K8S_BIN": str(BIN)},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.stderr:
-            sys.stderr.write(proc.stderr)
-        if proc.returncode != 0:
-            raise Unavailable(
-                f"hack/k8s/build.sh failed ({proc.returncode}): {proc.stderr[-2000:]}"
-            )
+        _build(go)
     missing = [str(p) for p in wanted if not p.exists()]
     if missing:
         raise Unavailable(f"not built: {', '.join(missing)}")
     return wanted
+
+
+def built(program: str) -> Path:
+    """Another program of ``hack/k8s/cmd`` (``vap-status``), built by ``hack/k8s/build.sh``
+    into the same directory when missing or stale."""
+    go = os.environ.get("GO") or shutil.which("go") or _go_in_usual_places()
+    if go is None or not os.access(go, os.X_OK):
+        if (BIN / program).exists():
+            return BIN / program
+        raise Unavailable(f"Go is not installed: {program} is built from hack/k8s/cmd")
+    _build(go, program)
+    return BIN / program
+
+
+def _build(go: str, *programs: str) -> None:
+    proc = subprocess.run(
+        ["sh", str(HACK / "build.sh"), *programs],
+        env={**os.environ, "GO": go, "VGPU_STATE_K8S_BIN": str(BIN)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.stderr:
+        sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        raise Unavailable(f"hack/k8s/build.sh failed ({proc.returncode}): {proc.stderr[-2000:]}")
 
 
 def _go_in_usual_places() -> str | None:

@@ -41,13 +41,18 @@ def _nodestate(node: str) -> dict[str, Any]:
     }
 
 
-def _lease(name: str, holder: str, renewed: str) -> dict[str, Any]:
+def _lease(name: str, holder: str, renewed: str, seconds: int = 120) -> dict[str, Any]:
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": name},
-        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 120, "renewTime": renewed},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds, "renewTime": renewed},
     }
+
+
+IN_2099 = "2099-01-01T00:00:00.000000Z"
+SLOT_WRITER = "?fieldManager=vgpu-state-rollout"
+"""The field manager the agent writes its slots as; the policy reads the server's time from it."""
 
 
 def _slice(name: str, node: str) -> dict[str, Any]:
@@ -135,11 +140,16 @@ def _status(node: str) -> Write:
     return method, path, created_first, content
 
 
-def _take(lease: str, holder: str) -> Write:
-    def change(o: dict[str, Any]) -> None:
-        o["spec"].update(holderIdentity=holder, renewTime=_now())
+def _take(lease: str, holder: str, renewed: str | None = None) -> Write:
+    """A PUT of the slot in ``holder``'s name, renewed now (or at ``renewed``), written as
+    the agent writes it."""
 
-    return _replaced(f"{LEASES}/{lease}", change)
+    def body(cluster: ControlPlane) -> Any:
+        current = dict(cluster.request("GET", f"{LEASES}/{lease}"))
+        current["spec"].update(holderIdentity=holder, renewTime=renewed or _now())
+        return current
+
+    return ("PUT", f"{LEASES}/{lease}{SLOT_WRITER}", body, JSON)
 
 
 def _create(path: str, body: dict[str, Any]) -> Write:
@@ -174,6 +184,31 @@ WRITES: list[tuple[str, Write, Write | None]] = [
         _take("vgpu-state-rollout-3", A),  # B's expired ten minutes ago: free to take
     ),
     ("the controller's Lease", _create(LEASES, _lease("vgpu-state-controller", A, _now())), None),
+    # Slots 0..63 only, for at most 600 s, dated no later than the server's time (+60 s).
+    ("a slot beyond 63", _create(LEASES, _lease("vgpu-state-rollout-64", A, _now())), None),
+    ("a slot 999", _create(LEASES, _lease("vgpu-state-rollout-999", A, _now())), None),
+    ("a Lease named like a slot", _create(LEASES, _lease("vgpu-state-rollout-x", A, _now())), None),
+    (
+        "a slot lasting an hour",
+        _create(LEASES, _lease("vgpu-state-rollout-0", A, _now(), seconds=3600)),
+        None,
+    ),
+    ("a slot dated 2099", _create(LEASES, _lease("vgpu-state-rollout-0", A, IN_2099)), None),
+    (
+        "its own slot renewed into 2099",
+        _take("vgpu-state-rollout-0", A, IN_2099),
+        _create(LEASES, _lease("vgpu-state-rollout-0", A, _now())),
+    ),
+    (
+        "its own slot deleted",  # a slot is released, never deleted
+        ("DELETE", f"{LEASES}/vgpu-state-rollout-0", _fixed(None), JSON),
+        _create(LEASES, _lease("vgpu-state-rollout-0", A, _now())),
+    ),
+    (
+        "its own slot renewed without the field manager",  # no server time to check it by
+        ("PUT", f"{LEASES}/vgpu-state-rollout-0", _take("vgpu-state-rollout-0", A)[2], JSON),
+        _create(LEASES, _lease("vgpu-state-rollout-0", A, _now())),
+    ),
     (
         "a ResourceSlice",
         ("DELETE", f"{SLICES}/{B}-slice", _fixed(None), JSON),
@@ -214,3 +249,41 @@ def test_a_token_without_a_node_name_is_refused(two_nodes: tuple[ControlPlane, s
     )["status"]["token"]
     with pytest.raises(ApiError, match="carries no node name"):
         cluster.request("POST", NODESTATES, _nodestate(A), JSON, token=unbound)
+
+
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/vms/resourceclaims"
+
+
+def test_an_agent_token_reads_resource_claims_and_changes_none(
+    two_nodes: tuple[ControlPlane, str],
+) -> None:
+    """The DRA component's RBAC: the agent reads a claim by name (the kubelet's prepare) and
+    lists claims (those allocated in its pool hold vGPUs); it cannot watch them, nor create,
+    change, delete or set the status of any (docs/security.md says why the list stays)."""
+    cluster, token = two_nodes
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "their-gpu"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.vgpu-state.io"}}]
+            }
+        },
+    }
+    stored = cluster.request("POST", CLAIMS, claim)
+    assert cluster.request("GET", f"{CLAIMS}/their-gpu", token=token)["metadata"]["uid"]
+    assert cluster.request("GET", "/apis/resource.k8s.io/v1/resourceclaims", token=token)["items"]
+    status = {**stored, "status": {"reservedFor": [{"resource": "pods", "name": "x", "uid": "1"}]}}
+    writes = [
+        ("GET", "/apis/resource.k8s.io/v1/resourceclaims?watch=1&timeoutSeconds=1", None),
+        ("GET", f"{CLAIMS}?watch=1&timeoutSeconds=1", None),
+        ("POST", CLAIMS, {**claim, "metadata": {"name": "mine"}}),
+        ("PUT", f"{CLAIMS}/their-gpu", stored),
+        ("PUT", f"{CLAIMS}/their-gpu/status", status),
+        ("DELETE", f"{CLAIMS}/their-gpu", None),
+    ]
+    for method, path, body in writes:
+        with pytest.raises(ApiError) as refused:
+            cluster.request(method, path, body, token=token)
+        assert refused.value.status == 403, (method, path, refused.value)

@@ -12,7 +12,10 @@ release it. Two features stand on it:
 
 A holder that stops renewing (a deleted pod, a dead node) loses the Lease
 ``leaseDurationSeconds`` after its last ``renewTime``, and the next identity
-to look takes it over. Every write carries the ``resourceVersion`` that was
+to look takes it over. A ``renewTime`` more than :data:`CLOCK_SKEW` in the
+future of the reader's clock is not believed: no honest holder writes one
+(clocks differ by less), so such a Lease is free at once rather than held
+until that time. Every write carries the ``resourceVersion`` that was
 read, so of two identities that saw the same free Lease one wins and the
 other gets a :class:`~vgpu_state.kube.api.ConflictError` (HTTP 409): both can
 never believe they took it.
@@ -33,6 +36,9 @@ DEFAULT_NAMESPACE = "vgpu-state"
 DEFAULT_DURATION = 30
 LABELS = {"app.kubernetes.io/name": "vgpu-state"}
 """The labels of every Lease vgpu-state creates."""
+CLOCK_SKEW = datetime.timedelta(seconds=60)
+"""How far a holder's clock may run ahead of a reader's: a ``renewTime`` later than the
+reader's now plus this is false, and the Lease free."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +79,27 @@ def expiry(lease: Mapping[str, Any]) -> datetime.datetime | None:
     return renewed + datetime.timedelta(seconds=duration)
 
 
-def live_holder(lease: Mapping[str, Any], now: datetime.datetime) -> str | None:
-    """The identity whose hold has not ended at ``now``; ``None``: the Lease is free."""
+def live_holder(
+    lease: Mapping[str, Any], now: datetime.datetime, *, max_duration: int | None = None
+) -> str | None:
+    """The identity whose hold has not ended at ``now``; ``None``: the Lease is free.
+
+    Free, too, is a Lease that claims a renewal more than :data:`CLOCK_SKEW` after
+    ``now``, a duration under 1 s, or (given ``max_duration``) a longer one: a hold
+    that no honest holder writes is not one."""
     current = holder(lease)
     ends = expiry(lease)
-    return current if current is not None and ends is not None and ends > now else None
+    if current is None or ends is None or ends <= now:
+        return None
+    spec = lease.get("spec") or {}
+    duration = spec.get("leaseDurationSeconds")
+    if not isinstance(duration, int) or duration < 1:
+        return None
+    if max_duration is not None and duration > max_duration:
+        return None
+    if ends - datetime.timedelta(seconds=duration) > now + CLOCK_SKEW:
+        return None  # renewed "in the future"
+    return current
 
 
 def held_by_another(lease: Mapping[str, Any], identity: str, now: datetime.datetime) -> bool:
@@ -99,10 +121,15 @@ class Leases:
     :class:`~vgpu_state.kube.errors.ClusterUnreachableError` with no answer).
     """
 
-    def __init__(self, api: KubeApi, namespace: str, identity: str) -> None:
+    def __init__(
+        self, api: KubeApi, namespace: str, identity: str, field_manager: str | None = None
+    ) -> None:
         self.api = api
         self.namespace = namespace
         self.identity = identity
+        self.field_manager = field_manager
+        """Sent as ``?fieldManager=`` with every write: the name under which the server
+        records (and times) the write in ``metadata.managedFields``."""
 
     def path(self, name: str | None = None) -> str:
         return path_of("coordination.k8s.io", "v1", "leases", name, self.namespace)
@@ -129,7 +156,7 @@ class Leases:
             },
         }
         try:
-            return self.api.create(self.path(), body)
+            return self.api.request("POST", self.path(), body, query=self._query())
         except ConflictError:
             return None
 
@@ -160,9 +187,14 @@ class Leases:
         name = str((lease.get("metadata") or {}).get("name") or "")
         try:
             # The body carries metadata.resourceVersion: a stale view is a 409.
-            return self.api.replace(self.path(name), {**lease, "spec": spec})
+            return self.api.request(
+                "PUT", self.path(name), {**lease, "spec": spec}, query=self._query()
+            )
         except ConflictError:
             return None
+
+    def _query(self) -> dict[str, str] | None:
+        return {"fieldManager": self.field_manager} if self.field_manager else None
 
 
 def try_acquire(

@@ -8,34 +8,52 @@ namespace (``N`` is the config's ``policy.max-unavailable``, default 1). A plan
 that only creates needs no slot.
 
 A slot is free when its Lease has no holder or its holder stopped renewing
-it (``renewTime + leaseDurationSeconds`` in the past: the holder died). The
+it (``renewTime + leaseDurationSeconds`` in the past: the holder died). A
+Lease no honest agent writes is free as well, so that one node cannot hold
+the fleet's slots for ever: one renewed more than a minute in the future of
+the reader's clock (:data:`~vgpu_state.kube.lease.CLOCK_SKEW`), one that lasts
+longer than :data:`MAX_LEASE_SECONDS`, and one whose holder has no Node (a
+deleted node's). Only the slots ``0`` … ``N-1`` count (at most
+:data:`MAX_SLOTS`); other ``vgpu-state-rollout-*`` Leases are ignored. The
 agent renews its slot while it applies and releases it when the node reports
 success. After a failure it keeps the slot without renewing it, so a change
 that breaks nodes stops at the first ``N`` of them until the Lease expires.
 
 Every write is guarded by the ``resourceVersion`` the agent read (optimistic
 concurrency): of two agents that see the same free slot, one wins and the
-other gets 409 Conflict and tries the next slot.
+other gets 409 Conflict and tries the next slot. Every write names the field
+manager :data:`FIELD_MANAGER`: the admission policy of ``deploy/policies.yaml``
+reads the API server's time of the write from it (``docs/security.md``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from vgpu_state.background import BackgroundLoop
-from vgpu_state.kube.api import JsonObject, KubeApi
-from vgpu_state.kube.errors import ClusterError, ClusterUnreachableError
+from vgpu_state.kube.api import InvalidError, JsonObject, KubeApi
+from vgpu_state.kube.errors import ClusterError, ClusterUnreachableError, NotFoundError
 from vgpu_state.kube.lease import Leases, holder, live_holder, version
+from vgpu_state.kube.node import read_node
 
 log = logging.getLogger(__name__)
 
 SLOT_PREFIX = "vgpu-state-rollout-"
 DEFAULT_LEASE_SECONDS = 120
+MAX_SLOTS = 64
+"""Slots ``0`` … ``63`` at most, whatever ``max-unavailable`` says (the admission policy
+refuses other names)."""
+MAX_LEASE_SECONDS = 600
+"""The longest hold a slot may claim (the admission policy's bound); a longer one is free."""
+FIELD_MANAGER = "vgpu-state-rollout"
+"""The field manager of every slot write (the admission policy requires it)."""
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 Clock = Callable[[], dt.datetime]
 
@@ -71,32 +89,48 @@ class RolloutSlots:
     ) -> None:
         if slots < 1:
             raise ValueError(f"max-unavailable must be at least 1, got {slots}")
-        self.leases = Leases(api, namespace, holder)
+        if not 1 <= lease_seconds <= MAX_LEASE_SECONDS:
+            raise ValueError(
+                f"a rollout slot lasts 1 to {MAX_LEASE_SECONDS} s, got {lease_seconds}"
+            )
+        self.api = api
+        self.leases = Leases(api, namespace, holder, field_manager=FIELD_MANAGER)
         self.holder = holder
         self.slots = slots
         self.lease_seconds = lease_seconds
         self._clock = clock
 
     def names(self) -> list[str]:
-        return [f"{SLOT_PREFIX}{i}" for i in range(self.slots)]
+        return [f"{SLOT_PREFIX}{i}" for i in range(min(self.slots, MAX_SLOTS))]
 
     def acquire(self) -> Slot | None:
-        """Take a slot (or keep the one this holder already has); ``None`` when all are taken."""
+        """Take a slot (or keep the one this holder already has); ``None`` when all are taken.
+
+        A take-over the API server refuses (422: the slot has not expired by the server's
+        clock, which may lag this node's) moves on to the next slot; when no slot was
+        taken, the first refusal is raised."""
         leases = {n: self.leases.get(n) for n in self.names()}
         # One this holder already has first (a restart in the middle of an apply).
         for name, lease in leases.items():
             if lease is not None and holder(lease) == self.holder:
                 return self._take(name, lease)
         now = self._clock()
+        refused: InvalidError | None = None
         for name, lease in leases.items():
             if lease is None:
                 slot = self._slot(name, self.leases.create(name, self.lease_seconds, now), "new")
-            elif live_holder(lease, now) is None:
-                slot = self._take(name, lease)
+            elif self._live_holder(lease, now) is None:
+                try:
+                    slot = self._take(name, lease)
+                except InvalidError as e:
+                    refused = refused or e
+                    continue
             else:
                 continue
             if slot is not None:
                 return slot
+        if refused is not None:
+            raise refused
         return None
 
     def renew(self, slot: Slot) -> Slot | None:
@@ -120,8 +154,27 @@ class RolloutSlots:
         result: dict[str, str | None] = {}
         for name in self.names():
             lease = self.leases.get(name)
-            result[name] = None if lease is None else live_holder(lease, now)
+            result[name] = None if lease is None else self._live_holder(lease, now)
         return result
+
+    def _live_holder(self, lease: JsonObject, now: dt.datetime) -> str | None:
+        """The node that holds the slot at ``now``; ``None``: free (never renewed, expired,
+        dated in the future, too long, or its holder's Node is gone)."""
+        current = live_holder(lease, now, max_duration=MAX_LEASE_SECONDS)
+        if current is None or current == self.holder or self._node_exists(current):
+            return current
+        log.info("rollout slot holder %s has no Node: the slot is free", current)
+        return None
+
+    def _node_exists(self, name: str) -> bool:
+        """Whether a Node ``name`` exists (a name no Node can have: no)."""
+        if _NODE_NAME.fullmatch(name) is None:
+            return False
+        try:
+            read_node(self.api, name)
+        except NotFoundError:
+            return False
+        return True
 
     @contextmanager
     def held(self, slot: Slot, every: float | None = None) -> Iterator[threading.Event]:
