@@ -171,7 +171,7 @@ class Controller:
         m.removals_waiting.set(len(decision.waiting))
         m.reports_refused.set(len(decision.refused))
         m.last_pass.set(time.time())
-        if decision.held:
+        if decision.held and no_layouts is None:
             log.warning("KubeVirt CR %s: removals suspended: %s", ref, decision.held)
         for resource, left in decision.waiting:
             log.debug("%s: reported by no node; removed in %.0f s", resource, left)
