@@ -60,6 +60,11 @@ def run(*args: str | Path) -> Result:
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def _controller_args(kubeconfig: Path) -> list[str | Path]:
+    """``controller --once`` with the node's layouts (they bound what it may permit)."""
+    return ["--kubeconfig", kubeconfig, "--once", "--identity", "c-1", "-f", CONFIG]
+
+
 def _common(kubeconfig: Path, spec: Path) -> list[str | Path]:
     return ["--node", NODE, "--kubeconfig", kubeconfig, "--sim", spec, "-f", CONFIG]
 
@@ -81,9 +86,7 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert cr["spec"]["configuration"]["permittedHostDevices"] == {"mediatedDevices": [FOREIGN]}
-    controller = run(
-        "controller", "--kubeconfig", controller_kubeconfig, "--once", "--identity", "c-1"
-    )
+    controller = run("controller", *_controller_args(controller_kubeconfig))
     assert controller.exit_code == 0, controller.output
     assert "+ kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-4Q]" in controller.output
 
@@ -126,7 +129,7 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     assert status["lastApply"]["result"] == "success"
     # A second pass finds nothing to change and writes nothing to the CR.
     mark = api.audit_mark()
-    again = run("controller", "--kubeconfig", controller_kubeconfig, "--once", "--identity", "c-1")
+    again = run("controller", *_controller_args(controller_kubeconfig))
     assert "KubeVirt CR kubevirt/kubevirt: no changes" in again.output
     cr_writes = [
         f"{e['verb']} {e['requestURI']}"
