@@ -295,6 +295,39 @@ def test_kubevirt_managing_mdevs_blocks_the_apply(
     assert spec.read_bytes() == before
 
 
+def test_a_foreign_pci_entry_over_the_nodes_vgpu_vfs_blocks_the_apply(
+    node_cluster: tuple[ControlPlane, Path, Path],
+) -> None:
+    """A ``pciHostDevices`` entry vgpu-state does not own, without
+    ``externalResourceProvider``, selecting the node's L40S VFs (``10DE:26B9``): KubeVirt
+    1.9+ would advertise those VFs itself, under a second resource name."""
+    api, kubeconfig, spec = node_cluster
+    cr: dict[str, Any] | None = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    theirs = {"pciVendorSelector": "10de:26b9", "resourceName": "nvidia.com/L40S"}
+    cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] = [theirs]
+    api.put(KUBEVIRT, "kubevirt", cr, namespace="kubevirt")
+    plan = run("plan", *_common(kubeconfig, spec), "-o", "json")
+    assert plan.exit_code == 0, plan.output
+    blocked = [
+        b for b in json.loads(plan.output)["blocked"] if b["code"] == "KubeVirtAdvertisesVFs"
+    ]
+    assert len(blocked) == 1 and "externalResourceProvider: true" in blocked[0]["reason"]
+    before = spec.read_bytes()
+    apply = run("apply", *_common(kubeconfig, spec), "--auto-approve")
+    assert apply.exit_code == 1
+    assert spec.read_bytes() == before
+    # Marked as provided by an external plugin: KubeVirt leaves the VFs alone.
+    cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] = [
+        theirs | {"externalResourceProvider": True}
+    ]
+    api.put(KUBEVIRT, "kubevirt", cr, namespace="kubevirt")
+    plan = run("plan", *_common(kubeconfig, spec), "-o", "json")
+    assert "KubeVirtAdvertisesVFs" not in plan.output
+
+
 def test_holders_on_standard_input_are_read_once_and_kept(
     node_cluster: tuple[ControlPlane, Path, Path],
 ) -> None:
