@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
@@ -32,6 +33,11 @@ LAYOUTS = "version: v1\nvgpu-configs:\n" + "".join(
 
 def layouts() -> StaticConfigSource:
     return StaticConfigSource(load_text(LAYOUTS, "layouts.yaml", catalog=default_catalog()))
+
+
+def bounding() -> dict[str, Any]:
+    """The ``ControllerSettings`` keywords that give the controller :data:`LAYOUTS`."""
+    return {"layouts": layouts(), "catalog": default_catalog()}
 
 
 def scan(spec: str, node: str) -> NodeSnapshot:

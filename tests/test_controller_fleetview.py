@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.hostile_reports import layouts
+from tests.hostile_reports import bounding
 from tests.realcluster import ControlPlane
 from tests.test_controller_real import _report, _scan
 from vgpu_state.catalog import default_catalog
@@ -101,7 +101,7 @@ def test_the_controller_reports_its_passes_and_leadership(
     })  # fmt: skip
     _report(cluster, "gpu-1", _scan("a2-host.yaml", "gpu-1"))
     api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
-    ctl = Controller(api, ControllerSettings(identity="c-0", layouts=layouts()))
+    ctl = Controller(api, ControllerSettings(identity="c-0", **bounding()))
     assert ctl.run_once() is not None
     assert ctl.run_once() is not None
     got = samples(ctl.metrics.exposition().decode())

@@ -180,6 +180,7 @@ def controller(
         interval=interval,
         lease_seconds=lease_seconds,
         fleet=fleet,
+        catalog=catalog,
     )
     api = KubeApi.connect(kubeconfig)
     ctl = Controller(api, settings)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vgpu_state.catalog import Catalog, default_catalog
+from vgpu_state.catalog import Catalog
 from vgpu_state.controller.bounds import LayoutBounds
 from vgpu_state.controller.desired import Decision, Missing, decide
 from vgpu_state.controller.fleetview import fleet_totals
@@ -80,11 +80,15 @@ class ControllerSettings:
     """The layouts document that bounds the KubeVirt CR; ``None``: the fleet view's. With
     neither, the controller adds and removes no entry."""
     catalog: Catalog | None = None
-    """The catalog the bounds check models and types against; ``None``: the shipped one."""
+    """The catalog the bounds check models and types against; ``None``: the fleet view's."""
 
     @property
     def bounding_layouts(self) -> ConfigSource | None:
         return self.layouts or (self.fleet.layouts if self.fleet is not None else None)
+
+    @property
+    def bounding_catalog(self) -> Catalog | None:
+        return self.catalog or (self.fleet.settings.catalog if self.fleet is not None else None)
 
 
 @dataclass
@@ -183,8 +187,8 @@ class Controller:
 
     def _layout_bounds(self) -> tuple[LayoutBounds | None, str | None]:
         """This pass's bounds, or why there are none (then the CR is left as it is)."""
-        source = self.settings.bounding_layouts
-        if source is None:
+        source, catalog = self.settings.bounding_layouts, self.settings.bounding_catalog
+        if source is None or catalog is None:
             why = "the controller has no layouts document (--config-file)"
         else:
             try:
@@ -198,7 +202,6 @@ class Controller:
                         "bounds the KubeVirt CR: %s",
                         str(source.error).splitlines()[0],
                     )
-                catalog = self.settings.catalog or default_catalog()
                 bounds = LayoutBounds.of(document, catalog)
                 if bounds != self._bounds:
                     self._bounds = bounds
