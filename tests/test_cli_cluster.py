@@ -139,6 +139,21 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     assert cr_writes == []
 
 
+def test_the_controller_without_layouts_changes_nothing_and_says_so(
+    node_cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
+) -> None:
+    api, kubeconfig, spec = node_cluster
+    assert run("apply", *_common(kubeconfig, spec), "--auto-approve").exit_code == 0
+    controller_kubeconfig = api.controller_kubeconfig(tmp_path / "controller")
+    args = _controller_args(controller_kubeconfig)
+    unbounded = run("controller", *args[: args.index("-f")], "-f", "")
+    assert unbounded.exit_code == 0, unbounded.output
+    assert "no KubeVirt CR entry is added or removed" in unbounded.output
+    cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert cr["spec"]["configuration"]["permittedHostDevices"] == {"mediatedDevices": [FOREIGN]}
+
+
 def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(
     node_cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
 ) -> None:

@@ -156,3 +156,28 @@ def test_one_node_cannot_move_the_honest_nodes_mdev_entry(
     assert again is not None and again.write.writes == 0
     assert _cr(cluster)["metadata"]["resourceVersion"] == rv
     assert _refusal_event(cluster, "a-evil")["count"] == 2, "its new report is named again"
+
+
+def test_a_pass_writes_a_bounded_number_of_refusal_events(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    """60 nodes refused at once (as after a layouts edit): the first pass names 50, the next
+    the other 10, and a third pass, with nothing new to say, writes no Event."""
+    ctl = _controller(cluster, tmp_path, {})
+    nodes = [f"gpu-{i:02d}" for i in range(60)]
+    for node in nodes:
+        _report(cluster, node, made_up_types(node, 1))
+
+    def named() -> int:
+        listed = cluster.request("GET", f"{EVENTS}?fieldSelector=reason%3DReportRefused")
+        return len(listed["items"])
+
+    assert ctl.run_once() is not None
+    assert named() == 50
+    assert ctl.run_once() is not None
+    assert named() == 60
+    written = "vgpu_state_controller_refusal_events_total"
+    assert ctl.metrics.registry.get_sample_value(written) == 60
+    assert ctl.run_once() is not None
+    assert ctl.metrics.registry.get_sample_value(written) == 60, "nothing new to say"
+    assert named() == 60

@@ -49,6 +49,8 @@ DEFAULT_FLEET_INTERVAL = 60.0
 REFUSED_REASON = "ReportRefused"
 """The reason of the Warning Event naming a refused report on its ``VGPUNodeState``."""
 EVENT_COMPONENT = "vgpu-state-controller"
+MAX_EVENTS_PER_PASS = 50
+"""Refusal Events one pass writes at most (a document edit can refuse many nodes at once)."""
 MAX_EVENT_MESSAGE = 1024
 """An Event's message is cut here (the API server refuses longer ones)."""
 
@@ -242,12 +244,16 @@ class Controller:
         m.claims_refused.labels("layouts").set(sum(r.outside.count for r in reports))
         m.claims_refused.labels("conflict").set(len(decision.conflicts))
         self._named = {n: text for n, text in self._named.items() if n in said}
+        budget = MAX_EVENTS_PER_PASS
         for node in sorted(said):
             text = "; ".join(said[node])
             if len(text) > MAX_EVENT_MESSAGE:
                 text = text[: MAX_EVENT_MESSAGE - 1] + "…"
             if self._named.get(node) == text:
                 continue
+            if budget == 0:
+                break  # the rest on the next passes: a pass never floods the API server
+            budget -= 1
             log.warning("VGPUNodeState %s refused: %s", node, text)
             try:
                 events.record(
