@@ -115,6 +115,8 @@ def test_made_up_types_never_reach_the_cr_and_never_stop_a_write(
         assert event["type"] == "Warning" and event["reason"] == "ReportRefused"
         assert event["involvedObject"]["kind"] == "VGPUNodeState"
         assert event["involvedObject"]["name"] == "evil"
+        state = cluster.request("GET", "/apis/vgpu-state.io/v1alpha1/vgpunodestates/evil")
+        assert event["involvedObject"]["uid"] == state["metadata"]["uid"], "kubectl describe"
         assert f"{count} vGPU(s) outside what the layouts document" in event["message"]
         assert len(event["message"]) <= 1024
         assert event["count"] == 1, "named once, not once per pass"

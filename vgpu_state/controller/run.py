@@ -120,6 +120,9 @@ class Controller:
     """Each node's last report, with the ``resourceVersion`` and bounds it was read with: an
     unchanged status is not decoded and checked again while the document is unchanged."""
     _bounds: LayoutBounds | None = None
+    _uids: dict[str, str] = field(default_factory=dict)
+    """Each ``VGPUNodeState``'s uid, for the Events about it (``kubectl describe`` matches
+    Events by the object's uid)."""
     _named: dict[str, str] = field(default_factory=dict)
     """What the last Warning Event on each node's ``VGPUNodeState`` said (one Event per
     change, not per pass)."""
@@ -217,6 +220,8 @@ class Controller:
     def _report(self, obj: JsonObject, bounds: LayoutBounds | None) -> NodeReport:
         meta = obj.get("metadata") or {}
         name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        if meta.get("uid"):
+            self._uids[name] = str(meta["uid"])
         if bounds is None:
             return NodeReport(name, unreadable="no layouts document bounds the KubeVirt CR")
         kept = self._reports.get(name)
@@ -244,6 +249,8 @@ class Controller:
         m.claims_refused.labels("layouts").set(sum(r.outside.count for r in reports))
         m.claims_refused.labels("conflict").set(len(decision.conflicts))
         self._named = {n: text for n, text in self._named.items() if n in said}
+        present = {r.node for r in reports}
+        self._uids = {n: uid for n, uid in self._uids.items() if n in present}
         budget = MAX_EVENTS_PER_PASS
         for node in sorted(said):
             text = "; ".join(said[node])
@@ -266,7 +273,8 @@ class Controller:
                         "apiVersion": nodestate.API_VERSION,
                         "kind": nodestate.KIND,
                         "name": node,
-                    },
+                    }
+                    | ({"uid": self._uids[node]} if node in self._uids else {}),
                     instance=self.settings.identity,
                     component=EVENT_COMPONENT,
                     now=self.wall(),
