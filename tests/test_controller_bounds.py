@@ -103,6 +103,17 @@ def test_made_up_types_justify_nothing_and_cost_a_bounded_summary(
     assert len(json.dumps(decision.plan.patch)) < 4096
 
 
+def test_a_long_made_up_name_is_kept_short(bounds: LayoutBounds) -> None:
+    snap = made_up_types("evil", 1)
+    gpu = snap.gpus[0]
+    name = "Z" * 100_000 + "-1Q"
+    vgpu = gpu.vgpus[0].model_copy(update={"type_name": name, "type_sysfs_name": f"NVIDIA {name}"})
+    offered = (gpu.offered[0].model_copy(update={"name": name}),)
+    forged = gpu.model_copy(update={"vgpus": (vgpu,), "offered": offered})
+    checked = checked_entries(snap.model_copy(update={"gpus": (forged,)}), bounds)
+    assert checked.outside.count == 1 and len(checked.outside.first[0]) <= 240
+
+
 def test_a_node_cannot_add_a_type_the_document_does_not_name(bounds: LayoutBounds) -> None:
     snapshot = scan("l40s-pair.yaml", "gpu-1")
     narrower = LayoutBounds(bounds.names - {"L40S-4Q"}, bounds.catalog)

@@ -141,6 +141,9 @@ class Summary:
     first: tuple[str, ...] = ()
 
     LIMIT = 5
+    """Items kept."""
+    WIDTH = 240
+    """Characters kept of each (a reported name can be as long as a status allows)."""
 
     def __bool__(self) -> bool:
         return self.count > 0

@@ -129,7 +129,8 @@ class _Tally:
     def add(self, item: str) -> None:
         self.count += 1
         if len(self.first) < Summary.LIMIT:
-            self.first.append(item)
+            cut = item if len(item) <= Summary.WIDTH else item[: Summary.WIDTH - 1] + "…"
+            self.first.append(cut)
 
     def summary(self) -> Summary:
         return Summary(self.count, tuple(self.first))
