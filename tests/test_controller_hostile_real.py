@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests.hostile_reports import LAYOUT_TYPES, layouts, made_up_types, scan, vf_backed_a2
+from tests.hostile_reports import LAYOUT_TYPES, LAYOUTS, layouts, made_up_types, scan, vf_backed_a2
 from tests.realcluster import ApiError, ControlPlane
 from tests.test_controller_real import FOREIGN, KUBEVIRT, _cr, _owned, _report
 from vgpu_state.catalog import default_catalog
+from vgpu_state.config import FileConfigSource
 from vgpu_state.controller.run import Controller, ControllerSettings, FleetViewSettings
 from vgpu_state.kube import nodestate
 from vgpu_state.kube.api import KubeApi
@@ -183,3 +184,32 @@ def test_a_pass_writes_a_bounded_number_of_refusal_events(
     assert ctl.run_once() is not None
     assert ctl.metrics.registry.get_sample_value(written) == 60, "nothing new to say"
     assert named() == 60
+
+
+def test_a_type_the_admin_adds_to_the_layouts_is_permitted_on_the_next_pass(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    """The layouts file is read every pass: a node's type the document did not name is
+    refused, and permitted once the admin's edit names it (the unchanged status is checked
+    again against the new document)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(LAYOUTS.replace("  l40s-4q:\n", "  l40s-4q-off:\n").replace(
+        "        L40S-4Q: 1\n", "        L40S-12Q: 1\n"
+    ))  # fmt: skip
+    cluster.request("POST", KUBEVIRT, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                                       "metadata": {"name": "kubevirt"}, "spec": {}})  # fmt: skip
+    api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
+    catalog = default_catalog()
+    settings = ControllerSettings(
+        "controller-0", grace=GRACE, layouts=FileConfigSource(path, catalog), catalog=catalog
+    )
+    ctl = Controller(api, settings)
+    _report(cluster, "gpu-1", scan("l40s-pair.yaml", "gpu-1"))
+    assert ctl.run_once() is not None
+    assert _owned(cluster) == set()
+    assert "type 'L40S-4Q' is not one" in _refusal_event(cluster, "gpu-1")["message"]
+    path.write_text(LAYOUTS)
+    again = ctl.run_once()
+    assert again is not None and again.write.writes == 1
+    assert _owned(cluster) == {"nvidia.com/NVIDIA_L40S-4Q"}
+    assert _gauge(ctl, "layouts") == 0
