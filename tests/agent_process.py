@@ -205,7 +205,8 @@ class Running:
         from vgpu_state.cli.main import cli
 
         kubeconfig = self.kube.controller_kubeconfig(self.tmp / "controller")
-        args = ["controller", "--kubeconfig", str(kubeconfig), "--once", "--identity", "c-1"]
+        args = ["controller", "--kubeconfig", str(kubeconfig), "--once", "--identity", "c-1",
+                "-f", str(self.config_dir / "config.yaml")]  # fmt: skip
         return CliRunner().invoke(cli, args)
 
     def edit_config(self, text: str) -> None:

@@ -60,6 +60,11 @@ def run(*args: str | Path) -> Result:
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def _controller_args(kubeconfig: Path) -> list[str | Path]:
+    """``controller --once`` with the node's layouts (they bound what it may permit)."""
+    return ["--kubeconfig", kubeconfig, "--once", "--identity", "c-1", "-f", CONFIG]
+
+
 def _common(kubeconfig: Path, spec: Path) -> list[str | Path]:
     return ["--node", NODE, "--kubeconfig", kubeconfig, "--sim", spec, "-f", CONFIG]
 
@@ -81,9 +86,7 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
     assert cr["spec"]["configuration"]["permittedHostDevices"] == {"mediatedDevices": [FOREIGN]}
-    controller = run(
-        "controller", "--kubeconfig", controller_kubeconfig, "--once", "--identity", "c-1"
-    )
+    controller = run("controller", *_controller_args(controller_kubeconfig))
     assert controller.exit_code == 0, controller.output
     assert "+ kubevirt[kubevirt/kubevirt].mediatedDevices[GRID T4-4Q]" in controller.output
 
@@ -126,7 +129,7 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     assert status["lastApply"]["result"] == "success"
     # A second pass finds nothing to change and writes nothing to the CR.
     mark = api.audit_mark()
-    again = run("controller", "--kubeconfig", controller_kubeconfig, "--once", "--identity", "c-1")
+    again = run("controller", *_controller_args(controller_kubeconfig))
     assert "KubeVirt CR kubevirt/kubevirt: no changes" in again.output
     cr_writes = [
         f"{e['verb']} {e['requestURI']}"
@@ -134,6 +137,21 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
         if "/kubevirts" in e["requestURI"] and e["verb"] in WRITE_VERBS
     ]
     assert cr_writes == []
+
+
+def test_the_controller_without_layouts_changes_nothing_and_says_so(
+    node_cluster: tuple[ControlPlane, Path, Path], tmp_path: Path
+) -> None:
+    api, kubeconfig, spec = node_cluster
+    assert run("apply", *_common(kubeconfig, spec), "--auto-approve").exit_code == 0
+    controller_kubeconfig = api.controller_kubeconfig(tmp_path / "controller")
+    args = _controller_args(controller_kubeconfig)
+    unbounded = run("controller", *args[: args.index("-f")], "-f", "")
+    assert unbounded.exit_code == 0, unbounded.output
+    assert "no KubeVirt CR entry is added or removed" in unbounded.output
+    cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    assert cr["spec"]["configuration"]["permittedHostDevices"] == {"mediatedDevices": [FOREIGN]}
 
 
 def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(
@@ -290,6 +308,39 @@ def test_kubevirt_managing_mdevs_blocks_the_apply(
     apply = run("apply", *_common(kubeconfig, spec), "--auto-approve")
     assert apply.exit_code == 1
     assert spec.read_bytes() == before
+
+
+def test_a_foreign_pci_entry_over_the_nodes_vgpu_vfs_blocks_the_apply(
+    node_cluster: tuple[ControlPlane, Path, Path],
+) -> None:
+    """A ``pciHostDevices`` entry vgpu-state does not own, without
+    ``externalResourceProvider``, selecting the node's L40S VFs (``10DE:26B9``): KubeVirt
+    1.9+ would advertise those VFs itself, under a second resource name."""
+    api, kubeconfig, spec = node_cluster
+    cr: dict[str, Any] | None = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    theirs = {"pciVendorSelector": "10de:26b9", "resourceName": "nvidia.com/L40S"}
+    cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] = [theirs]
+    api.put(KUBEVIRT, "kubevirt", cr, namespace="kubevirt")
+    plan = run("plan", *_common(kubeconfig, spec), "-o", "json")
+    assert plan.exit_code == 0, plan.output
+    blocked = [
+        b for b in json.loads(plan.output)["blocked"] if b["code"] == "KubeVirtAdvertisesVFs"
+    ]
+    assert len(blocked) == 1 and "externalResourceProvider: true" in blocked[0]["reason"]
+    before = spec.read_bytes()
+    apply = run("apply", *_common(kubeconfig, spec), "--auto-approve")
+    assert apply.exit_code == 1
+    assert spec.read_bytes() == before
+    # Marked as provided by an external plugin: KubeVirt leaves the VFs alone.
+    cr = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert cr is not None
+    cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] = [
+        theirs | {"externalResourceProvider": True}
+    ]
+    api.put(KUBEVIRT, "kubevirt", cr, namespace="kubevirt")
+    plan = run("plan", *_common(kubeconfig, spec), "-o", "json")
+    assert "KubeVirtAdvertisesVFs" not in plan.output
 
 
 def test_holders_on_standard_input_are_read_once_and_kept(

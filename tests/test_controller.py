@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vgpu_state.catalog import default_catalog
+from vgpu_state.controller.bounds import LayoutBounds
 from vgpu_state.controller.desired import Missing, decide
 from vgpu_state.controller.reports import NodeReport, checked_entries, read_report
 from vgpu_state.kube import nodestate
@@ -26,6 +28,10 @@ from vgpu_state.sim.host import SimHost
 T0 = datetime.datetime(2026, 11, 24, 10, 0, tzinfo=datetime.UTC)
 FOREIGN = {"mdevNameSelector": "GRID T4-1Q", "resourceName": "nvidia.com/GRID_T4-1Q"}
 GRACE = 300.0
+BOUNDS = LayoutBounds(
+    frozenset({"A2-4A", "A2-4C", "A2-4Q", "T4-8C", "L40S-12Q", "A40-48Q"}), default_catalog()
+)
+"""A layouts document naming the simulated hosts' types (and one no GPU here offers)."""
 
 
 def _scan(sim_spec_paths: list[Path], name: str, node: str) -> NodeSnapshot:
@@ -71,10 +77,10 @@ def _applied(cr: dict[str, Any], decision_patch: tuple[dict[str, Any], ...]) -> 
 # which entries a report justifies ---------------------------------------------------
 def test_entries_come_from_the_checked_scan_of_the_node(sim_spec_paths: list[Path]) -> None:
     snapshot = _scan(sim_spec_paths, "mixed.yaml", "gpu-1")
-    report = read_report(_state("gpu-1", snapshot))
+    report = read_report(_state("gpu-1", snapshot), BOUNDS)
     assert report.unreadable is None and report.refused is None
     assert report.entries == desired_entries(snapshot).entries
-    assert report.skipped == ()
+    assert not report.skipped and not report.outside
 
 
 def test_a_nic_or_a_type_the_driver_does_not_list_has_no_way_into_the_cr(
@@ -98,7 +104,8 @@ def test_a_nic_or_a_type_the_driver_does_not_list_has_no_way_into_the_cr(
             "gpus": tuple(nic if g is l40s else forged_a2 if g is a2 else g for g in snapshot.gpus)
         }
     )
-    entries, skipped = checked_entries(forged)
+    checked = checked_entries(forged, BOUNDS)
+    entries, skipped = checked.entries, checked.outside.first
     resources = {e.resource for e in entries}
     assert all(e.selector.startswith("10DE:") for e in entries if e.list == "pciHostDevices")
     assert not any("1572" in e.selector for e in entries)
@@ -114,11 +121,11 @@ def test_a_scan_of_another_node_or_with_repeated_addresses_is_refused(
     sim_spec_paths: list[Path],
 ) -> None:
     theirs = _scan(sim_spec_paths, "mixed.yaml", "gpu-2")
-    refused = read_report(_state("gpu-1", theirs))
+    refused = read_report(_state("gpu-1", theirs), BOUNDS)
     assert refused.entries == () and "scan is of node 'gpu-2'" in (refused.refused or "")
     mine = _scan(sim_spec_paths, "mixed.yaml", "gpu-1")
     copied = mine.model_copy(update={"gpus": mine.gpus + mine.gpus})
-    repeated = read_report(_state("gpu-1", copied))
+    repeated = read_report(_state("gpu-1", copied), BOUNDS)
     assert repeated.entries == () and "repeats PCI addresses" in (repeated.refused or "")
 
 
@@ -154,7 +161,7 @@ def test_a_newer_agents_status_is_read_for_what_this_version_knows(
             "lastTransitionTime": "2026-11-24T10:00:00Z",
         },
     ]
-    report = read_report(obj)
+    report = read_report(obj, BOUNDS)
     assert report.unreadable is None, report.unreadable
     assert report.entries == desired_entries(snapshot).entries
     status = nodestate.status_of(obj)
@@ -241,5 +248,6 @@ def test_one_guarded_patch_adds_every_nodes_entries() -> None:
         e["resourceName"]
         for e in after["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
     ]
-    assert names == ["nvidia.com/GRID_T4-1Q", "nvidia.com/NVIDIA_A2-4Q", "nvidia.com/GRID_T4-8C"]
+    # New entries follow the foreign one in resource-name order, whoever reported them.
+    assert names == ["nvidia.com/GRID_T4-1Q", "nvidia.com/GRID_T4-8C", "nvidia.com/NVIDIA_A2-4Q"]
     assert decide(after, reports, d.missing, now=1.0, grace=GRACE).plan.patch == ()

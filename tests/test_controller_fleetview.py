@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.hostile_reports import bounding
 from tests.realcluster import ControlPlane
 from tests.test_controller_real import _report, _scan
 from vgpu_state.catalog import default_catalog
@@ -100,7 +101,7 @@ def test_the_controller_reports_its_passes_and_leadership(
     })  # fmt: skip
     _report(cluster, "gpu-1", _scan("a2-host.yaml", "gpu-1"))
     api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
-    ctl = Controller(api, ControllerSettings(identity="c-0"))
+    ctl = Controller(api, ControllerSettings(identity="c-0", **bounding()))
     assert ctl.run_once() is not None
     assert ctl.run_once() is not None
     got = samples(ctl.metrics.exposition().decode())
@@ -108,6 +109,7 @@ def test_the_controller_reports_its_passes_and_leadership(
     assert got[("vgpu_state_controller_kubevirt_writes_total", (("result", "ok"),))] == 1
     assert got[("vgpu_state_controller_kubevirt_in_step", ())] == 1
     assert got[("vgpu_state_controller_last_pass_timestamp_seconds", ())] > 0
+    assert got[("vgpu_state_controller_layouts_loaded", ())] == 1
     # Another replica, while this one's Lease is live: it follows and says so.
     other = Controller(api, ControllerSettings(identity="c-1"))
     assert other.run_once() is None

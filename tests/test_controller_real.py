@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.hostile_reports import bounding
 from tests.realcluster import CONTROLLER_SA, CONTROLLER_USER, WRITE_VERBS, ApiError, ControlPlane
 from vgpu_state.controller import run
+from vgpu_state.controller.bounds import LayoutBounds
 from vgpu_state.controller.reports import NodeReport
 from vgpu_state.controller.run import Controller, ControllerSettings
 from vgpu_state.kube.api import KubeApi
@@ -108,7 +110,7 @@ def controller(
     # The controller's own ServiceAccount, its token bound to its pod.
     api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
     clock = [0.0]
-    settings = ControllerSettings(identity="controller-0", grace=GRACE)
+    settings = ControllerSettings(identity="controller-0", grace=GRACE, **bounding())
     return cluster, Controller(api, settings, clock=lambda: clock[0]), clock
 
 
@@ -210,7 +212,7 @@ def test_the_leader_writes_once_per_change_and_the_other_replica_waits(
     token = cluster.agent_token("control-node-2", service_account=CONTROLLER_SA)
     two = Controller(
         KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "two", token=token))),
-        ControllerSettings(identity="controller-1", grace=GRACE),
+        ControllerSettings(identity="controller-1", grace=GRACE, **bounding()),
         clock=lambda: clock[0],
     )
     pod_one, pod_two = f"{CONTROLLER_SA}-control-node", f"{CONTROLLER_SA}-control-node-2"
@@ -287,9 +289,9 @@ def test_an_unchanged_status_is_not_decoded_again(
     decoded: list[str] = []
     real = run.read_report
 
-    def counting(obj: dict[str, Any]) -> NodeReport:
+    def counting(obj: dict[str, Any], bounds: LayoutBounds) -> NodeReport:
         decoded.append(obj["metadata"]["name"])
-        return real(obj)
+        return real(obj, bounds)
 
     monkeypatch.setattr(run, "read_report", counting)
     first = ctl.run_once()

@@ -165,6 +165,8 @@ def test_the_controller_is_the_only_kubevirt_writer_and_elects_a_leader(
         ("kubevirt.io", "kubevirts", "list"),
         ("kubevirt.io", "kubevirts", "patch"),
         ("", "nodes", "list"),  # the fleet view: each node's labels select its layout
+        # A refused report: a Warning Event on the node's VGPUNodeState.
+        *(("", "events", v) for v in ("get", "create", "patch")),
         # The layouts webhook's caBundle: that one object only (below).
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get"),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch"),

@@ -95,8 +95,9 @@ def _webhook_objects(fn: F) -> F:
 )
 @listen_option("HOST:PORT of /metrics, /healthz and /readyz (empty: not served).")
 @config_file_option(
-    help="The layouts (the agents' ConfigMap, mounted) the fleet view plans with; "
-    "empty: no fleet view. Env: VGPU_STATE_CONFIG_FILE.",
+    help="The layouts (the agents' ConfigMap, mounted): they bound what the KubeVirt CR may "
+    "permit, and the fleet view plans with them; empty: no fleet view, and no KubeVirt CR "
+    "entry is added or removed. Env: VGPU_STATE_CONFIG_FILE.",
     default="/etc/vgpu-state/config.yaml",
 )
 @seconds_option(
@@ -179,6 +180,7 @@ def controller(
         interval=interval,
         lease_seconds=lease_seconds,
         fleet=fleet,
+        catalog=catalog,
     )
     api = KubeApi.connect(kubeconfig)
     ctl = Controller(api, settings)
@@ -195,6 +197,15 @@ def controller(
             click.echo(f"warning: removals suspended: {result.decision.held}", err=True)
         for why in result.decision.refused:
             click.echo(f"warning: VGPUNodeState refused: {why}", err=True)
+        for conflict in result.decision.conflicts:
+            click.echo(f"warning: {conflict.message}", err=True)
+        for report in result.reports:
+            if report.outside:
+                click.echo(
+                    f"warning: node {report.node}: {report.outside.count} vGPU(s) outside the "
+                    f"layouts document and the catalog: {report.outside}",
+                    err=True,
+                )
         if not result.write.changes:
             click.echo(f"KubeVirt CR {result.write.ref}: no changes")
         return

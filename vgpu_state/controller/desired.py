@@ -1,7 +1,16 @@
 """The KubeVirt CR the fleet needs, from every node's report, with a grace period (pure).
 
-* **Add** every entry some node's checked report justifies (the first node in
-  name order wins a resource).
+* **Add** every entry some node's checked report justifies, within what the
+  layouts document can produce (:mod:`vgpu_state.controller.bounds`).
+* **Agree or refuse.** Nodes that report one resource with different entries
+  (an mdev here, a VF there, or another selector) are settled by the majority
+  of the nodes reporting it; the others' entries are refused and named
+  (:class:`Conflict`), never written. With no majority the CR's entry for that
+  resource is left exactly as it is (none is added to a CR that has none), so
+  one hostile node can neither move an entry nor have its own written. The
+  order of node names decides nothing.
+* **No layouts document, no change.** Without a document that bounds the CR,
+  nothing is added and nothing is removed.
 * **Remove** an entry vgpu-state owns only when no node has reported its
   resource for ``grace`` seconds. The clock of a resource starts when the
   controller first sees it missing (a new leader starts every clock afresh);
@@ -36,6 +45,47 @@ class Missing:
 
 
 @dataclass(frozen=True)
+class Conflict:
+    """A node's entry for a resource other nodes report otherwise: refused, never written."""
+
+    node: str
+    entry: PermittedEntry
+    agreed: PermittedEntry | None
+    """The entry the majority reports (``None``: no majority; the CR is left as it is)."""
+    others: int
+    """How many nodes report the resource with another entry."""
+
+    @property
+    def message(self) -> str:
+        theirs = (
+            f"{self.others} other node(s) report it as {describe(self.agreed)}"
+            if self.agreed is not None
+            else f"{self.others} other node(s) report it otherwise and no entry has a "
+            "majority, so the KubeVirt CR's entry is left as it is"
+        )
+        return (
+            f"node {self.node} reports {self.entry.resource} as {describe(self.entry)}; "
+            f"{theirs}: refused"
+        )
+
+
+def describe(entry: PermittedEntry) -> str:
+    """``mediatedDevices (mdevNameSelector NVIDIA A2-4Q)``."""
+    key = "mdevNameSelector" if entry.list == "mediatedDevices" else "pciVendorSelector"
+    return f"{entry.list} ({key} {entry.selector})"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The entries the fleet agrees on, the resources it does not, and who disagreed."""
+
+    entries: tuple[PermittedEntry, ...] = ()
+    unsettled: frozenset[str] = frozenset()
+    """Resources whose reports tie: their CR entry stays as it is."""
+    conflicts: tuple[Conflict, ...] = ()
+
+
+@dataclass(frozen=True)
 class Decision:
     """One pass: the CR change, what waits for its grace period, and why nothing was removed."""
 
@@ -47,16 +97,38 @@ class Decision:
     """Why removals are suspended this pass (an unreadable status), if they are."""
     refused: tuple[str, ...] = ()
     """Nodes whose reports were refused, with the reason."""
+    conflicts: tuple[Conflict, ...] = ()
+    """Entries refused because other nodes report their resource otherwise."""
 
 
-def wanted_entries(reports: Iterable[NodeReport]) -> tuple[PermittedEntry, ...]:
-    """Every entry some report justifies, one per resource (first node by name wins)."""
-    found: dict[str, PermittedEntry] = {}
-    for report in sorted(reports, key=lambda r: r.node):
+def wanted_entries(reports: Iterable[NodeReport]) -> Resolution:
+    """One entry per resource some report justifies, the majority's where nodes disagree
+    (see the module)."""
+    claims: dict[str, dict[PermittedEntry, list[str]]] = {}
+    for report in reports:
         if report.unreadable is None and report.refused is None:
             for entry in report.entries:
-                found.setdefault(entry.resource, entry)
-    return tuple(found.values())
+                claims.setdefault(entry.resource, {}).setdefault(entry, []).append(report.node)
+    entries: list[PermittedEntry] = []
+    unsettled: set[str] = set()
+    conflicts: list[Conflict] = []
+    for resource in sorted(claims):
+        by_entry = claims[resource]
+        total = sum(len(nodes) for nodes in by_entry.values())
+        top = max(len(nodes) for nodes in by_entry.values())
+        leaders = [e for e, nodes in by_entry.items() if len(nodes) == top]
+        agreed = leaders[0] if len(leaders) == 1 else None
+        if agreed is not None:
+            entries.append(agreed)
+        else:
+            unsettled.add(resource)
+        for entry in sorted(by_entry):
+            if entry != agreed:
+                nodes = by_entry[entry]
+                conflicts.extend(
+                    Conflict(node, entry, agreed, total - len(nodes)) for node in sorted(nodes)
+                )
+    return Resolution(tuple(entries), frozenset(unsettled), tuple(conflicts))
 
 
 def decide(
@@ -65,13 +137,20 @@ def decide(
     missing: Missing,
     now: float,
     grace: float,
+    no_layouts: str | None = None,
 ) -> Decision:
-    """The guarded change that brings ``cr`` to what ``reports`` need (see the module)."""
+    """The guarded change that brings ``cr`` to what ``reports`` need (see the module).
+
+    ``no_layouts``: why no layouts document bounds the CR; then nothing changes.
+    """
     reports = list(reports)
-    wanted = wanted_entries(reports)
-    reported = {e.resource for e in wanted}
-    unreadable = [r for r in reports if r.unreadable is not None]
     refused = tuple(f"{r.node}: {r.refused}" for r in reports if r.refused is not None)
+    if no_layouts is not None:
+        return Decision(plan_write(cr, (), None), Missing(), held=no_layouts, refused=refused)
+    resolution = wanted_entries(reports)
+    wanted = resolution.entries
+    reported = {e.resource for e in wanted} | resolution.unsettled
+    unreadable = [r for r in reports if r.unreadable is not None]
     owned = managed_resources(cr)
     since: dict[str, float] = {}
     held: str | None = None
@@ -90,7 +169,12 @@ def decide(
             since[resource] = start
             if now - start < grace:
                 keep.add(resource)
-    waiting = tuple(
-        (r, max(0.0, grace - (now - s))) for r, s in sorted(since.items()) if r in keep
+    waiting = tuple((r, max(0.0, grace - (now - s))) for r, s in sorted(since.items()) if r in keep)
+    return Decision(
+        plan_write(cr, wanted, keep),
+        Missing(since),
+        waiting,
+        held,
+        refused,
+        resolution.conflicts,
     )
-    return Decision(plan_write(cr, wanted, keep), Missing(since), waiting, held, refused)

@@ -67,6 +67,25 @@ class ControllerMetrics:
             "addresses, no NVIDIA device).",
             registry=r,
         )
+        self.claims_refused = Gauge(
+            f"{c}_report_entries_refused",
+            "vGPUs or entries the last pass refused in reports it read, by reason (layouts: "
+            "outside what the layouts document and the catalog allow; conflict: other nodes "
+            "report the resource otherwise).",
+            ["reason"],
+            registry=r,
+        )
+        self.layouts_loaded = Gauge(
+            f"{c}_layouts_loaded",
+            "1 when a layouts document bounds the KubeVirt CR; 0: the controller adds and "
+            "removes no entry.",
+            registry=r,
+        )
+        self.refusal_events = Counter(
+            f"{c}_refusal_events",
+            "Warning Events written on VGPUNodeStates whose reports were refused.",
+            registry=r,
+        )
         f = f"{PREFIX}_fleet"
         self.fleet_nodes = Gauge(
             f"{f}_nodes",

@@ -46,6 +46,7 @@ def _utcnow() -> datetime.datetime:
 _BLOCKED_CODES = {
     "KubeVirtMdevManagementActive": BlockedReason.KUBEVIRT_MDEV_MANAGEMENT,
     "KubeVirtManagedByHCO": BlockedReason.KUBEVIRT_MANAGED_BY_HCO,
+    "KubeVirtAdvertisesVFs": BlockedReason.KUBEVIRT_ADVERTISES_VFS,
 }
 
 

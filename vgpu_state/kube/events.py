@@ -46,8 +46,14 @@ def record(
     instance: str | None = None,
     namespace: str = EVENT_NAMESPACE,
     now: datetime.datetime | None = None,
+    involved: JsonObject | None = None,
+    component: str = COMPONENT,
 ) -> JsonObject:
-    """Create the node's Event for ``reason``, or bump the count of the existing one."""
+    """Create the node's Event for ``reason``, or bump the count of the existing one.
+
+    ``involved``: the object the Event is about when it is not the Node (the node's
+    ``VGPUNodeState``); ``component``: who reports it (the controller names itself).
+    """
     moment = now or datetime.datetime.now(tz=datetime.UTC)
     name = event_name(node, reason)
     path = path_of("", "v1", "events", name, namespace)
@@ -58,22 +64,22 @@ def record(
         except NotFoundError:
             existing = None
         if existing is None:
-            involved: JsonObject = {"apiVersion": "v1", "kind": "Node", "name": node}
-            if node_uid:
-                involved["uid"] = node_uid
+            about: JsonObject = dict(involved or {"apiVersion": "v1", "kind": "Node", "name": node})
+            if node_uid and involved is None:
+                about["uid"] = node_uid
             body: JsonObject = {
                 "apiVersion": "v1",
                 "kind": "Event",
                 "metadata": {"name": name, "namespace": namespace},
-                "involvedObject": involved,
+                "involvedObject": about,
                 "reason": reason,
                 "message": message,
                 "type": type.value,
                 "count": 1,
                 "firstTimestamp": rfc3339(moment),
                 "lastTimestamp": rfc3339(moment),
-                "source": {"component": COMPONENT, "host": node},
-                "reportingComponent": COMPONENT,
+                "source": {"component": component, "host": node},
+                "reportingComponent": component,
                 "reportingInstance": instance or node,
             }
             return api.create(path_of("", "v1", "events", None, namespace), body)

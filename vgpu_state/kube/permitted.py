@@ -207,10 +207,17 @@ def blockers(
     mdev of other types, unless ``mediatedDevicesConfiguration.enabled`` is
     ``false`` (KubeVirt 1.8+) or the ``DisableMDEVConfiguration`` feature gate is
     listed. Nodes without mdev-layout GPUs are not affected.
+
+    On a node with vendor-VFIO GPUs, a ``pciHostDevices`` entry vgpu-state does not own
+    and without ``externalResourceProvider: true`` whose ``pciVendorSelector`` matches
+    one of the node's vGPU VFs blocks too: KubeVirt (1.9 and later) would advertise
+    those VFs itself under that entry's resource name, next to vgpu-state's.
     """
     found: list[Blocker] = []
-    if snapshot is not None and not any(g.layout == SysfsInterface.MDEV for g in snapshot.gpus):
-        return ()
+    if snapshot is not None:
+        found.extend(_vf_blockers(cr, snapshot))
+        if not any(g.layout == SysfsInterface.MDEV for g in snapshot.gpus):
+            return tuple(found)
     config = _get(cr, "spec", "configuration") or {}
     mdev_config = config.get("mediatedDevicesConfiguration") or {}
     gates = (config.get("developerConfiguration") or {}).get("featureGates") or []
@@ -240,6 +247,40 @@ def blockers(
             )
         )
     return tuple(found)
+
+
+def _vf_blockers(cr: Mapping[str, Any], snapshot: NodeSnapshot) -> list[Blocker]:
+    """:func:`blockers`' foreign ``pciHostDevices`` entries over this node's vGPU VFs."""
+    selectors = {
+        f"{NVIDIA_VENDOR_ID:04X}:{(vf.device_id or gpu.device_id):04X}"
+        for gpu in snapshot.gpus
+        if gpu.layout == SysfsInterface.VENDOR_VFIO and gpu.vendor_id == NVIDIA_VENDOR_ID
+        for vf in gpu.vfs
+    }
+    if not selectors:
+        return []
+    owned = managed_resources(cr)
+    found: list[Blocker] = []
+    for item in permitted(cr)["pciHostDevices"]:
+        if not isinstance(item, dict):
+            continue
+        resource = str(item.get("resourceName") or "")
+        selector = str(item.get("pciVendorSelector") or "").strip().upper()
+        if resource in owned or item.get("externalResourceProvider") is True:
+            continue
+        if selector in selectors:
+            found.append(
+                Blocker(
+                    "KubeVirtAdvertisesVFs",
+                    f"the KubeVirt CR's pciHostDevices entry {resource or '(no name)'} "
+                    f"(pciVendorSelector {selector}) is not vgpu-state's and lacks "
+                    "externalResourceProvider: true, so KubeVirt (1.9 or later) advertises "
+                    "this node's vGPU VFs under it as well as vgpu-state does under "
+                    "nvidia.com/<type>: one VF under two resource names. Set "
+                    "externalResourceProvider: true on that entry, or remove it.",
+                )
+            )
+    return found
 
 
 def _node_mdev_types(mdev_config: Mapping[str, Any], labels: Mapping[str, str]) -> set[str]:
@@ -298,7 +339,15 @@ def plan_write(
         if index is None and other is not None and entry.resource not in owned:
             foreign.append(entry.resource)
             continue
-        if index is None:
+        if index is None and other is not None:
+            # Our entry changes kind (every node now reports the other one): moved, so the
+            # resource is never listed twice.
+            new_lists[other] = [
+                i for i in new_lists[other] if i.get("resourceName") != entry.resource
+            ]
+            items.append(entry.to_json())
+            changes.append(EntryChange("update", entry))
+        elif index is None:
             items.append(entry.to_json())
             changes.append(EntryChange("add", entry))
             added.add(entry.resource)

@@ -92,6 +92,10 @@ class BlockedReason(StrEnum):
     """KubeVirt would create and remove mdevs itself; its CR must hand them over first."""
     KUBEVIRT_MANAGED_BY_HCO = "KubeVirtManagedByHCO"
     """The KubeVirt CR is reconciled by the HyperConverged operator; edit that CR instead."""
+    KUBEVIRT_ADVERTISES_VFS = "KubeVirtAdvertisesVFs"
+    """A ``pciHostDevices`` entry vgpu-state does not own, without
+    ``externalResourceProvider``, selects the node's vGPU VFs: KubeVirt would advertise
+    them too."""
     OTHER = "Other"
 
 
