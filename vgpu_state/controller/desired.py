@@ -65,8 +65,11 @@ def decide(
     missing: Missing,
     now: float,
     grace: float,
+    *,
+    fence: str | None = None,
 ) -> Decision:
-    """The guarded change that brings ``cr`` to what ``reports`` need (see the module)."""
+    """The guarded change that brings ``cr`` to what ``reports`` need (see the module);
+    ``fence``: the writer's term token the patch carries (:func:`plan_write`)."""
     reports = list(reports)
     wanted = wanted_entries(reports)
     reported = {e.resource for e in wanted}
@@ -93,4 +96,5 @@ def decide(
     waiting = tuple(
         (r, max(0.0, grace - (now - s))) for r, s in sorted(since.items()) if r in keep
     )
-    return Decision(plan_write(cr, wanted, keep), Missing(since), waiting, held, refused)
+    plan = plan_write(cr, wanted, keep, fence=fence)
+    return Decision(plan, Missing(since), waiting, held, refused)

@@ -6,6 +6,16 @@ every ``VGPUNodeState``, reads each node's checked report
 (:mod:`vgpu_state.controller.reports`), reads the KubeVirt CR and sends at most
 one JSON Patch guarded by ``test`` ops (:mod:`vgpu_state.controller.desired`).
 A steady fleet costs a list, a read and a Lease renewal per pass, no CR write.
+
+Fencing (:mod:`vgpu_state.kube.fencing`): every CR write carries the token of
+the leader's term and tests the CR's ``vgpu-state.io/writer-term`` annotation,
+so the first write of a new term (sent on its first pass, whether or not
+anything else changes) makes every later write of an older term fail at the
+API server. A pass renews the Lease again right before it writes, writes only
+while its term has at least one request timeout left before the renew
+deadline, and a replica that finds a newer term's token in the CR, or its term
+gone from the Lease, stops: it writes nothing until it leads again. A leader
+whose renewals fail for longer than the renew deadline steps down.
 """
 
 from __future__ import annotations
@@ -21,9 +31,10 @@ from vgpu_state.controller.desired import Decision, Missing, decide
 from vgpu_state.controller.fleetview import fleet_totals
 from vgpu_state.controller.metrics import ControllerMetrics
 from vgpu_state.controller.reports import NodeReport, read_report
-from vgpu_state.kube import kubevirt, lease, nodestate
+from vgpu_state.kube import fencing, kubevirt, lease, nodestate
 from vgpu_state.kube.api import JsonObject, KubeApi
 from vgpu_state.kube.errors import ClusterError
+from vgpu_state.kube.fencing import DeposedError, Standing, Term
 from vgpu_state.kube.kubevirt import KubeVirtPlan, KubeVirtRef, WriteResult
 from vgpu_state.model.errors import TransientError, VgpuStateError
 from vgpu_state.ports.config import ConfigSource
@@ -36,6 +47,11 @@ DEFAULT_GRACE = 300.0
 """Seconds an owned entry stays after the last node stopped reporting its resource."""
 DEFAULT_INTERVAL = 10.0
 DEFAULT_LEASE_SECONDS = 30
+DEFAULT_RENEW_DEADLINE = 20.0
+"""Seconds after its last successful Lease renewal a leader steps down (< the Lease)."""
+DEFAULT_REQUEST_TIMEOUT = 10.0
+"""Seconds one API request may take (connect and answer); a CR write is sent only with
+at least this much of the renew deadline left."""
 DEFAULT_FLEET_INTERVAL = 60.0
 """Seconds between fleet views (each is a plan of every node)."""
 
@@ -63,6 +79,39 @@ class ControllerSettings:
     lease_name: str = LEASE_NAME
     fleet: FleetViewSettings | None = None
     """Make the fleet view (metrics) while leading; ``None``: no fleet view."""
+    renew_deadline: float = DEFAULT_RENEW_DEADLINE
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    """The API client's limit per request (its timeouts are set from it)."""
+
+    def timing_problem(self) -> str | None:
+        """Why these timings could let a request outlive the Lease it was sent under, or
+        let the Lease lapse between passes; ``None`` when they cannot."""
+        return timing_problem(
+            self.lease_seconds, self.renew_deadline, self.request_timeout, self.interval
+        )
+
+
+def timing_problem(
+    lease_seconds: float, renew_deadline: float, request_timeout: float, interval: float
+) -> str | None:
+    """``None`` when ``request timeout < renew deadline < Lease duration`` and ``interval <
+    renew deadline`` (see docs/cluster.md, "Leader election and fencing"), else why not."""
+    if not renew_deadline < lease_seconds:
+        return (
+            f"the renew deadline ({renew_deadline:g} s) must be shorter than the Lease "
+            f"({lease_seconds:g} s): a leader must step down before another may take over"
+        )
+    if not request_timeout < renew_deadline:
+        return (
+            f"the request timeout ({request_timeout:g} s) must be shorter than the renew "
+            f"deadline ({renew_deadline:g} s): no write could be sent in time"
+        )
+    if not interval < renew_deadline:
+        return (
+            f"the interval ({interval:g} s) must be shorter than the renew deadline "
+            f"({renew_deadline:g} s): the leader renews the Lease once per pass"
+        )
+    return None
 
 
 @dataclass
@@ -84,35 +133,103 @@ class Controller:
     )
     missing: Missing = field(default_factory=Missing)
     leading: bool = False
+    term: Term | None = None
+    """The term of the Lease this process holds (or held, while it renews late)."""
     writes: int = 0
     """Accepted KubeVirt CR writes since start."""
     metrics: ControllerMetrics = field(default_factory=ControllerMetrics)
     _last_view: float | None = None
+    _renewed: float | None = None
+    """When (``clock``) the last successful renewal of the Lease was sent."""
     _reports: dict[str, tuple[str, NodeReport]] = field(default_factory=dict)
     """Each node's last report, with the ``resourceVersion`` it was read from: an unchanged
     status is not decoded and checked again."""
 
-    def lead(self) -> bool:
-        """Take or renew the Lease; ``True`` while this replica leads."""
+    def lead(self, after: int | None = None) -> bool:
+        """Take or renew the Lease; ``True`` while this replica leads. ``after``: a term
+        number the held term must be past (see :func:`vgpu_state.kube.lease.hold_term`).
+
+        A renewal that fails is raised; once no renewal has succeeded for the renew
+        deadline, this replica steps down first."""
         s = self.settings
-        state = lease.try_acquire(
-            self.api,
-            s.identity,
-            namespace=s.namespace,
-            name=s.lease_name,
-            duration=s.lease_seconds,
-            now=self.wall(),
-        )
-        if state.held != self.leading:
-            if state.held:
-                log.info("%s leads (Lease %s/%s)", s.identity, s.namespace, s.lease_name)
-            else:
-                log.info("%s follows %s", s.identity, state.holder)
+        sent = self.clock()
+        try:
+            state = lease.hold_term(
+                self.api,
+                s.identity,
+                self.term,
+                namespace=s.namespace,
+                name=s.lease_name,
+                duration=s.lease_seconds,
+                now=self.wall(),
+                after=after,
+            )
+        except (ClusterError, TransientError):
+            if self.leading and (
+                self._renewed is None or self.clock() - self._renewed > s.renew_deadline
+            ):
+                log.warning(
+                    "%s steps down: no Lease renewal for %g s", s.identity, s.renew_deadline
+                )
+                self._follow()
+            raise
+        if state.held and state.term != self.term:
+            log.info(
+                "%s leads (Lease %s/%s, %s)",
+                s.identity,
+                s.namespace,
+                s.lease_name,
+                state.term or "term unknown",
+            )
             # A new term starts every grace clock afresh: what the last leader saw is unknown.
             self.missing = Missing()
-        self.leading = state.held
-        self.metrics.leader.set(1 if state.held else 0)
+        elif not state.held and self.leading:
+            log.info("%s follows %s", s.identity, state.holder)
+        if state.held:
+            self.leading, self.term, self._renewed = True, state.term, sent
+            self.metrics.leader.set(1)
+        else:
+            self._follow()
+            self.term = None
         return state.held
+
+    def _follow(self) -> None:
+        if self.leading:
+            self.missing = Missing()
+        self.leading = False
+        self.metrics.leader.set(0)
+
+    def _confirm(self, term: Term, ref: KubeVirtRef) -> None:
+        """Renew the Lease right before a CR write: the write goes out only in ``term``, with
+        at least one request timeout left before the renew deadline."""
+        s = self.settings
+        if not self.lead() or self.term != term:
+            raise DeposedError(f"{s.identity}: {term} ended before its write of KubeVirt CR {ref}")
+        assert self._renewed is not None
+        left = s.renew_deadline - (self.clock() - self._renewed)
+        if left < s.request_timeout:
+            raise TransientError(
+                f"KubeVirt CR {ref}: not written, the Lease renewal took too long ({left:.1f} s "
+                f"of the {s.renew_deadline:g} s renew deadline left, a request may take "
+                f"{s.request_timeout:g} s)"
+            )
+
+    def _deposed(self, error: DeposedError, term: Term) -> None:
+        """Another term's token in the CR: re-check the Lease. Stop (follow) unless it still
+        shows ``term``: then the Lease was reset, and a term numbered past the CR's begins."""
+        s = self.settings
+        if error.seen is None or not self.lead() or self.term != term:
+            log.warning("%s writes nothing: %s", s.identity, error)
+            return
+        number = fencing.next_number(error.seen, term.number) - 1
+        log.warning(
+            "%s: the KubeVirt CR's writer term %r is not older than this replica's %s, which "
+            "the Lease still shows (was the Lease deleted?): a new term past it begins",
+            s.identity,
+            error.seen,
+            term,
+        )
+        self.lead(after=number)
 
     def sync(self) -> PassResult:
         """One pass (whether or not this replica leads: the caller decides)."""
@@ -122,13 +239,31 @@ class Controller:
         names = {str((obj.get("metadata") or {}).get("name") or "") for obj in listed}
         self._reports = {name: kept for name, kept in self._reports.items() if name in names}
         decisions: list[Decision] = []
+        term = self.term
+        if term is None or not self.leading:
+            raise DeposedError(f"{self.settings.identity} does not lead: it writes nothing")
 
         def compute(cr: JsonObject) -> KubeVirtPlan:
-            decisions.append(decide(cr, reports, self.missing, self.clock(), self.settings.grace))
-            return decisions[-1].plan
+            seen = fencing.seen_token(cr)
+            if fencing.standing(seen, term) is Standing.NEWER:
+                raise DeposedError(
+                    f"KubeVirt CR {ref} was written in writer term {seen!r}, not older than "
+                    f"this replica's {term}",
+                    seen,
+                )
+            now = self.clock()
+            decision = decide(cr, reports, self.missing, now, self.settings.grace, fence=term.token)
+            decisions.append(decision)
+            if decision.plan.patch:
+                self._confirm(term, ref)
+            return decision.plan
 
         try:
             result = kubevirt.write(self.api, ref, compute)
+        except DeposedError as e:
+            self.metrics.kubevirt_in_step.set(0)
+            self._deposed(e, term)
+            raise
         except (ClusterError, TransientError):
             self.metrics.kubevirt_in_step.set(0)
             raise
