@@ -232,16 +232,17 @@ class Controller:
         self.lead(after=number)
 
     def sync(self) -> PassResult:
-        """One pass (whether or not this replica leads: the caller decides)."""
+        """One pass of the leader (:meth:`run_once` takes or renews the Lease first); a
+        replica that holds no term raises :class:`DeposedError` and writes nothing."""
+        term = self.term
+        if term is None or not self.leading:
+            raise DeposedError(f"{self.settings.identity} does not lead: it writes nothing")
         ref = kubevirt.find(self.api, self.settings.kubevirt)
         listed = nodestate.list_all(self.api)
         reports = tuple(self._report(obj) for obj in listed)
         names = {str((obj.get("metadata") or {}).get("name") or "") for obj in listed}
         self._reports = {name: kept for name, kept in self._reports.items() if name in names}
         decisions: list[Decision] = []
-        term = self.term
-        if term is None or not self.leading:
-            raise DeposedError(f"{self.settings.identity} does not lead: it writes nothing")
 
         def compute(cr: JsonObject) -> KubeVirtPlan:
             seen = fencing.seen_token(cr)
