@@ -23,6 +23,7 @@ from tests.test_fencing_replicas import LEASES, _cr, _kubevirt, _owned, _patches
 from vgpu_state.controller.run import Controller, ControllerSettings
 from vgpu_state.kube import lease
 from vgpu_state.kube.api import KubeApi
+from vgpu_state.kube.errors import ClusterUnreachableError
 from vgpu_state.kube.fencing import WRITER_TERM_ANNOTATION, DeposedError, parse_token, term_of
 
 A2 = "nvidia.com/NVIDIA_A2-4Q"
@@ -107,3 +108,35 @@ def test_a_lease_created_anew_is_followed_by_a_term_past_the_crs(
     assert again is not None and again.write.writes == 1
     assert _term(_cr(cluster)) == shown.token
     assert _patches(cluster, mark, pod) == [200]
+
+
+def test_a_leader_that_cannot_renew_steps_down_at_the_renew_deadline(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    """Renewals fail (the API server unreachable): the leader leads on until the renew
+    deadline (20 s, well inside the 30 s Lease), then steps down and writes nothing. Back in
+    reach before anyone took over, it renews its Lease in the same term."""
+    _kubevirt(cluster)
+    one, _ = _controller(cluster, tmp_path, "control-node", "c-0", [W0])
+    clock = [0.0]
+    one.clock = lambda: clock[0]
+    assert one.lead()
+    term = one.term
+    reachable = one.api.get
+
+    def unreachable(path: str) -> Any:
+        raise ClusterUnreachableError(f"GET {path}: connection refused")
+
+    one.api.get = unreachable  # type: ignore[method-assign]
+    clock[0] = 19.0
+    with pytest.raises(ClusterUnreachableError):
+        one.lead()
+    assert one.leading, "within the renew deadline"
+    clock[0] = 20.5
+    with pytest.raises(ClusterUnreachableError):
+        one.lead()
+    assert not one.leading
+    with pytest.raises(DeposedError):
+        one.sync()
+    one.api.get = reachable  # type: ignore[method-assign]
+    assert one.lead() and one.term == term
