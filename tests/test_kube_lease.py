@@ -94,6 +94,8 @@ def test_every_hold_that_begins_is_a_new_term(api: KubeApi) -> None:
     assert restarted.term.acquired != first.term.acquired
     old = lease.hold_term(api, "c-0", first.term, duration=10, now=at(7))
     assert not old.held and old.term == restarted.term
+    # The old one does not take it back while the new one's hold lasts.
+    assert not lease.hold_term(api, "c-0", None, duration=10, now=at(8), take_own=False).held
     # c-0 does not renew in time and takes it again: its hold had ended, a new term.
     again = lease.hold_term(api, "c-0", restarted.term, duration=10, now=at(17))
     assert again.held and again.term is not None and again.term.number == 2

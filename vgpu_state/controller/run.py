@@ -141,6 +141,9 @@ class Controller:
     _last_view: float | None = None
     _renewed: float | None = None
     """When (``clock``) the last successful renewal of the Lease was sent."""
+    _twin: bool = False
+    """Another process of this identity took the Lease from this one: wait until its hold
+    ends rather than take it back at once (no two processes taking it in turn)."""
     _reports: dict[str, tuple[str, NodeReport]] = field(default_factory=dict)
     """Each node's last report, with the ``resourceVersion`` it was read from: an unchanged
     status is not decoded and checked again."""
@@ -163,6 +166,7 @@ class Controller:
                 duration=s.lease_seconds,
                 now=self.wall(),
                 after=after,
+                take_own=not self._twin,
             )
         except (ClusterError, TransientError):
             if self.leading and (
@@ -183,10 +187,17 @@ class Controller:
             )
             # A new term starts every grace clock afresh: what the last leader saw is unknown.
             self.missing = Missing()
+        elif not state.held and state.holder == s.identity and self.term is not None:
+            log.warning(
+                "%s: another process of this identity holds the Lease (%s); this one follows",
+                s.identity,
+                state.term,
+            )
+            self._twin = True
         elif not state.held and self.leading:
             log.info("%s follows %s", s.identity, state.holder)
         if state.held:
-            self.leading, self.term, self._renewed = True, state.term, sent
+            self.leading, self.term, self._renewed, self._twin = True, state.term, sent, False
             self.metrics.leader.set(1)
         else:
             self._follow()

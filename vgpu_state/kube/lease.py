@@ -223,13 +223,15 @@ def hold_term(
     duration: int = DEFAULT_DURATION,
     now: datetime.datetime | None = None,
     after: int | None = None,
+    take_own: bool = True,
 ) -> LeaseState:
     """Renew the Lease in ``term`` (the one this process holds), or start a new term.
 
-    ``term`` ``None`` (this process holds none) always starts a new one, even over
-    a live hold of its own identity: a restarted process must not carry on the term
-    of the one before it. When the Lease shows a term of this identity other than
-    ``term``, another process of the same identity began it: not held. ``after``:
+    ``term`` ``None`` (this process holds none) starts a new one, also over a live
+    hold of its own identity (unless ``take_own`` is false: then it waits until that
+    hold ends): a restarted process must not carry on the term of the one before it.
+    When the Lease shows a term of this identity other than ``term``, another
+    process of the same identity began it: not held. ``after``:
     a term number (a newer term's, read in the KubeVirt CR) the held term must be
     past; a term that is not is followed by a new one numbered past it.
     ``held`` is ``False`` while another identity's hold has not ended.
@@ -247,7 +249,7 @@ def hold_term(
         return LeaseState(False, holder(lease), expiry(lease), term_of(lease))
     shown = term_of(lease)
     ours = live_holder(lease, moment) == identity
-    if ours and term is not None and shown != term:
+    if ours and (shown != term if term is not None else not take_own):
         return LeaseState(False, identity, expiry(lease), shown)
     renewal = ours and term is not None and (after is None or term.number > after)
     written = leases.take(lease, duration, moment, new_term=not renewal, number=number)
