@@ -231,10 +231,11 @@ def hold_term(
     hold of its own identity (unless ``take_own`` is false: then it waits until that
     hold ends): a restarted process must not carry on the term of the one before it.
     When the Lease shows a term of this identity other than ``term``, another
-    process of the same identity began it: not held. ``after``:
-    a term number (a newer term's, read in the KubeVirt CR) the held term must be
-    past; a term that is not is followed by a new one numbered past it.
-    ``held`` is ``False`` while another identity's hold has not ended.
+    process of the same identity began it: not held. ``after``: a term number (a
+    newer term's, read in the KubeVirt CR) the held term must be past; a term that
+    is not is followed by a new one numbered past it. ``held`` is ``False`` while
+    another identity's hold has not ended, and after a lost race (a term is only
+    ever this process's when its own write began it).
     """
     moment = now or datetime.datetime.now(tz=datetime.UTC)
     leases = Leases(api, namespace, identity)
@@ -242,17 +243,15 @@ def hold_term(
     number = 0 if after is None else after + 1
     if lease is None:
         written = leases.create(name, duration, moment, number)
-        if written is None:
-            return _state(leases.get(name) or {}, identity)
-        return LeaseState(True, identity, expiry(written), term_of(written))
-    if held_by_another(lease, identity, moment):
+    elif held_by_another(lease, identity, moment):
         return LeaseState(False, holder(lease), expiry(lease), term_of(lease))
-    shown = term_of(lease)
-    ours = live_holder(lease, moment) == identity
-    if ours and (shown != term if term is not None else not take_own):
-        return LeaseState(False, identity, expiry(lease), shown)
-    renewal = ours and term is not None and (after is None or term.number > after)
-    written = leases.take(lease, duration, moment, new_term=not renewal, number=number)
+    else:
+        shown = term_of(lease)
+        ours = live_holder(lease, moment) == identity
+        if ours and (shown != term if term is not None else not take_own):
+            return LeaseState(False, identity, expiry(lease), shown)
+        renewal = ours and term is not None and (after is None or term.number > after)
+        written = leases.take(lease, duration, moment, new_term=not renewal, number=number)
     if written is None:  # another replica wrote it since we read it
         state = _state(leases.get(name) or {}, identity)
         return LeaseState(False, state.holder, state.expires, state.term)
