@@ -4,7 +4,8 @@ has ended is refused by the server however late it arrives.
 
 * In-process (wall clocks injected, so a Lease expires without waiting): a write sent in a
   term that ended before it arrived is refused (422) and not retried; a Lease created anew
-  (its count back at 0) is followed by a term numbered past the CR's token.
+  (its count back at 0) is followed by a term numbered past the CR's token; a leader that
+  cannot renew steps down at the renew deadline.
 
 Two real controller processes held past their Lease: ``tests/test_fencing_replicas.py``.
 """
