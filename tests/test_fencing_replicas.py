@@ -241,20 +241,29 @@ def _as_wanted(cluster: ControlPlane, wanted: bool, leader: str | None = None) -
 def _cycle(
     cluster: ControlPlane, both: list[Replica], mode: str, report: NodeSnapshot, wanted: bool
 ) -> str | None:
-    """Hold the leader right after its list; the node's report becomes ``report`` (its A2:
-    ``wanted``); the other replica takes over and brings the CR there; the held one goes on.
-    What it got accepted, if anything."""
-    holder = _holder(cluster)
-    held = next(r for r in both if r.identity == holder)
-    other = next(r for r in both if r.identity != holder)
-    listed = threading.Event()
+    """Hold the leader right after its list (whichever replica lists next: only the leader
+    does); the node's report becomes ``report`` (its A2: ``wanted``); the other replica
+    takes over and brings the CR there; the held one goes on. What it got accepted, if
+    anything."""
+    chosen: list[Replica] = []
+    lock = threading.Lock()
 
-    def hold() -> None:
-        held.hold(mode)
-        listed.set()
+    def arm(replica: Replica) -> Callable[[], None]:
+        def hold() -> None:
+            with lock:
+                if not chosen:
+                    for r in both:
+                        r.proxy.on_list = None
+                    replica.hold(mode)
+                    chosen.append(replica)
 
-    held.proxy.on_list = hold
-    _wait(f"{held.identity}'s list", listed.is_set, both)
+        return hold
+
+    for r in both:
+        r.proxy.on_list = arm(r)
+    _wait("the leader's list", lambda: bool(chosen), both)
+    held = chosen[0]
+    other = next(r for r in both if r is not held)
     _report(cluster, "gpu-1", report)
     _wait(
         f"{other.identity} leading, {'adding' if wanted else 'removing'} A2",
