@@ -81,6 +81,13 @@ def _patches(cluster: ControlPlane, mark: int, pod: str) -> list[int]:
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet: a replica that gave up on a held request closes its connection."""
+
+
 @dataclass
 class Proxy:
     """One replica's network path to the API server: plain HTTP in, TLS to the server out
@@ -93,7 +100,7 @@ class Proxy:
     arrivals: list[tuple[float, str]] = field(default_factory=list)
     flowing: threading.Event = field(default_factory=threading.Event)
     on_list: Callable[[], None] | None = None
-    server: ThreadingHTTPServer | None = None
+    server: _Server | None = None
 
     def start(self) -> Proxy:
         self.flowing.set()
@@ -133,8 +140,7 @@ class Proxy:
 
             do_GET = do_PUT = do_PATCH = do_POST = do_DELETE = forward
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
