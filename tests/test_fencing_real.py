@@ -139,5 +139,5 @@ def test_a_leader_that_cannot_renew_steps_down_at_the_renew_deadline(
     assert not one.leading
     with pytest.raises(DeposedError):
         one.sync()
-    one.api.get = reachable  # type: ignore[method-assign]
+    one.api.get = reachable
     assert one.lead() and one.term == term
