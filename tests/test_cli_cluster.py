@@ -27,6 +27,7 @@ from tests.apiserver import KUBEVIRT, NODES, NODESTATES, put_kubevirt
 from tests.kubelet_podresources import PodDevices, PodResourcesKubelet, serving
 from tests.realcluster import CONTROLLER_USER, WRITE_VERBS, ControlPlane, free_port
 from vgpu_state.cli.main import cli
+from vgpu_state.kube.fencing import WRITER_TERM_ANNOTATION
 from vgpu_state.kube.kubevirt import OWNERSHIP_ANNOTATION
 from vgpu_state.kube.node import STATE_LABEL
 
@@ -127,7 +128,8 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
     assert status["vgpuCount"] == sum(len(g["vgpus"]) for g in scan["gpus"])
     assert {c["type"]: c["status"] for c in status["conditions"]}["Synced"] == "True"
     assert status["lastApply"]["result"] == "success"
-    # A second pass finds nothing to change and writes nothing to the CR.
+    # A second pass finds nothing to change. Being another process, it leads in a new term
+    # and writes the CR once: its term's token, nothing else.
     mark = api.audit_mark()
     again = run("controller", *_controller_args(controller_kubeconfig))
     assert "KubeVirt CR kubevirt/kubevirt: no changes" in again.output
@@ -136,7 +138,11 @@ def test_apply_creates_the_layout_and_updates_the_cluster(
         for e in api.audit(mark, CONTROLLER_USER)
         if "/kubevirts" in e["requestURI"] and e["verb"] in WRITE_VERBS
     ]
-    assert cr_writes == []
+    assert len(cr_writes) == 1
+    after = api.get(KUBEVIRT, "kubevirt", "kubevirt")
+    assert after is not None and after["spec"] == cr["spec"]
+    terms = [c["metadata"]["annotations"][WRITER_TERM_ANNOTATION] for c in (cr, after)]
+    assert [t.split("/")[:2] for t in terms] == [["0", "c-1"], ["1", "c-1"]]
 
 
 def test_the_controller_without_layouts_changes_nothing_and_says_so(

@@ -74,3 +74,35 @@ def test_racing_replicas_never_both_hold_it(cluster: ControlPlane, tmp_path: Pat
     assert len(winners) == 1
     stored = cluster.get(LEASES, lease.LEASE_NAME, lease.DEFAULT_NAMESPACE)
     assert stored is not None and stored["spec"]["holderIdentity"] == winners[0]
+
+
+def test_every_hold_that_begins_is_a_new_term(api: KubeApi) -> None:
+    """The controller's terms (its fencing tokens): a renewal stays in its term; a Lease taken
+    by another identity, taken again after its hold ended, or taken by a new process of the
+    same identity (a restarted pod keeps its name) begins a new one, numbered past the last."""
+
+    def at(seconds: float) -> datetime.datetime:
+        return T0 + datetime.timedelta(seconds=seconds)
+
+    first = lease.hold_term(api, "c-0", None, duration=10, now=at(0))
+    assert first.held and first.term is not None and first.term.number == 0
+    renewed = lease.hold_term(api, "c-0", first.term, duration=10, now=at(5))
+    assert renewed.held and renewed.term == first.term
+    # A new process of c-0 while the old one's hold lasts: a new term, and the old one's ended.
+    restarted = lease.hold_term(api, "c-0", None, duration=10, now=at(6))
+    assert restarted.held and restarted.term is not None and restarted.term.number == 1
+    assert restarted.term.acquired != first.term.acquired
+    old = lease.hold_term(api, "c-0", first.term, duration=10, now=at(7))
+    assert not old.held and old.term == restarted.term
+    # The old one does not take it back while the new one's hold lasts.
+    assert not lease.hold_term(api, "c-0", None, duration=10, now=at(8), take_own=False).held
+    # c-0 does not renew in time and takes it again: its hold had ended, a new term.
+    again = lease.hold_term(api, "c-0", restarted.term, duration=10, now=at(17))
+    assert again.held and again.term is not None and again.term.number == 2
+    assert not lease.hold_term(api, "c-1", None, duration=10, now=at(20)).held
+    taken = lease.hold_term(api, "c-1", None, duration=10, now=at(28))
+    assert taken.held and taken.term is not None and taken.term.number == 3
+    # The KubeVirt CR shows term 9 (the Lease was deleted since): the next term is past it.
+    past = lease.hold_term(api, "c-1", taken.term, duration=10, now=at(29), after=9)
+    assert past.held and past.term is not None and past.term.number == 10
+    assert past.term.holder == "c-1" and past.term.acquired != taken.term.acquired

@@ -78,6 +78,20 @@ def _webhook_objects(fn: F) -> F:
     show_default=True,
     help="Leader-election Lease duration; another replica takes over after it expires.",
 )
+@seconds_option(
+    "--renew-deadline",
+    20.0,
+    "Seconds after its last successful Lease renewal the leader steps down (shorter than "
+    "--lease-seconds).",
+    minimum=0.1,
+)
+@seconds_option(
+    "--request-timeout",
+    10.0,
+    "Seconds one API request may take (shorter than --renew-deadline): no KubeVirt CR write "
+    "is sent with less of the renew deadline left.",
+    minimum=0.1,
+)
 @click.option(
     "--webhook-port",
     type=click.IntRange(min=0, max=65535),
@@ -123,6 +137,8 @@ def controller(
     grace: float,
     interval: float,
     lease_seconds: int,
+    renew_deadline: float,
+    request_timeout: float,
     webhook_port: int,
     webhook_service: str,
     webhook_secret: str,
@@ -181,8 +197,18 @@ def controller(
         lease_seconds=lease_seconds,
         fleet=fleet,
         catalog=catalog,
+        renew_deadline=renew_deadline,
+        request_timeout=request_timeout,
     )
-    api = KubeApi.connect(kubeconfig)
+    problem = settings.timing_problem()
+    if problem is not None:
+        raise SelectionError(
+            f"--lease-seconds {lease_seconds}, --renew-deadline {renew_deadline:g}, "
+            f"--request-timeout {request_timeout:g}, --interval {interval:g}: {problem}"
+        )
+    # Connect and answer within the request timeout: no request outlives the Lease.
+    connect = min(5.0, request_timeout / 3)
+    api = KubeApi.connect(kubeconfig, timeout=(connect, request_timeout - connect))
     ctl = Controller(api, settings)
     if once:
         result = ctl.run_once()

@@ -138,15 +138,20 @@ def decide(
     now: float,
     grace: float,
     no_layouts: str | None = None,
+    *,
+    fence: str | None = None,
 ) -> Decision:
     """The guarded change that brings ``cr`` to what ``reports`` need (see the module).
 
-    ``no_layouts``: why no layouts document bounds the CR; then nothing changes.
+    ``no_layouts``: why no layouts document bounds the CR; then nothing changes but the
+    writer's term token. ``fence``: the writer's term token the patch carries
+    (:func:`plan_write`).
     """
     reports = list(reports)
     refused = tuple(f"{r.node}: {r.refused}" for r in reports if r.refused is not None)
     if no_layouts is not None:
-        return Decision(plan_write(cr, (), None), Missing(), held=no_layouts, refused=refused)
+        plan = plan_write(cr, (), None, fence=fence)
+        return Decision(plan, Missing(), held=no_layouts, refused=refused)
     resolution = wanted_entries(reports)
     wanted = resolution.entries
     reported = {e.resource for e in wanted} | resolution.unsettled
@@ -171,7 +176,7 @@ def decide(
                 keep.add(resource)
     waiting = tuple((r, max(0.0, grace - (now - s))) for r, s in sorted(since.items()) if r in keep)
     return Decision(
-        plan_write(cr, wanted, keep),
+        plan_write(cr, wanted, keep, fence=fence),
         Missing(since),
         waiting,
         held,

@@ -11,6 +11,16 @@ What the CR may permit is bounded by the layouts document (the agents' ConfigMap
 mounted; the one the fleet view plans with): without one, the controller adds and
 removes nothing and says so every pass. A report it refuses, whole or in part, is
 named once per change in a Warning Event on that node's ``VGPUNodeState``.
+
+Fencing (:mod:`vgpu_state.kube.fencing`): every CR write carries the token of
+the leader's term and tests the CR's ``vgpu-state.io/writer-term`` annotation,
+so the first write of a new term (sent on its first pass, whether or not
+anything else changes) makes every later write of an older term fail at the
+API server. A pass renews the Lease again right before it writes, writes only
+while its term has at least one request timeout left before the renew
+deadline, and a replica that finds a newer term's token in the CR, or its term
+gone from the Lease, stops: it writes nothing until it leads again. A leader
+whose renewals fail for longer than the renew deadline steps down.
 """
 
 from __future__ import annotations
@@ -28,9 +38,10 @@ from vgpu_state.controller.desired import Decision, Missing, decide
 from vgpu_state.controller.fleetview import fleet_totals
 from vgpu_state.controller.metrics import ControllerMetrics
 from vgpu_state.controller.reports import NodeReport, read_report
-from vgpu_state.kube import events, kubevirt, lease, nodestate
+from vgpu_state.kube import events, fencing, kubevirt, lease, nodestate
 from vgpu_state.kube.api import JsonObject, KubeApi
 from vgpu_state.kube.errors import ClusterError
+from vgpu_state.kube.fencing import DeposedError, Standing, Term
 from vgpu_state.kube.kubevirt import KubeVirtPlan, KubeVirtRef, WriteResult
 from vgpu_state.model.errors import ConfigError, TransientError, VgpuStateError
 from vgpu_state.model.status import EventType
@@ -44,6 +55,11 @@ DEFAULT_GRACE = 300.0
 """Seconds an owned entry stays after the last node stopped reporting its resource."""
 DEFAULT_INTERVAL = 10.0
 DEFAULT_LEASE_SECONDS = 30
+DEFAULT_RENEW_DEADLINE = 20.0
+"""Seconds after its last successful Lease renewal a leader steps down (< the Lease)."""
+DEFAULT_REQUEST_TIMEOUT = 10.0
+"""Seconds one API request may take (connect and answer); a CR write is sent only with
+at least this much of the renew deadline left."""
 DEFAULT_FLEET_INTERVAL = 60.0
 """Seconds between fleet views (each is a plan of every node)."""
 REFUSED_REASON = "ReportRefused"
@@ -83,6 +99,9 @@ class ControllerSettings:
     neither, the controller adds and removes no entry."""
     catalog: Catalog | None = None
     """The catalog the bounds check models and types against; ``None``: the fleet view's."""
+    renew_deadline: float = DEFAULT_RENEW_DEADLINE
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    """The API client's limit per request (its timeouts are set from it)."""
 
     @property
     def bounding_layouts(self) -> ConfigSource | None:
@@ -91,6 +110,36 @@ class ControllerSettings:
     @property
     def bounding_catalog(self) -> Catalog | None:
         return self.catalog or (self.fleet.settings.catalog if self.fleet is not None else None)
+
+    def timing_problem(self) -> str | None:
+        """Why these timings could let a request outlive the Lease it was sent under, or
+        let the Lease lapse between passes; ``None`` when they cannot."""
+        return timing_problem(
+            self.lease_seconds, self.renew_deadline, self.request_timeout, self.interval
+        )
+
+
+def timing_problem(
+    lease_seconds: float, renew_deadline: float, request_timeout: float, interval: float
+) -> str | None:
+    """``None`` when ``request timeout < renew deadline < Lease duration`` and ``interval <
+    renew deadline`` (see docs/cluster.md, "Leader election and fencing"), else why not."""
+    if not renew_deadline < lease_seconds:
+        return (
+            f"the renew deadline ({renew_deadline:g} s) must be shorter than the Lease "
+            f"({lease_seconds:g} s): a leader must step down before another may take over"
+        )
+    if not request_timeout < renew_deadline:
+        return (
+            f"the request timeout ({request_timeout:g} s) must be shorter than the renew "
+            f"deadline ({renew_deadline:g} s): no write could be sent in time"
+        )
+    if not interval < renew_deadline:
+        return (
+            f"the interval ({interval:g} s) must be shorter than the renew deadline "
+            f"({renew_deadline:g} s): the leader renews the Lease once per pass"
+        )
+    return None
 
 
 @dataclass
@@ -112,6 +161,8 @@ class Controller:
     )
     missing: Missing = field(default_factory=Missing)
     leading: bool = False
+    term: Term | None = None
+    """The term of the Lease this process holds (or held, while it renews late)."""
     writes: int = 0
     """Accepted KubeVirt CR writes since start."""
     metrics: ControllerMetrics = field(default_factory=ControllerMetrics)
@@ -126,31 +177,112 @@ class Controller:
     _named: dict[str, str] = field(default_factory=dict)
     """What the last Warning Event on each node's ``VGPUNodeState`` said (one Event per
     change, not per pass)."""
+    _renewed: float | None = None
+    """When (``clock``) the last successful renewal of the Lease was sent."""
+    _twin: bool = False
+    """Another process of this identity took the Lease from this one: wait until its hold
+    ends rather than take it back at once (no two processes taking it in turn)."""
 
-    def lead(self) -> bool:
-        """Take or renew the Lease; ``True`` while this replica leads."""
+    def lead(self, after: int | None = None) -> bool:
+        """Take or renew the Lease; ``True`` while this replica leads. ``after``: a term
+        number the held term must be past (see :func:`vgpu_state.kube.lease.hold_term`).
+
+        A renewal that fails is raised; once no renewal has succeeded for the renew
+        deadline, this replica steps down first."""
         s = self.settings
-        state = lease.try_acquire(
-            self.api,
-            s.identity,
-            namespace=s.namespace,
-            name=s.lease_name,
-            duration=s.lease_seconds,
-            now=self.wall(),
-        )
-        if state.held != self.leading:
-            if state.held:
-                log.info("%s leads (Lease %s/%s)", s.identity, s.namespace, s.lease_name)
-            else:
-                log.info("%s follows %s", s.identity, state.holder)
+        sent = self.clock()
+        try:
+            state = lease.hold_term(
+                self.api,
+                s.identity,
+                self.term,
+                namespace=s.namespace,
+                name=s.lease_name,
+                duration=s.lease_seconds,
+                now=self.wall(),
+                after=after,
+                take_own=not self._twin,
+            )
+        except (ClusterError, TransientError):
+            if self.leading and (
+                self._renewed is None or self.clock() - self._renewed > s.renew_deadline
+            ):
+                log.warning(
+                    "%s steps down: no Lease renewal for %g s", s.identity, s.renew_deadline
+                )
+                self._follow()
+            raise
+        if state.held and state.term != self.term:
+            log.info(
+                "%s leads (Lease %s/%s, %s)",
+                s.identity,
+                s.namespace,
+                s.lease_name,
+                state.term or "term unknown",
+            )
             # A new term starts every grace clock afresh: what the last leader saw is unknown.
             self.missing = Missing()
-        self.leading = state.held
-        self.metrics.leader.set(1 if state.held else 0)
+        elif not state.held and state.holder == s.identity and self.term is not None:
+            log.warning(
+                "%s: another process of this identity holds the Lease (%s); this one follows",
+                s.identity,
+                state.term,
+            )
+            self._twin = True
+        elif not state.held and self.leading:
+            log.info("%s follows %s", s.identity, state.holder)
+        if state.held:
+            self.leading, self.term, self._renewed, self._twin = True, state.term, sent, False
+            self.metrics.leader.set(1)
+        else:
+            self._follow()
+            self.term = None
         return state.held
 
+    def _follow(self) -> None:
+        if self.leading:
+            self.missing = Missing()
+        self.leading = False
+        self.metrics.leader.set(0)
+
+    def _confirm(self, term: Term, ref: KubeVirtRef) -> None:
+        """Renew the Lease right before a CR write: the write goes out only in ``term``, with
+        at least one request timeout left before the renew deadline."""
+        s = self.settings
+        if not self.lead() or self.term != term:
+            raise DeposedError(f"{s.identity}: {term} ended before its write of KubeVirt CR {ref}")
+        assert self._renewed is not None
+        left = s.renew_deadline - (self.clock() - self._renewed)
+        if left < s.request_timeout:
+            raise TransientError(
+                f"KubeVirt CR {ref}: not written, the Lease renewal took too long ({left:.1f} s "
+                f"of the {s.renew_deadline:g} s renew deadline left, a request may take "
+                f"{s.request_timeout:g} s)"
+            )
+
+    def _deposed(self, error: DeposedError, term: Term) -> None:
+        """Another term's token in the CR: re-check the Lease. Stop (follow) unless it still
+        shows ``term``: then the Lease was reset, and a term numbered past the CR's begins."""
+        s = self.settings
+        if error.seen is None or not self.lead() or self.term != term:
+            log.warning("%s writes nothing: %s", s.identity, error)
+            return
+        number = fencing.next_number(error.seen, term.number) - 1
+        log.warning(
+            "%s: the KubeVirt CR's writer term %r is not older than this replica's %s, which "
+            "the Lease still shows (was the Lease deleted?): a new term past it begins",
+            s.identity,
+            error.seen,
+            term,
+        )
+        self.lead(after=number)
+
     def sync(self) -> PassResult:
-        """One pass (whether or not this replica leads: the caller decides)."""
+        """One pass of the leader (:meth:`run_once` takes or renews the Lease first); a
+        replica that holds no term raises :class:`DeposedError` and writes nothing."""
+        term = self.term
+        if term is None or not self.leading:
+            raise DeposedError(f"{self.settings.identity} does not lead: it writes nothing")
         ref = kubevirt.find(self.api, self.settings.kubevirt)
         bounds, no_layouts = self._layout_bounds()
         listed = nodestate.list_all(self.api)
@@ -160,13 +292,34 @@ class Controller:
         decisions: list[Decision] = []
 
         def compute(cr: JsonObject) -> KubeVirtPlan:
-            decisions.append(
-                decide(cr, reports, self.missing, self.clock(), self.settings.grace, no_layouts)
+            seen = fencing.seen_token(cr)
+            if fencing.standing(seen, term) is Standing.NEWER:
+                raise DeposedError(
+                    f"KubeVirt CR {ref} was written in writer term {seen!r}, not older than "
+                    f"this replica's {term}",
+                    seen,
+                )
+            now = self.clock()
+            decision = decide(
+                cr,
+                reports,
+                self.missing,
+                now,
+                self.settings.grace,
+                no_layouts,
+                fence=term.token,
             )
-            return decisions[-1].plan
+            decisions.append(decision)
+            if decision.plan.patch:
+                self._confirm(term, ref)
+            return decision.plan
 
         try:
             result = kubevirt.write(self.api, ref, compute)
+        except DeposedError as e:
+            self.metrics.kubevirt_in_step.set(0)
+            self._deposed(e, term)
+            raise
         except (ClusterError, TransientError):
             self.metrics.kubevirt_in_step.set(0)
             raise

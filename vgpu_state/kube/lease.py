@@ -19,6 +19,11 @@ until that time. Every write carries the ``resourceVersion`` that was
 read, so of two identities that saw the same free Lease one wins and the
 other gets a :class:`~vgpu_state.kube.api.ConflictError` (HTTP 409): both can
 never believe they took it.
+
+Every take-over starts a new *term* (:mod:`vgpu_state.kube.fencing`): one more
+``leaseTransitions`` and a new ``acquireTime``, also when an identity takes
+again a Lease whose hold of its own had ended. The controller's writes carry
+their term's token (:func:`hold_term`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import NotFoundError
+from vgpu_state.kube.fencing import Term, term_of
 
 LEASE_NAME = "vgpu-state-controller"
 DEFAULT_NAMESPACE = "vgpu-state"
@@ -46,6 +52,8 @@ class LeaseState:
     held: bool
     holder: str | None
     expires: datetime.datetime | None
+    term: Term | None = None
+    """The term the Lease shows after the call (see :func:`hold_term`)."""
 
 
 def format_time(moment: datetime.datetime) -> str:
@@ -141,8 +149,10 @@ class Leases:
         except NotFoundError:
             return None
 
-    def create(self, name: str, duration: int, now: datetime.datetime) -> JsonObject | None:
-        """Create the Lease held by this identity from ``now``."""
+    def create(
+        self, name: str, duration: int, now: datetime.datetime, number: int = 0
+    ) -> JsonObject | None:
+        """Create the Lease held by this identity from ``now`` (its first term: ``number``)."""
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -152,7 +162,7 @@ class Leases:
                 "leaseDurationSeconds": duration,
                 "acquireTime": format_time(now),
                 "renewTime": format_time(now),
-                "leaseTransitions": 0,
+                "leaseTransitions": number,
             },
         }
         try:
@@ -160,12 +170,21 @@ class Leases:
         except ConflictError:
             return None
 
-    def take(self, lease: JsonObject, duration: int, now: datetime.datetime) -> JsonObject | None:
-        """Write this identity as the holder from ``now``: a renewal when it holds the Lease
-        already, else a take-over (a new ``acquireTime``, one more ``leaseTransitions``)."""
+    def take(
+        self,
+        lease: JsonObject,
+        duration: int,
+        now: datetime.datetime,
+        *,
+        new_term: bool = False,
+        number: int = 0,
+    ) -> JsonObject | None:
+        """Write this identity as the holder from ``now``: a renewal while its hold has not
+        ended, else a take-over, which starts a new term (a new ``acquireTime``, one more
+        ``leaseTransitions``, at least ``number``). ``new_term`` starts one in any case."""
         spec = dict(lease.get("spec") or {})
-        if holder(lease) != self.identity:
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        if new_term or live_holder(lease, now) != self.identity:
+            spec["leaseTransitions"] = max(int(spec.get("leaseTransitions") or 0) + 1, number)
             spec["acquireTime"] = format_time(now)
         spec.update(
             holderIdentity=self.identity, leaseDurationSeconds=duration, renewTime=format_time(now)
@@ -223,7 +242,52 @@ def try_acquire(
 
 def _state(lease: JsonObject, identity: str) -> LeaseState:
     current = holder(lease)
-    return LeaseState(current == identity, current, expiry(lease))
+    return LeaseState(current == identity, current, expiry(lease), term_of(lease))
+
+
+def hold_term(
+    api: KubeApi,
+    identity: str,
+    term: Term | None,
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    name: str = LEASE_NAME,
+    duration: int = DEFAULT_DURATION,
+    now: datetime.datetime | None = None,
+    after: int | None = None,
+    take_own: bool = True,
+) -> LeaseState:
+    """Renew the Lease in ``term`` (the one this process holds), or start a new term.
+
+    ``term`` ``None`` (this process holds none) starts a new one, also over a live
+    hold of its own identity (unless ``take_own`` is false: then it waits until that
+    hold ends): a restarted process must not carry on the term of the one before it.
+    When the Lease shows a term of this identity other than ``term``, another
+    process of the same identity began it: not held. ``after``: a term number (a
+    newer term's, read in the KubeVirt CR) the held term must be past; a term that
+    is not is followed by a new one numbered past it. ``held`` is ``False`` while
+    another identity's hold has not ended, and after a lost race (a term is only
+    ever this process's when its own write began it).
+    """
+    moment = now or datetime.datetime.now(tz=datetime.UTC)
+    leases = Leases(api, namespace, identity)
+    lease = leases.get(name)
+    number = 0 if after is None else after + 1
+    if lease is None:
+        written = leases.create(name, duration, moment, number)
+    elif held_by_another(lease, identity, moment):
+        return LeaseState(False, holder(lease), expiry(lease), term_of(lease))
+    else:
+        shown = term_of(lease)
+        ours = live_holder(lease, moment) == identity
+        if ours and (shown != term if term is not None else not take_own):
+            return LeaseState(False, identity, expiry(lease), shown)
+        renewal = ours and term is not None and (after is None or term.number > after)
+        written = leases.take(lease, duration, moment, new_term=not renewal, number=number)
+    if written is None:  # another replica wrote it since we read it
+        state = _state(leases.get(name) or {}, identity)
+        return LeaseState(False, state.holder, state.expires, state.term)
+    return LeaseState(True, identity, expiry(written), term_of(written))
 
 
 def release(

@@ -21,6 +21,11 @@ therefore a JSON Patch that first ``test``s each list it replaces (and the
 ownership annotation) against the value it was computed from; when a
 container had to be created, it also tests ``metadata.resourceVersion``.
 
+Fencing: a write of the cluster controller also carries its term's token
+(:mod:`vgpu_state.kube.fencing`) in the annotation ``vgpu-state.io/writer-term``:
+the patch tests it (or, on the term's first write, tests the older token it read
+and replaces it), so a write of a deposed term is refused.
+
 Ownership: the annotation ``vgpu-state.io/managed-resources`` lists the resource
 names vgpu-state added. Entries not listed there are never changed, removed or
 reordered. An owned entry is removed only when the caller's ``keep`` (the
@@ -35,6 +40,7 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from vgpu_state.kube.fencing import WRITER_TERM_ANNOTATION
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.model.plan import ClusterAction
 from vgpu_state.model.resources import (
@@ -303,12 +309,20 @@ def plan_write(
     cr: Mapping[str, Any],
     desired: Iterable[PermittedEntry],
     keep: Set[str] | None = None,
+    *,
+    fence: str | None = None,
 ) -> KubeVirtPlan:
     """The changes and the guarded JSON Patch that bring ``cr`` to hold ``desired``.
 
     ``keep``: when given, the resources that must stay; owned entries whose
     resource is neither there nor in ``desired`` are removed. ``None`` removes
     nothing. The first entry of ``desired`` for a resource wins.
+
+    ``fence``: the writer's term token. The patch tests that the CR's writer-term
+    annotation still holds what was read and sets it to ``fence``; a CR whose
+    annotation is not ``fence`` yet gets that patch even when nothing else changes
+    (the caller decides that its term may claim the CR:
+    :func:`vgpu_state.kube.fencing.standing`).
     """
     owned = managed_resources(cr)
     lists = permitted(cr)
@@ -370,8 +384,9 @@ def plan_write(
             new_lists[name] = kept
     managed = sorted((owned | added) - removed)
     ops: list[JsonObject] = []
-    if changes or set(managed) != owned:
-        ops = _patch(cr, lists, new_lists, owned, managed)
+    claim = fence is not None and _annotation(cr, WRITER_TERM_ANNOTATION) != fence
+    if changes or set(managed) != owned or claim:
+        ops = _patch(cr, lists, new_lists, owned, managed, fence=fence)
     rv = str(_get(cr, "metadata", "resourceVersion") or "")
     return KubeVirtPlan(
         tuple(changes),
@@ -380,6 +395,11 @@ def plan_write(
         tuple(managed),
         rv,
     )
+
+
+def _annotation(cr: Mapping[str, Any], key: str) -> Any:
+    annotations = _get(cr, "metadata", "annotations")
+    return annotations.get(key) if isinstance(annotations, dict) else None
 
 
 def _annotation_path(key: str) -> str:
@@ -398,6 +418,8 @@ def _patch(
     new: Mapping[ListName, list[JsonObject]],
     owned: frozenset[str],
     managed: list[str],
+    *,
+    fence: str | None = None,
 ) -> list[JsonObject]:
     ops: list[JsonObject] = []
     guard_version = False
@@ -437,6 +459,17 @@ def _patch(
         # Unchanged ownership still guards the lists: a writer that changed it meanwhile
         # (e.g. removed an entry we would re-add) makes this write fail and re-plan.
         ops.append({"op": "test", "path": key, "value": annotations[OWNERSHIP_ANNOTATION]})
+    if fence is not None:
+        # The writer's term: tested as read, set to ours (the annotations map exists by now).
+        term_key = _annotation_path(WRITER_TERM_ANNOTATION)
+        seen = annotations.get(WRITER_TERM_ANNOTATION) if isinstance(annotations, dict) else None
+        if seen is None:
+            guard_version = True
+            ops.append({"op": "add", "path": term_key, "value": fence})
+        else:
+            ops.append({"op": "test", "path": term_key, "value": seen})
+            if seen != fence:
+                ops.append({"op": "replace", "path": term_key, "value": fence})
     if guard_version:
         rv = _get(cr, "metadata", "resourceVersion")
         if rv is not None:
