@@ -5,7 +5,7 @@ between its resyncs, the controller between passes) cannot tell from its own
 requests that the server's storage is gone: a GET may be served from the
 server's watch cache while etcd is down, and a write hangs until the server
 gives up. :class:`ApiServerProbe` therefore asks the server itself, every
-``period`` seconds, on a thread of its own: ``GET /readyz``, which the server
+``period`` seconds (every second while it fails): ``GET /readyz``, which the server
 answers 200 only while its own checks pass, among them ``etcd`` and
 ``etcd-readiness`` (the server asks etcd at most every second, however many
 clients probe). Every authenticated identity may read ``/readyz``: the
@@ -14,8 +14,8 @@ every cluster, grants it.
 
 :class:`ApiServerHealth` keeps the answers and tells ``/readyz`` the truth: not
 ready before the first answer, nor once no probe has succeeded for ``bound``
-seconds. Each request of the probe has a timeout below ``bound`` (connect and
-read), so a hung connection cannot keep an old answer alive. The start of an
+seconds: readiness is the age of the last success, so a hung probe cannot keep
+an old answer alive, and each probe has its own connect and read timeouts. The start of an
 outage is logged once, with its cause (the server's failed checks, or why
 nothing answered), and so is its end; ``on_change`` feeds the metrics.
 """
@@ -35,12 +35,17 @@ from vgpu_state.kube.errors import ClusterError
 log = logging.getLogger(__name__)
 
 PROBE_PATH = "/readyz"
-DEFAULT_PERIOD = 3.0
-"""Seconds between two probes."""
+DEFAULT_PERIOD = 5.0
+"""Seconds between two probes while the server answers ready."""
+FAILING_PERIOD = 1.0
+"""Seconds between two probes while it does not (its return is seen at once)."""
 DEFAULT_BOUND = 10.0
 """Seconds without a successful probe after which the process is not ready."""
-PROBE_TIMEOUT = (2.0, 4.0)
-"""Connect and read timeout of one probe: together below :data:`DEFAULT_BOUND`."""
+PROBE_TIMEOUT = (2.0, 6.0)
+"""Connect and read timeout of one probe (the server takes about 4 s to say its storage
+is down): a hung probe ends before :data:`DEFAULT_BOUND` has passed twice."""
+MAX_IN_FLIGHT = 4
+"""Probes open at once, at most (a failing one takes up to the timeout)."""
 MAX_CAUSE = 500
 """Characters of a cause kept (the server's failed checks are short lines)."""
 
@@ -167,29 +172,55 @@ class ApiServerHealth:
 
 
 class ApiServerProbe(BackgroundLoop):
-    """``GET /readyz`` every ``period`` seconds on a daemon thread; the answers go to
-    ``health``. ``api``'s connection pool and credentials are used, with
-    :data:`PROBE_TIMEOUT` instead of its own timeouts."""
+    """``GET /readyz`` every ``period`` seconds (every ``failing_period`` seconds while the
+    server does not answer ready); the answers go to ``health``.
+
+    Each probe runs on a short-lived thread of its own, so a slow answer (the server
+    takes its etcd checks' timeouts, about 4 s, to say it is not ready) does not
+    delay the next probe: the server's return is seen within ``failing_period`` plus
+    one answer. At most :data:`MAX_IN_FLIGHT` probes are open at once. ``api``'s
+    connection pool and credentials are used, with ``timeout`` instead of its own.
+    """
 
     def __init__(
         self,
         api: KubeApi,
         health: ApiServerHealth,
         period: float = DEFAULT_PERIOD,
+        failing_period: float = FAILING_PERIOD,
         timeout: tuple[float, float] = PROBE_TIMEOUT,
     ) -> None:
-        super().__init__("vgpu-state-apiserver-probe", first=0, after_error=period)
+        super().__init__("vgpu-state-apiserver-probe", first=0, after_error=failing_period)
         self.api = api
         self.health = health
         self.period = period
+        self.failing_period = failing_period
         self.timeout = timeout
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._last_ok = False
 
     def step(self) -> float:
-        self.probe()
-        return self.period
+        with self._lock:
+            start = self._in_flight < MAX_IN_FLIGHT
+            if start:
+                self._in_flight += 1
+            healthy = self._last_ok
+        if start:
+            threading.Thread(target=self._probe, name=f"{self.name}-once", daemon=True).start()
+        return self.period if healthy else self.failing_period
+
+    def _probe(self) -> None:
+        try:
+            ok = self.probe()
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        with self._lock:
+            self._last_ok = ok
 
     def probe(self) -> bool:
-        """One probe; ``True`` when the server said it is ready."""
+        """One probe, on the calling thread; ``True`` when the server said it is ready."""
         try:
             status, body = self.api.answer(PROBE_PATH, self.timeout)
         except ClusterError as e:
