@@ -469,6 +469,10 @@ class ControlPlane:
         except OSError:
             return 0
 
+    def apiserver_ready(self) -> bool:
+        """Whether the API server answers its own ``/readyz`` with 200 now."""
+        return self._status("/readyz") == 200
+
     def configuration(self, token: str | None = None) -> Any:
         import kubernetes
 

@@ -103,6 +103,7 @@ class ApiServerHealth:
     def succeeded(self) -> None:
         with self._lock:
             self._last_ok = self._clock()
+            self._cause = "no probe has been answered since"
         self._update()
 
     def failed(self, cause: str) -> None:
