@@ -111,6 +111,18 @@ def binaries(build: bool = True) -> tuple[Path, Path]:
     return wanted
 
 
+def controller_manager() -> Path:
+    """kube-controller-manager, built with the others (:func:`binaries`); :class:`Unavailable`
+    when it is not."""
+    binary = BIN / "kube-controller-manager"
+    if not binary.exists():
+        raise Unavailable(
+            f"no kube-controller-manager: {binary} is not built "
+            "(hack/k8s/build.sh kube-controller-manager)"
+        )
+    return binary
+
+
 def _go_in_usual_places() -> str | None:
     for candidate in ("/usr/local/go/bin/go", str(Path.home() / "go" / "bin" / "go")):
         if os.access(candidate, os.X_OK):
@@ -332,12 +344,7 @@ class ControlPlane:
         admin: what a cluster does to objects whose owners are gone. Opt-in (a test that
         needs it calls this); stopped with the control plane. :class:`Unavailable` when
         it is not built (``hack/k8s/build.sh`` builds it by default)."""
-        binary = BIN / "kube-controller-manager"
-        if not binary.exists():
-            raise Unavailable(
-                f"no kube-controller-manager: {binary} is not built "
-                "(hack/k8s/build.sh kube-controller-manager)"
-            )
+        binary = controller_manager()
         proc = self._spawn("kube-controller-manager", [
             str(binary), f"--kubeconfig={self.workdir / 'kubeconfig'}",
             "--controllers=garbage-collector-controller", "--leader-elect=false",

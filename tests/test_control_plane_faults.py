@@ -28,7 +28,7 @@ import pytest
 
 from tests.agent_process import NODE, Running, running_agent, wait_for
 from tests.apiserver import put_kubevirt
-from tests.realcluster import ControlPlane, Unavailable
+from tests.realcluster import ControlPlane, Unavailable, controller_manager
 
 NODESTATES = "vgpu-state.io/v1alpha1/vgpunodestates"
 OUTAGE = "has not been ready for"
@@ -284,8 +284,17 @@ def _owned_by_dead_node(cluster: ControlPlane, name: str, uid: str) -> None:
     )
 
 
+@pytest.fixture
+def gc_built() -> None:
+    """kube-controller-manager is there (built with the rest by ``hack/k8s/build.sh``)."""
+    try:
+        controller_manager()
+    except Unavailable as e:
+        _required(e)
+
+
 def test_a_deleted_nodestate_is_back_within_5_s_and_follows_its_node_under_the_gc(
-    cluster: ControlPlane, agent: Running
+    gc_built: None, cluster: ControlPlane, agent: Running
 ) -> None:
     first = _nodestate(cluster)
     assert first is not None
@@ -307,10 +316,7 @@ def test_a_deleted_nodestate_is_back_within_5_s_and_follows_its_node_under_the_g
     _until("the new Node its owner", lambda: _node_owners(_nodestate(cluster)) == [node_uid], 15)
     _owned_by_dead_node(cluster, "owned-by-the-dead-node", dead)
 
-    try:
-        cluster.start_controller_manager()
-    except Unavailable as e:
-        _required(e)
+    cluster.start_controller_manager()
     # The collector runs: what the dead Node owned is gone; the VGPUNodeState is not.
     _until(
         "the garbage collector to delete what the dead Node owned",
