@@ -97,8 +97,6 @@ class ApiServerHealth:
         self._cause = "no probe has run yet"
         self._reachable = False
         self._down_since: float | None = None
-        self.outages = 0
-        """Outages seen (each logged once)."""
 
     def succeeded(self) -> None:
         with self._lock:
@@ -149,7 +147,6 @@ class ApiServerHealth:
                 self._down_since = None
             else:
                 self._down_since = now
-                self.outages += 1
             cause, last = self._cause, self._last_ok
         if fresh and down is not None:
             log.info(
