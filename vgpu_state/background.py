@@ -8,7 +8,7 @@ logged and runs again after ``after_error`` seconds, so no loop dies of an
 error its step did not expect.
 
 The agent's config watch, resync, holder watch and allocatable monitor, the
-Node watch, the ResourceSlice resync, the device plugin's supervisor, the
+Node watch and the VGPUNodeState watch, the API server probe, the ResourceSlice resync, the device plugin's supervisor, the
 renewal of a rollout slot and the controller's webhook-certificate keeper are
 each one of these.
 
