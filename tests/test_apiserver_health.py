@@ -35,7 +35,7 @@ def test_ready_while_a_probe_succeeded_within_the_bound_and_each_outage_logged_o
     flips: list[bool] = []
     health = ApiServerHealth(SERVER, bound=10, clock=clock, on_change=flips.append)
     first = health.check()
-    assert not first.ok and "has not answered yet" in first.reason
+    assert not first.ok and "has not been ready yet" in first.reason
 
     health.succeeded()
     assert health.check().ok
@@ -110,6 +110,28 @@ def test_the_agent_is_unready_while_the_api_server_is_and_alive_all_along() -> N
     assert state.liveness().ok
     api.succeeded()
     assert state.readiness().ok
+
+
+def test_a_server_that_never_answers_is_an_outage_logged_once_after_the_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    flips: list[bool] = []
+    health = ApiServerHealth(SERVER, bound=10, clock=clock, on_change=flips.append)
+    caplog.set_level(logging.INFO, "vgpu_state.kube.apihealth")
+    for _ in range(30):
+        clock.now += 1
+        health.failed("Kubernetes API server unreachable: connection refused")
+        assert not health.check().ok
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        f"the Kubernetes API server {SERVER} has not been ready for 11 s (since the start): "
+        "Kubernetes API server unreachable: connection refused; not ready until it is"
+    ]
+    assert flips == [False]
+    health.succeeded()
+    assert health.check().ok and flips == [False, True]
+    assert "ready again (after 19 s)" in caplog.records[-1].getMessage()
 
 
 def test_a_bound_must_be_positive() -> None:

@@ -5,8 +5,8 @@ between its resyncs, the controller between passes) cannot tell from its own
 requests that the server's storage is gone: a GET may be served from the
 server's watch cache while etcd is down, and a write hangs until the server
 gives up. :class:`ApiServerProbe` therefore asks the server itself, every
-``period`` seconds (every second while it fails): ``GET /readyz``, which the server
-answers 200 only while its own checks pass, among them ``etcd`` and
+``period`` seconds (every second while it fails): ``GET /readyz``, which the
+server answers 200 only while its own checks pass, among them ``etcd`` and
 ``etcd-readiness`` (the server asks etcd at most every second, however many
 clients probe). Every authenticated identity may read ``/readyz``: the
 ClusterRole ``system:public-info-viewer``, bound to ``system:authenticated`` in
@@ -15,9 +15,10 @@ every cluster, grants it.
 :class:`ApiServerHealth` keeps the answers and tells ``/readyz`` the truth: not
 ready before the first answer, nor once no probe has succeeded for ``bound``
 seconds: readiness is the age of the last success, so a hung probe cannot keep
-an old answer alive, and each probe has its own connect and read timeouts. The start of an
-outage is logged once, with its cause (the server's failed checks, or why
-nothing answered), and so is its end; ``on_change`` feeds the metrics.
+an old answer alive (and each probe has its own connect and read timeouts).
+The start of an outage is logged once, with its cause (the server's failed
+checks, or why nothing answered), and so is its end; ``on_change`` feeds the
+metrics.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ class ApiServerHealth:
                 return Answer(True, "ok")
             if self._last_ok is None:
                 return Answer(
-                    False, f"the Kubernetes API server {self.server} has not answered yet: "
+                    False,
+                    f"the Kubernetes API server {self.server} has not been ready yet: "
                     f"{self._cause}",
                 )
             since = self._clock() - self._last_ok
@@ -127,46 +129,43 @@ class ApiServerHealth:
                 f"{since:.0f} s: {self._cause}",
             )
 
-    @property
-    def reachable(self) -> bool:
-        self._update()
-        with self._lock:
-            return self._reachable
-
     def _update(self) -> None:
-        """Flip the state when the last success is within, or past, ``bound``; log each
-        flip once."""
+        """Flip the state when the last success is within, or past, ``bound`` (or, before
+        any success, when ``bound`` has passed since the start); log each flip once. Under
+        the lock, so that two threads never report flips out of order."""
         with self._lock:
             now = self._clock()
             fresh = self._last_ok is not None and now - self._last_ok <= self.bound
-            if fresh == self._reachable:
-                return
-            self._reachable = fresh
-            if fresh:
-                down = self._down_since
+            if fresh and not self._reachable:
+                self._reachable = True
+                if self._down_since is not None:
+                    log.info(
+                        "the Kubernetes API server %s is ready again (after %.0f s); ready",
+                        self.server,
+                        now - self._down_since,
+                    )
+                else:
+                    log.info("the Kubernetes API server %s answers", self.server)
                 self._down_since = None
-            else:
+            elif not fresh and (
+                self._reachable
+                or (self._down_since is None and now - self._started > self.bound)
+            ):
+                self._reachable = False
                 self._down_since = now
-            cause, last = self._cause, self._last_ok
-        if fresh and down is not None:
-            log.info(
-                "the Kubernetes API server %s is ready again (after %.0f s); ready",
-                self.server,
-                now - down,
-            )
-        elif fresh:
-            log.info("the Kubernetes API server %s answers", self.server)
-        else:
-            silent = now - (last if last is not None else self._started)
-            log.error(
-                "the Kubernetes API server %s has not been ready for %.0f s: %s; not ready "
-                "until it is",
-                self.server,
-                silent,
-                cause,
-            )
-        if self.on_change is not None:
-            self.on_change(fresh)
+                since = self._last_ok if self._last_ok is not None else self._started
+                log.error(
+                    "the Kubernetes API server %s has not been ready for %.0f s%s: %s; not "
+                    "ready until it is",
+                    self.server,
+                    now - since,
+                    "" if self._last_ok is not None else " (since the start)",
+                    self._cause,
+                )
+            else:
+                return
+            if self.on_change is not None:
+                self.on_change(self._reachable)
 
 
 class ApiServerProbe(BackgroundLoop):
