@@ -60,7 +60,7 @@ class NodeWatch(BackgroundLoop):
     after ``on_labels``; it must be cheap (it runs on the watch's thread).
     """
 
-    KIND = "Node"
+    KIND = "node"
     THREAD = "vgpu-state-nodewatch"
 
     def __init__(
