@@ -6,7 +6,7 @@
 # Only what is missing or was built from other sources is built; the Go build
 # and module caches make a rebuild fast. Test infrastructure only.
 #   hack/k8s/build.sh [program ...]
-#   (default: kube-apiserver etcd kube-controller-manager kubelet-harness)
+#   (default: kube-apiserver etcd kubelet-harness kube-controller-manager)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
@@ -14,7 +14,7 @@ GO=${GO:-go}
 command -v "$GO" >/dev/null 2>&1 || { echo "hack/k8s/build.sh: Go is not installed (need go >= 1.26)" >&2; exit 127; }
 bin=${VGPU_STATE_K8S_BIN:-$here/bin}
 mkdir -p "$bin"
-[ "$#" -gt 0 ] || set -- kube-apiserver etcd kube-controller-manager kubelet-harness
+[ "$#" -gt 0 ] || set -- kube-apiserver etcd kubelet-harness kube-controller-manager
 for prog in "$@"; do
     out="$bin/$prog"
     ldflags=
