@@ -327,8 +327,9 @@ def test_a_deleted_nodestate_is_back_within_5_s_and_follows_its_node_under_the_g
     assert kept is not None and kept["metadata"]["uid"] == again["metadata"]["uid"]
     assert _node_owners(kept) == [node_uid]
 
-    # Under the collector: the Node deleted and registered again. Its VGPUNodeState goes
-    # with it (that is what the owner reference is for) and is back, owned by the new Node.
+    # Under the collector: the Node deleted and registered again. The collector deletes the
+    # VGPUNodeState with the old Node (what the owner reference is for) unless the agent
+    # moved its owner first; either way it is there, owned by the new Node, and stays.
     dead = node_uid
     node_uid = _register_again(cluster)
     _owned_by_dead_node(cluster, "owned-by-the-second-dead-node", dead)
