@@ -218,7 +218,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         )
     if any("no real control plane" in reason for reason in reasons):
         terminalreporter.write_line(
-            "  The real-cluster tests build kube-apiserver and etcd with Go (hack/k8s/build.sh, "
-            "Go >= 1.26 from go.dev or the Go module proxy). VGPU_STATE_REQUIRE_K8S=1 makes them "
-            "fail instead."
+            "  The real-cluster tests build kube-apiserver, etcd and kube-controller-manager "
+            "with Go (hack/k8s/build.sh, Go >= 1.26 from go.dev or the Go module proxy). "
+            "VGPU_STATE_REQUIRE_K8S=1 makes them fail instead."
         )

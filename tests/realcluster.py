@@ -6,9 +6,13 @@ server runs as production clusters run it: TLS only, client certificates for
 the admin, ``--authorization-mode=Node,RBAC``, the ``NodeRestriction``
 admission plugin beside the default ones (ValidatingAdmissionPolicy,
 validating and mutating webhooks), bound ServiceAccount tokens. No
-controller-manager, scheduler or kubelet runs: a test creates the Node and a
-Pod with ``spec.nodeName`` itself when it needs the identity of an agent on
-that node (:meth:`ControlPlane.agent_token`).
+scheduler or kubelet runs: a test creates the Node and a Pod with
+``spec.nodeName`` itself when it needs the identity of an agent on that node
+(:meth:`ControlPlane.agent_token`). A test that needs the garbage collector starts
+kube-controller-manager with only that controller
+(:meth:`ControlPlane.start_controller_manager`); one that needs the storage to fail
+kills etcd and starts it again on its data (:meth:`ControlPlane.kill_etcd`,
+:meth:`ControlPlane.restart_etcd`).
 
 :meth:`ControlPlane.install` applies the rendered ``deploy/`` (CRD, RBAC,
 namespace, ConfigMap, DaemonSet) and a KubeVirt CRD whose schema is KubeVirt's
@@ -119,6 +123,18 @@ def _build(go: str, *programs: str) -> None:
         sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
         raise Unavailable(f"hack/k8s/build.sh failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def controller_manager() -> Path:
+    """kube-controller-manager, built with the others (:func:`binaries`); :class:`Unavailable`
+    when it is not."""
+    binary = BIN / "kube-controller-manager"
+    if not binary.exists():
+        raise Unavailable(
+            f"no kube-controller-manager: {binary} is not built "
+            "(hack/k8s/build.sh kube-controller-manager)"
+        )
+    return binary
 
 
 def _go_in_usual_places() -> str | None:
@@ -272,6 +288,8 @@ class ControlPlane:
         self.startup_seconds = 0.0
         self.refusals_expected = False
         self.test_mark = 0  # where the running test's part of the audit log begins
+        self._etcd_ports = (0, 0)
+        self.etcd: subprocess.Popen[bytes] | None = None
 
     # lifecycle -----------------------------------------------------------------------------
     def start(self, timeout: float = 120) -> ControlPlane:
@@ -302,11 +320,15 @@ class ControlPlane:
         self.procs.append(proc)
         return proc
 
-    def _start_etcd(self, etcd: Path, timeout: float) -> None:
-        client, peer = free_port(), free_port()
+    def _start_etcd(self, etcd: Path, timeout: float, *, again: bool = False) -> None:
+        """etcd on two free ports with an empty data directory; ``again``: on the same
+        ports with the data it had (a restart)."""
+        if not again:
+            self._etcd_ports = (free_port(), free_port())
+            shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
+        client, peer = self._etcd_ports
         self.etcd_url = f"http://127.0.0.1:{client}"
         data = self.workdir / "etcd"
-        shutil.rmtree(data, ignore_errors=True)
         proc = self._spawn("etcd", [
             str(etcd), "--name", "test", "--data-dir", str(data),
             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
@@ -315,7 +337,41 @@ class ControlPlane:
             "--initial-cluster", f"test=http://127.0.0.1:{peer}",
             "--unsafe-no-fsync", "--log-level", "warn", "--quota-backend-bytes", "1073741824",
         ])  # fmt: skip
+        self.etcd = proc
         self._wait("etcd", proc, lambda: _http_ok(f"{self.etcd_url}/health"), timeout)
+
+    def kill_etcd(self) -> None:
+        """SIGKILL etcd, as a crash or a lost machine would stop it (the API server stays)."""
+        proc = self.etcd
+        assert proc is not None, "etcd is not running"
+        proc.kill()
+        proc.wait(10)
+        self.procs.remove(proc)
+
+    def restart_etcd(self, timeout: float = 60) -> None:
+        """etcd again, after :meth:`kill_etcd`: the same ports and the same data."""
+        _, etcd = binaries(build=False)
+        self._start_etcd(etcd, timeout, again=True)
+
+    def start_controller_manager(self, timeout: float = 60) -> subprocess.Popen[bytes]:
+        """Upstream's kube-controller-manager running only its garbage collector, as the
+        admin: what a cluster does to objects whose owners are gone. Opt-in (a test that
+        needs it calls this); stopped with the control plane. :class:`Unavailable` when
+        it is not built (``hack/k8s/build.sh`` builds it by default)."""
+        binary = controller_manager()
+        proc = self._spawn("kube-controller-manager", [
+            str(binary), f"--kubeconfig={self.workdir / 'kubeconfig'}",
+            "--controllers=garbage-collector-controller", "--leader-elect=false",
+            "--secure-port=0", "--use-service-account-credentials=false", "--v=2",
+        ])  # fmt: skip
+        log = self.workdir / "kube-controller-manager.log"
+
+        def synced() -> bool:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            return "Proceeding to collect garbage" in text
+
+        self._wait("kube-controller-manager", proc, synced, timeout)
+        return proc
 
     def _start_apiserver(self, apiserver: Path, timeout: float) -> None:
         self.port = free_port()
@@ -433,6 +489,10 @@ class ControlPlane:
             return int(e.code)
         except OSError:
             return 0
+
+    def apiserver_ready(self) -> bool:
+        """Whether the API server answers its own ``/readyz`` with 200 now."""
+        return self._status("/readyz") == 200
 
     def configuration(self, token: str | None = None) -> Any:
         import kubernetes

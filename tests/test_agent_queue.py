@@ -98,4 +98,6 @@ def test_every_trigger_has_its_metric_series_from_the_start() -> None:
         if line.startswith("vgpu_state_triggers_total{")
     }
     assert series == {t.value for t in Trigger}
-    assert {"start", "config", "node", "resync", "holders", "kubelet", "retry"} == series
+    assert {
+        "start", "config", "node", "nodestate", "resync", "holders", "kubelet", "retry"
+    } == series

@@ -116,8 +116,12 @@ def test_cluster_role_grants_exactly_what_the_agent_uses(manifests: list[dict[st
         *(("", "nodes", v) for v in ("get", "list", "watch", "patch")),
         # Read only: the controller is the KubeVirt CR's only vgpu-state writer.
         *(("kubevirt.io", "kubevirts", v) for v in ("get", "list")),
-        ("vgpu-state.io", "vgpunodestates", "get"),
-        ("vgpu-state.io", "vgpunodestates", "create"),
+        # Its own, watched by name (a deleted one is written again), its owner reference
+        # moved to the Node registered again under its name (patch).
+        *(
+            ("vgpu-state.io", "vgpunodestates", v)
+            for v in ("get", "list", "watch", "create", "patch")
+        ),
         ("vgpu-state.io", "vgpunodestates/status", "update"),
         *(("", "events", v) for v in ("get", "create", "patch")),
     }

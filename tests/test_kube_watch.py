@@ -176,3 +176,51 @@ def test_keys_the_caller_writes_itself_do_not_call_back(kube: RunningEmulator) -
         assert next_labels(seen) == {"pool": "b"}
     finally:
         w.stop()
+
+
+NODESTATES = "vgpu-state.io/v1alpha1/vgpunodestates"
+
+
+def test_the_nodestate_watch_tells_of_a_deletion_made_while_it_had_expired(
+    kube: RunningEmulator,
+) -> None:
+    """Deleted while the watch was cut off and its history compacted (``410 Gone``): the
+    relist that finds the object missing tells it, once. The first list finding none
+    does not (the agent's first reconcile creates it), nor do the object's changes (the
+    agent's own status writes). A deletion while the watch runs (its ``DELETED``
+    event) is ``tests/test_control_plane_faults.py``'s, on the real server."""
+    from kmock import resource
+
+    from vgpu_state.kube.watch import NodeStateWatch
+
+    def nodestate(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "vgpu-state.io/v1alpha1",
+            "kind": "VGPUNodeState",
+            "metadata": {"name": name},
+            "spec": {"nodeName": name},
+        }
+
+    gone: queue.Queue[str] = queue.Queue()
+    w = NodeStateWatch(
+        kube.api_client(), "gpu-1", lambda: gone.put("gone"), backoff=Backoff(0.05, 0.2)
+    ).start()
+    try:
+        wait_for(lambda: len(watch_requests(kube)) >= 1)
+        kube.write(NODESTATES, "gpu-1", nodestate("gpu-1"))
+        kube.write(NODESTATES, "gpu-1", {"status": {"vgpuCount": 1}})
+        kube.write(NODESTATES, "gpu-2", nodestate("gpu-2"))
+        wait_for(lambda: w.resource_version == str(kube.emulator.latest - 1))
+        assert gone.empty() and w.lists == 1
+
+        def delete_then_compact(server: WatchingApiServer) -> None:
+            server.objects[(resource(NODESTATES), None, "gpu-1")].delete()
+            server.compact()
+            server.end_watches()
+
+        kube.call(delete_then_compact)
+        wait_for(lambda: w.lists == 2)
+        assert gone.get(timeout=5) == "gone"
+        assert nothing_more(gone)
+    finally:
+        w.stop()

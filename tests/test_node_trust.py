@@ -140,6 +140,20 @@ def _status(node: str) -> Write:
     return method, path, created_first, content
 
 
+def _owner(node: str, owner: str) -> Write:
+    """Make the Node ``owner`` the owner of ``node``'s VGPUNodeState (created first, as the
+    admin, when missing): the agent moves the reference to its Node registered again."""
+
+    def body(cluster: ControlPlane) -> Any:
+        if cluster.request("GET", f"{NODESTATES}/{node}") is None:
+            cluster.request("POST", NODESTATES, _nodestate(node))  # as the admin
+        uid = cluster.request("GET", f"/api/v1/nodes/{owner}")["metadata"]["uid"]
+        ref = {"apiVersion": "v1", "kind": "Node", "name": owner, "uid": uid}
+        return {"metadata": {"ownerReferences": [ref]}}
+
+    return ("PATCH", f"{NODESTATES}/{node}", body, MERGE)
+
+
 def _take(lease: str, holder: str, renewed: str | None = None) -> Write:
     """A PUT of the slot in ``holder``'s name, renewed now (or at ``renewed``), written as
     the agent writes it."""
@@ -173,6 +187,8 @@ WRITES: list[tuple[str, Write, Write | None]] = [
     ("its own Node's spec", _node(A, {"spec": {"unschedulable": True}}), None),
     ("the VGPUNodeState", _create(NODESTATES, _nodestate(B)), _create(NODESTATES, _nodestate(A))),
     ("the VGPUNodeState status", _status(B), _status(A)),
+    ("the VGPUNodeState's owner", _owner(B, B), _owner(A, A)),
+    ("its own VGPUNodeState owned by another Node", _owner(A, B), _owner(A, A)),
     (
         "a rollout Lease a live node holds",
         _take("vgpu-state-rollout-1", A),

@@ -8,9 +8,9 @@ logged and runs again after ``after_error`` seconds, so no loop dies of an
 error its step did not expect.
 
 The agent's config watch, resync, holder watch and allocatable monitor, the
-Node watch, the ResourceSlice resync, the device plugin's supervisor, the
-renewal of a rollout slot and the controller's webhook-certificate keeper are
-each one of these.
+Node watch and the VGPUNodeState watch, the API server probe, the
+ResourceSlice resync, the device plugin's supervisor, the renewal of a rollout
+slot and the controller's webhook-certificate keeper are each one of these.
 
 :class:`Backoff` is the one rule for how long to wait after failures in a
 row: the Node watch, the KubeVirt CR's guarded write, the agent's failed

@@ -1,10 +1,12 @@
 #!/bin/sh
 # Builds the real Kubernetes components the test suite runs (kube-apiserver,
-# etcd, and kubelet-harness: the kubelet's device and DRA managers) from the Go
+# etcd, kube-controller-manager for its garbage collector, and kubelet-harness:
+# the kubelet's device and DRA managers) from the Go
 # module proxy, into hack/k8s/bin/ (ignored by git; or $VGPU_STATE_K8S_BIN).
 # Only what is missing or was built from other sources is built; the Go build
 # and module caches make a rebuild fast. Test infrastructure only.
-#   hack/k8s/build.sh [program ...]     (default: kube-apiserver etcd kubelet-harness)
+#   hack/k8s/build.sh [program ...]
+#   (default: kube-apiserver etcd kubelet-harness kube-controller-manager vap-status)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
@@ -12,11 +14,11 @@ GO=${GO:-go}
 command -v "$GO" >/dev/null 2>&1 || { echo "hack/k8s/build.sh: Go is not installed (need go >= 1.26)" >&2; exit 127; }
 bin=${VGPU_STATE_K8S_BIN:-$here/bin}
 mkdir -p "$bin"
-[ "$#" -gt 0 ] || set -- kube-apiserver etcd kubelet-harness
+[ "$#" -gt 0 ] || set -- kube-apiserver etcd kubelet-harness kube-controller-manager vap-status
 for prog in "$@"; do
     out="$bin/$prog"
     ldflags=
-    if [ "$prog" = kube-apiserver ]; then
+    if [ "$prog" = kube-apiserver ] || [ "$prog" = kube-controller-manager ]; then
         # The version it reports (/version, what clients such as helm check), as
         # upstream's release build stamps it: the k8s.io/kubernetes module's.
         version=$("$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)

@@ -12,12 +12,19 @@ from vgpu_state.agent.allocatable import AllocatableMonitor
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink, InUseSource, in_use_from_file
 from vgpu_state.agent.holderwatch import DEFAULT_HOLDER_POLL_SECONDS
 from vgpu_state.agent.rollout import LeaseRolloutGate
-from vgpu_state.agent.run import CONFIG_FILE, Agent, AgentParts, node_watch_starter
+from vgpu_state.agent.run import (
+    CONFIG_FILE,
+    Agent,
+    AgentParts,
+    node_watch_starter,
+    nodestate_watch_starter,
+)
 from vgpu_state.agent.triggers import Fire, Service, Stop, Trigger, TriggerSource
 from vgpu_state.catalog import default_catalog
 from vgpu_state.compose import NodeSettings, OpenNode, open_node
 from vgpu_state.config import FileConfigSource
 from vgpu_state.kube.api import KubeApi
+from vgpu_state.kube.apihealth import ApiServerHealth, ApiServerProbe
 from vgpu_state.kube.kubevirt import KubeVirtRef
 from vgpu_state.kube.rollout import RolloutSlots
 from vgpu_state.model.allocatable import DEFAULT_GRACE
@@ -102,9 +109,12 @@ def build(flags: AgentFlags) -> Agent:
     trigger_sources: list[TriggerSource] = [
         node_watch_starter(
             api.client, flags.node, on_node=monitor.node_seen if monitor is not None else None
-        )
+        ),
+        nodestate_watch_starter(api.client, flags.node),
     ]
-    services: list[Service] = []
+    # /readyz fails while the API server or its storage does not answer.
+    apiserver = ApiServerHealth(api.server)
+    services: list[Service] = [ApiServerProbe(api, apiserver).service()]
     if flags.dra:
         from vgpu_state.agent.dra import ClaimsHoldVgpus, DraNode
         from vgpu_state.dra.prepare import DraPaths
@@ -166,6 +176,7 @@ def build(flags: AgentFlags) -> Agent:
         services=[*services, *([monitor.service()] if monitor is not None else [])],
         shutdown=shutdown,
         allocatable=monitor,
+        apiserver=apiserver,
     )
     return Agent(parts)
 

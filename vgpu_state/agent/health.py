@@ -1,9 +1,12 @@
 """``/healthz``, ``/readyz`` and ``/metrics`` over plain HTTP (one small server thread).
 
 Liveness: the worker is alive and no single reconcile has run longer than
-``stuck_after``. Readiness: the agent has finished its first reconcile and the
-last one did not fail (a node that is blocked or degraded by a config error is
-still ready: it reports; a node whose last reconcile failed is not).
+``stuck_after``. Readiness: the Kubernetes API server and its storage answer
+(:mod:`vgpu_state.kube.apihealth`: a probe succeeded within its bound), the
+agent has finished its first reconcile and the last one did not fail (a node
+that is blocked or degraded by a config error is still ready: it reports; a
+node whose last reconcile failed is not). Liveness never depends on the API
+server: restarting the agent would not bring it back.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from vgpu_state.agent.metrics import AgentMetrics
+from vgpu_state.kube.apihealth import ApiServerHealth
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -29,9 +33,13 @@ class HealthState:
     """What the worker tells the probes. Thread-safe; the clock is injectable for tests."""
 
     def __init__(
-        self, stuck_after: float = 900.0, clock: Callable[[], float] = time.monotonic
+        self,
+        stuck_after: float = 900.0,
+        clock: Callable[[], float] = time.monotonic,
+        apiserver: ApiServerHealth | None = None,
     ) -> None:
         self._lock = threading.Lock()
+        self._apiserver = apiserver
         self._clock = clock
         self._stuck_after = stuck_after
         self._started_at: float | None = None
@@ -70,6 +78,10 @@ class HealthState:
         live = self.liveness()
         if not live.ok:
             return live
+        if self._apiserver is not None:
+            api = self._apiserver.check()
+            if not api.ok:
+                return Probe(False, api.reason)
         with self._lock:
             if not self._finished_once:
                 return Probe(False, self._last_reason)

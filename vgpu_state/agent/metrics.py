@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from vgpu_state.agent.triggers import Trigger
+from vgpu_state.kube.apihealth import OUTAGES_METRIC, REACHABLE_METRIC
 
 PREFIX = "vgpu_state"
 
@@ -100,6 +101,15 @@ class AgentMetrics:
             ["gpu"],
             registry=self.registry,
         )
+
+        self.apiserver_reachable = Gauge(*REACHABLE_METRIC, registry=self.registry)
+        self.apiserver_outages = Counter(*OUTAGES_METRIC, registry=self.registry)
+
+    def apiserver_changed(self, reachable: bool) -> None:
+        """The API server's readiness flipped (``ApiServerHealth.on_change``)."""
+        self.apiserver_reachable.set(1 if reachable else 0)
+        if not reachable:
+            self.apiserver_outages.inc()
 
     def set_vgpus(self, counts: Mapping[tuple[str, str], int]) -> None:
         """Replace the vGPU gauge with ``{(type, state): count}`` (types that vanished go)."""

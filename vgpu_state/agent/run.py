@@ -1,10 +1,11 @@
 """Assemble and run the agent: ports, triggers, worker, probes; exit 0 on SIGTERM.
 
 Threads (DESIGN.md, "Agent concurrency"): the config-directory watcher, the
-Node watch, the periodic resync and the holder watch (while a layout switch
-waits for a holder) feed one :class:`WorkQueue`; one worker
-reconciles; the probes and metrics have their own small HTTP server; the
-device plugin's gRPC servers run in their own pool.
+Node watch, the VGPUNodeState watch, the periodic resync and the holder watch
+(while a layout switch waits for a holder) feed one :class:`WorkQueue`; one
+worker reconciles; the probes and metrics have their own small HTTP server,
+fed by the API server's probe; the device plugin's gRPC servers run in their
+own pool.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from vgpu_state.agent.reconciler import AgentMode, NodeReconciler, RolloutGate
 from vgpu_state.agent.resync import DEFAULT_RESYNC_SECONDS, Resync
 from vgpu_state.agent.triggers import Fire, Service, Stop, Trigger, TriggerSource
 from vgpu_state.agent.worker import Worker
+from vgpu_state.kube.apihealth import ApiServerHealth
 from vgpu_state.reconcile import Ports, Settings
 from vgpu_state.wellknown import METRICS_LISTEN
 
@@ -55,6 +57,8 @@ class AgentParts:
     shutdown: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
     # Checks the kubelet's allocatable against the device plugin (started by a watch).
     allocatable: AllocatableMonitor | None = None
+    # The API server's health (its probe is one of ``services``): /readyz follows it.
+    apiserver: ApiServerHealth | None = None
 
 
 class Agent:
@@ -63,7 +67,9 @@ class Agent:
     def __init__(self, parts: AgentParts, settle: float = 0.2) -> None:
         self.parts = parts
         self.metrics = AgentMetrics()
-        self.health = HealthState()
+        self.health = HealthState(apiserver=parts.apiserver)
+        if parts.apiserver is not None:
+            parts.apiserver.on_change = self.metrics.apiserver_changed
         self.queue = WorkQueue(settle=settle)
         self.reconciler = NodeReconciler(
             parts.ports, parts.settings, self.metrics, parts.mode, parts.rollout
@@ -132,14 +138,17 @@ class Agent:
 def node_watch_starter(
     api_client: Any, node: str, on_node: Callable[[Mapping[str, Any]], None] | None = None
 ) -> TriggerSource:
-    """:attr:`Trigger.NODE`: the Node's labels changed. ``on_node`` sees every Node object
-    (the allocatable monitor keeps the Node's allocatable from it; no reconcile)."""
+    """:attr:`Trigger.NODE`: the Node's labels changed, or its UID (the Node was deleted and
+    registered again: its ``VGPUNodeState`` must name the new one as its owner).
+    ``on_node`` sees every Node object (the allocatable monitor keeps the Node's
+    allocatable from it; no reconcile)."""
 
     def start(fire: Fire) -> Stop:
         from vgpu_state.kube.node import STATE_LABEL
         from vgpu_state.kube.watch import NodeWatch
 
         first = [True]
+        uid: list[str | None] = [None]
 
         def on_labels(labels: Any) -> None:
             if first[0]:  # the start reconcile already reads them
@@ -147,9 +156,31 @@ def node_watch_starter(
                 return
             fire(Trigger.NODE)
 
+        def seen(obj: Mapping[str, Any]) -> None:
+            now = (obj.get("metadata") or {}).get("uid")
+            if now and uid[0] is not None and now != uid[0]:
+                log.warning("node %s was registered again (uid %s, was %s)", node, now, uid[0])
+                fire(Trigger.NODE)
+            uid[0] = now or uid[0]
+            if on_node is not None:
+                on_node(obj)
+
         watch = NodeWatch(
-            api_client, node, on_labels, ignore=frozenset({STATE_LABEL}), on_node=on_node
+            api_client, node, on_labels, ignore=frozenset({STATE_LABEL}), on_node=seen
         ).start()
+        return lambda: watch.stop(5)
+
+    return start
+
+
+def nodestate_watch_starter(api_client: Any, node: str) -> TriggerSource:
+    """:attr:`Trigger.NODESTATE`: the node's ``VGPUNodeState`` was deleted; the reconcile
+    writes it again."""
+
+    def start(fire: Fire) -> Stop:
+        from vgpu_state.kube.watch import NodeStateWatch
+
+        watch = NodeStateWatch(api_client, node, lambda: fire(Trigger.NODESTATE)).start()
         return lambda: watch.stop(5)
 
     return start

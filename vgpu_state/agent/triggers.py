@@ -6,7 +6,7 @@ under its name (the ``source`` label of ``vgpu_state_triggers_total``, whose
 series exist from the start, one per member). The sources are wired in one
 place, :meth:`vgpu_state.agent.run.Agent.run`: the agent's own (start,
 config, resync, holders) and the :class:`TriggerSource` values the assembly
-adds (the Node watch, the kubelet's restarts). The worker asks for
+adds (the Node watch, the VGPUNodeState watch, the kubelet's restarts). The worker asks for
 :attr:`Trigger.RETRY` itself after a failed reconcile.
 
 Services that run beside the reconcile and never ask for one (the DRA plugin,
@@ -27,7 +27,11 @@ class Trigger(StrEnum):
     CONFIG = "config"
     """The ConfigMap volume changed (``agent.configwatch.ConfigDirWatcher``)."""
     NODE = "node"
-    """The Node's labels changed (``agent.run.node_watch_starter``)."""
+    """The Node's labels or its UID (deleted and registered again) changed
+    (``agent.run.node_watch_starter``)."""
+    NODESTATE = "nodestate"
+    """The node's ``VGPUNodeState`` was deleted: write it again
+    (``agent.run.nodestate_watch_starter``)."""
     RESYNC = "resync"
     """The periodic resync (``agent.resync.Resync``)."""
     HOLDERS = "holders"

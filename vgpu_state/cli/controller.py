@@ -243,6 +243,13 @@ def controller(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     stops: list[Callable[[], None]] = []
+    from vgpu_state.kube.apihealth import ApiServerHealth, ApiServerProbe
+
+    # /readyz (both ports) fails while the API server or its storage does not answer.
+    health = ApiServerHealth(api.server, on_change=ctl.metrics.apiserver_changed)
+    probe = ApiServerProbe(api, health)
+    probe.start()
+    stops.append(lambda: probe.stop(5))
     if webhook_port:
         from pathlib import Path
 
@@ -260,6 +267,7 @@ def controller(
                 cert_dir=Path(webhook_cert_dir) if webhook_cert_dir else None,
             ),
             catalog,
+            readiness=health.check,
         ).start()
         stops.append(keeper.stop)
     if listen:
@@ -267,8 +275,10 @@ def controller(
         from vgpu_state.controller.metrics import MetricsServer
 
         host, port = parse_listen(listen)
-        server = MetricsServer(ctl.metrics, host, port).start()
-        logging.getLogger(__name__).info("serving /metrics on %s:%d", host, server.port)
+        server = MetricsServer(ctl.metrics, host, port, health.check).start()
+        logging.getLogger(__name__).info(
+            "serving /metrics, /healthz and /readyz on %s:%d", host, server.port
+        )
     ctl.run(stop)
     for stop_part in stops:
         stop_part()

@@ -11,6 +11,7 @@ same series as one of ten. Per-node series are the agents' own.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -22,6 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from vgpu_state.kube.apihealth import OUTAGES_METRIC, REACHABLE_METRIC, Answer
 from vgpu_state.reconcile.fleet import Totals
 
 PREFIX = "vgpu_state"
@@ -128,6 +130,15 @@ class ControllerMetrics:
             f"{f}_view_errors", "Fleet views that could not be made (layouts, cluster).", registry=r
         )
 
+        self.apiserver_reachable = Gauge(*REACHABLE_METRIC, registry=r)
+        self.apiserver_outages = Counter(*OUTAGES_METRIC, registry=r)
+
+    def apiserver_changed(self, reachable: bool) -> None:
+        """The API server's readiness flipped (``ApiServerHealth.on_change``)."""
+        self.apiserver_reachable.set(1 if reachable else 0)
+        if not reachable:
+            self.apiserver_outages.inc()
+
     def fleet(self, totals: Totals, when: float) -> None:
         """Replace the fleet view with ``totals`` (series of types gone are removed)."""
         counts = {
@@ -160,6 +171,14 @@ class ControllerMetrics:
         return bytes(generate_latest(self.registry))
 
 
+Readiness = Callable[[], Answer]
+"""What ``/readyz`` answers (the API server's health); ready when not given."""
+
+
+def always_ready() -> Answer:
+    return Answer(True, "ok")
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
@@ -167,10 +186,15 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] == "/metrics":
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
             body, kind, code = self.server.metrics.exposition(), CONTENT_TYPE_LATEST, 200
-        elif self.path in ("/healthz", "/readyz"):
+        elif path == "/healthz":
             body, kind, code = b"ok\n", "text/plain", 200
+        elif path == "/readyz":
+            ready = self.server.readiness()
+            body, kind = (ready.reason + "\n").encode(), "text/plain; charset=utf-8"
+            code = 200 if ready.ok else 503
         else:
             body, kind, code = b"not found\n", "text/plain", 404
         self.send_response(code)
@@ -183,14 +207,25 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     metrics: ControllerMetrics
+    readiness: Readiness
 
 
 class MetricsServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` over plain HTTP on ``host:port``."""
+    """``/metrics``, ``/healthz`` and ``/readyz`` over plain HTTP on ``host:port``.
 
-    def __init__(self, metrics: ControllerMetrics, host: str, port: int) -> None:
+    ``/healthz`` answers while the process serves; ``/readyz`` what ``readiness`` says
+    (the API server's health, :mod:`vgpu_state.kube.apihealth`)."""
+
+    def __init__(
+        self,
+        metrics: ControllerMetrics,
+        host: str,
+        port: int,
+        readiness: Readiness = always_ready,
+    ) -> None:
         self._server = _Server((host, port), _Handler)
         self._server.metrics = metrics
+        self._server.readiness = readiness
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="vgpu-state-metrics", daemon=True
         )

@@ -31,6 +31,7 @@ from vgpu_state.background import BackgroundLoop
 from vgpu_state.catalog import Catalog
 from vgpu_state.config import load_text
 from vgpu_state.controller import tls
+from vgpu_state.controller.metrics import Readiness, always_ready
 from vgpu_state.controller.tls import Material
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.errors import ClusterError, NotFoundError
@@ -126,8 +127,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     def do_GET(self) -> None:
-        if self.path in ("/healthz", "/readyz"):
+        if self.path == "/healthz":
             self._send(200, b"ok\n", "text/plain")
+        elif self.path == "/readyz":
+            # The Deployment's readiness probe: the controller's, as on its metrics port.
+            ready = self.server.readiness()
+            self._send(200 if ready.ok else 503, (ready.reason + "\n").encode(), "text/plain")
         else:
             self._send(404, b"not found\n", "text/plain")
 
@@ -161,6 +166,7 @@ class _Server(ThreadingHTTPServer):
     key: str
     catalog: Catalog
     context: ssl.SSLContext
+    readiness: Readiness
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A failed handshake or a dropped connection: the peer's problem, not a crash.
@@ -178,13 +184,21 @@ class _Server(ThreadingHTTPServer):
 class WebhookServer:
     """HTTPS on ``host:port``; :meth:`load` swaps the certificate without a restart."""
 
-    def __init__(self, host: str, port: int, catalog: Catalog, key: str = LAYOUTS_KEY) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        catalog: Catalog,
+        key: str = LAYOUTS_KEY,
+        readiness: Readiness = always_ready,
+    ) -> None:
         self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._context.minimum_version = ssl.TLSVersion.TLSv1_2
         self._server = _Server((host, port), _Handler, bind_and_activate=True)
         self._server.key = key
         self._server.catalog = catalog
         self._server.context = self._context
+        self._server.readiness = readiness
         self._thread: threading.Thread | None = None
         self._loaded: Material | None = None
 
@@ -250,11 +264,19 @@ class WebhookKeeper(BackgroundLoop):
     now and every ``check_every`` seconds (every 10 s until it works), on a daemon thread
     from :meth:`start` to :meth:`stop`."""
 
-    def __init__(self, api: KubeApi, settings: WebhookSettings, catalog: Catalog) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        settings: WebhookSettings,
+        catalog: Catalog,
+        readiness: Readiness = always_ready,
+    ) -> None:
         super().__init__("vgpu-state-webhook-tls", first=0, after_error=RETRY_CHECK)
         self.api = api
         self.settings = settings
-        self.server = WebhookServer(settings.host, settings.port, catalog, settings.key)
+        self.server = WebhookServer(
+            settings.host, settings.port, catalog, settings.key, readiness
+        )
         self._files: tuple[float, float] | None = None
         self.started = False
 

@@ -170,6 +170,12 @@ class KubeApi:
             return raw
         raise _error("GET", path, status, _decode(raw))
 
+    def answer(self, path: str, timeout: tuple[float, float]) -> tuple[int, bytes]:
+        """GET ``path`` within ``timeout`` (connect, read seconds): the status code and the
+        body, whatever the code (for a health check such as ``/readyz``). Raises
+        :class:`ClusterUnreachableError` only when nothing answers."""
+        return self._send("GET", path, None, "application/json", None, "*/*", timeout)
+
     def _send(
         self,
         method: str,
@@ -178,6 +184,7 @@ class KubeApi:
         content_type: str,
         query: Mapping[str, str] | None,
         accept: str,
+        timeout: tuple[float, float] | None = None,
     ) -> tuple[int, bytes]:
         if query:
             path = f"{path}?{urlencode(dict(query))}"
@@ -190,7 +197,9 @@ class KubeApi:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            response = self._client.call_api(*serialized, _request_timeout=self.timeout)
+            response = self._client.call_api(
+                *serialized, _request_timeout=timeout or self.timeout
+            )
             raw = response.read()
         except Exception as e:  # urllib3 and the client raise many types; all mean "no answer"
             if isinstance(e, ClusterError):

@@ -289,6 +289,15 @@ class KubeCluster:
             # status whose scan names another node.
             snap = snap.model_copy(update={"node": self.node})
         found = nodestate.read(self.api, self.node)
+        uid = self.node_uid()
+        if found is not None and uid is not None and not nodestate.owned_by(found, uid):
+            # Owned by another Node UID (the Node was deleted and registered again, or
+            # the Node as last read is the old one): the owner is the Node as it is now.
+            self._node_obj = node_api.read_node(self.api, self.node)
+            uid = self.node_uid()
+            if found is not None and uid is not None and not nodestate.owned_by(found, uid):
+                found = nodestate.follow_node(self.api, found, uid)
+                log.info("VGPUNodeState %s: owned by the Node's UID %s now", self.node, uid)
         previous = nodestate.status_of(found)
         gpus, capacity = nodestate.layout_status(snap, self._in_use) if snap else ((), ())
         wanted = list(conditions or [])
@@ -327,7 +336,7 @@ class KubeCluster:
             generation = int((found.get("metadata") or {}).get("generation") or 0)
             if previous == status.model_copy(update={"observed_generation": generation}):
                 return status  # nothing changed: no write, no watch event for anyone
-        nodestate.write_status(self.api, self.node, status, self.node_uid())
+        nodestate.write_status(self.api, self.node, status, uid)
         return status
 
     # KubeVirt CR -------------------------------------------------------------------

@@ -493,9 +493,7 @@ def ensure(api: KubeApi, node: str, node_uid: str | None = None) -> JsonObject:
     metadata: JsonObject = {"name": node, "labels": {"vgpu-state.io/node": node}}
     if node_uid:
         # Deleting the Node deletes its VGPUNodeState.
-        metadata["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
-        ]
+        metadata["ownerReferences"] = [node_owner(node, node_uid)]
     body = {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -509,6 +507,56 @@ def ensure(api: KubeApi, node: str, node_uid: str | None = None) -> JsonObject:
         if again is None:
             raise
         return again
+
+
+def node_owner(node: str, node_uid: str) -> JsonObject:
+    """The owner reference to the Node ``node`` whose UID is ``node_uid``."""
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
+
+
+def _is_node_ref(ref: object) -> bool:
+    return isinstance(ref, dict) and ref.get("kind") == "Node" and ref.get("apiVersion") == "v1"
+
+
+def owned_by(found: Mapping[str, Any], node_uid: str) -> bool:
+    """Whether ``found`` names the Node whose UID is ``node_uid`` as its owner."""
+    refs = (found.get("metadata") or {}).get("ownerReferences") or []
+    return any(_is_node_ref(r) and r.get("uid") == node_uid for r in refs)
+
+
+def follow_node(api: KubeApi, found: JsonObject, node_uid: str) -> JsonObject | None:
+    """``found`` (the node's object as read) owned by the Node whose UID is ``node_uid``
+    (``None`` when it was deleted meanwhile).
+
+    A Node deleted and registered again under the same name has a new UID; an
+    owner reference to the old one is dangling, and a garbage collector deletes an
+    object whose owners are all gone. The Node reference is replaced (others are
+    kept) with a merge patch guarded by the ``resourceVersion`` read; on a conflict
+    the object is read again.
+    """
+    name = str((found.get("metadata") or {}).get("name") or "")
+    obj: JsonObject | None = found
+    for _ in range(5):
+        if obj is None:
+            return None
+        if owned_by(obj, node_uid):
+            return obj
+        meta = obj.get("metadata") or {}
+        refs = meta.get("ownerReferences") or []
+        patch = {
+            "metadata": {
+                "resourceVersion": meta.get("resourceVersion"),
+                "ownerReferences": [
+                    *(r for r in refs if not _is_node_ref(r)),
+                    node_owner(name, node_uid),
+                ],
+            }
+        }
+        try:
+            return api.patch(object_path(name), patch, "merge")
+        except ConflictError:
+            obj = read(api, name)
+    raise ContendedWriteError(f"VGPUNodeState {name}: the object kept changing; retry later")
 
 
 def write_status(

@@ -1,9 +1,11 @@
-"""Watch one Node: resume from ``resourceVersion``, back off on errors, relist on 410 Gone.
+"""Watch one Node (or the node's ``VGPUNodeState``): resume from ``resourceVersion``, back
+off on errors, relist on 410 Gone.
 
 The agent needs to know when its Node's labels change (the label picks the
 layout). A Kubernetes watch streams every change to the Node, including
 status heartbeats every few seconds, so :class:`NodeWatch` calls back only
-when the labels differ from the last ones it reported.
+when the labels differ from the last ones it reported. :class:`NodeStateWatch`
+tells the agent when its own ``VGPUNodeState`` is deleted.
 
 The protocol is the API server's: list once to get the current object and a
 ``resourceVersion``, then watch from that version; after the stream ends
@@ -58,6 +60,9 @@ class NodeWatch(BackgroundLoop):
     after ``on_labels``; it must be cheap (it runs on the watch's thread).
     """
 
+    KIND = "node"
+    THREAD = "vgpu-state-nodewatch"
+
     def __init__(
         self,
         api_client: Any,
@@ -71,7 +76,7 @@ class NodeWatch(BackgroundLoop):
         ignore: frozenset[str] = frozenset(),
         on_node: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
-        super().__init__("vgpu-state-nodewatch", first=0)
+        super().__init__(self.THREAD, first=0)
         self._client = api_client
         self._on_node = on_node
         self._ignore = ignore
@@ -108,7 +113,7 @@ class NodeWatch(BackgroundLoop):
         except WatchError as exc:
             if exc.status != HTTP_GONE:
                 return self._failed(exc)
-            log.info("watch of node %s expired (%s); listing again", self.node, exc)
+            log.info("watch of %s %s expired (%s); listing again", self.KIND, self.node, exc)
             self.resource_version = None
             self._gone_in_a_row += 1
             # Expired again at once: do not spin.
@@ -121,7 +126,9 @@ class NodeWatch(BackgroundLoop):
 
     def _failed(self, exc: Exception) -> float:
         delay = self._next_delay()
-        log.warning("watch of node %s failed: %s; retrying in %.1f s", self.node, exc, delay)
+        log.warning(
+            "watch of %s %s failed: %s; retrying in %.1f s", self.KIND, self.node, exc, delay
+        )
         if self._on_error is not None:
             self._on_error(exc)
         return delay
@@ -140,7 +147,7 @@ class NodeWatch(BackgroundLoop):
         if mine:
             self._seen(mine[0])
         else:
-            log.warning("node %s not found; waiting for it to appear", self.node)
+            self._missing()
 
     def _watch(self) -> None:
         query = {
@@ -179,7 +186,14 @@ class NodeWatch(BackgroundLoop):
         if kind in ("ADDED", "MODIFIED"):
             self._seen(obj)
         elif kind == "DELETED":
-            log.warning("node %s was deleted", self.node)
+            self._deleted()
+
+    def _missing(self) -> None:
+        """A list found no object of that name."""
+        log.warning("node %s not found; waiting for it to appear", self.node)
+
+    def _deleted(self) -> None:
+        log.warning("node %s was deleted", self.node)
 
     def _is_mine(self, obj: Mapping[str, Any]) -> bool:
         return bool((obj.get("metadata") or {}).get("name") == self.node)
@@ -242,3 +256,41 @@ def _shutdown(response: Any) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
+
+
+class NodeStateWatch(NodeWatch):
+    """Call ``on_gone()`` from a daemon thread when the node's own ``VGPUNodeState`` is
+    deleted (an admin's ``kubectl delete``, the garbage collector), so that it is written
+    again at once, not at the next resync.
+
+    The same list-then-watch as :class:`NodeWatch`, with the field selector
+    ``metadata.name=<node>``: the server sends only this object's changes. A relist
+    that finds it missing (after a 410 Gone) counts as a deletion; the first list
+    does not (the agent's first reconcile creates it).
+    """
+
+    KIND = "VGPUNodeState"
+    THREAD = "vgpu-state-nodestatewatch"
+
+    def __init__(
+        self, api_client: Any, node: str, on_gone: Callable[[], None], **options: Any
+    ) -> None:
+        super().__init__(api_client, node, lambda labels: None, **options)
+        self._on_gone = on_gone
+
+    def _path(self) -> str:
+        from vgpu_state.kube.nodestate import object_path
+
+        return object_path()
+
+    def _seen(self, node: Mapping[str, Any]) -> None:
+        return  # its own writes: nothing to do
+
+    def _missing(self) -> None:
+        if self.lists > 1:
+            log.warning("VGPUNodeState %s is gone; writing it again", self.node)
+            self._on_gone()
+
+    def _deleted(self) -> None:
+        log.warning("VGPUNodeState %s was deleted; writing it again", self.node)
+        self._on_gone()

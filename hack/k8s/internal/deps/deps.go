@@ -5,6 +5,7 @@ package deps
 import (
 	_ "go.etcd.io/etcd/server/v3/etcdmain"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	_ "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	_ "k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	_ "k8s.io/kubernetes/pkg/kubelet/pluginmanager"
