@@ -16,9 +16,15 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.composer import Composer
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.events import AliasEvent
+from ruamel.yaml.events import (
+    AliasEvent,
+    CollectionEndEvent,
+    CollectionStartEvent,
+    ScalarEvent,
+)
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from vgpu_state.model.bounded import MAX_DEPTH, depth_message
 from vgpu_state.model.errors import ConfigIssue
 
 STR = "tag:yaml.org,2002:str"
@@ -90,18 +96,100 @@ class ReusedAnchorError(MarkedYAMLError):
         )
 
 
+MAX_NODES = 500_000
+"""YAML nodes (scalars, lists, mappings) a document may have, every alias counted as the
+nodes it repeats: an alias bomb of a few KB is refused before anything walks it. NVIDIA's
+full example layouts have about 5,000."""
+
+PURE_MESSAGES_BYTES = 256 * 1024
+"""A text the C parser refuses is parsed again by the pure-Python parser, whose messages
+say more, when it is at most this large; a larger one gets the C parser's message (the
+pure parser takes seconds per MiB)."""
+
+
+class ShapeLimitError(MarkedYAMLError):
+    """A document nested deeper, or with more nodes, than the limits allow."""
+
+    def __init__(self, message: str, mark: Any) -> None:
+        super().__init__(problem=message, problem_mark=mark)
+        self.limit_message = message
+
+
+def too_many_nodes_message(limit: int = MAX_NODES) -> str:
+    return (
+        f"more than {limit} YAML nodes, aliases counted as what they repeat "
+        "(the limit of a document's size)"
+    )
+
+
+class _ShapeCounter:
+    """Depth and node count of an event stream, aliases expanded, checked per event."""
+
+    def __init__(self, max_depth: int, max_nodes: int) -> None:
+        self.max_depth = max_depth
+        self.max_nodes = max_nodes
+        self.nodes = 0
+        self.open: list[tuple[int, Any]] = []  # (nodes before the collection, its anchor)
+        self.sizes: dict[Any, int] = {}
+
+    def event(self, event: Any) -> None:
+        if isinstance(event, ScalarEvent):
+            self._add(1, event)
+            if event.anchor is not None:
+                self.sizes[event.anchor] = 1
+        elif isinstance(event, CollectionStartEvent):
+            if len(self.open) >= self.max_depth:
+                raise ShapeLimitError(depth_message(self.max_depth), event.start_mark)
+            self.open.append((self.nodes, event.anchor))
+            self._add(1, event)
+        elif isinstance(event, CollectionEndEvent):
+            if self.open:
+                before, anchor = self.open.pop()
+                if anchor is not None:
+                    self.sizes[anchor] = self.nodes - before
+        elif isinstance(event, AliasEvent):
+            self._add(self.sizes.get(event.anchor, 1), event)
+
+    def _add(self, n: int, event: Any) -> None:
+        self.nodes += n
+        if self.nodes > self.max_nodes:
+            raise ShapeLimitError(too_many_nodes_message(self.max_nodes), event.start_mark)
+
+
+def check_shape(yaml: YAML, text: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> None:
+    """Run ``yaml``'s parser over ``text`` (events only: no recursion, nothing built) and
+    raise :class:`ShapeLimitError` at the first event past a limit. Syntax errors are
+    raised as the parser raises them."""
+    counter = _ShapeCounter(max_depth, max_nodes)
+    events = yaml.parse(text)
+    try:
+        for event in events:
+            counter.event(event)
+    finally:
+        events.close()
+
+
 class _OneAnchorComposer(Composer):
     """The composer, with an anchor defined twice an error instead of ruamel's
-    ``ReusedAnchorWarning`` (an alias would silently mean the later node)."""
+    ``ReusedAnchorWarning`` (an alias would silently mean the later node), and the
+    shape limits checked as it goes (its recursion stays within :data:`MAX_DEPTH`)."""
+
+    _shape: _ShapeCounter | None = None
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        if not self.parser.check_event(AliasEvent):
-            event = self.parser.peek_event()
+        if self._shape is None:
+            self._shape = _ShapeCounter(MAX_DEPTH, MAX_NODES)
+        event = self.parser.peek_event()
+        if not isinstance(event, AliasEvent):
             anchor = event.anchor
             if anchor is not None and anchor in self.anchors:
                 first = self.anchors[anchor].start_mark
                 raise ReusedAnchorError(str(anchor), first, event.start_mark)
-        return super().compose_node(parent, index)
+        self._shape.event(event)
+        node = super().compose_node(parent, index)
+        if isinstance(event, CollectionStartEvent):
+            self._shape.event(CollectionEndEvent())
+        return node
 
 
 class YamlProblem(Exception):
@@ -126,29 +214,48 @@ def compose_text(text: str) -> Node | None:
     """Compose ``text`` into a node tree, or raise :class:`YamlProblem`.
 
     The tree is composed by ruamel's C parser (libyaml, about 10x faster than the
-    pure-Python one) when it is installed. A document the C parser refuses is
-    composed again by the pure-Python parser, whose messages name the problem.
+    pure-Python one) when it is installed, after a pass over the parser's events has
+    checked the nesting depth (:data:`MAX_DEPTH`) and the node count
+    (:data:`MAX_NODES`): the C composer recurses on the C stack without a guard, so a
+    deeply nested text would crash the process. A document the C parser refuses is
+    composed again by the pure-Python parser, whose messages name the problem, when it
+    is at most :data:`PURE_MESSAGES_BYTES`; a larger one gets the C parser's message.
     An anchor defined twice is refused by both.
     """
+    fast_error: Exception
     try:
+        fast_yaml = safe_yaml(pure=False)
+        check_shape(fast_yaml, text)
         fast: Node | None = safe_yaml(pure=False).compose(text)
         return fast
-    except Exception:
-        pass
+    except ShapeLimitError as exc:
+        raise _problem(exc) from None
+    except Exception as exc:  # noqa: BLE001 - composed again below for a better message
+        fast_error = exc
+    if len(text) > PURE_MESSAGES_BYTES and isinstance(fast_error, MarkedYAMLError):
+        raise _problem(fast_error) from None
     try:
         node: Node | None = safe_yaml(pure=True).compose(text)
+    except ShapeLimitError as exc:
+        raise _problem(exc) from None
     except ReusedAnchorError as exc:
         mark = exc.second
         raise YamlProblem(int(mark.line) + 1, int(mark.column) + 1, exc.message()) from None
     except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, column = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
-        parts = [p for p in (exc.context, exc.problem) if p]
-        problem = ", ".join(parts) or "syntax error"
-        raise YamlProblem(line, column, f"not valid YAML: {problem}") from None
+        raise _problem(exc) from None
     except (YAMLError, ValueError, RecursionError) as exc:
         raise YamlProblem(1, 1, f"not valid YAML: {exc}") from None
     return node
+
+
+def _problem(exc: MarkedYAMLError) -> YamlProblem:
+    mark = exc.problem_mark or exc.context_mark
+    line, column = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
+    if isinstance(exc, ShapeLimitError):
+        return YamlProblem(line, column, exc.limit_message)
+    parts = [p for p in (exc.context, exc.problem) if p]
+    problem = ", ".join(parts) or "syntax error"
+    return YamlProblem(line, column, f"not valid YAML: {problem}")
 
 
 def compose(text: str, issues: Issues) -> Node | None:

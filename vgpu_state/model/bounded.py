@@ -1,0 +1,144 @@
+"""Limits on the shape of text from outside, checked before it is parsed.
+
+Every YAML or JSON text that crosses a trust boundary (a layouts file or ConfigMap, an
+admission review, a node's status, a snapshot or plan file, a simulator spec) is read
+with its nesting bounded by :data:`MAX_DEPTH` levels. The JSON check here is a scan of
+the text in C-speed passes (no Python loop per character) that runs before
+:func:`json.loads` builds anything; the YAML check runs over the parser's events
+(``vgpu_state.config.yamlnodes``). Objects that arrive already parsed are measured by
+:func:`check_depth`.
+
+Why: ruamel's C composer recurses once per nesting level on the C stack without
+Python's recursion guard, so a 60 KB file of 30,000 ``[`` kills the process with
+SIGSEGV; CPython's JSON decoder and pydantic stop at their own recursion limits, but
+with a ``RecursionError`` that most callers do not expect. Real documents nest fewer
+than 15 levels.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from itertools import accumulate, compress, count, repeat
+from typing import Any
+
+MAX_DEPTH = 64
+"""Nesting levels (lists and mappings inside each other) any input may have. Real layouts
+nest fewer than 15; a node's status, a fleet snapshot and a saved plan fewer than 20."""
+
+
+class InputShapeError(ValueError):
+    """Text or an object nested deeper, or larger, than a limit allows.
+
+    ``line`` and ``column`` are 1-based (``0`` when the input had no text position).
+    """
+
+    def __init__(self, name: str, line: int, column: int, message: str) -> None:
+        where = f"{name}:{line}:{column}" if line else name
+        super().__init__(f"{where}: {message}")
+        self.name = name
+        self.line = line
+        self.column = column
+        self.message = message
+
+
+def depth_message(limit: int = MAX_DEPTH) -> str:
+    return (
+        f"nested more than {limit} levels deep "
+        "(the limit of lists and mappings inside each other)"
+    )
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_DELTA = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def json_depth_offset(text: str, limit: int = MAX_DEPTH) -> int | None:
+    """The offset in ``text`` of the first ``[`` or ``{`` nested more than ``limit``
+    deep (strings skipped), or ``None`` when the text nests no deeper.
+
+    Brackets inside strings are never counted; an unterminated string makes the rest
+    of the text count as brackets, which can only over-count (the JSON is invalid then).
+    The common case runs in regular-expression and itertools passes; only a text that
+    is too deep pays for locating the offending bracket.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if _first_past(brackets, limit) is None:
+        return None
+    # Same length as ``text``, strings blanked: the index of a bracket is its offset.
+    return _first_past(_JSON_STRING.sub(lambda m: " " * len(m.group()), text), limit)
+
+
+def _first_past(text: str, limit: int) -> int | None:
+    """The index of the first bracket of ``text`` that opens level ``limit + 1``
+    (lazy iterators in C: stops there, no Python loop per character)."""
+    depths = accumulate(map(_DELTA.get, text, repeat(0)))
+    return next(compress(count(), map((limit + 1).__eq__, depths)), None)
+
+
+def line_column(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of ``offset`` in ``text``."""
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return line, column
+
+
+def check_json_text(text: str, name: str, limit: int = MAX_DEPTH) -> None:
+    """Raise :class:`InputShapeError` naming ``name``, line and column when the JSON
+    ``text`` nests deeper than ``limit``."""
+    offset = json_depth_offset(text, limit)
+    if offset is not None:
+        line, column = line_column(text, offset)
+        raise InputShapeError(name, line, column, depth_message(limit))
+
+
+def loads(
+    data: str | bytes, name: str, *, limit: int = MAX_DEPTH, max_bytes: int | None = None
+) -> Any:
+    """:func:`json.loads` of ``data`` with its nesting (and size) bounded first.
+
+    Raises :class:`InputShapeError` (a ``ValueError``) naming ``name`` and the limit, or
+    :class:`json.JSONDecodeError` for text that is not JSON; never ``RecursionError``.
+    """
+    if max_bytes is not None and len(data) > max_bytes:
+        raise InputShapeError(
+            name, 0, 0, f"{len(data)} bytes, more than the limit of {max_bytes} bytes"
+        )
+    if isinstance(data, bytes | bytearray):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputShapeError(
+                name, 0, 0, f"not UTF-8 text (invalid byte at offset {e.start})"
+            ) from None
+    else:
+        text = data
+    check_json_text(text, name, limit)
+    try:
+        return json.loads(text)
+    except RecursionError:  # a caller already deep in its own stack
+        raise InputShapeError(name, 0, 0, depth_message(limit)) from None
+
+
+def check_depth(value: Any, name: str, limit: int = MAX_DEPTH) -> None:
+    """Raise :class:`InputShapeError` when the parsed ``value`` (dicts and lists, as from
+    JSON) nests deeper than ``limit``. Iterative: any depth is measured without recursion,
+    and the walk stops at the first container past the limit."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            raise InputShapeError(name, 0, 0, depth_message(limit))
+        stack.extend(
+            (child, depth + 1) for child in children if isinstance(child, Mapping | list | tuple)
+        )
