@@ -156,7 +156,9 @@ class _ShapeCounter:
             raise ShapeLimitError(too_many_nodes_message(self.max_nodes), event.start_mark)
 
 
-def check_shape(yaml: YAML, text: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> None:
+def check_shape(
+    yaml: YAML, text: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES
+) -> None:
     """Run ``yaml``'s parser over ``text`` (events only: no recursion, nothing built) and
     raise :class:`ShapeLimitError` at the first event past a limit. Syntax errors are
     raised as the parser raises them."""
@@ -230,7 +232,7 @@ def compose_text(text: str) -> Node | None:
         return fast
     except ShapeLimitError as exc:
         raise _problem(exc) from None
-    except Exception as exc:  # noqa: BLE001 - composed again below for a better message
+    except Exception as exc:  # composed again below for a better message
         fast_error = exc
     if len(text) > PURE_MESSAGES_BYTES and isinstance(fast_error, MarkedYAMLError):
         raise _problem(fast_error) from None
