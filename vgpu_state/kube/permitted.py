@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from vgpu_state.model import bounded
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.model.plan import ClusterAction
 from vgpu_state.model.resources import (
@@ -184,7 +185,7 @@ def managed_resources(cr: Mapping[str, Any]) -> frozenset[str]:
     if not raw:
         return frozenset()
     try:
-        value = json.loads(raw)
+        value = bounded.loads(str(raw), OWNERSHIP_ANNOTATION)
     except ValueError:
         return frozenset(p.strip() for p in str(raw).split(",") if p.strip())
     if isinstance(value, list):

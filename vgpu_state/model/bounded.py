@@ -109,12 +109,10 @@ def loads(
             name, 0, 0, f"{len(data)} bytes, more than the limit of {max_bytes} bytes"
         )
     if isinstance(data, bytes | bytearray):
-        try:
-            text = bytes(data).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InputShapeError(
-                name, 0, 0, f"not UTF-8 text (invalid byte at offset {e.start})"
-            ) from None
+        # As json.loads decodes bytes (UTF-8, -16 or -32, a UTF-8 byte order mark
+        # skipped); a UnicodeDecodeError is a ValueError, as from json.loads.
+        raw = bytes(data)
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
     else:
         text = data
     check_json_text(text, name, limit)
