@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ SHAPES = {
     "flow [": lambda n: "[" * n + "]" * n,
     "flow {": lambda n: "{a: " * n + "}" * n,
     "block - ": lambda n: "- " * n + "x\\n",
-    "block indent": lambda n: "".join(" " * min(i, 3000) + f"k{i}:\\n" for i in range(min(n, 3000))),
+    "block indent": lambda n: "".join(" " * i + f"k{i}:\\n" for i in range(min(n, 3000))),
     "json [": lambda n: "[" * n + "]" * n,
     "json {": lambda n: '{"a":' * n + "}" * n,
 }
