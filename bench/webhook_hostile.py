@@ -58,6 +58,7 @@ LIMIT = MAX_LAYOUTS_BYTES
 CASES: dict[str, Callable[[], str]] = {
     "flow list 0.9 MiB, unclosed (a, a, ...)": lambda: fill("a,", int(0.9 * MiB), "["),
     "flow list 1 MiB, unclosed, in vgpu-configs": lambda: fill("a, ", LIMIT, HEAD + "["),
+    "flow list 1 MiB of 100-byte items, unclosed": lambda: fill("a" * 99 + ",", LIMIT, "["),
     "flow list 1 MiB of numbers, closed": lambda: fill("1,", LIMIT, "[", "1]"),
     "1 MiB of [ (1,048,576 levels)": lambda: "[" * LIMIT,
     "1 MiB of '- ' (block nesting)": lambda: fill("- ", LIMIT),

@@ -35,9 +35,19 @@ FLOAT = "tag:yaml.org,2002:float"
 MERGE = "tag:yaml.org,2002:merge"
 
 
+MAX_ISSUES = 1000
+"""Problems of one file kept with their message; past this each further one is counted
+only (a 1 MiB list of one GPU repeated held 350,000 messages, 450 MB)."""
+MORE = ConfigIssue("", 0, 0, "", "")
+"""Stands for a problem past :data:`MAX_ISSUES` (the lists keep their length, so a section
+still sees that it found problems)."""
+
+
 @dataclass
 class Issues:
-    """Collects every problem of one file; positions are 1-based."""
+    """Collects every problem of one file; positions are 1-based. The first
+    :data:`MAX_ISSUES` problems and warnings are kept; the rest are counted
+    (:func:`listed`)."""
 
     file: str
     items: list[ConfigIssue] = field(default_factory=list)
@@ -46,14 +56,31 @@ class Issues:
 
     def at(self, node: Node | None, path: str, message: str) -> None:
         line, column = position(node)
-        self.items.append(ConfigIssue(self.file, line, column, path, message))
+        self._add(self.items, line, column, path, message)
 
     def warn(self, node: Node | None, path: str, message: str) -> None:
         line, column = position(node)
-        self.warnings.append(ConfigIssue(self.file, line, column, path, message))
+        self._add(self.warnings, line, column, path, message)
 
     def at_position(self, line: int, column: int, path: str, message: str) -> None:
-        self.items.append(ConfigIssue(self.file, line, column, path, message))
+        self._add(self.items, line, column, path, message)
+
+    def _add(self, to: list[ConfigIssue], line: int, column: int, path: str, msg: str) -> None:
+        if len(to) < MAX_ISSUES:
+            to.append(ConfigIssue(self.file, line, column, path, msg))
+        else:
+            to.append(MORE)
+
+
+def listed(file: str, issues: list[ConfigIssue], what: str = "problems") -> list[ConfigIssue]:
+    """``issues`` in line order, those past :data:`MAX_ISSUES` said in one last line."""
+    kept = sorted((i for i in issues if i is not MORE), key=lambda i: (i.line, i.column))
+    more = len(issues) - len(kept)
+    if more:
+        last = kept[-1].line if kept else 1
+        message = f"... and {more} more {what} (the first {len(kept)} are listed)"
+        kept.append(ConfigIssue(file, last, 1, "", message))
+    return kept
 
 
 def position(node: Node | None) -> tuple[int, int]:
@@ -96,10 +123,11 @@ class ReusedAnchorError(MarkedYAMLError):
         )
 
 
-MAX_NODES = 500_000
+MAX_NODES = 150_000
 """YAML nodes (scalars, lists, mappings) a document may have, every alias counted as the
-nodes it repeats: an alias bomb of a few KB is refused before anything walks it. NVIDIA's
-full example layouts have about 5,000."""
+nodes it repeats: an alias bomb of a few KB is refused before anything walks it, and
+composing stays within ~60 MB. Layouts have about 108,000 nodes per MiB, so a ConfigMap
+(at most 1 MiB) of real layouts fits."""
 
 PURE_MESSAGES_BYTES = 256 * 1024
 """A text the C parser refuses is parsed again by the pure-Python parser, whose messages
@@ -115,7 +143,7 @@ class ShapeLimitError(MarkedYAMLError):
         self.limit_message = message
 
 
-def too_many_nodes_message(limit: int = MAX_NODES) -> str:
+def too_many_nodes_message(limit: int) -> str:
     return (
         f"more than {limit} YAML nodes, aliases counted as what they repeat "
         "(the limit of a document's size)"
@@ -156,9 +184,7 @@ class _ShapeCounter:
             raise ShapeLimitError(too_many_nodes_message(self.max_nodes), event.start_mark)
 
 
-def check_shape(
-    yaml: YAML, text: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES
-) -> None:
+def check_shape(yaml: YAML, text: str, max_depth: int, max_nodes: int) -> None:
     """Run ``yaml``'s parser over ``text`` (events only: no recursion, nothing built) and
     raise :class:`ShapeLimitError` at the first event past a limit. Syntax errors are
     raised as the parser raises them."""
@@ -227,7 +253,7 @@ def compose_text(text: str) -> Node | None:
     fast_error: Exception
     try:
         fast_yaml = safe_yaml(pure=False)
-        check_shape(fast_yaml, text)
+        check_shape(fast_yaml, text, MAX_DEPTH, MAX_NODES)
         fast: Node | None = safe_yaml(pure=False).compose(text)
         return fast
     except ShapeLimitError as exc:

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from vgpu_state.catalog import Catalog
@@ -31,6 +32,9 @@ gives the webhook ``timeoutSeconds: 5``; reading the review, starting the child 
 answering take about 0.1 s of the rest (bench/webhook_hostile.py)."""
 SLOTS = 2
 """Checks that run at once (each a child process of one CPU at most)."""
+MEMORY_BYTES = 256 * 1024 * 1024
+"""Address space a child may add to what it starts with (a check of a 1 MiB ConfigMap of
+real layouts needs about 60 MB); past it the check fails with ``MemoryError``, a denial."""
 
 Verdict3 = tuple[bool, str, tuple[str, ...]]
 """(allowed, message, warnings): what a child sends back."""
@@ -46,6 +50,13 @@ def _child(
 ) -> None:  # pragma: no cover - runs in the child process
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+    with contextlib.suppress(ValueError, OSError):
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+        limit = pages * resource.getpagesize() + MEMORY_BYTES
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    with contextlib.suppress(OSError):
+        # Out of memory in the controller's cgroup, the kernel ends a check first.
+        Path("/proc/self/oom_score_adj").write_text("1000")
     try:
         conn.send(check(text, catalog, key))
     except BaseException as e:  # anything the check raises is a refusal
