@@ -91,6 +91,13 @@ def position(node: Node | None) -> tuple[int, int]:
 
 
 def tag(node: Node) -> str:
+    """The node's full tag. A tag the resolver gave (no handle, nothing %-escaped) is its
+    suffix as it is: ruamel's ``node.tag`` decodes and caches a new string per node, a
+    character at a time (40 MB and seconds for 150,000 scalars)."""
+    ctag = getattr(node, "ctag", None)
+    suffix = getattr(ctag, "suffix", None)
+    if getattr(ctag, "handle", 1) is None and isinstance(suffix, str) and "%" not in suffix:
+        return suffix
     return str(node.tag)
 
 
