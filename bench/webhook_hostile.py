@@ -47,6 +47,17 @@ def fill(unit: str, size: int, head: str = "", tail: str = "") -> str:
     return head + unit * ((size - len(head) - len(tail)) // len(unit)) + tail
 
 
+def real_layouts(size: int) -> str:
+    """bench/config_load.py's vgpu-device-manager-style layouts, grown to ``size``."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from config_load import build
+
+    configs = 700
+    while len(text := build(configs)) < size:
+        configs += 100
+    return build(configs - 100) if len(text) > size else text
+
+
 def bomb() -> str:
     levels = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
     for i in range(1, 9):
@@ -75,6 +86,13 @@ CASES: dict[str, Callable[[], str]] = {
         "  c: {}\n", LIMIT, "version: v1\nvgpu-configs:\n"
     ),
     "layouts 1 MiB + 1 byte (refused unread)": lambda: "#" * (LIMIT + 1),
+    "149,000 GPU indices listed again (under the node limit)": lambda: (
+        "version: v1\nvgpu-configs:\n  x:\n  - devices: ["
+        + "0, " * 149_000
+        + "0]\n    vgpu-devices: {A2-4Q: 4}\n"
+    ),
+    "149,000 numbers in a flow list (under the node limit)": lambda: "[" + "1," * 149_000 + "1]",
+    "real layouts, just under 1 MiB (valid)": lambda: real_layouts(LIMIT),
 }
 
 
