@@ -197,6 +197,16 @@ def test_brackets_inside_json_strings_do_not_count() -> None:
     assert bounded.json_depth_offset(hidden) == hidden.index("[") + 63
 
 
+def test_a_string_left_open_is_scanned_once() -> None:
+    """``"\\"\\"\\"…`` never closed: a search that restarted at every quote took 20 s
+    for 20,000 of them (quadratic); this is 1,000,000 (it would take days)."""
+    for tail in ("", "\\"):
+        text = "[" * 100 + '"' + '\\"' * 1_000_000 + tail
+        assert bounded.json_depth_offset(text) == 64
+        with pytest.raises(bounded.InputShapeError, match="1:65: nested more than 64"):
+            bounded.loads(text, "x")
+
+
 def test_an_object_already_parsed_is_measured_without_recursion() -> None:
     deep: object = None
     for _ in range(1_000_000):

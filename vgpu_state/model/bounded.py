@@ -50,7 +50,10 @@ def depth_message(limit: int = MAX_DEPTH) -> str:
     )
 
 
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+"""A string; one left open runs to the end of the text. Every match attempt succeeds, so
+the search never restarts inside a string (``"\\"\\"\\"…`` left open would otherwise
+be scanned once per quote: quadratic)."""
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _DELTA = {"[": 1, "{": 1, "]": -1, "}": -1}
 
@@ -59,8 +62,8 @@ def json_depth_offset(text: str, limit: int = MAX_DEPTH) -> int | None:
     """The offset in ``text`` of the first ``[`` or ``{`` nested more than ``limit``
     deep (strings skipped), or ``None`` when the text nests no deeper.
 
-    Brackets inside strings are never counted; an unterminated string makes the rest
-    of the text count as brackets, which can only over-count (the JSON is invalid then).
+    Brackets inside strings are never counted; a string left open runs to the end of
+    the text (the decoder stops there with an error, never reaching what follows).
     The common case runs in regular-expression and itertools passes; only a text that
     is too deep pays for locating the offending bracket.
     """
