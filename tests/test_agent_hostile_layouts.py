@@ -82,3 +82,41 @@ def test_a_deeply_nested_layouts_configmap_fails_the_node_and_the_agent_lives(
 
     swap_configmap(config_dir, 3, CONFIG)
     wait_for("success again", lambda: state() == "success", proc, timeout=60)
+
+
+def test_the_controller_given_deeply_nested_layouts_lives_on_and_says_why(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    """The controller's fleet view reads the layouts file at every view, the first one at
+    start: nested 30,000 deep, it crash-looped on SIGSEGV. Now the view fails, naming the
+    limit, and the controller goes on with its passes."""
+    import signal
+    import time
+
+    layouts = tmp_path / "layouts.yaml"
+    layouts.write_text("[" * 30_000 + "]" * 30_000)
+    kubeconfig = cluster.controller_kubeconfig(tmp_path / "controller")
+    log = tmp_path / "controller.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpu_state.cli.main", "controller",
+         "--kubeconfig", str(kubeconfig), "-f", str(layouts), "--identity", "c-0",
+         "--namespace", "vgpu-state", "--webhook-port", "0", "--listen", "",
+         "--interval", "1", "--fleet-interval", "1"],
+        cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        said = f"fleet view failed (retried in 1 s): {layouts}:1:65: nested more than 64"
+        while said not in log.read_text():
+            assert proc.poll() is None, f"the controller exited ({proc.returncode})"
+            assert time.monotonic() < deadline, "no fleet view failure logged"
+            time.sleep(0.2)
+        time.sleep(2)  # more passes and views
+        assert proc.poll() is None, "the controller lives on"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        print(log.read_text())
