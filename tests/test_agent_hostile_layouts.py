@@ -1,4 +1,4 @@
-"""The agent as a real process, given a layouts ConfigMap nested 30,000 levels deep.
+"""The agent and the controller as real processes, given layouts nested 30,000 levels deep.
 
 The layouts ConfigMap reaches the agents as a mounted file; replaced by delete and
 create, it is never reviewed by the webhook. ruamel's C composer recursed once per level
