@@ -238,10 +238,10 @@ class WebhookServer:
         self._server = _Server((host, port), _Handler, bind_and_activate=True)
         self._server.key = key
         self._server.catalog = catalog
-        self._isolated = (
-            IsolatedCheck(check_text, preload=(__name__,)) if check is None else None
-        )
-        self._server.check = check if check is not None else self._isolated  # type: ignore[assignment]
+        self._isolated: IsolatedCheck | None = None
+        if check is None:
+            self._isolated = check = IsolatedCheck(check_text, preload=(__name__,))
+        self._server.check = check
         self._server.context = self._context
         self._thread: threading.Thread | None = None
         self._loaded: Material | None = None
