@@ -117,7 +117,6 @@ def review(
 ) -> dict[str, Any]:
     """The ``AdmissionReview`` answer to ``body`` (an ``AdmissionReview`` request); the
     layouts are judged by ``check``."""
-    bounded.check_depth(body, "the AdmissionReview")  # a caller's own parse included
     request = body.get("request") if isinstance(body, Mapping) else None
     if not isinstance(request, Mapping):
         raise ValueError("not an AdmissionReview request (no .request)")

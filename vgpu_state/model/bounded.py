@@ -5,21 +5,20 @@ admission review, a node's status, a snapshot or plan file, a simulator spec) is
 with its nesting bounded by :data:`MAX_DEPTH` levels. The JSON check here is a scan of
 the text in C-speed passes (no Python loop per character) that runs before
 :func:`json.loads` builds anything; the YAML check runs over the parser's events
-(``vgpu_state.config.yamlnodes``). Objects that arrive already parsed are measured by
-:func:`check_depth`.
+(``vgpu_state.config.yamlnodes``). Objects are built only by these readers, or by
+pydantic's JSON parser, which stops at 200 levels; none is measured again.
 
 Why: ruamel's C composer recurses once per nesting level on the C stack without
 Python's recursion guard, so a 60 KB file of 30,000 ``[`` kills the process with
-SIGSEGV; CPython's JSON decoder and pydantic stop at their own recursion limits, but
-with a ``RecursionError`` that most callers do not expect. Real documents nest fewer
-than 15 levels.
+SIGSEGV; CPython's JSON decoder stops at the interpreter's recursion limit (about 1,000
+levels) with a ``RecursionError`` that most callers did not expect, and hands back
+objects nested nearly that deep otherwise. Real documents nest fewer than 20 levels.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from itertools import accumulate, compress, count, repeat
 from typing import Any
 
@@ -123,23 +122,3 @@ def loads(
         return json.loads(text)
     except RecursionError:  # a caller already deep in its own stack
         raise InputShapeError(name, 0, 0, depth_message(limit)) from None
-
-
-def check_depth(value: Any, name: str, limit: int = MAX_DEPTH) -> None:
-    """Raise :class:`InputShapeError` when the parsed ``value`` (dicts and lists, as from
-    JSON) nests deeper than ``limit``. Iterative: any depth is measured without recursion,
-    and the walk stops at the first container past the limit."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, Mapping):
-            children: Any = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            raise InputShapeError(name, 0, 0, depth_message(limit))
-        stack.extend(
-            (child, depth + 1) for child in children if isinstance(child, Mapping | list | tuple)
-        )
