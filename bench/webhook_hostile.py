@@ -171,6 +171,9 @@ def main() -> None:
         deep_body = b'{"request": {"uid": "u", "object": ' + b"[" * (MAX_BODY - 40) + b"}}"
         status, data, took = post(server.port, material.ca_cert, deep_body)
         print(f"body of 4 MiB of [ : {took:.3f} s: {first_line(status, data)}")
+        many = b'{"request": {"uid": "u", "x": [' + b"[]," * ((MAX_BODY - 40) // 3) + b"[]]}}"
+        status, data, took = post(server.port, material.ca_cert, many)
+        print(f"body of 4 MiB of [] items: {took:.3f} s: {first_line(status, data)}")
         status, data, took = post_length(server.port, material.ca_cert, MAX_BODY + 1)
         print(f"Content-Length 4 MiB + 1 byte: {took:.3f} s: {first_line(status, data)}")
     finally:

@@ -229,6 +229,10 @@ def test_a_review_body_nested_too_deep_or_too_large_is_refused_unparsed(
 ) -> None:
     status, body = post(server, REVIEW_PATH, b'{"request": ' + b"[" * 1_000_000 + b"}")
     assert status == 400 and b"nested more than 64 levels deep" in body
+    # 1.3 million empty lists (3.9 MB) would be 90 MB of objects in the controller.
+    many = b'{"request": {"uid": "u", "x": [' + b"[]," * 1_300_000 + b"[]]}}"
+    status, body = post(server, REVIEW_PATH, many)
+    assert status == 400 and b"values, more than the limit of 100000" in body
     # Over the body limit: answered from the headers, the body never read.
     context = ssl.create_default_context(cadata=server.ca.decode())  # type: ignore[attr-defined]
     conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=10)

@@ -51,6 +51,13 @@ is answered 413 before it is read (the API server sends none: only another clien
 MAX_LAYOUTS_BYTES = 1024 * 1024
 """The largest layouts text judged: the API server refuses a ConfigMap whose data is
 larger before it asks the webhook, so a larger one is refused unread."""
+MAX_VALUES = 100_000
+"""JSON values a review may hold: a ConfigMap's review is mostly one string (its data) and
+a few hundred values of metadata; 4 MiB of ``[],`` would be 1.4 million lists (100 MB)."""
+READERS = 4
+"""Request bodies read and parsed at once; a request that finds none free within
+:data:`READ_WAIT` seconds is answered 503 (busy)."""
+READ_WAIT = 1.0
 MAX_MESSAGES = 20
 """Refusal lines shown; the rest are counted (``vgpu-state validate`` lists them all)."""
 
@@ -183,11 +190,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(413 if length > MAX_BODY else 411, b"bad length\n", "text/plain")
             return
-        raw = self.rfile.read(length)
+        if not self.server.readers.acquire(timeout=READ_WAIT):
+            self.close_connection = True
+            self._send(503, b"busy: too many reviews at once\n", "text/plain")
+            return
         try:
-            body = bounded.loads(raw, "the AdmissionReview")
-            answer = review(body, self.server.catalog, self.server.key, self.server.check)
+            raw = self.rfile.read(length)
+            body = bounded.loads(raw, "the AdmissionReview", max_values=MAX_VALUES)
+            del raw
         except (ValueError, UnicodeDecodeError) as e:
+            self._send(400, f"bad AdmissionReview: {e}\n".encode(), "text/plain")
+            return
+        finally:
+            self.server.readers.release()
+        try:
+            answer = review(body, self.server.catalog, self.server.key, self.server.check)
+        except ValueError as e:
             self._send(400, f"bad AdmissionReview: {e}\n".encode(), "text/plain")
             return
         allowed = answer["response"]["allowed"]
@@ -202,6 +220,7 @@ class _Server(ThreadingHTTPServer):
     key: str
     catalog: Catalog
     check: Check
+    readers: threading.BoundedSemaphore
     context: ssl.SSLContext
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -237,6 +256,7 @@ class WebhookServer:
         self._server = _Server((host, port), _Handler, bind_and_activate=True)
         self._server.key = key
         self._server.catalog = catalog
+        self._server.readers = threading.BoundedSemaphore(READERS)
         self._isolated: IsolatedCheck | None = None
         if check is None:
             self._isolated = check = IsolatedCheck(check_text, preload=(__name__,))

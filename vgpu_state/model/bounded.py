@@ -98,18 +98,24 @@ def check_json_text(text: str, name: str, limit: int = MAX_DEPTH) -> None:
         raise InputShapeError(name, line, column, depth_message(limit))
 
 
+_STRUCTURE = re.compile(r"[^\[{,:]+")
+
+
+def value_count(text: str) -> int:
+    """At least as many as the values (and keys) the JSON ``text`` holds: its ``[``,
+    ``{``, ``,`` and ``:`` outside strings, plus one."""
+    return len(_STRUCTURE.sub("", _JSON_STRING.sub("", text))) + 1
+
+
 def loads(
-    data: str | bytes, name: str, *, limit: int = MAX_DEPTH, max_bytes: int | None = None
+    data: str | bytes, name: str, *, limit: int = MAX_DEPTH, max_values: int | None = None
 ) -> Any:
-    """:func:`json.loads` of ``data`` with its nesting (and size) bounded first.
+    """:func:`json.loads` of ``data`` with its nesting (and, given ``max_values``, the
+    number of values it builds) bounded first.
 
     Raises :class:`InputShapeError` (a ``ValueError``) naming ``name`` and the limit, or
     :class:`json.JSONDecodeError` for text that is not JSON; never ``RecursionError``.
     """
-    if max_bytes is not None and len(data) > max_bytes:
-        raise InputShapeError(
-            name, 0, 0, f"{len(data)} bytes, more than the limit of {max_bytes} bytes"
-        )
     if isinstance(data, bytes | bytearray):
         # As json.loads decodes bytes (UTF-8, -16 or -32, a UTF-8 byte order mark
         # skipped); a UnicodeDecodeError is a ValueError, as from json.loads.
@@ -118,6 +124,10 @@ def loads(
     else:
         text = data
     check_json_text(text, name, limit)
+    if max_values is not None and (values := value_count(text)) > max_values:
+        raise InputShapeError(
+            name, 0, 0, f"about {values} values, more than the limit of {max_values}"
+        )
     try:
         return json.loads(text)
     except RecursionError:  # a caller already deep in its own stack
