@@ -6,7 +6,12 @@ from __future__ import annotations
 import datetime as dt
 import http.client
 import json
+import os
+import signal
 import ssl
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +19,14 @@ import pytest
 
 from vgpu_state.catalog import default_catalog
 from vgpu_state.controller import tls
-from vgpu_state.controller.webhook import REVIEW_PATH, WebhookServer, review
+from vgpu_state.controller.isolated import IsolatedCheck
+from vgpu_state.controller.webhook import (
+    MAX_BODY,
+    MAX_LAYOUTS_BYTES,
+    REVIEW_PATH,
+    WebhookServer,
+    review,
+)
 
 GOOD = (
     "version: v1\nvgpu-configs:\n  default:\n    - devices: all\n"
@@ -145,3 +157,132 @@ def test_renewal_is_needed_near_expiry_and_when_the_names_differ() -> None:
     renewed = tls.renewed(material, "vgpu-state-controller", "vgpu-state", later)
     assert renewed.ca_cert == material.ca_cert and renewed.cert != material.cert
     assert tls.needs_renewal(renewed, "vgpu-state-controller", "vgpu-state", later) is None
+
+
+# A layouts check that crashes its process, and one that never ends: module level, so the
+# webhook's child process can import them.
+def crashing_check(text: str, catalog: Any, key: str) -> tuple[bool, str, tuple[str, ...]]:
+    os.kill(os.getpid(), signal.SIGSEGV)
+    raise AssertionError("not reached")
+
+
+def endless_check(text: str, catalog: Any, key: str) -> tuple[bool, str, tuple[str, ...]]:
+    while True:
+        pass
+
+
+def serving(check: Any = None) -> tuple[WebhookServer, bytes]:
+    material = tls.issue("vgpu-state-controller", "vgpu-state", dt.datetime.now(dt.UTC))
+    srv = WebhookServer("127.0.0.1", 0, CATALOG, check=check)
+    srv.load(material)
+    srv.start()
+    srv.ca = material.ca_cert  # type: ignore[attr-defined]
+    return srv, material.ca_cert
+
+
+def verdict(server: WebhookServer, text: str) -> dict[str, Any]:
+    review_body = json.dumps(request(cm({"config.yaml": text}))).encode()
+    status, body = post(server, REVIEW_PATH, review_body)
+    assert status == 200, body
+    response: dict[str, Any] = json.loads(body)["response"]
+    return response
+
+
+SERVER_CHILD = """
+import datetime as dt, http.client, json, ssl, sys
+from vgpu_state.catalog import default_catalog
+from vgpu_state.controller import tls
+from vgpu_state.controller.webhook import REVIEW_PATH, WebhookServer
+material = tls.issue("vgpu-state-controller", "vgpu-state", dt.datetime.now(dt.UTC))
+srv = WebhookServer("127.0.0.1", 0, default_catalog())
+srv.load(material)
+srv.start()
+context = ssl.create_default_context(cadata=material.ca_cert.decode())
+context.check_hostname = False
+for text in json.loads(sys.stdin.read()):
+    review = {"request": {"uid": "u", "operation": "CREATE",
+                          "object": {"data": {"config.yaml": text}}}}
+    conn = http.client.HTTPSConnection("127.0.0.1", srv.port, context=context, timeout=30)
+    conn.request("POST", REVIEW_PATH, json.dumps(review), {"Content-Type": "application/json"})
+    print(json.dumps(json.loads(conn.getresponse().read())["response"]), flush=True)
+srv.stop()
+"""
+
+
+def test_a_deeply_nested_layout_is_refused_naming_the_limit_and_the_server_lives_on() -> None:
+    """In a child process: before, the parse crashed the whole controller (SIGSEGV)."""
+    texts = ["[" * 30_000, "- " * 500_000, "{a: " * 100_000, GOOD]
+    done = subprocess.run(
+        [sys.executable, "-c", SERVER_CHILD], input=json.dumps(texts),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    *deep, good = [json.loads(line) for line in done.stdout.splitlines()]
+    for response in deep:
+        assert response["allowed"] is False
+        assert "nested more than 64 levels deep" in response["status"]["message"]
+    assert good["allowed"] is True
+
+
+def test_a_review_body_nested_too_deep_or_too_large_is_refused_unparsed(
+    server: WebhookServer,
+) -> None:
+    status, body = post(server, REVIEW_PATH, b'{"request": ' + b"[" * 1_000_000 + b"}")
+    assert status == 400 and b"nested more than 64 levels deep" in body
+    # 1.3 million empty lists (3.9 MB) would be 90 MB of objects in the controller.
+    many = b'{"request": {"uid": "u", "x": [' + b"[]," * 1_300_000 + b"[]]}}"
+    status, body = post(server, REVIEW_PATH, many)
+    assert status == 400 and b"values, more than the limit of 100000" in body
+    # Over the body limit: answered from the headers, the body never read.
+    context = ssl.create_default_context(cadata=server.ca.decode())  # type: ignore[attr-defined]
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=10)
+    conn._context.check_hostname = False  # type: ignore[attr-defined]
+    conn.putrequest("POST", REVIEW_PATH)
+    conn.putheader("Content-Length", str(MAX_BODY + 1))
+    conn.endheaders()
+    assert conn.getresponse().status == 413
+    assert verdict(server, GOOD)["allowed"] is True
+
+
+def test_layouts_larger_than_a_configmap_holds_are_refused_unread() -> None:
+    response = review(request(cm({"config.yaml": "#" * (MAX_LAYOUTS_BYTES + 1)})), CATALOG)
+    assert response["response"]["allowed"] is False
+    assert "more than the limit of 1048576 bytes" in response["response"]["status"]["message"]
+
+
+def test_a_check_that_crashes_is_a_refusal_and_the_server_lives_on() -> None:
+    srv, _ = serving(IsolatedCheck(crashing_check, seconds=10))
+    try:
+        response = verdict(srv, GOOD)
+        assert response["allowed"] is False
+        assert "the check ended with signal 11" in response["status"]["message"]
+        assert verdict(srv, GOOD)["allowed"] is False  # and again: the server still answers
+    finally:
+        srv.stop()
+
+
+def test_a_check_past_its_deadline_is_a_refusal_within_the_deadline() -> None:
+    srv, _ = serving(IsolatedCheck(endless_check, seconds=1))
+    try:
+        start = time.monotonic()
+        response = verdict(srv, GOOD)
+        assert time.monotonic() - start < 4  # the API server waits 5 s
+        assert response["allowed"] is False
+        assert "could not be checked within 1 s" in response["status"]["message"]
+    finally:
+        srv.stop()
+
+
+def test_a_request_the_handler_fails_on_is_a_500_for_it_alone() -> None:
+    def broken(text: str, catalog: Any, key: str) -> tuple[bool, str, tuple[str, ...]]:
+        raise RuntimeError("boom")
+
+    srv, _ = serving(broken)
+    try:
+        good = json.dumps(request(cm({"config.yaml": GOOD}))).encode()
+        status, body = post(srv, REVIEW_PATH, good)
+        assert status == 500 and b"the review failed" in body
+        status, _ = post(srv, REVIEW_PATH, b"not json")
+        assert status == 400, "the server still answers"
+    finally:
+        srv.stop()

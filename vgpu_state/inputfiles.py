@@ -13,6 +13,7 @@ import json
 import os
 import stat
 
+from vgpu_state.model import bounded
 from vgpu_state.model.errors import Reason, UserError
 
 MiB = 1024 * 1024
@@ -76,11 +77,11 @@ def parse_in_use_list(text: str, name: str) -> dict[str, str]:
     stripped = text.strip()
     if stripped.startswith("{"):
         try:
-            loaded = json.loads(stripped)
+            loaded = bounded.loads(stripped, name)
         except json.JSONDecodeError as e:
             raise InputFileError(f"{name}:{e.lineno}:{e.colno}: {e.msg}") from None
-        except RecursionError:
-            raise InputFileError(f"{name}: nested too deeply") from None
+        except bounded.InputShapeError as e:
+            raise InputFileError(str(e)) from None
         if not isinstance(loaded, dict):
             raise InputFileError(f"{name}: expected a JSON object {{key: holder}}")
         return {str(k): str(v) for k, v in loaded.items()}

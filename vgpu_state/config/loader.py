@@ -21,7 +21,15 @@ from vgpu_state.config.sections.configs import configs
 from vgpu_state.config.sections.context import LoadContext, known_keys
 from vgpu_state.config.sections.policy import policy
 from vgpu_state.config.sections.selectors import config_ref, selectors
-from vgpu_state.config.yamlnodes import Issues, compose, describe, gc_paused, is_str, position
+from vgpu_state.config.yamlnodes import (
+    Issues,
+    compose,
+    describe,
+    gc_paused,
+    is_str,
+    listed,
+    position,
+)
 from vgpu_state.inputfiles import InputFileError, read_input
 from vgpu_state.model.errors import ConfigError
 
@@ -70,8 +78,8 @@ def load_text(
     if strict:
         issues.items.extend(issues.warnings)
     if issues.items or document is None:
-        raise ConfigError(sorted(issues.items, key=lambda i: (i.line, i.column)))
-    warnings = sorted(issues.warnings, key=lambda i: (i.line, i.column))
+        raise ConfigError(listed(filename, issues.items))
+    warnings = listed(filename, issues.warnings, "warnings")
     return replace(document, warnings=tuple(warnings))
 
 

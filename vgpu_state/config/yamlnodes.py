@@ -16,9 +16,15 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.composer import Composer
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.events import AliasEvent
+from ruamel.yaml.events import (
+    AliasEvent,
+    CollectionEndEvent,
+    CollectionStartEvent,
+    ScalarEvent,
+)
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from vgpu_state.model.bounded import MAX_DEPTH, depth_message
 from vgpu_state.model.errors import ConfigIssue
 
 STR = "tag:yaml.org,2002:str"
@@ -29,9 +35,19 @@ FLOAT = "tag:yaml.org,2002:float"
 MERGE = "tag:yaml.org,2002:merge"
 
 
+MAX_ISSUES = 1000
+"""Problems of one file kept with their message; past this each further one is counted
+only (a 1 MiB list of one GPU repeated held 350,000 messages, 450 MB)."""
+MORE = ConfigIssue("", 0, 0, "", "")
+"""Stands for a problem past :data:`MAX_ISSUES` (the lists keep their length, so a section
+still sees that it found problems)."""
+
+
 @dataclass
 class Issues:
-    """Collects every problem of one file; positions are 1-based."""
+    """Collects every problem of one file; positions are 1-based. The first
+    :data:`MAX_ISSUES` problems and warnings are kept; the rest are counted
+    (:func:`listed`)."""
 
     file: str
     items: list[ConfigIssue] = field(default_factory=list)
@@ -40,14 +56,31 @@ class Issues:
 
     def at(self, node: Node | None, path: str, message: str) -> None:
         line, column = position(node)
-        self.items.append(ConfigIssue(self.file, line, column, path, message))
+        self._add(self.items, line, column, path, message)
 
     def warn(self, node: Node | None, path: str, message: str) -> None:
         line, column = position(node)
-        self.warnings.append(ConfigIssue(self.file, line, column, path, message))
+        self._add(self.warnings, line, column, path, message)
 
     def at_position(self, line: int, column: int, path: str, message: str) -> None:
-        self.items.append(ConfigIssue(self.file, line, column, path, message))
+        self._add(self.items, line, column, path, message)
+
+    def _add(self, to: list[ConfigIssue], line: int, column: int, path: str, msg: str) -> None:
+        if len(to) < MAX_ISSUES:
+            to.append(ConfigIssue(self.file, line, column, path, msg))
+        else:
+            to.append(MORE)
+
+
+def listed(file: str, issues: list[ConfigIssue], what: str = "problems") -> list[ConfigIssue]:
+    """``issues`` in line order, those past :data:`MAX_ISSUES` said in one last line."""
+    kept = sorted((i for i in issues if i is not MORE), key=lambda i: (i.line, i.column))
+    more = len(issues) - len(kept)
+    if more:
+        last = kept[-1].line if kept else 1
+        message = f"... and {more} more {what} (the first {len(kept)} are listed)"
+        kept.append(ConfigIssue(file, last, 1, "", message))
+    return kept
 
 
 def position(node: Node | None) -> tuple[int, int]:
@@ -58,6 +91,13 @@ def position(node: Node | None) -> tuple[int, int]:
 
 
 def tag(node: Node) -> str:
+    """The node's full tag. A tag the resolver gave (no handle, nothing %-escaped) is its
+    suffix as it is: ruamel's ``node.tag`` decodes and caches a new string per node, a
+    character at a time (40 MB and seconds for 150,000 scalars)."""
+    ctag = getattr(node, "ctag", None)
+    suffix = getattr(ctag, "suffix", None)
+    if getattr(ctag, "handle", 1) is None and isinstance(suffix, str) and "%" not in suffix:
+        return suffix
     return str(node.tag)
 
 
@@ -90,18 +130,101 @@ class ReusedAnchorError(MarkedYAMLError):
         )
 
 
+MAX_NODES = 150_000
+"""YAML nodes (scalars, lists, mappings) a document may have, every alias counted as the
+nodes it repeats: an alias bomb of a few KB is refused before anything walks it, and
+composing stays within ~60 MB. Layouts have about 108,000 nodes per MiB, so a ConfigMap
+(at most 1 MiB) of real layouts fits."""
+
+PURE_MESSAGES_BYTES = 256 * 1024
+"""A text the C parser refuses is parsed again by the pure-Python parser, whose messages
+say more, when it is at most this large; a larger one gets the C parser's message (the
+pure parser takes seconds per MiB)."""
+
+
+class ShapeLimitError(MarkedYAMLError):
+    """A document nested deeper, or with more nodes, than the limits allow."""
+
+    def __init__(self, message: str, mark: Any) -> None:
+        super().__init__(problem=message, problem_mark=mark)
+        self.limit_message = message
+
+
+def too_many_nodes_message(limit: int) -> str:
+    return (
+        f"more than {limit} YAML nodes, aliases counted as what they repeat "
+        "(the limit of a document's size)"
+    )
+
+
+class _ShapeCounter:
+    """Depth and node count of an event stream, aliases expanded, checked per event."""
+
+    def __init__(self, max_depth: int, max_nodes: int) -> None:
+        self.max_depth = max_depth
+        self.max_nodes = max_nodes
+        self.nodes = 0
+        self.open: list[tuple[int, Any]] = []  # (nodes before the collection, its anchor)
+        self.sizes: dict[Any, int] = {}
+
+    def event(self, event: Any) -> None:
+        if isinstance(event, ScalarEvent):
+            self._add(1, event)
+            if event.anchor is not None:
+                self.sizes[event.anchor] = 1
+        elif isinstance(event, CollectionStartEvent):
+            if len(self.open) >= self.max_depth:
+                raise ShapeLimitError(depth_message(self.max_depth), event.start_mark)
+            self.open.append((self.nodes, event.anchor))
+            self._add(1, event)
+        elif isinstance(event, CollectionEndEvent):
+            if self.open:
+                before, anchor = self.open.pop()
+                if anchor is not None:
+                    self.sizes[anchor] = self.nodes - before
+        elif isinstance(event, AliasEvent):
+            self._add(self.sizes.get(event.anchor, 1), event)
+
+    def _add(self, n: int, event: Any) -> None:
+        self.nodes += n
+        if self.nodes > self.max_nodes:
+            raise ShapeLimitError(too_many_nodes_message(self.max_nodes), event.start_mark)
+
+
+def check_shape(yaml: YAML, text: str, max_depth: int, max_nodes: int) -> None:
+    """Run ``yaml``'s parser over ``text`` (events only: no recursion, nothing built) and
+    raise :class:`ShapeLimitError` at the first event past a limit. Syntax errors are
+    raised as the parser raises them."""
+    counter = _ShapeCounter(max_depth, max_nodes)
+    events = yaml.parse(text)
+    try:
+        for event in events:
+            counter.event(event)
+    finally:
+        events.close()
+
+
 class _OneAnchorComposer(Composer):
     """The composer, with an anchor defined twice an error instead of ruamel's
-    ``ReusedAnchorWarning`` (an alias would silently mean the later node)."""
+    ``ReusedAnchorWarning`` (an alias would silently mean the later node), and the
+    shape limits checked as it goes (its recursion stays within :data:`MAX_DEPTH`)."""
+
+    _shape: _ShapeCounter | None = None
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        if not self.parser.check_event(AliasEvent):
-            event = self.parser.peek_event()
+        if self._shape is None:
+            self._shape = _ShapeCounter(MAX_DEPTH, MAX_NODES)
+        event = self.parser.peek_event()
+        if not isinstance(event, AliasEvent):
             anchor = event.anchor
             if anchor is not None and anchor in self.anchors:
                 first = self.anchors[anchor].start_mark
                 raise ReusedAnchorError(str(anchor), first, event.start_mark)
-        return super().compose_node(parent, index)
+        self._shape.event(event)
+        node = super().compose_node(parent, index)
+        if isinstance(event, CollectionStartEvent):
+            self._shape.event(CollectionEndEvent())
+        return node
 
 
 class YamlProblem(Exception):
@@ -126,29 +249,48 @@ def compose_text(text: str) -> Node | None:
     """Compose ``text`` into a node tree, or raise :class:`YamlProblem`.
 
     The tree is composed by ruamel's C parser (libyaml, about 10x faster than the
-    pure-Python one) when it is installed. A document the C parser refuses is
-    composed again by the pure-Python parser, whose messages name the problem.
+    pure-Python one) when it is installed, after a pass over the parser's events has
+    checked the nesting depth (:data:`MAX_DEPTH`) and the node count
+    (:data:`MAX_NODES`): the C composer recurses on the C stack without a guard, so a
+    deeply nested text would crash the process. A document the C parser refuses is
+    composed again by the pure-Python parser, whose messages name the problem, when it
+    is at most :data:`PURE_MESSAGES_BYTES`; a larger one gets the C parser's message.
     An anchor defined twice is refused by both.
     """
+    fast_error: Exception
     try:
+        fast_yaml = safe_yaml(pure=False)
+        check_shape(fast_yaml, text, MAX_DEPTH, MAX_NODES)
         fast: Node | None = safe_yaml(pure=False).compose(text)
         return fast
-    except Exception:
-        pass
+    except ShapeLimitError as exc:
+        raise _problem(exc) from None
+    except Exception as exc:  # composed again below for a better message
+        fast_error = exc
+    if len(text) > PURE_MESSAGES_BYTES and isinstance(fast_error, MarkedYAMLError):
+        raise _problem(fast_error) from None
     try:
         node: Node | None = safe_yaml(pure=True).compose(text)
+    except ShapeLimitError as exc:
+        raise _problem(exc) from None
     except ReusedAnchorError as exc:
         mark = exc.second
         raise YamlProblem(int(mark.line) + 1, int(mark.column) + 1, exc.message()) from None
     except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, column = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
-        parts = [p for p in (exc.context, exc.problem) if p]
-        problem = ", ".join(parts) or "syntax error"
-        raise YamlProblem(line, column, f"not valid YAML: {problem}") from None
+        raise _problem(exc) from None
     except (YAMLError, ValueError, RecursionError) as exc:
         raise YamlProblem(1, 1, f"not valid YAML: {exc}") from None
     return node
+
+
+def _problem(exc: MarkedYAMLError) -> YamlProblem:
+    mark = exc.problem_mark or exc.context_mark
+    line, column = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
+    if isinstance(exc, ShapeLimitError):
+        return YamlProblem(line, column, exc.limit_message)
+    parts = [p for p in (exc.context, exc.problem) if p]
+    problem = ", ".join(parts) or "syntax error"
+    return YamlProblem(line, column, f"not valid YAML: {problem}")
 
 
 def compose(text: str, issues: Issues) -> Node | None:

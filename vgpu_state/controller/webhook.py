@@ -14,6 +14,7 @@ it is renewed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -21,7 +22,7 @@ import os
 import ssl
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,10 +32,12 @@ from vgpu_state.background import BackgroundLoop
 from vgpu_state.catalog import Catalog
 from vgpu_state.config import load_text
 from vgpu_state.controller import tls
+from vgpu_state.controller.isolated import IsolatedCheck
 from vgpu_state.controller.metrics import Readiness, always_ready
 from vgpu_state.controller.tls import Material
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.errors import ClusterError, NotFoundError
+from vgpu_state.model import bounded
 from vgpu_state.model.errors import ConfigError, TransientError
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,19 @@ LAYOUTS_KEY = "config.yaml"
 """The ConfigMap key the agents read (deploy/daemonset.yaml mounts it as a file)."""
 REVIEW_PATH = "/validate-layouts"
 MAX_BODY = 4 * 1024 * 1024
-"""An AdmissionReview of a ConfigMap (at most 1 MiB of data, old and new object)."""
+"""The largest request read: an AdmissionReview of an UPDATE carries the new and the old
+ConfigMap, each at most the 1.5 MiB etcd stores, in JSON with its escapes. A larger body
+is answered 413 before it is read (the API server sends none: only another client can)."""
+MAX_LAYOUTS_BYTES = 1024 * 1024
+"""The largest layouts text judged: the API server refuses a ConfigMap whose data is
+larger before it asks the webhook, so a larger one is refused unread."""
+MAX_VALUES = 100_000
+"""JSON values a review may hold: a ConfigMap's review is mostly one string (its data) and
+a few hundred values of metadata; 4 MiB of ``[],`` would be 1.4 million lists (100 MB)."""
+READERS = 4
+"""Request bodies read and parsed at once; a request that finds none free within
+:data:`READ_WAIT` seconds is answered 503 (busy)."""
+READ_WAIT = 1.0
 MAX_MESSAGES = 20
 """Refusal lines shown; the rest are counted (``vgpu-state validate`` lists them all)."""
 
@@ -55,8 +70,31 @@ class Verdict:
     warnings: tuple[str, ...] = ()
 
 
-def check_configmap(obj: Mapping[str, Any], catalog: Catalog, key: str = LAYOUTS_KEY) -> Verdict:
-    """What ``vgpu-state validate -f KEY`` says of the ConfigMap's ``key``."""
+Check = Callable[[str, Catalog, str], tuple[bool, str, tuple[str, ...]]]
+"""How a layouts text is judged: :func:`check_text` itself, or it in a child process."""
+
+
+def check_text(text: str, catalog: Catalog, key: str) -> tuple[bool, str, tuple[str, ...]]:
+    """What ``vgpu-state validate -f KEY`` says of ``text``: (allowed, message, warnings)."""
+    try:
+        document = load_text(text, key, catalog=catalog)
+    except ConfigError as exc:
+        lines = [str(issue) for issue in exc.issues]
+        shown = lines[:MAX_MESSAGES]
+        if len(lines) > len(shown):
+            shown.append(f"... and {len(lines) - len(shown)} more (vgpu-state validate lists all)")
+        return False, "invalid vGPU layouts:\n" + "\n".join(shown), ()
+    warnings = tuple(
+        f"{w.file}:{w.line}:{w.column}: warning: {w.message}" for w in document.warnings
+    )
+    return True, "", warnings
+
+
+def check_configmap(
+    obj: Mapping[str, Any], catalog: Catalog, key: str = LAYOUTS_KEY, check: Check = check_text
+) -> Verdict:
+    """What ``vgpu-state validate -f KEY`` says of the ConfigMap's ``key`` (judged by
+    ``check``)."""
     data = obj.get("data")
     if not isinstance(data, Mapping) or key not in data:
         binary = obj.get("binaryData")
@@ -71,22 +109,22 @@ def check_configmap(obj: Mapping[str, Any], catalog: Catalog, key: str = LAYOUTS
     text = data[key]
     if not isinstance(text, str):
         return Verdict(False, f"data key {key!r} is not text")
-    try:
-        document = load_text(text, key, catalog=catalog)
-    except ConfigError as exc:
-        lines = [str(issue) for issue in exc.issues]
-        shown = lines[:MAX_MESSAGES]
-        if len(lines) > len(shown):
-            shown.append(f"... and {len(lines) - len(shown)} more (vgpu-state validate lists all)")
-        return Verdict(False, "invalid vGPU layouts:\n" + "\n".join(shown))
-    warnings = tuple(
-        f"{w.file}:{w.line}:{w.column}: warning: {w.message}" for w in document.warnings
-    )
-    return Verdict(True, warnings=warnings)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_LAYOUTS_BYTES:
+        return Verdict(
+            False,
+            f"{key}: {size} bytes, more than the limit of {MAX_LAYOUTS_BYTES} bytes "
+            "(the most a ConfigMap holds)",
+        )
+    allowed, message, warnings = check(text, catalog, key)
+    return Verdict(allowed, message, warnings)
 
 
-def review(body: Any, catalog: Catalog, key: str = LAYOUTS_KEY) -> dict[str, Any]:
-    """The ``AdmissionReview`` answer to ``body`` (an ``AdmissionReview`` request)."""
+def review(
+    body: Any, catalog: Catalog, key: str = LAYOUTS_KEY, check: Check = check_text
+) -> dict[str, Any]:
+    """The ``AdmissionReview`` answer to ``body`` (an ``AdmissionReview`` request); the
+    layouts are judged by ``check``."""
     request = body.get("request") if isinstance(body, Mapping) else None
     if not isinstance(request, Mapping):
         raise ValueError("not an AdmissionReview request (no .request)")
@@ -97,7 +135,7 @@ def review(body: Any, catalog: Catalog, key: str = LAYOUTS_KEY) -> dict[str, Any
     if request.get("operation") == "DELETE" or not isinstance(obj, Mapping):
         verdict = Verdict(True)
     else:
-        verdict = check_configmap(obj, catalog, key)
+        verdict = check_configmap(obj, catalog, key, check)
     response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
     if not verdict.allowed:
         response["status"] = {"code": 422, "reason": "Invalid", "message": verdict.message}
@@ -137,6 +175,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found\n", "text/plain")
 
     def do_POST(self) -> None:
+        try:
+            self._review()
+        except Exception:  # one bad request never ends the server: a 500 for it alone
+            log.exception("layouts webhook: a review failed")
+            self.close_connection = True
+            with contextlib.suppress(Exception):
+                self._send(500, b"the review failed; see the controller's log\n", "text/plain")
+
+    def _review(self) -> None:
         if self.path.split("?", 1)[0] != REVIEW_PATH:
             self._send(404, b"not found\n", "text/plain")
             return
@@ -148,10 +195,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(413 if length > MAX_BODY else 411, b"bad length\n", "text/plain")
             return
-        raw = self.rfile.read(length)
+        if not self.server.readers.acquire(timeout=READ_WAIT):
+            self.close_connection = True
+            self._send(503, b"busy: too many reviews at once\n", "text/plain")
+            return
         try:
-            answer = review(json.loads(raw), self.server.catalog, self.server.key)
+            raw = self.rfile.read(length)
+            body = bounded.loads(raw, "the AdmissionReview", max_values=MAX_VALUES)
+            del raw
         except (ValueError, UnicodeDecodeError) as e:
+            self._send(400, f"bad AdmissionReview: {e}\n".encode(), "text/plain")
+            return
+        finally:
+            self.server.readers.release()
+        try:
+            answer = review(body, self.server.catalog, self.server.key, self.server.check)
+        except ValueError as e:
             self._send(400, f"bad AdmissionReview: {e}\n".encode(), "text/plain")
             return
         allowed = answer["response"]["allowed"]
@@ -165,6 +224,8 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     key: str
     catalog: Catalog
+    check: Check
+    readers: threading.BoundedSemaphore
     context: ssl.SSLContext
     readiness: Readiness
 
@@ -182,7 +243,11 @@ class _Server(ThreadingHTTPServer):
 
 
 class WebhookServer:
-    """HTTPS on ``host:port``; :meth:`load` swaps the certificate without a restart."""
+    """HTTPS on ``host:port``; :meth:`load` swaps the certificate without a restart.
+
+    Each review's layouts are checked in a child process with a deadline
+    (:class:`~vgpu_state.controller.isolated.IsolatedCheck`); ``check`` replaces that.
+    """
 
     def __init__(
         self,
@@ -191,12 +256,18 @@ class WebhookServer:
         catalog: Catalog,
         key: str = LAYOUTS_KEY,
         readiness: Readiness = always_ready,
+        check: Check | None = None,
     ) -> None:
         self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._context.minimum_version = ssl.TLSVersion.TLSv1_2
         self._server = _Server((host, port), _Handler, bind_and_activate=True)
         self._server.key = key
         self._server.catalog = catalog
+        self._server.readers = threading.BoundedSemaphore(READERS)
+        self._isolated: IsolatedCheck | None = None
+        if check is None:
+            self._isolated = check = IsolatedCheck(check_text, preload=(__name__,))
+        self._server.check = check
         self._server.context = self._context
         self._server.readiness = readiness
         self._thread: threading.Thread | None = None
@@ -226,6 +297,8 @@ class WebhookServer:
         self._context.load_cert_chain(cert, key)
 
     def start(self) -> None:
+        if self._isolated is not None:
+            self._isolated.start()
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="vgpu-state-webhook", daemon=True
         )

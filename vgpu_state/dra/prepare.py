@@ -43,6 +43,7 @@ from typing import Any
 
 from vgpu_state.dra.claims import Claim, ClaimSource
 from vgpu_state.dra.slices import DRIVER, DraDevice
+from vgpu_state.model import bounded
 from vgpu_state.model.errors import HostError
 from vgpu_state.wellknown import CDI_DIR, KUBELET_PLUGIN_REGISTRY_DIR
 
@@ -212,7 +213,7 @@ class Preparer:
             "by its UID)"
         )
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            raw = bounded.loads(path.read_text(encoding="utf-8"), str(path))
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as e:

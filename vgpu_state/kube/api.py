@@ -12,7 +12,6 @@ second to import and refuse partial bodies such as patches).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -20,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 from vgpu_state.kube.clientimport import client_parts, kubeconfig_loader
 from vgpu_state.kube.errors import ClusterError, ClusterUnreachableError, NotFoundError
+from vgpu_state.model import bounded
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +271,9 @@ def _decode(raw: bytes | None) -> JsonObject:
     if not raw:
         return {}
     try:
-        data = json.loads(raw)
+        data = bounded.loads(raw, "the API server's answer")
+    except bounded.InputShapeError as e:
+        raise ClusterError(str(e)) from None
     except ValueError:
         return {"message": raw[:200].decode("utf-8", "replace")}
     return data if isinstance(data, dict) else {"items": data}

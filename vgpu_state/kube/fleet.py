@@ -32,6 +32,7 @@ from vgpu_state.kube.nodestate import (
     known_status,
     parse_time,
 )
+from vgpu_state.model import bounded
 from vgpu_state.model.fleet import ReportedNode, Unknown, UnknownReason
 from vgpu_state.model.snapshot import scan_problem
 
@@ -160,7 +161,9 @@ def _decode_list(raw: bytes) -> dict[str, Any]:
         body = from_json(raw, cache_strings="keys")
     except ValueError:
         try:
-            body = json.loads(raw)
+            body = bounded.loads(raw, "the list")
+        except bounded.InputShapeError as e:
+            raise ClusterError(f"the API server sent a list that cannot be read: {e}") from None
         except ValueError as e:
             raise ClusterError(f"the API server sent a list that is not JSON: {e}") from None
     return body if isinstance(body, dict) else {}

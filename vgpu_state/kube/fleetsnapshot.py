@@ -41,6 +41,7 @@ from typing import IO, Any
 from vgpu_state import __version__
 from vgpu_state.kube.api import JsonObject, KubeApi
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE, fleet_pages
+from vgpu_state.model import bounded
 from vgpu_state.model.errors import Reason, UserError
 from vgpu_state.model.timestamps import rfc3339
 
@@ -194,11 +195,13 @@ class SnapshotReader:
             if not data.strip():
                 raise self._error("empty line (each line is one JSON object)")
             try:
-                record = json.loads(data.rstrip(b"\r\n"))
+                record = bounded.loads(data.rstrip(b"\r\n"), self.path)
             except UnicodeDecodeError as e:
                 raise self._error(f"not UTF-8 text: {e.reason}", column=e.start + 1) from None
             except json.JSONDecodeError as e:
                 raise self._error(f"not JSON: {e.msg}", column=e.colno) from None
+            except bounded.InputShapeError as e:
+                raise self._error(e.message, column=max(1, e.column)) from None
             if not isinstance(record, dict):
                 raise self._error(f"expected a JSON object, found {type(record).__name__}")
             yield self._number, record

@@ -14,7 +14,6 @@ import binascii
 import datetime
 import functools
 import gzip
-import json
 import re
 import zlib
 from collections.abc import Iterable, Mapping
@@ -25,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of, retry_on_conflict
 from vgpu_state.kube.errors import ContendedWriteError, NotFoundError
+from vgpu_state.model import bounded
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.lenient import known_fields
 from vgpu_state.model.resources import ResourceNameError, resource_name
@@ -273,7 +273,8 @@ class SnapshotDecoder:
             try:
                 # Validated whole; a newer agent's scan may carry fields this version does
                 # not know (the shared per-GPU path refuses them): they are ignored.
-                snapshot = NodeSnapshot.model_validate(known_fields(NodeSnapshot, json.loads(raw)))
+                data = bounded.loads(raw, "the snapshot")
+                snapshot = NodeSnapshot.model_validate(known_fields(NodeSnapshot, data))
             except ValueError as e:
                 first = str(e).splitlines()
                 raise SnapshotDecodeError(

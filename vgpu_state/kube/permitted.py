@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from vgpu_state.kube.fencing import WRITER_TERM_ANNOTATION
+from vgpu_state.model import bounded
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.model.plan import ClusterAction
 from vgpu_state.model.resources import (
@@ -190,7 +191,7 @@ def managed_resources(cr: Mapping[str, Any]) -> frozenset[str]:
     if not raw:
         return frozenset()
     try:
-        value = json.loads(raw)
+        value = bounded.loads(str(raw), OWNERSHIP_ANNOTATION)
     except ValueError:
         return frozenset(p.strip() for p in str(raw).split(",") if p.strip())
     if isinstance(value, list):

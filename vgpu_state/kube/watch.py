@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from vgpu_state.background import BackgroundLoop, Backoff
+from vgpu_state.model import bounded
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,8 @@ class NodeWatch(BackgroundLoop):
         return self.backoff.delay(self._failures)
 
     def _list(self) -> None:
-        body = json.loads(self._get(self._path(), {"fieldSelector": self._selector()}).read())
+        raw = self._get(self._path(), {"fieldSelector": self._selector()}).read()
+        body = bounded.loads(raw, "the list of nodes")
         self.lists += 1
         mine = [i for i in body.get("items") or [] if self._is_mine(i)]
         self.resource_version = str(body.get("metadata", {}).get("resourceVersion") or "") or None
@@ -244,7 +246,7 @@ def _events(response: Any) -> Iterator[dict[str, Any]]:
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
             if line.strip():
-                event = json.loads(line)
+                event = bounded.loads(line, "a watch event")
                 if isinstance(event, dict):
                     yield event
 

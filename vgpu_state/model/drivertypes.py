@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpu_state.model import bounded
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 
 FORMAT_VERSION = 1
@@ -138,7 +139,7 @@ class DriverTypes:
     def parse(cls, text: str) -> DriverTypes:
         """The table of ``text``; raises :class:`DriverTypesError` on anything unexpected."""
         try:
-            data = json.loads(text)
+            data = bounded.loads(text, "the driver-types table")
         except (ValueError, RecursionError) as e:
             raise DriverTypesError(f"not valid JSON ({e})") from None
         if not isinstance(data, dict) or set(data) != {"format_version", "gpus"}:

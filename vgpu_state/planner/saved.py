@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from vgpu_state.catalog import Catalog
+from vgpu_state.model import bounded
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import Reason, UserError
 from vgpu_state.model.ids import is_canonical_uuid, is_pci_address, is_type_id
@@ -147,11 +148,11 @@ def parse_saved_plan(data: bytes, source: str) -> SavedPlan:
     except UnicodeDecodeError as e:
         raise _fail(source, f"not UTF-8 text (byte {e.start}): not a saved plan") from None
     try:
-        doc = json.loads(text)
+        doc = bounded.loads(text, source)
     except json.JSONDecodeError as e:
         raise _fail(source, f"{e.lineno}:{e.colno}: not a saved plan: {e.msg}") from None
-    except RecursionError:
-        raise _fail(source, "nested too deeply: not a saved plan") from None
+    except bounded.InputShapeError as e:
+        raise _fail(source, f"{e.line}:{e.column}: not a saved plan: {e.message}") from None
     if not isinstance(doc, dict) or doc.get("kind") != SAVED_PLAN_KIND:
         raise _fail(source, "not a saved plan (write one with `vgpu-state plan --out FILE`)")
     for key in ("plan", "desired", "snapshot", "in_use", "host"):

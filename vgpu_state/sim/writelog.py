@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 
 from vgpu_state.catalog import Catalog
+from vgpu_state.model import bounded
 from vgpu_state.sim.spec import NodeSpec, read_spec
 from vgpu_state.sim.sysfs import SimSysfs
 
@@ -59,7 +60,7 @@ def read_log(spec_path: Path, spec_bytes: bytes) -> tuple[list[tuple[str, bytes]
         return [], None
     first, newline, rest = raw.partition(b"\n")
     try:
-        header = json.loads(first) if newline else None
+        header = bounded.loads(first, "the write log") if newline else None
     except ValueError:
         header = None
     if not isinstance(header, dict) or header.get("spec") != digest(spec_bytes):
@@ -68,7 +69,7 @@ def read_log(spec_path: Path, spec_bytes: bytes) -> tuple[list[tuple[str, bytes]
     found: list[tuple[str, bytes]] = []
     for line in rest.split(b"\n")[:-1]:  # the last piece has no newline: not whole
         try:
-            entry = json.loads(line)
+            entry = bounded.loads(line, "the write log")
             found.append((str(entry["path"]), str(entry["data"]).encode("latin-1")))
         except (ValueError, KeyError, TypeError, UnicodeEncodeError):
             break
