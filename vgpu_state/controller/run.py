@@ -2,10 +2,18 @@
 
 Every replica runs this loop; only the one holding the Lease
 ``vgpu-state-controller`` (in the controller's namespace) acts. A pass lists
-every ``VGPUNodeState``, reads each node's checked report
+every ``VGPUNodeState`` page by page (each object decoded as it arrives, only what a
+report is read from kept), reads each node's checked report
 (:mod:`vgpu_state.controller.reports`), reads the KubeVirt CR and sends at most
 one JSON Patch guarded by ``test`` ops (:mod:`vgpu_state.controller.desired`).
 A steady fleet costs a list, a read and a Lease renewal per pass, no CR write.
+
+Memory is bounded per node, whatever nodes report: a status's size is bounded by the
+CRD (:mod:`vgpu_state.kube.nodestate`), a scan's decoding by
+:data:`~vgpu_state.kube.nodestate.MAX_SNAPSHOT_BYTES`, and what is kept of a node
+between passes is a summary (:func:`summary`): its entries (at most
+:data:`~vgpu_state.kube.nodestate.MAX_RESOURCES`, shared between nodes) and the first
+few skipped vGPUs.
 """
 
 from __future__ import annotations
@@ -14,8 +22,8 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 from vgpu_state.controller.desired import Decision, Missing, decide
 from vgpu_state.controller.fleetview import fleet_totals
@@ -25,6 +33,7 @@ from vgpu_state.kube import kubevirt, lease, nodestate
 from vgpu_state.kube.api import JsonObject, KubeApi
 from vgpu_state.kube.errors import ClusterError
 from vgpu_state.kube.kubevirt import KubeVirtPlan, KubeVirtRef, WriteResult
+from vgpu_state.kube.permitted import PermittedEntry
 from vgpu_state.model.errors import TransientError, VgpuStateError
 from vgpu_state.ports.config import ConfigSource
 from vgpu_state.reconcile.settings import Settings
@@ -38,6 +47,44 @@ DEFAULT_INTERVAL = 10.0
 DEFAULT_LEASE_SECONDS = 30
 DEFAULT_FLEET_INTERVAL = 60.0
 """Seconds between fleet views (each is a plan of every node)."""
+MAX_SKIPPED = 5
+"""Skipped vGPUs kept (and logged) per node; the rest are counted."""
+
+
+def summary(report: NodeReport, shared: dict[PermittedEntry, PermittedEntry]) -> NodeReport:
+    """What is kept of ``report`` between passes: its entries (the instances in ``shared``,
+    so that nodes reporting the same entries hold one copy), the first
+    :data:`MAX_SKIPPED` skipped vGPUs and how many more there were. A report justifying
+    more entries than a status may count resources is refused."""
+    if len(report.entries) > nodestate.MAX_RESOURCES:
+        return NodeReport(
+            report.node,
+            refused=f"its scan justifies {len(report.entries)} resources; a node reports at "
+            f"most {nodestate.MAX_RESOURCES}",
+        )
+    skipped = report.skipped
+    if len(skipped) > MAX_SKIPPED:
+        more = f"and {len(skipped) - MAX_SKIPPED} more vGPU(s) left out"
+        skipped = (*skipped[:MAX_SKIPPED], more)
+    entries = tuple(shared.setdefault(e, e) for e in report.entries)
+    return replace(report, entries=entries, skipped=skipped)
+
+
+def _for_report(obj: JsonObject) -> JsonObject:
+    """Of a listed ``VGPUNodeState``, what :func:`read_report` reads (its name, node and
+    reported scan, the scan's data cut one character past what a status may hold)."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status")
+    snapshot = status.get("snapshot") if isinstance(status, dict) else None
+    kept: JsonObject = {"metadata": {"name": meta.get("name")}, "spec": obj.get("spec")}
+    if isinstance(snapshot, dict):
+        data = snapshot.get("data")
+        if isinstance(data, str) and len(data) > nodestate.MAX_SNAPSHOT_DATA:
+            snapshot = {**snapshot, "data": data[: nodestate.MAX_SNAPSHOT_DATA + 1]}
+        kept["status"] = {"snapshot": snapshot}
+    elif status is not None:
+        kept["status"] = {}
+    return kept
 
 
 @dataclass(frozen=True)
@@ -89,8 +136,8 @@ class Controller:
     metrics: ControllerMetrics = field(default_factory=ControllerMetrics)
     _last_view: float | None = None
     _reports: dict[str, tuple[str, NodeReport]] = field(default_factory=dict)
-    """Each node's last report, with the ``resourceVersion`` it was read from: an unchanged
-    status is not decoded and checked again."""
+    """Each node's last report (a :func:`summary`), with the ``resourceVersion`` it was read
+    from: an unchanged status is not decoded and checked again."""
 
     def lead(self) -> bool:
         """Take or renew the Lease; ``True`` while this replica leads."""
@@ -117,10 +164,8 @@ class Controller:
     def sync(self) -> PassResult:
         """One pass (whether or not this replica leads: the caller decides)."""
         ref = kubevirt.find(self.api, self.settings.kubevirt)
-        listed = nodestate.list_all(self.api)
-        reports = tuple(self._report(obj) for obj in listed)
-        names = {str((obj.get("metadata") or {}).get("name") or "") for obj in listed}
-        self._reports = {name: kept for name, kept in self._reports.items() if name in names}
+        listed = nodestate.list_pages(self.api, self._listed)
+        reports = tuple(self._reports_of(listed))
         decisions: list[Decision] = []
 
         def compute(cr: JsonObject) -> KubeVirtPlan:
@@ -153,15 +198,35 @@ class Controller:
                 log.info("node %s: %s", r.node, skipped)
         return PassResult(reports, decision, result)
 
-    def _report(self, obj: JsonObject) -> NodeReport:
+    def _listed(self, obj: JsonObject) -> tuple[str, str, NodeReport | JsonObject]:
+        """A listed object as its name, ``resourceVersion`` and kept report, or, when the
+        status changed since, what a report is read from."""
         meta = obj.get("metadata") or {}
         name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
         kept = self._reports.get(name)
         if kept is not None and version and kept[0] == version:
-            return kept[1]
-        report = read_report(obj)
-        self._reports[name] = (version, report)
-        return report
+            return name, version, kept[1]
+        return name, version, _for_report(obj)
+
+    def _reports_of(
+        self, pages: Iterable[list[tuple[str, str, NodeReport | JsonObject]]]
+    ) -> list[NodeReport]:
+        """Every listed node's report, page by page; what is kept is the listed nodes'."""
+        reports: list[NodeReport] = []
+        kept: dict[str, tuple[str, NodeReport]] = {}
+        shared: dict[PermittedEntry, PermittedEntry] = {}
+        for page in pages:
+            for name, version, listed in page:
+                if isinstance(listed, NodeReport):
+                    report = listed  # a summary already: its entries join this pass's
+                    for entry in report.entries:
+                        shared.setdefault(entry, entry)
+                else:
+                    report = summary(read_report(listed), shared)
+                kept[name] = (version, report)
+                reports.append(report)
+        self._reports = kept
+        return reports
 
     def run_once(self) -> PassResult | None:
         """Lead, then one pass; ``None`` when another replica leads."""
