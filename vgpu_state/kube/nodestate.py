@@ -653,13 +653,14 @@ LIST_CHUNK = 100
 
 
 def list_pages(
-    api: KubeApi, keep: Callable[[JsonObject], T], chunk_size: int = LIST_CHUNK
+    api: KubeApi, keep: Callable[[JsonObject], T], chunk_size: int | None = None
 ) -> Iterator[list[T]]:
     """Every ``VGPUNodeState``, page by page, each page as ``keep(obj)`` of its objects:
     each object is decoded from the response as it arrives and dropped once ``keep`` has
     seen it, so a reader holds one object and what it keeps of ``chunk_size`` of them
-    (:func:`~vgpu_state.kube.liststream.stream_pages`)."""
-    return stream_pages(api, object_path(), chunk_size, keep)
+    (:func:`~vgpu_state.kube.liststream.stream_pages`); ``chunk_size`` defaults to
+    :data:`LIST_CHUNK`."""
+    return stream_pages(api, object_path(), chunk_size or LIST_CHUNK, keep)
 
 
 def ensure(api: KubeApi, node: str, node_uid: str | None = None) -> JsonObject:
