@@ -103,7 +103,8 @@ class Hostile(threading.Thread):
         self.message = ""
         body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": node},
                 "spec": {"nodeName": node}}  # fmt: skip
-        plane.request("POST", api_path(NODESTATES), body, token=self.token)
+        created = plane.request("POST", api_path(NODESTATES), body, token=self.token)
+        self.version = str(created["metadata"]["resourceVersion"])
 
     def run(self) -> None:
         path = api_path(NODESTATES, self.node) + "/status"
@@ -114,11 +115,13 @@ class Hostile(threading.Thread):
             body = {
                 "apiVersion": API_VERSION,
                 "kind": KIND,
-                "metadata": {"name": self.node},
+                "metadata": {"name": self.node, "resourceVersion": self.version},
                 "status": {**self.status, "blockedCount": i},  # a change every time
             }
             try:
-                self.plane.request("PUT", path, body, token=self.token)
+                written = self.plane.request("PUT", path, body, token=self.token)
+                self.version = str(written["metadata"]["resourceVersion"])
+                del written
                 self.accepted += 1
             except ApiError as e:
                 self.refused[e.status] = self.refused.get(e.status, 0) + 1

@@ -370,8 +370,14 @@ class SnapshotDecoder:
         snapshot = self._by_gpu(raw)
         if snapshot is None:
             try:
-                # Validated whole; a newer agent's scan may carry fields this version does
-                # not know (the shared per-GPU path refuses them): they are ignored.
+                # Validated whole, from the text (no decoded JSON held beside the models);
+                # a newer agent's scan may carry fields this version does not know (both
+                # paths before refuse them): they are ignored.
+                snapshot = NodeSnapshot.model_validate_json(raw)
+            except ValueError:
+                snapshot = None
+        if snapshot is None:
+            try:
                 snapshot = NodeSnapshot.model_validate(known_fields(NodeSnapshot, json.loads(raw)))
             except ValueError as e:
                 first = str(e).splitlines()
