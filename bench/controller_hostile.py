@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import http.client
 import json
 import os
 import platform
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.apiserver import put_kubevirt  # noqa: E402
 from tests.hostile_status import maximal_status, wide_status  # noqa: E402
-from tests.realcluster import ApiError, ControlPlane, api_path, free_port, running  # noqa: E402
+from tests.realcluster import ControlPlane, api_path, free_port, running  # noqa: E402
 from vgpu_state.kube.nodestate import API_VERSION, KIND, VGPUNodeStateStatus, encode_snapshot  # noqa: E402
 from vgpu_state.sim.host import SimHost  # noqa: E402
 
@@ -107,26 +109,49 @@ class Hostile(threading.Thread):
         self.version = str(created["metadata"]["resourceVersion"])
 
     def run(self) -> None:
+        """PUT after PUT on one kept-alive connection; the body is serialised once and only
+        its resourceVersion and ``blockedCount`` (a change every time) are filled in."""
         path = api_path(NODESTATES, self.node) + "/status"
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": self.node, "resourceVersion": "@@RV@@"},
+            "status": {**self.status, "blockedCount": 918273645},
+        }
+        head, rest = json.dumps(body, separators=(",", ":")).encode().split(b"@@RV@@")
+        middle, tail = rest.split(b"918273645")
+        del body, rest
+        host = urllib.parse.urlparse(self.plane.url)
+        context = self.plane.ssl_context(None)
+        connection = http.client.HTTPSConnection(
+            host.hostname, host.port, context=context, timeout=60
+        )
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
+                   "Accept": "application/json"}  # fmt: skip
         i = 0
         while not self.stop.is_set():
             started = time.monotonic()
             i += 1
-            body = {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "metadata": {"name": self.node, "resourceVersion": self.version},
-                "status": {**self.status, "blockedCount": i},  # a change every time
-            }
+            data = head + self.version.encode() + middle + str(i).encode() + tail
             try:
-                written = self.plane.request("PUT", path, body, token=self.token)
-                self.version = str(written["metadata"]["resourceVersion"])
-                del written
+                connection.request("PUT", path, data, headers)
+                response = connection.getresponse()
+                answer = response.read()
+            except OSError as e:
+                self.refused[0] = self.refused.get(0, 0) + 1
+                self.message = f"no answer: {e}"
+                connection.close()
+                continue
+            if response.status == 200:
+                found = re.search(rb'"resourceVersion":"(\d+)"', answer[:4096])
+                self.version = found.group(1).decode() if found else self.version
                 self.accepted += 1
-            except ApiError as e:
-                self.refused[e.status] = self.refused.get(e.status, 0) + 1
-                self.message = str(e)[:300]
+            else:
+                self.refused[response.status] = self.refused.get(response.status, 0) + 1
+                self.message = f"{response.status} {answer[:300].decode(errors='replace')}"
+            del answer
             self.stop.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+        connection.close()
 
 
 def main() -> None:
