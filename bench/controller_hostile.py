@@ -143,7 +143,8 @@ class Hostile(threading.Thread):
                 connection.close()
                 continue
             if response.status == 200:
-                found = re.search(rb'"resourceVersion":"(\d+)"', answer[:4096])
+                # the first one is the metadata's (a custom resource's keys are sorted)
+                found = re.search(rb'"resourceVersion":"(\d+)"', answer)
                 self.version = found.group(1).decode() if found else self.version
                 self.accepted += 1
             else:

@@ -48,4 +48,5 @@ def fleet_totals(
             node = reported_node(name, obj, labels.get(name), decoder)
             del obj
             summary.add(plan_node(document, node, settings, now, max_age))
+            del node  # before the next one is decoded
     return summary.totals()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar
 
 from vgpu_state.kube.api import JsonObject, KubeApi
@@ -125,11 +125,19 @@ def stream_objects(
     api: KubeApi, path: str, chunk_size: int, accept: str = "application/json"
 ) -> Iterator[JsonObject]:
     """Every object of the collection at ``path``, one at a time, ``chunk_size`` per
-    request. The next object is decoded when the consumer asks for it: a consumer that
-    works on each one long keeps the API server's answer open that long (see
-    :func:`stream_pages`)."""
-    for page in stream_pages(api, path, chunk_size, lambda obj: obj, accept):
-        yield from page
+    request, each decoded when the consumer asks for it (none of the others held): a
+    consumer that works on each one long keeps the API server's answer open that long
+    (see :func:`stream_pages`)."""
+    token = ""
+    while True:
+        pieces, reader = _request(api, path, chunk_size, token, accept)
+        try:
+            yield from reader.objects()
+        finally:
+            pieces.close()
+        token = str(reader.metadata.get("continue") or "")
+        if not token:
+            return
 
 
 def stream_pages(
@@ -141,30 +149,43 @@ def stream_pages(
 ) -> Iterator[list[T]]:
     """The collection at ``path`` page by page (``chunk_size`` objects per request), each
     page as ``keep(obj)`` of its objects, called as each object is decoded; the object is
-    dropped after. Raises the API's errors; a continue token that expired while the list
-    was read (HTTP 410) says so."""
+    dropped after, and the page's answer is read to its end before the page is handed
+    on. Raises the API's errors; a continue token that expired while the list was read
+    (HTTP 410) says so."""
     token = ""
     while True:
-        query = {"limit": str(chunk_size)}
-        if token:
-            query["continue"] = token
+        pieces, reader = _request(api, path, chunk_size, token, accept)
         try:
-            pieces = api.get_chunks(path, query=query, accept=accept)
-            reader = _ListReader(pieces)
-            try:
-                kept = [keep(obj) for obj in reader.objects()]
-            finally:
-                pieces.close()
-        except ClusterError as e:
-            if e.status == 410:
-                raise ClusterError(
-                    f"{e} (the list took longer than the API server keeps its snapshot)",
-                    e.status,
-                    e.api_reason,
-                ) from None
-            raise
+            kept = [keep(obj) for obj in reader.objects()]
+        finally:
+            pieces.close()
         token = str(reader.metadata.get("continue") or "")
         yield kept
         del kept
         if not token:
             return
+
+
+def _request(
+    api: KubeApi, path: str, chunk_size: int, token: str, accept: str
+) -> tuple[Generator[bytes, None, None], _ListReader]:
+    query = {"limit": str(chunk_size)}
+    if token:
+        query["continue"] = token
+    try:
+        pieces = api.get_chunks(path, query=query, accept=accept)
+        first = next(pieces, b"")  # sends the request: its refusal is raised here
+    except ClusterError as e:
+        if e.status == 410:
+            raise ClusterError(
+                f"{e} (the list took longer than the API server keeps its snapshot)",
+                e.status,
+                e.api_reason,
+            ) from None
+        raise
+
+    def body() -> Iterator[bytes]:
+        yield first
+        yield from pieces
+
+    return pieces, _ListReader(body())
