@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--honest", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--interval", type=float, default=2.0, help="controller pass interval")
+    parser.add_argument("--no-fleet-view", action="store_true", help="the controller without -f")
     parser.add_argument(
         "--tree", type=Path, default=REPO, help="checkout whose controller and CRD run"
     )
@@ -204,7 +205,8 @@ def main() -> None:
                 [sys.executable, "-m", "vgpu_state.cli.main", "controller",
                  "--kubeconfig", str(ckube), "--identity", "c-1", "--webhook-port", "0",
                  "--interval", str(args.interval), "--listen", f"127.0.0.1:{port}",
-                 "-f", str(layouts), "--fleet-interval", "10", "--max-age", "0",
+                 "-f", "" if args.no_fleet_view else str(layouts),
+                 "--fleet-interval", "10", "--max-age", "0",
                  "--log-level", "warning"],
                 cwd=tree, stdout=(work / "controller.log").open("wb"), stderr=subprocess.STDOUT,
             )  # fmt: skip

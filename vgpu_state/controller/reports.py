@@ -70,15 +70,17 @@ def _driver_names(gpu: Gpu) -> set[str]:
 
 
 def _entry(
-    gpu: Gpu, v: Vgpu, known: dict[int, str], domain: str
+    gpu: Gpu, v: Vgpu, known: dict[int, str], domain: str, prefix: str | None, listed: set[str]
 ) -> tuple[PermittedEntry | None, str]:
+    """``v``'s entry; ``prefix`` and ``listed`` are the GPU's :func:`name_prefix` and
+    :func:`_driver_names` (worked out once per GPU: each reads all its VFs' lists)."""
     where = f"vGPU {v.key} on {gpu.address}"
-    name = driver_type_name(v, known, name_prefix(gpu))
+    name = driver_type_name(v, known, prefix)
     if not name:
         return None, f"{where}: the driver's name of its type is not reported"
     if parse_type_name(name) is None:
         return None, f"{where}: {name!r} is not an NVIDIA vGPU type name"
-    if short_type_name(name) not in _driver_names(gpu):
+    if short_type_name(name) not in listed:
         return None, f"{where}: type {name!r} is not one the GPU's driver lists"
     try:
         resource = resource_name(name, domain)
@@ -108,8 +110,9 @@ def checked_entries(
                 )
             continue
         known = gpus_sysfs_names([gpu])
+        prefix, listed = name_prefix(gpu), _driver_names(gpu)
         for v in gpu.vgpus:
-            entry, why = _entry(gpu, v, known, domain)
+            entry, why = _entry(gpu, v, known, domain, prefix, listed)
             if entry is None:
                 skipped.append(why)
             else:
