@@ -201,6 +201,8 @@ class KubeApi:
                 f"Kubernetes API server {self.server} is unreachable (GET {path}): {_short(e)}"
             ) from e
         self.requests += 1
+        for warning in _warnings(response):
+            log.warning("the Kubernetes API server warns (GET %s): %s", path, warning)
         status = int(response.status)
         if not 200 <= status < 300:
             raise _error("GET", path, status, _decode(response.read()))
