@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
+import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -286,3 +289,54 @@ def test_a_list_is_decoded_object_by_object_in_any_pieces(size: int) -> None:
     cut = liststream._ListReader(_pieces(json.dumps(body).encode()[:-9], size))
     with pytest.raises(Exception, match=r"not JSON|ends in the middle"):
         list(cut.objects())
+
+
+def test_the_agent_on_a_host_beyond_the_bounds_says_which_bound(
+    cluster: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent as the DaemonSet runs it (its pod-bound token, a simulated host of 33
+    T4s): its reconcile fails naming the bound, readiness says so, no status is written,
+    and it retries (with backoff) rather than going quiet."""
+    from vgpu_state.agent.assemble import AgentFlags, build
+
+    node = "gpu-bounds-33"
+    cluster.ensure_node(node)
+    gpus = "".join(
+        f'  - {{address: "0000:{i + 1:02x}:00.0", model: T4, layout: mdev}}\n' for i in range(33)
+    )
+    spec = tmp_path / "node.yaml"
+    spec.write_text(f"node: {node}\ngpus:\n{gpus}")
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "config.yaml").write_text(
+        "version: v1\nvgpu-configs:\n  t4-1q:\n    - devices: all\n      vgpu-devices: {T4-1Q: 1}\n"
+    )
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig", token=cluster.agent_token(node))
+    flags = AgentFlags(
+        node=node,
+        config_dir=config,
+        mode="plan-only",
+        resync=300.0,
+        listen="",
+        kubeconfig=str(kubeconfig),
+        sim_spec=str(spec),
+        state_dir=tmp_path / "state",
+        device_plugin=False,
+    )
+    agent = build(flags)
+    thread = threading.Thread(target=agent.run, kwargs={"install_signals": False}, daemon=True)
+    caplog.set_level(logging.INFO)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        bound = "33 GPUs; a VGPUNodeState status describes at most 32"
+        while bound not in agent.health.readiness().reason:
+            assert time.monotonic() < deadline, agent.health.readiness()
+            time.sleep(0.2)
+        assert not agent.health.readiness().ok
+    finally:
+        agent.stop()
+        thread.join(30)
+    assert any(bound in r.getMessage() or bound in (r.exc_text or "") for r in caplog.records)
+    stored = cluster.request("GET", f"{NODESTATES}/{node}")
+    assert stored is None or "status" not in stored
