@@ -27,11 +27,7 @@ def _when(ts: float | None) -> str:
 @click.option("--journal", "journal_file", help="Journal file. Env: VGPU_STATE_JOURNAL.")
 @click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="The sim spec's journal.")
 @click.option(
-    "-n",
-    "count",
-    type=click.IntRange(min=0),
-    default=10,
-    show_default=True,
+    "-n", "count", type=click.IntRange(min=0), default=10, show_default=True,
     help="Last N applies.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="List every step.")

@@ -78,7 +78,9 @@ class PolicySpec(_Model):
             prune=self.prune if self.prune is not None else base.prune,
             sriov=self.sriov if self.sriov is not None else base.sriov,
             max_unavailable=(
-                self.max_unavailable if self.max_unavailable is not None else base.max_unavailable
+                self.max_unavailable
+                if self.max_unavailable is not None
+                else base.max_unavailable
             ),
             publish=self.publish if self.publish is not None else base.publish,
         )

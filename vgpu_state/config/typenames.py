@@ -138,7 +138,8 @@ def type_name_note(name: str, catalog: Catalog) -> TypeNameNote | None:
             warning=True,
         )
     return TypeNameNote(
-        f"vGPU type {name!r} is not in the catalog; the node's driver decides whether it offers it",
+        f"vGPU type {name!r} is not in the catalog; the node's driver decides whether it "
+        "offers it",
         warning=True,
     )
 

@@ -90,5 +90,7 @@ def decide(
             since[resource] = start
             if now - start < grace:
                 keep.add(resource)
-    waiting = tuple((r, max(0.0, grace - (now - s))) for r, s in sorted(since.items()) if r in keep)
+    waiting = tuple(
+        (r, max(0.0, grace - (now - s))) for r, s in sorted(since.items()) if r in keep
+    )
     return Decision(plan_write(cr, wanted, keep), Missing(since), waiting, held, refused)

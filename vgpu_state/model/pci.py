@@ -74,7 +74,9 @@ class PciAddress(str):
         return str.__new__(cls, text)
 
     @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
         return core_schema.no_info_after_validator_function(
             _known_address,
             core_schema.str_schema(),

@@ -59,7 +59,6 @@ class Report:
     def advertised(self) -> NodeSnapshot:
         """What the device plugin may advertise: never a vGPU published through DRA."""
         return self.channels.device_plugin
-
     config_warning: str | None = None
     """Why the newest config was not used (the last good one was), if so."""
 
@@ -74,7 +73,9 @@ class Report:
         return self.matches and not self.plan.blocked
 
     def live_layout(self) -> tuple[tuple[str, int], ...]:
-        counts = Counter(v.type_label for g in self.final.gpus for v in g.vgpus)
+        counts = Counter(
+            v.type_label for g in self.final.gpus for v in g.vgpus
+        )
         return tuple(sorted(counts.items()))
 
 

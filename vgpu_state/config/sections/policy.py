@@ -45,7 +45,8 @@ def policy(ctx: LoadContext, node: Node, path: str) -> PolicySpec | None:
                 ctx.add(
                     value,
                     kpath,
-                    f"max-unavailable must be a whole number of 1 or more, found {describe(value)}",
+                    "max-unavailable must be a whole number of 1 or more, "
+                    f"found {describe(value)}",
                 )
     if any(v is None for v in fields.values()):
         return None
