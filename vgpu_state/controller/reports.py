@@ -128,7 +128,9 @@ def read_report(obj: Mapping[str, Any], domain: str = DEFAULT_DOMAIN) -> NodeRep
     """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
-    node = str((spec.get("nodeName") if isinstance(spec, dict) else None) or meta.get("name") or "")
+    node = str(
+        (spec.get("nodeName") if isinstance(spec, dict) else None) or meta.get("name") or ""
+    )
     status = obj.get("status")
     raw = status.get("snapshot") if isinstance(status, dict) else None
     if not isinstance(raw, dict):
