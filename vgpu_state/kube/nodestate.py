@@ -186,7 +186,7 @@ MAX_SNAPSHOT_OBJECTS = 40_000
 decoded (the scan above: 35,265): what one scan costs a reader to decode is bounded."""
 MAX_SNAPSHOT_VALUES = 250_000
 """A reported scan with more list items and object members (``,``) than this is refused
-before it is decoded (the scan above: 174,000)."""
+before it is decoded (the scan above: 142,672)."""
 
 
 class ReportedSnapshot(_Model):
