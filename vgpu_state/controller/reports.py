@@ -87,13 +87,16 @@ def _entry(
     v: Vgpu,
     known: dict[int, str],
     domain: str,
+    prefix: str | None,
     bounds: LayoutBounds,
     model: GpuModel | None,
     listed: set[str],
 ) -> tuple[PermittedEntry | None, str, bool]:
-    """The vGPU's entry, or why not and whether the bounds refused it (else a fact lacks)."""
+    """The vGPU's entry, or why not and whether the bounds refused it (else a fact lacks);
+    ``prefix`` and ``listed`` are the GPU's :func:`name_prefix` and :func:`_driver_names`
+    (worked out once per GPU: each reads all its VFs' lists)."""
     where = f"vGPU {v.key} on {gpu.address}"
-    name = driver_type_name(v, known, name_prefix(gpu))
+    name = driver_type_name(v, known, prefix)
     if not name:
         return None, f"{where}: the driver's name of its type is not reported", False
     if parse_type_name(name) is None:
@@ -166,9 +169,9 @@ def checked_entries(
             continue
         known = gpus_sysfs_names([gpu])
         model = bounds.model(gpu)
-        listed = _driver_names(gpu)
+        prefix, listed = name_prefix(gpu), _driver_names(gpu)
         for v in gpu.vgpus:
-            entry, why, refused = _entry(gpu, v, known, domain, bounds, model, listed)
+            entry, why, refused = _entry(gpu, v, known, domain, prefix, bounds, model, listed)
             if entry is None:
                 (outside if refused else skipped).add(why)
             elif found.setdefault(entry.resource, entry) != entry and entry.resource not in split:

@@ -2,7 +2,8 @@
 
 Every replica runs this loop; only the one holding the Lease
 ``vgpu-state-controller`` (in the controller's namespace) acts. A pass lists
-every ``VGPUNodeState``, reads each node's checked report
+every ``VGPUNodeState`` page by page (each object decoded as it arrives, only what a
+report is read from kept), reads each node's checked report
 (:mod:`vgpu_state.controller.reports`), reads the KubeVirt CR and sends at most
 one JSON Patch guarded by ``test`` ops (:mod:`vgpu_state.controller.desired`).
 A steady fleet costs a list, a read and a Lease renewal per pass, no CR write.
@@ -21,6 +22,13 @@ while its term has at least one request timeout left before the renew
 deadline, and a replica that finds a newer term's token in the CR, or its term
 gone from the Lease, stops: it writes nothing until it leads again. A leader
 whose renewals fail for longer than the renew deadline steps down.
+
+Memory is bounded per node, whatever nodes report: a status's size is bounded by the
+CRD (:mod:`vgpu_state.kube.nodestate`), a scan's decoding by
+:data:`~vgpu_state.kube.nodestate.MAX_SNAPSHOT_BYTES`, and what is kept of a node
+between passes is a summary (:func:`summary`): its entries (at most
+:data:`~vgpu_state.kube.nodestate.MAX_RESOURCES`, shared between nodes) and the first
+few skipped vGPUs.
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 from vgpu_state.catalog import Catalog
 from vgpu_state.controller.bounds import LayoutBounds
@@ -43,6 +51,7 @@ from vgpu_state.kube.api import JsonObject, KubeApi
 from vgpu_state.kube.errors import ClusterError
 from vgpu_state.kube.fencing import DeposedError, Standing, Term
 from vgpu_state.kube.kubevirt import KubeVirtPlan, KubeVirtRef, WriteResult
+from vgpu_state.kube.permitted import PermittedEntry
 from vgpu_state.model.errors import ConfigError, TransientError, VgpuStateError
 from vgpu_state.model.status import EventType
 from vgpu_state.ports.config import ConfigSource
@@ -69,6 +78,38 @@ MAX_EVENTS_PER_PASS = 50
 """Refusal Events one pass writes at most (a document edit can refuse many nodes at once)."""
 MAX_EVENT_MESSAGE = 1024
 """An Event's message is cut here (the API server refuses longer ones)."""
+
+
+def summary(report: NodeReport, shared: dict[PermittedEntry, PermittedEntry]) -> NodeReport:
+    """What is kept of ``report`` between passes: its entries (the instances in ``shared``,
+    so that nodes reporting the same entries hold one copy) and the bounded summaries of
+    what it left out (:class:`~vgpu_state.controller.reports.NodeReport`). A report
+    justifying more entries than a status may count resources is refused."""
+    if len(report.entries) > nodestate.MAX_RESOURCES:
+        return NodeReport(
+            report.node,
+            refused=f"its scan justifies {len(report.entries)} resources; a node reports at "
+            f"most {nodestate.MAX_RESOURCES}",
+        )
+    entries = tuple(shared.setdefault(e, e) for e in report.entries)
+    return replace(report, entries=entries)
+
+
+def _for_report(obj: JsonObject) -> JsonObject:
+    """Of a listed ``VGPUNodeState``, what :func:`read_report` reads (its name, node and
+    reported scan, the scan's data cut one character past what a status may hold)."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status")
+    snapshot = status.get("snapshot") if isinstance(status, dict) else None
+    kept: JsonObject = {"metadata": {"name": meta.get("name")}, "spec": obj.get("spec")}
+    if isinstance(snapshot, dict):
+        data = snapshot.get("data")
+        if isinstance(data, str) and len(data) > nodestate.MAX_SNAPSHOT_DATA:
+            snapshot = {**snapshot, "data": data[: nodestate.MAX_SNAPSHOT_DATA + 1]}
+        kept["status"] = {"snapshot": snapshot}
+    elif status is not None:
+        kept["status"] = {}
+    return kept
 
 
 @dataclass(frozen=True)
@@ -167,9 +208,12 @@ class Controller:
     """Accepted KubeVirt CR writes since start."""
     metrics: ControllerMetrics = field(default_factory=ControllerMetrics)
     _last_view: float | None = None
-    _reports: dict[str, tuple[str, LayoutBounds, NodeReport]] = field(default_factory=dict)
-    """Each node's last report, with the ``resourceVersion`` and bounds it was read with: an
-    unchanged status is not decoded and checked again while the document is unchanged."""
+    _reports: dict[str, tuple[str, LayoutBounds | None, NodeReport]] = field(
+        default_factory=dict
+    )
+    """Each node's last report (a :func:`summary`), with the ``resourceVersion`` and bounds it
+    was read with: an unchanged status is not decoded and checked again while the document
+    is unchanged."""
     _bounds: LayoutBounds | None = None
     _uids: dict[str, str] = field(default_factory=dict)
     """Each ``VGPUNodeState``'s uid, for the Events about it (``kubectl describe`` matches
@@ -285,10 +329,8 @@ class Controller:
             raise DeposedError(f"{self.settings.identity} does not lead: it writes nothing")
         ref = kubevirt.find(self.api, self.settings.kubevirt)
         bounds, no_layouts = self._layout_bounds()
-        listed = nodestate.list_all(self.api)
-        reports = tuple(self._report(obj, bounds) for obj in listed)
-        names = {str((obj.get("metadata") or {}).get("name") or "") for obj in listed}
-        self._reports = {name: kept for name, kept in self._reports.items() if name in names}
+        listed = nodestate.list_pages(self.api, lambda obj: self._listed(obj, bounds))
+        reports = tuple(self._reports_of(listed, bounds))
         decisions: list[Decision] = []
 
         def compute(cr: JsonObject) -> KubeVirtPlan:
@@ -370,19 +412,45 @@ class Controller:
         log.error("%s", why)
         return None, why
 
-    def _report(self, obj: JsonObject, bounds: LayoutBounds | None) -> NodeReport:
+    def _listed(
+        self, obj: JsonObject, bounds: LayoutBounds | None
+    ) -> tuple[str, str, NodeReport | JsonObject]:
+        """A listed object as its name, ``resourceVersion`` and kept report, or, when the
+        status (or the document) changed since, what a report is read from."""
         meta = obj.get("metadata") or {}
         name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
         if meta.get("uid"):
             self._uids[name] = str(meta["uid"])
         if bounds is None:
-            return NodeReport(name, unreadable="no layouts document bounds the KubeVirt CR")
+            unbounded = NodeReport(name, unreadable="no layouts document bounds the KubeVirt CR")
+            return name, version, unbounded
         kept = self._reports.get(name)
         if kept is not None and version and kept[0] == version and kept[1] is bounds:
-            return kept[2]
-        report = read_report(obj, bounds)
-        self._reports[name] = (version, bounds, report)
-        return report
+            return name, version, kept[2]
+        return name, version, _for_report(obj)
+
+    def _reports_of(
+        self,
+        pages: Iterable[list[tuple[str, str, NodeReport | JsonObject]]],
+        bounds: LayoutBounds | None,
+    ) -> list[NodeReport]:
+        """Every listed node's report, page by page; what is kept is the listed nodes'."""
+        reports: list[NodeReport] = []
+        kept: dict[str, tuple[str, LayoutBounds | None, NodeReport]] = {}
+        shared: dict[PermittedEntry, PermittedEntry] = {}
+        for page in pages:
+            for name, version, listed in page:
+                if isinstance(listed, NodeReport):
+                    report = listed  # a summary already: its entries join this pass's
+                    for entry in report.entries:
+                        shared.setdefault(entry, entry)
+                else:
+                    assert bounds is not None  # _listed answers a report without bounds
+                    report = summary(read_report(listed, bounds), shared)
+                kept[name] = (version, bounds, report)
+                reports.append(report)
+        self._reports = kept
+        return reports
 
     def _name_refusals(self, reports: tuple[NodeReport, ...], decision: Decision) -> None:
         """Count what this pass refused; name each node whose refusal changed in a Warning

@@ -13,7 +13,7 @@ second to import and refuse partial bodies such as patches).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlencode
 
@@ -175,6 +175,63 @@ class KubeApi:
         body, whatever the code (for a health check such as ``/readyz``). Raises
         :class:`ClusterUnreachableError` only when nothing answers."""
         return self._send("GET", path, None, "application/json", None, "*/*", timeout)
+
+    def get_chunks(
+        self,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        accept: str = "application/json",
+        chunk_size: int = 64 * 1024,
+    ) -> Generator[bytes, None, None]:
+        """GET ``path``: the response body in pieces of at most ``chunk_size`` bytes, as
+        they arrive (a caller that decodes as it reads never holds the whole body).
+        Raises as :meth:`request` does; the connection is released when the pieces are
+        read or the iterator is closed."""
+        if query:
+            path = f"{path}?{urlencode(dict(query))}"
+        headers = {"Accept": accept, "Content-Type": "application/json"}
+        try:
+            serialized = self._client.param_serialize(
+                method="GET",
+                resource_path=path,
+                header_params=headers,
+                body=None,
+                auth_settings=["BearerToken"],
+            )
+            response = self._client.call_api(*serialized, _request_timeout=self.timeout)
+        except Exception as e:  # as _send: every failure here means "no answer"
+            if isinstance(e, ClusterError):
+                raise
+            raise ClusterUnreachableError(
+                f"Kubernetes API server {self.server} is unreachable (GET {path}): {_short(e)}"
+            ) from e
+        self.requests += 1
+        for warning in _warnings(response):
+            log.warning("the Kubernetes API server warns (GET %s): %s", path, warning)
+        status = int(response.status)
+        if not 200 <= status < 300:
+            raise _error("GET", path, status, _decode(response.read()))
+        body = response.response
+        done = False
+        try:
+            while True:
+                try:
+                    piece = body.read(chunk_size)
+                except Exception as e:  # urllib3's read errors: the answer broke off
+                    raise ClusterUnreachableError(
+                        f"Kubernetes API server {self.server} broke off its answer "
+                        f"(GET {path}): {_short(e)}"
+                    ) from e
+                if not piece:
+                    done = True
+                    return
+                yield piece
+        finally:
+            if done:
+                body.release_conn()
+            else:
+                body.close()
 
     def _send(
         self,

@@ -5,7 +5,9 @@ fails when the file is stale. Pydantic's JSON Schema is turned into a
 structural OpenAPI v3 schema as the API server requires: references inlined,
 optional fields as plain (omittable) properties, no titles, and lists keyed
 like Kubernetes lists (conditions by ``type``, GPUs by ``address``, capacity
-by ``resourceName``).
+by ``resourceName``). The models' bounds (``max_length``) become ``maxItems`` and
+``maxLength``, and the status's CEL rule (``x-kubernetes-validations``) is kept: the
+API server refuses a status beyond them when it is written.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from vgpu_state.kube.nodestate import (
     GROUP,
     KIND,
+    NAME_LENGTH,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
@@ -148,6 +151,7 @@ def crd() -> JsonSchema:
                                     "properties": {
                                         "nodeName": {
                                             "type": "string",
+                                            "maxLength": NAME_LENGTH,
                                             "description": "The node this object describes.",
                                         }
                                     },

@@ -16,14 +16,22 @@ import functools
 import gzip
 import re
 import zlib
-from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of, retry_on_conflict
-from vgpu_state.kube.errors import ContendedWriteError, NotFoundError
+from vgpu_state.kube.errors import ClusterError, ContendedWriteError, NotFoundError
+from vgpu_state.kube.liststream import stream_pages
 from vgpu_state.model import bounded
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.lenient import known_fields
@@ -31,6 +39,8 @@ from vgpu_state.model.resources import ResourceNameError, resource_name
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
 from vgpu_state.model.status import ConfigState
 from vgpu_state.model.timestamps import rfc3339
+
+T = TypeVar("T")
 
 GROUP = "vgpu-state.io"
 VERSION = "v1alpha1"
@@ -50,6 +60,59 @@ CONDITION_KINDS: tuple[ConditionKind, ...] = (
 )
 
 
+# Bounds ----------------------------------------------------------------------------------
+# What one status may hold. The CustomResourceDefinition carries them (maxItems, maxLength,
+# a CEL rule), so the API server refuses a larger status when it is written; the agent
+# never writes one (free text is shortened, a host beyond them is an error naming the
+# bound); readers (the controller, ``fleet plan``) may therefore size their memory by them.
+MAX_GPUS = 32
+"""GPUs per node (the largest servers carry 16 to 20)."""
+MAX_VGPUS_PER_GPU = 64
+"""vGPUs per GPU (the most any vGPU type allows on one GPU is 48)."""
+MAX_VGPUS = 1024
+"""vGPUs per node, all GPUs together (16 GPUs of 48 is 768): a CEL rule."""
+MAX_RESOURCES = 64
+"""Capacity rows (one per vGPU type in use) per node (a GPU model offers at most 43 types)."""
+MAX_CONDITIONS = 8
+ID_LENGTH = 64
+"""An mdev UUID (36 characters) or a PCI address (12)."""
+TYPE_LENGTH = 64
+"""A driver's vGPU type name (``NVIDIA RTX PRO 6000 Blackwell DC-4-24Q`` is 39)."""
+NAME_LENGTH = 253
+"""A Kubernetes object name (DNS subdomain); also a resource name's and a holder's bound."""
+SHORT_LENGTH = 128
+"""Codes, hashes, times, plan ids, GPU models."""
+MESSAGE_LENGTH = 4096
+"""Free text (condition messages, the selection's reason); longer text is shortened."""
+MAX_SNAPSHOT_DATA = 256 * 1024
+"""``snapshot.data`` (gzip, base64) characters. A scan of 16 GPUs with 48 VFs, each
+listing 43 creatable types, is 44 KiB of it."""
+
+
+def _clipped(limit: int) -> BeforeValidator:
+    """Text longer than ``limit`` characters cut to ``limit``, ending in an ellipsis."""
+
+    def clip(value: Any) -> Any:
+        if isinstance(value, str) and len(value) > limit:
+            return value[: limit - 1] + "\u2026"
+        return value
+
+    return BeforeValidator(clip)
+
+
+Id = Annotated[str, Field(max_length=ID_LENGTH)]
+TypeName = Annotated[str, Field(max_length=TYPE_LENGTH)]
+Name = Annotated[str, Field(max_length=NAME_LENGTH)]
+Short = Annotated[str, Field(max_length=SHORT_LENGTH)]
+Message = Annotated[str, _clipped(MESSAGE_LENGTH), Field(max_length=MESSAGE_LENGTH)]
+Holder = Annotated[str, _clipped(NAME_LENGTH), Field(max_length=NAME_LENGTH)]
+
+
+class StatusBoundError(ClusterError):
+    """This node's status would exceed a bound of the ``VGPUNodeState`` schema (a host
+    larger than a status may describe): nothing is written."""
+
+
 class _Model(Frozen):
     """A frozen model whose JSON keys are camelCase, as Kubernetes writes them."""
 
@@ -62,35 +125,37 @@ class _Model(Frozen):
 class SelectedConfig(_Model):
     """Which config the node runs and why."""
 
-    name: str | None = Field(default=None, description="The selected config; absent when none.")
+    name: Name | None = Field(default=None, description="The selected config; absent when none.")
     source: Literal["label", "node-selector", "default", "explicit", "none"] = Field(
         description="What selected it: the node label, a node-selectors rule, the default, "
         "an explicit choice, or nothing."
     )
-    reason: str = Field(description="The selection in words, e.g. the label and its value.")
-    document_hash: str | None = Field(
+    reason: Message = Field(description="The selection in words, e.g. the label and its value.")
+    document_hash: Short | None = Field(
         default=None, description="sha256 of the config document the selection came from."
     )
 
 
 class VgpuStatus(_Model):
-    id: str = Field(description="The mdev UUID, or the VF address for vendor-VFIO vGPUs.")
-    type: str = Field(description="The vGPU type as the driver names it.")
-    resource_name: str | None = Field(
+    id: Id = Field(description="The mdev UUID, or the VF address for vendor-VFIO vGPUs.")
+    type: TypeName = Field(description="The vGPU type as the driver names it.")
+    resource_name: Name | None = Field(
         default=None, description="The extended resource the device plugin advertises it as."
     )
-    holder: str | None = Field(default=None, description="The pod or VM holding it, if any.")
+    holder: Holder | None = Field(default=None, description="The pod or VM holding it, if any.")
 
 
 class GpuStatus(_Model):
-    address: str = Field(description="The GPU's PCI address.")
-    model: str | None = Field(default=None, description="The GPU model, when known.")
-    layout: str = Field(description="mdev, vendor-vfio, sriov-disabled or unavailable.")
-    vgpus: tuple[VgpuStatus, ...] = Field(default=(), description="The GPU's live vGPUs.")
+    address: Id = Field(description="The GPU's PCI address.")
+    model: Short | None = Field(default=None, description="The GPU model, when known.")
+    layout: Short = Field(description="mdev, vendor-vfio, sriov-disabled or unavailable.")
+    vgpus: tuple[VgpuStatus, ...] = Field(
+        default=(), max_length=MAX_VGPUS_PER_GPU, description="The GPU's live vGPUs."
+    )
 
 
 class ResourceCapacity(_Model):
-    resource_name: str
+    resource_name: Name
     total: int = Field(ge=0, description="vGPUs of this resource on the node.")
     free: int = Field(ge=0, description="Of those, the ones no pod or VM holds.")
 
@@ -98,23 +163,30 @@ class ResourceCapacity(_Model):
 class Condition(_Model):
     type: ConditionKind
     status: Literal["True", "False", "Unknown"]
-    reason: str = Field(description="A stable CamelCase code.")
-    message: str = ""
+    reason: Short = Field(description="A stable CamelCase code.")
+    message: Message = ""
     observed_generation: int = Field(default=0, ge=0)
-    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    last_transition_time: Short = Field(description="When status last changed (RFC 3339).")
 
 
 class LastApply(_Model):
-    plan_id: str = Field(description="The plan's id (its fingerprint).")
-    start: str = Field(description="When the apply started (RFC 3339).")
-    end: str | None = Field(default=None, description="When it ended; absent while running.")
+    plan_id: Short = Field(description="The plan's id (its fingerprint).")
+    start: Short = Field(description="When the apply started (RFC 3339).")
+    end: Short | None = Field(default=None, description="When it ended; absent while running.")
     result: Literal["running", "success", "failed", "blocked", "no-changes"]
-    message: str = ""
+    message: Message = ""
 
 
 SNAPSHOT_ENCODING: Literal["gzip+base64"] = "gzip+base64"
-MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
-"""A reported scan larger than this, decompressed, is refused (8 GPUs × 32 VFs: ~80 KiB)."""
+MAX_SNAPSHOT_BYTES = 4 * 1024 * 1024
+"""A reported scan larger than this, decompressed, is refused (16 GPUs with 48 VFs, each
+listing 43 creatable types: 2.8 MiB)."""
+MAX_SNAPSHOT_OBJECTS = 40_000
+"""A reported scan with more JSON objects (``{``) than this is refused before it is
+decoded (the scan above: 35,265): what one scan costs a reader to decode is bounded."""
+MAX_SNAPSHOT_VALUES = 250_000
+"""A reported scan with more list items and object members (``,``) than this is refused
+before it is decoded (the scan above: 142,672)."""
 
 
 class ReportedSnapshot(_Model):
@@ -128,9 +200,12 @@ class ReportedSnapshot(_Model):
     encoding: Literal["gzip+base64"] = Field(
         default=SNAPSHOT_ENCODING, description="How data is encoded: gzip, then base64."
     )
-    fingerprint: str = Field(description="sha256 of the scan's vGPU state, as plans record it.")
-    scanned_at: str = Field(description="When the node's host was scanned (RFC 3339).")
-    data: str = Field(description="The scan as JSON, gzip-compressed, base64-encoded.")
+    fingerprint: Short = Field(description="sha256 of the scan's vGPU state, as plans record it.")
+    scanned_at: Short = Field(description="When the node's host was scanned (RFC 3339).")
+    data: str = Field(
+        max_length=MAX_SNAPSHOT_DATA,
+        description="The scan as JSON, gzip-compressed, base64-encoded.",
+    )
 
 
 class SnapshotDecodeError(ValueError):
@@ -140,11 +215,19 @@ class SnapshotDecodeError(ValueError):
 def encode_snapshot(snapshot: NodeSnapshot, scanned_at: datetime.datetime) -> ReportedSnapshot:
     """``snapshot`` for the status; equal scans give equal text (no gzip timestamp)."""
     raw = snapshot.model_dump_json(exclude_defaults=True).encode()
+    where = f"node {snapshot.node}" if snapshot.node else "this node"
+    problem = _size_problem(raw)
+    if problem is not None:
+        raise StatusBoundError(f"{where}: the scan of its host is too large to report: {problem}")
     packed = gzip.compress(raw, compresslevel=6, mtime=0)
+    data = base64.b64encode(packed).decode("ascii")
+    if len(data) > MAX_SNAPSHOT_DATA:
+        raise StatusBoundError(
+            f"{where}: the scan of its host is {len(data)} characters compressed; a "
+            f"VGPUNodeState status holds at most {MAX_SNAPSHOT_DATA}"
+        )
     return ReportedSnapshot(
-        fingerprint=snapshot.fingerprint(),
-        scanned_at=rfc3339(scanned_at),
-        data=base64.b64encode(packed).decode("ascii"),
+        fingerprint=snapshot.fingerprint(), scanned_at=rfc3339(scanned_at), data=data
     )
 
 
@@ -205,7 +288,23 @@ def inflate_snapshot(reported: ReportedSnapshot) -> bytes:
         )
     if not inflate.eof:
         raise SnapshotDecodeError("snapshot data is truncated")
+    problem = _size_problem(raw)
+    if problem is not None:
+        raise SnapshotDecodeError(problem)
     return raw
+
+
+def _size_problem(raw: bytes) -> str | None:
+    """Why the scan's JSON text is more than a reader decodes (``None``: it is not)."""
+    if len(raw) > MAX_SNAPSHOT_BYTES:
+        return f"snapshot is larger than {MAX_SNAPSHOT_BYTES // (1024 * 1024)} MiB decompressed"
+    objects = raw.count(b"{")
+    if objects > MAX_SNAPSHOT_OBJECTS:
+        return f"snapshot has {objects} JSON objects; at most {MAX_SNAPSHOT_OBJECTS} are read"
+    values = raw.count(b",")
+    if values > MAX_SNAPSHOT_VALUES:
+        return f"snapshot has {values} JSON values; at most {MAX_SNAPSHOT_VALUES} are read"
+    return None
 
 
 _GPU_START = re.compile(rb'\{"index":\d+,"address":"[^"\\]*","vendor_id":')
@@ -271,8 +370,14 @@ class SnapshotDecoder:
         snapshot = self._by_gpu(raw)
         if snapshot is None:
             try:
-                # Validated whole; a newer agent's scan may carry fields this version does
-                # not know (the shared per-GPU path refuses them): they are ignored.
+                # Validated whole, from the text (no decoded JSON held beside the models);
+                # a newer agent's scan may carry fields this version does not know (both
+                # paths before refuse them): they are ignored.
+                snapshot = NodeSnapshot.model_validate_json(raw)
+            except ValueError:
+                snapshot = None
+        if snapshot is None:
+            try:
                 data = bounded.loads(raw, "the snapshot")
                 snapshot = NodeSnapshot.model_validate(known_fields(NodeSnapshot, data))
             except ValueError as e:
@@ -350,27 +455,52 @@ class SnapshotDecoder:
         self._held += len(text)
 
 
+_TOTAL_VGPUS_RULE = (
+    "!has(self.gpus) || "
+    "self.gpus.map(g, has(g.vgpus) ? size(g.vgpus) : 0).sum() <= " + str(MAX_VGPUS)
+)
+
+
 class VGPUNodeStateStatus(_Model):
     """The status of one node's ``VGPUNodeState``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": _TOTAL_VGPUS_RULE,
+                    "message": f"a node's GPUs list at most {MAX_VGPUS} vGPUs together",
+                    "fieldPath": ".gpus",
+                }
+            ]
+        }
+    )
 
     state: ConfigState | None = Field(
         default=None, description="The config state: pending, success or failed."
     )
     selected_config: SelectedConfig | None = None
-    gpus: tuple[GpuStatus, ...] = ()
-    capacity: tuple[ResourceCapacity, ...] = ()
+    gpus: tuple[GpuStatus, ...] = Field(default=(), max_length=MAX_GPUS)
+    capacity: tuple[ResourceCapacity, ...] = Field(default=(), max_length=MAX_RESOURCES)
     vgpu_count: int = Field(default=0, ge=0, description="vGPUs on the node.")
     blocked_count: int = Field(default=0, ge=0, description="Blocked items of the last plan.")
     in_use_known: bool = Field(
         default=True, description="False when who holds which vGPU could not be read."
     )
-    conditions: tuple[Condition, ...] = ()
+    conditions: tuple[Condition, ...] = Field(default=(), max_length=MAX_CONDITIONS)
     last_apply: LastApply | None = None
     observed_generation: int | None = Field(default=None, ge=0)
     snapshot: ReportedSnapshot | None = Field(
         default=None,
         description="The last scan of the host, whole (what the layout and capacity describe).",
     )
+
+    @model_validator(mode="after")
+    def _total_vgpus(self) -> VGPUNodeStateStatus:
+        total = sum(len(g.vgpus) for g in self.gpus)
+        if total > MAX_VGPUS:
+            raise ValueError(f"gpus: {total} vGPUs; a status lists at most {MAX_VGPUS}")
+        return self
 
     def condition(self, kind: ConditionKind) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)
@@ -384,7 +514,45 @@ class VGPUNodeStateStatus(_Model):
 def layout_status(
     snapshot: NodeSnapshot, in_use: Mapping[str, str] | None = None
 ) -> tuple[tuple[GpuStatus, ...], tuple[ResourceCapacity, ...]]:
-    """Each GPU's live layout and the capacity per resource, from a scan."""
+    """Each GPU's live layout and the capacity per resource, from a scan.
+
+    Raises :class:`StatusBoundError` naming the bound when the host has more than a
+    status may describe (:data:`MAX_GPUS`, :data:`MAX_VGPUS_PER_GPU`, :data:`MAX_VGPUS`,
+    :data:`MAX_RESOURCES`, the names' lengths)."""
+    _check_bounds(snapshot)
+    try:
+        return _layout_status(snapshot, in_use)
+    except ValidationError as e:
+        problem = e.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"])
+        raise StatusBoundError(
+            f"node {snapshot.node}: its status cannot describe the host: {where}: {problem['msg']}"
+        ) from None
+
+
+def _check_bounds(snapshot: NodeSnapshot) -> None:
+    where = f"node {snapshot.node}" if snapshot.node else "this node"
+    gpus = len(snapshot.gpus)
+    if gpus > MAX_GPUS:
+        raise StatusBoundError(
+            f"{where} has {gpus} GPUs; a VGPUNodeState status describes at most {MAX_GPUS}"
+        )
+    for g in snapshot.gpus:
+        if len(g.vgpus) > MAX_VGPUS_PER_GPU:
+            raise StatusBoundError(
+                f"{where}: GPU {g.address} has {len(g.vgpus)} vGPUs; a VGPUNodeState status "
+                f"describes at most {MAX_VGPUS_PER_GPU} per GPU"
+            )
+    total = sum(len(g.vgpus) for g in snapshot.gpus)
+    if total > MAX_VGPUS:
+        raise StatusBoundError(
+            f"{where} has {total} vGPUs; a VGPUNodeState status describes at most {MAX_VGPUS}"
+        )
+
+
+def _layout_status(
+    snapshot: NodeSnapshot, in_use: Mapping[str, str] | None = None
+) -> tuple[tuple[GpuStatus, ...], tuple[ResourceCapacity, ...]]:
     held = dict(in_use or {})
     totals: dict[str, list[int]] = {}
     gpus: list[GpuStatus] = []
@@ -404,6 +572,11 @@ def layout_status(
                 count[1] += 0 if holder else 1
         gpus.append(
             GpuStatus(address=g.address, model=g.model, layout=g.layout.value, vgpus=tuple(vgpus))
+        )
+    if len(totals) > MAX_RESOURCES:
+        raise StatusBoundError(
+            f"node {snapshot.node}: its vGPUs are of {len(totals)} resources; a VGPUNodeState "
+            f"status counts at most {MAX_RESOURCES}"
         )
     capacity = tuple(
         ResourceCapacity(resource_name=r, total=t, free=f) for r, (t, f) in sorted(totals.items())
@@ -482,8 +655,19 @@ def known_status(raw: Mapping[str, Any]) -> dict[str, Any]:
     return known
 
 
-def list_all(api: KubeApi) -> list[JsonObject]:
-    return api.list(object_path())
+LIST_CHUNK = 100
+"""Objects per list request of :func:`list_pages`."""
+
+
+def list_pages(
+    api: KubeApi, keep: Callable[[JsonObject], T], chunk_size: int | None = None
+) -> Iterator[list[T]]:
+    """Every ``VGPUNodeState``, page by page, each page as ``keep(obj)`` of its objects:
+    each object is decoded from the response as it arrives and dropped once ``keep`` has
+    seen it, so a reader holds one object and what it keeps of ``chunk_size`` of them
+    (:func:`~vgpu_state.kube.liststream.stream_pages`); ``chunk_size`` defaults to
+    :data:`LIST_CHUNK`."""
+    return stream_pages(api, object_path(), chunk_size or LIST_CHUNK, keep)
 
 
 def ensure(api: KubeApi, node: str, node_uid: str | None = None) -> JsonObject:
