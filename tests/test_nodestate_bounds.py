@@ -23,10 +23,12 @@ from typing import Any
 
 import pytest
 
+from tests.hostile_reports import bounding
 from tests.hostile_status import big_scan, encode_snapshot_unbounded, maximal_status, wide_status
 from tests.realcluster import CONTROLLER_USER, ApiError, ControlPlane, api_path
+from vgpu_state.controller.bounds import Summary
 from vgpu_state.controller.reports import NodeReport
-from vgpu_state.controller.run import MAX_SKIPPED, Controller, ControllerSettings, summary
+from vgpu_state.controller.run import Controller, ControllerSettings, summary
 from vgpu_state.kube import crd, liststream, nodestate
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.cluster import KubeCluster
@@ -220,7 +222,8 @@ def test_a_host_beyond_the_bounds_is_an_error_naming_the_bound(
 def test_the_controller_lists_page_by_page_and_keeps_summaries(
     cluster: ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Three nodes, one of them reporting 96 vGPUs of a type its driver does not list.
+    # Three nodes of 96 vGPUs each, none of a type the layouts document names; one of them
+    # of a type its driver does not list either.
     for node, held in (("gpu-p1", "DC-0-2Q"), ("gpu-p2", "DC-99-2Q"), ("gpu-p3", "DC-1-2Q")):
         scan = big_scan(node, gpus=2, vfs=48, types=2, held=held)
         cluster.put(
@@ -229,10 +232,15 @@ def test_the_controller_lists_page_by_page_and_keeps_summaries(
             {"spec": {"nodeName": node}, "status": {"snapshot": encode_snapshot_unbounded(scan)}},
         )
     api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
-    ctl = Controller(api, ControllerSettings(identity="controller-0"))
+    ctl = Controller(api, ControllerSettings(identity="controller-0", **bounding()))
+    bounds, _ = ctl._layout_bounds()
     monkeypatch.setattr(nodestate, "LIST_CHUNK", 2)
     mark = cluster.audit_mark()
-    reports = {r.node: r for r in ctl._reports_of(nodestate.list_pages(api, ctl._listed))}
+
+    def listed(obj: dict[str, Any]) -> Any:
+        return ctl._listed(obj, bounds)
+
+    reports = {r.node: r for r in ctl._reports_of(nodestate.list_pages(api, listed), bounds)}
     assert set(reports) == {"gpu-p1", "gpu-p2", "gpu-p3"}
     lists = [
         urllib.parse.urlparse(e["requestURI"])
@@ -240,21 +248,24 @@ def test_the_controller_lists_page_by_page_and_keeps_summaries(
         if e["verb"] == "list" and e.get("objectRef", {}).get("resource") == "vgpunodestates"
     ]
     assert [urllib.parse.parse_qs(u.query)["limit"] for u in lists] == [["2"], ["2"]]
-    skipped = reports["gpu-p2"].skipped
-    assert len(skipped) == MAX_SKIPPED + 1 and skipped[-1] == "and 91 more vGPU(s) left out"
-    assert reports["gpu-p1"].entries and reports["gpu-p3"].entries
+    for report in reports.values():
+        # 96 refused vGPUs, kept as a count and the first few reasons.
+        assert report.outside.count == 96 and len(report.outside.first) == Summary.LIMIT
+        assert report.entries == ()
+    assert "not one the GPU's driver lists" in str(reports["gpu-p2"].outside)
     # An unchanged status is the kept summary, not decoded again.
-    again = {r.node: r for r in ctl._reports_of(nodestate.list_pages(api, ctl._listed))}
+    again = {r.node: r for r in ctl._reports_of(nodestate.list_pages(api, listed), bounds)}
     assert all(again[n] is reports[n] for n in reports)
 
 
 def test_a_summary_is_bounded_and_shares_entries() -> None:
     entry = PermittedEntry("mediatedDevices", "nvidia.com/NVIDIA_A2-1Q", "NVIDIA A2-1Q")
     shared: dict[PermittedEntry, PermittedEntry] = {}
-    first = summary(NodeReport("a", (entry,), skipped=tuple(f"s{i}" for i in range(100))), shared)
+    left_out = Summary(100, tuple(f"s{i}" for i in range(Summary.LIMIT)))
+    first = summary(NodeReport("a", (entry,), skipped=left_out), shared)
     second = summary(NodeReport("b", (copy.copy(entry),)), shared)
     assert second.entries[0] is first.entries[0]
-    assert first.skipped == ("s0", "s1", "s2", "s3", "s4", "and 95 more vGPU(s) left out")
+    assert first.skipped == left_out and str(first.skipped).endswith("; and 95 more")
     many = tuple(
         PermittedEntry("mediatedDevices", f"nvidia.com/T{i}", f"T{i}")
         for i in range(nodestate.MAX_RESOURCES + 1)
