@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.hostile_reports import LAYOUT_TYPES, layouts, made_up_types, scan, vf_backed_a2
+from tests.hostile_status import encode_snapshot_unbounded
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import load_text
 from vgpu_state.controller.bounds import LayoutBounds
@@ -38,13 +39,16 @@ def bounds() -> LayoutBounds:
 
 
 def _state(node: str, snapshot: NodeSnapshot) -> dict[str, Any]:
-    status = VGPUNodeStateStatus(snapshot=encode_snapshot(snapshot, T0))
+    try:
+        status = VGPUNodeStateStatus(snapshot=encode_snapshot(snapshot, T0)).to_json()
+    except nodestate.StatusBoundError:  # as a compromised node would write it
+        status = {"snapshot": encode_snapshot_unbounded(snapshot)}
     return {
         "apiVersion": nodestate.API_VERSION,
         "kind": nodestate.KIND,
         "metadata": {"name": node},
         "spec": {"nodeName": node},
-        "status": status.to_json(),
+        "status": status,
     }
 
 
@@ -84,14 +88,19 @@ def test_the_document_names_canonical_types_and_bounds_every_resource() -> None:
 def test_made_up_types_justify_nothing_and_cost_a_bounded_summary(
     bounds: LayoutBounds, count: int
 ) -> None:
-    """A node whose status claims ``count`` made-up types (10,000 passes the API server's
+    """A node whose status claims ``count`` made-up types (10,000 passed the API server's
     request limit as gzip but not the CR's annotation limit, which made every write fail):
-    its report holds no entry and a summary of five lines; the plan with an honest node's
-    types permits those alone, in a patch of a few KiB."""
-    hostile = read_report(_state("evil", made_up_types("evil", count)), bounds)
+    its report holds no entry and a summary of five lines, or, for a scan larger than a
+    status may hold (10,000: 0.5 MB of gzip), is not read at all; the plan with an honest
+    node's types permits those alone, in a patch of a few KiB."""
+    state = _state("evil", made_up_types("evil", count))
+    hostile = read_report(state, bounds)
     assert hostile.entries == ()
-    assert hostile.outside.count == count and len(hostile.outside.first) == 5
-    assert "not one layouts.yaml names" in str(hostile.outside)
+    if len(state["status"]["snapshot"]["data"]) > nodestate.MAX_SNAPSHOT_DATA:
+        assert hostile.unreadable is not None and count == 10_000
+    else:
+        assert hostile.outside.count == count and len(hostile.outside.first) == 5
+        assert "not one layouts.yaml names" in str(hostile.outside)
     honest = read_report(_state("gpu-1", scan("a2-host.yaml", "gpu-1")), bounds)
     decision = decide(_cr(), [hostile, honest], Missing(), 0.0, GRACE)
     assert set(decision.plan.managed) == {

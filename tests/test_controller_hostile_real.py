@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.hostile_reports import LAYOUT_TYPES, LAYOUTS, layouts, made_up_types, scan, vf_backed_a2
+from tests.hostile_status import encode_snapshot_unbounded
 from tests.realcluster import ApiError, ControlPlane
 from tests.test_controller_real import FOREIGN, KUBEVIRT, _cr, _owned, _report
 from vgpu_state.catalog import default_catalog
@@ -53,7 +54,15 @@ def _as_agent(cluster: ControlPlane, tmp_path: Path, node: str, snapshot: NodeSn
     token = cluster.agent_token(node)
     api = KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / f"agent-{node}", token=token)))
     now = datetime.datetime.now(datetime.UTC)
-    nodestate.write_status(api, node, VGPUNodeStateStatus(snapshot=encode_snapshot(snapshot, now)))
+    try:
+        status = VGPUNodeStateStatus(snapshot=encode_snapshot(snapshot, now))
+    except nodestate.StatusBoundError:
+        # The agent refuses to report a scan this large; a compromised node writes it anyway.
+        body = nodestate.ensure(api, node)
+        body["status"] = {"snapshot": encode_snapshot_unbounded(snapshot)}
+        api.replace(nodestate.object_path(node, status=True), body)
+        return
+    nodestate.write_status(api, node, status)
 
 
 def _refusal_event(cluster: ControlPlane, node: str) -> dict[str, Any]:

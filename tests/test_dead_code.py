@@ -86,7 +86,6 @@ ALLOWED: dict[str, str] = {
     "catalog/catalog.py:device_filters": "scripts/gen_default_config.py and bench read it",
     "kube/fleetsnapshot.py:format_version": "a field of the parsed header of a snapshot file",
     "kube/crd.py:crd": "scripts/gen_crd.py writes deploy/'s CRD with it; tests install it",
-    "kube/lease.py:expires": "the expiry of the Lease, part of the state acquire returns",
     "kube/nodestate.py:blocked_count": "a VGPUNodeState status field, written by model_dump",
     "kube/nodestate.py:document_hash": "a VGPUNodeState status field, written by model_dump",
     "kube/nodestate.py:encoding": "a VGPUNodeState status field, written by model_dump",

@@ -11,6 +11,7 @@ cluster printed.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import re
@@ -154,7 +155,14 @@ def test_the_reader_role_reads_and_writes_nothing(
 def test_a_snapshot_needs_list_on_the_states(fleet: Fleet, tmp_path: Path) -> None:
     """Without the role, the snapshot fails with the server's refusal and leaves no file."""
     fleet.server.refusals_expected = True
-    token = fleet.server.agent_token("node-a")  # the agent may not list VGPUNodeStates
+    # An identity no role names (the agent lists its own node's VGPUNodeState to watch it).
+    with contextlib.suppress(ApiError):  # made by an earlier test
+        fleet.server.request(
+            "POST",
+            f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody"}},
+        )
+    token = fleet.server.agent_token("node-a", service_account="nobody")
     kubeconfig = fleet.server.write_kubeconfig(tmp_path / "agent", token=token)
     out = tmp_path / "fleet.jsonl"
     done = _run("fleet", "snapshot", "--kubeconfig", kubeconfig, "--out", out)

@@ -30,28 +30,30 @@ def api(cluster: ControlPlane, tmp_path: Path) -> KubeApi:
 def test_first_comer_holds_others_wait_until_it_expires(
     cluster: ControlPlane, api: KubeApi
 ) -> None:
-    assert lease.try_acquire(api, "node-a", duration=60, now=T0).held
+    first = lease.hold_term(api, "node-a", None, duration=60, now=T0)
+    assert first.held
     later = T0 + datetime.timedelta(seconds=30)
-    other = lease.try_acquire(api, "node-b", duration=60, now=later)
+    other = lease.hold_term(api, "node-b", None, duration=60, now=later)
     assert not other.held and other.holder == "node-a"
-    # The holder renews; the expiry moves with it.
-    assert lease.try_acquire(api, "node-a", duration=60, now=later).held
-    still = lease.try_acquire(api, "node-b", now=T0 + datetime.timedelta(seconds=80))
+    # The holder renews in its term; the expiry moves with it.
+    assert lease.hold_term(api, "node-a", first.term, duration=60, now=later).held
+    still = lease.hold_term(api, "node-b", None, now=T0 + datetime.timedelta(seconds=80))
     assert not still.held
     # node-a stops renewing: after the duration node-b takes over.
-    taken = lease.try_acquire(api, "node-b", now=T0 + datetime.timedelta(seconds=91))
+    taken = lease.hold_term(api, "node-b", None, now=T0 + datetime.timedelta(seconds=91))
     assert taken.held
     stored = cluster.get(LEASES, lease.LEASE_NAME, lease.DEFAULT_NAMESPACE)
     assert stored is not None
     assert stored["spec"]["holderIdentity"] == "node-b"
     assert stored["spec"]["leaseTransitions"] == 1
-    assert not lease.try_acquire(api, "node-a", now=T0 + datetime.timedelta(seconds=92)).held
+    back = lease.hold_term(api, "node-a", first.term, now=T0 + datetime.timedelta(seconds=92))
+    assert not back.held
 
 
 def test_release_lets_another_take_it_at_once(api: KubeApi) -> None:
-    assert lease.try_acquire(api, "node-a", now=T0).held
+    assert lease.hold_term(api, "node-a", None, now=T0).held
     lease.release(api, "node-a")
-    assert lease.try_acquire(api, "node-b", now=T0 + datetime.timedelta(seconds=1)).held
+    assert lease.hold_term(api, "node-b", None, now=T0 + datetime.timedelta(seconds=1)).held
 
 
 def test_racing_replicas_never_both_hold_it(cluster: ControlPlane, tmp_path: Path) -> None:
@@ -63,7 +65,7 @@ def test_racing_replicas_never_both_hold_it(cluster: ControlPlane, tmp_path: Pat
     def contend(name: str) -> None:
         api = KubeApi.connect(config)
         start.wait()
-        if lease.try_acquire(api, name, now=T0).held:
+        if lease.hold_term(api, name, None, now=T0).held:
             winners.append(name)
 
     threads = [threading.Thread(target=contend, args=(f"node-{i}",)) for i in range(12)]

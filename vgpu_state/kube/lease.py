@@ -4,9 +4,9 @@ This module is the one home of a Lease: its path, its time format (a
 ``MicroTime``), when a hold ends, and the guarded writes that take, renew and
 release it. Two features stand on it:
 
-* the cluster controller's leader election (:func:`try_acquire` and
-  :func:`release` here): every replica calls :func:`try_acquire` each pass;
-  the holder renews the Lease, the others see it held;
+* the cluster controller's leader election (:func:`hold_term` and
+  :func:`release` here): every replica calls :func:`hold_term` each pass;
+  the holder renews the Lease in its term, the others see it held;
 * the agent's rollout slots (:mod:`vgpu_state.kube.rollout`): ``N`` Leases a
   disruptive apply must hold one of.
 
@@ -214,30 +214,6 @@ class Leases:
 
     def _query(self) -> dict[str, str] | None:
         return {"fieldManager": self.field_manager} if self.field_manager else None
-
-
-def try_acquire(
-    api: KubeApi,
-    identity: str,
-    *,
-    namespace: str = DEFAULT_NAMESPACE,
-    name: str = LEASE_NAME,
-    duration: int = DEFAULT_DURATION,
-    now: datetime.datetime | None = None,
-) -> LeaseState:
-    """Take or renew the Lease for ``identity``; ``held`` says whether it is ours now."""
-    moment = now or datetime.datetime.now(tz=datetime.UTC)
-    leases = Leases(api, namespace, identity)
-    lease = leases.get(name)
-    if lease is not None and held_by_another(lease, identity, moment):
-        return LeaseState(False, holder(lease), expiry(lease))
-    if lease is None:
-        written = leases.create(name, duration, moment)
-    else:
-        written = leases.take(lease, duration, moment)
-    if written is None:  # another replica wrote it since we read it
-        return _state(leases.get(name) or {}, identity)
-    return LeaseState(True, identity, expiry(written))
 
 
 def _state(lease: JsonObject, identity: str) -> LeaseState:
