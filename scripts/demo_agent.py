@@ -164,9 +164,11 @@ def main() -> int:
         for line in log.read_text().splitlines()[seen:]:
             print("   | " + line.split(" ", 2)[-1])
         # The KubeVirt CR has one writer, the controller (deploy/ runs it as a Deployment):
-        # one pass derives the permitted devices from every node's VGPUNodeState.
+        # one pass derives the permitted devices from every node's VGPUNodeState, within
+        # what the layouts document (the agents' ConfigMap, mounted) can produce.
         controller = [
             "controller", "--kubeconfig", str(kubeconfig), "--once", "--config", "",
+            "-f", str(config_dir / "config.yaml"),
             "--webhook-port", "0", "--listen", "", "--log-level", "warning",
         ]  # fmt: skip
         print(f"\n$ vgpu-state {shlex.join(controller)}   # the KubeVirt CR's only writer")
