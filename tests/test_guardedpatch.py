@@ -38,9 +38,14 @@ def test_an_atomic_list_is_tested_as_read_and_replaced_whole() -> None:
         {"op": "test", "path": LIST, "value": [1, 2, 3]},
         {"op": "replace", "path": LIST, "value": [2, 3, 4]},
     ]
-    # Without ``atomic`` the library's per-index ops, applied after a test of the whole list.
+    # Without ``atomic`` the library's per-index ops, after a test of the whole list (and,
+    # as they add, of the version).
     ops = guarded_patch(read, wanted, guards=[LIST])
-    assert ops[0] == {"op": "test", "path": LIST, "value": [1, 2, 3]}
+    assert ops[:2] == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+        {"op": "test", "path": LIST, "value": [1, 2, 3]},
+    ]
+    assert {op["path"] for op in ops[2:]} <= {f"{LIST}/{i}" for i in range(4)}
     assert _applied(read, ops) == wanted
 
 
