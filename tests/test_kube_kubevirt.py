@@ -257,7 +257,9 @@ def test_concurrent_foreign_writer_loses_nothing(
     writer.start()
     conflicts = 0
     for entry in ours:
-        conflicts += sync(api, REF, [entry], backoff=Backoff(0.001, 0.01), attempts=40).conflicts
+        conflicts += sync(
+            api, REF, [entry], backoff=Backoff(0.001, 0.01), attempts=40
+        ).conflicts
     writer.join(60)
     cr = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
     assert cr is not None
