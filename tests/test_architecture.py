@@ -250,3 +250,68 @@ def test_an_implicit_catalog_below_the_shells_is_caught(
     target.write_text(text + f"\n{line}  # noqa\n")
     lineno = text.count("\n") + 2
     assert default_catalog_calls(tmp_path / "vgpu_state") == [f"{module}:{lineno}"]
+
+
+# JSON Patches ---------------------------------------------------------------------------
+GUARDED_PATCH = "kube/guardedpatch.py"
+"""The one module that makes JSON Patch ops and sends JSON Patches (checked first)."""
+UNCHECKED = "a patch sent without the check"
+
+
+def json_patches_by_hand(package: Path) -> list[str]:
+    """``file:line: what`` of each JSON Patch op written by hand (a dict display or a
+    ``dict(...)`` call with an ``op`` key) and each ``.patch(...)`` call whose kind is not
+    the constant ``"merge"``, outside :data:`GUARDED_PATCH`."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel == GUARDED_PATCH:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Dict) and any(
+                isinstance(k, ast.Constant) and k.value == "op" for k in node.keys
+            ):
+                found.append(f"{rel}:{node.lineno}: a JSON Patch op")
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if (
+                isinstance(f, ast.Name)
+                and f.id == "dict"
+                and any(k.arg == "op" for k in node.keywords)
+            ):
+                found.append(f"{rel}:{node.lineno}: a JSON Patch op")
+            if isinstance(f, ast.Attribute) and f.attr == "patch":
+                kinds = node.args[2:3] + [k.value for k in node.keywords if k.arg == "kind"]
+                if not kinds or any(
+                    not (isinstance(k, ast.Constant) and k.value == "merge") for k in kinds
+                ):
+                    found.append(f"{rel}:{node.lineno}: {UNCHECKED}")
+    return found
+
+
+def test_every_json_patch_is_made_by_the_library_and_checked_before_it_is_sent() -> None:
+    """JSON Patches are computed with ``jsonpatch`` from the object read and the object
+    wanted, and sent only through ``guardedpatch.send``, which applies them to the object
+    read first: no product module writes ops, or sends a JSON Patch, by itself."""
+    assert json_patches_by_hand(REPO / "vgpu_state") == []
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "found"),
+    [
+        ("kube/permitted.py", "_ = [{'op': 'add', 'path': '/x', 'value': 1}]", "a JSON Patch op"),
+        ("controller/tls.py", "_ = dict(op='remove', path='/x')", "a JSON Patch op"),
+        ("kube/kubevirt.py", "_ = lambda api: api.patch('/p', [], 'json')", UNCHECKED),
+        ("kube/node.py", "_ = lambda api, k: api.patch('/p', [], kind=k)", UNCHECKED),
+    ],
+)  # fmt: skip
+def test_a_json_patch_by_hand_is_caught(tmp_path: Path, module: str, line: str, found: str) -> None:
+    shutil.copytree(
+        REPO / "vgpu_state", tmp_path / "vgpu_state", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    target = tmp_path / "vgpu_state" / module
+    text = target.read_text()
+    target.write_text(text + f"\n{line}  # noqa\n")
+    lineno = text.count("\n") + 2
+    assert json_patches_by_hand(tmp_path / "vgpu_state") == [f"{module}:{lineno}: {found}"]

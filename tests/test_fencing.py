@@ -6,9 +6,11 @@ two controller processes racing over the CR in ``tests/test_fencing_real.py``.""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from vgpu_state.controller.run import ControllerSettings, timing_problem
@@ -159,12 +161,15 @@ def test_every_write_tests_the_writers_term() -> None:
 def test_a_cr_never_claimed_gets_the_token_guarded_by_its_version(
     annotations: dict[str, str] | None,
 ) -> None:
-    plan = plan_write(_cr(annotations), [A2], set(), fence=OWN)
+    cr = _cr(annotations)
+    plan = plan_write(cr, [A2], set(), fence=OWN)
     assert plan.patch[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "9"}
-    assert {"op": "add", "path": TERM_PATH, "value": OWN} in plan.patch
-    paths = [op["path"] for op in plan.patch]
-    if annotations is None:
-        assert paths.index("/metadata/annotations") < paths.index(TERM_PATH)
+    after = jsonpatch.apply_patch(copy.deepcopy(cr), list(plan.patch))
+    assert after["metadata"]["annotations"][WRITER_TERM_ANNOTATION] == OWN
+    if annotations is not None:
+        assert {"op": "add", "path": TERM_PATH, "value": OWN} in plan.patch
+    else:  # the annotations are added with the token in them
+        assert [op["op"] for op in plan.patch if op["path"] == "/metadata/annotations"] == ["add"]
 
 
 def test_without_a_fence_the_patch_is_as_before() -> None:

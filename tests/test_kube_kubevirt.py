@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 
 from tests.apiserver import KUBEVIRT
-from tests.realcluster import ControlPlane
+from tests.realcluster import CONTROLLER_USER, WRITE_VERBS, ControlPlane
 from vgpu_state.background import Backoff
-from vgpu_state.kube import kubevirt
+from vgpu_state.kube import kubevirt, permitted
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.errors import ClusterError
+from vgpu_state.kube.guardedpatch import PatchCheckError
 from vgpu_state.kube.kubevirt import (
     OWNERSHIP_ANNOTATION,
     WRITE_BACKOFF,
@@ -403,3 +404,55 @@ def kubevirt_validator_check(cr: dict[str, Any]) -> None:
     from tests.apiserver import kubevirt_validator
 
     kubevirt_validator()(cr)
+
+
+def _drop_the_list(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [op for op in ops if op["op"] != "replace" or "mediatedDevices" not in op["path"]]
+
+
+def _misspell_the_list(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**op, "path": op["path"].replace("mediatedDevices", "mediatedDevice")} for op in ops]
+
+
+def _drop_the_last_op(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return ops[:-1]
+
+
+@pytest.mark.parametrize(
+    "breaking", [_drop_the_list, _misspell_the_list, _drop_the_last_op], ids=lambda f: f.__name__
+)
+def test_a_patch_that_would_not_give_the_wanted_cr_is_never_sent(
+    cluster: ControlPlane,
+    api: KubeApi,
+    monkeypatch: pytest.MonkeyPatch,
+    breaking: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+) -> None:
+    """A fault in the patch builder (an op dropped, a wrong path) is found by applying the
+    patch to the CR read before it is sent: a clear error naming the CR, and no request
+    reaches the API server (its audit log shows no write of the controller's token)."""
+    cluster.put(
+        KUBEVIRT,
+        "kubevirt",
+        _cr({"permittedHostDevices": {"mediatedDevices": [FOREIGN_MDEV]}}),
+        namespace="kubevirt",
+    )
+    before = cluster.get(KUBEVIRT, "kubevirt", "kubevirt")
+    real = permitted._patch
+
+    def broken(cr: Any, wanted: Any, *, fence: str | None) -> list[dict[str, Any]]:
+        return breaking(real(cr, wanted, fence=fence))
+
+    monkeypatch.setattr(permitted, "_patch", broken)
+    mark = cluster.audit_mark()
+    entry = PermittedEntry("mediatedDevices", "nvidia.com/NVIDIA_A2-4Q", "NVIDIA A2-4Q")
+    with pytest.raises(PatchCheckError) as refused:
+        sync(api, REF, [entry])
+    assert str(refused.value).startswith("KubeVirt CR kubevirt/kubevirt: the JSON Patch")
+    assert "nothing was sent" in str(refused.value)
+    writes = [e for e in cluster.audit(mark, CONTROLLER_USER) if e.get("verb") in WRITE_VERBS]
+    assert writes == []
+    assert [e.get("verb") for e in cluster.audit(mark, CONTROLLER_USER)] == ["get"]
+    assert cluster.get(KUBEVIRT, "kubevirt", "kubevirt") == before
+    # The builder as shipped: the same write goes through.
+    monkeypatch.undo()
+    assert sync(api, REF, [entry]).writes == 1

@@ -16,6 +16,7 @@ argument; :func:`ensure_secret` and :func:`sync_ca_bundle` do the API calls.
 from __future__ import annotations
 
 import base64
+import copy
 import datetime as dt
 import logging
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from vgpu_state.kube.api import JsonObject, KubeApi, retry_on_conflict
 from vgpu_state.kube.errors import ClusterError, NotFoundError
+from vgpu_state.kube.guardedpatch import guarded_patch, pointer, send
 
 log = logging.getLogger(__name__)
 
@@ -261,21 +263,27 @@ def webhook_path(name: str) -> str:
 
 def sync_ca_bundle(api: KubeApi, config: str, service: str, namespace: str, ca: bytes) -> int:
     """Set ``caBundle`` of every webhook in ``config`` that calls the Service; returns how many
-    changed. One JSON Patch guarded by ``test`` ops on the names, so a reordered object is
-    never half written."""
+    changed. One JSON Patch guarded by ``test`` ops on the names (and on a ``caBundle`` it
+    replaces), so a reordered object is never half written; checked before it is sent.
+    Adding a ``caBundle`` needs no ``resourceVersion`` guard: every replica writes the CA
+    of the one Secret there, and the names' tests keep it on the right webhooks."""
     current = api.get(webhook_path(config))
-    wanted = base64.b64encode(ca).decode()
-    ops: list[dict[str, object]] = []
-    for i, hook in enumerate(current.get("webhooks") or []):
+    wanted = copy.deepcopy(current)
+    bundle = base64.b64encode(ca).decode()
+    changed: list[int] = []
+    for i, hook in enumerate(wanted.get("webhooks") or []):
         client = hook.get("clientConfig") or {}
         svc = client.get("service") or {}
         if svc.get("name") != service or svc.get("namespace") != namespace:
             continue
-        if client.get("caBundle") == wanted:
+        if client.get("caBundle") == bundle:
             continue
-        ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": hook.get("name")})
-        ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": wanted})
-    if ops:
-        api.patch(webhook_path(config), ops, "json")
+        hook["clientConfig"] = {**client, "caBundle": bundle}
+        changed.append(i)
+    if changed:
+        guards = [pointer("webhooks", i, "name") for i in changed]
+        ops = guarded_patch(current, wanted, guards=guards, guard_adds=False)
+        what = f"ValidatingWebhookConfiguration {config}"
+        send(api, webhook_path(config), current, ops, wanted, what)
         log.info("ValidatingWebhookConfiguration %s: caBundle set", config)
-    return len(ops) // 2
+    return len(changed)

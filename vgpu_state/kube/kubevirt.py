@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgpu_state.background import Backoff
+from vgpu_state.kube import guardedpatch
 from vgpu_state.kube.api import ConflictError, InvalidError, JsonObject, KubeApi, path_of
 from vgpu_state.kube.errors import ClusterError, ContendedWriteError, NotFoundError
 from vgpu_state.kube.permitted import (
@@ -152,6 +153,10 @@ def write(
 ) -> WriteResult:
     """Read the CR, ``compute`` the change from that read, send its one guarded patch.
 
+    The patch is checked first: applied to the CR read, it must give the CR the plan
+    wants, else :class:`~vgpu_state.kube.guardedpatch.PatchCheckError` is raised and
+    nothing is sent.
+
     On 409 or 422 (the CR changed since the read: a ``test`` op failed) read again,
     compute again and retry after a jittered backoff. A 422 on a CR that did not
     change since it was read is a real refusal and is raised at once; after
@@ -167,7 +172,8 @@ def write(
         if not p.patch:
             return result
         try:
-            api.patch(ref.path, list(p.patch), "json")
+            wanted = p.wanted if p.wanted is not None else cr
+            guardedpatch.send(api, ref.path, cr, p.patch, wanted, f"KubeVirt CR {ref}")
         except (ConflictError, InvalidError) as e:
             result.conflicts += 1
             fresh = read(api, ref)

@@ -19,7 +19,10 @@ Both lists are ``x-kubernetes-list-type: atomic``: a merge patch would replace a
 whole list and drop entries another writer added meanwhile. A write is
 therefore a JSON Patch that first ``test``s each list it replaces (and the
 ownership annotation) against the value it was computed from; when a
-container had to be created, it also tests ``metadata.resourceVersion``.
+container had to be created, it also tests ``metadata.resourceVersion``. The
+patch is the ``jsonpatch`` library's difference between the CR read and the CR
+wanted, with those guards in front (:mod:`vgpu_state.kube.guardedpatch`), and it
+is checked, by applying it to the CR read, before it is sent.
 
 Fencing: a write of the cluster controller also carries its term's token
 (:mod:`vgpu_state.kube.fencing`) in the annotation ``vgpu-state.io/writer-term``:
@@ -37,10 +40,11 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable, Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vgpu_state.kube.fencing import WRITER_TERM_ANNOTATION
+from vgpu_state.kube.guardedpatch import guarded_patch, pointer
 from vgpu_state.model import bounded
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.model.plan import ClusterAction
@@ -140,6 +144,9 @@ class KubeVirtPlan:
     managed: tuple[str, ...] = ()
     """The ownership annotation after the write."""
     resource_version: str = ""
+    wanted: JsonObject | None = field(default=None, compare=False, repr=False)
+    """The CR the patch gives, applied to the read it was computed from (checked before
+    it is sent: :func:`vgpu_state.kube.guardedpatch.send`); ``None`` without a patch."""
 
 
 # desired entries --------------------------------------------------------------------
@@ -385,9 +392,11 @@ def plan_write(
             new_lists[name] = kept
     managed = sorted((owned | added) - removed)
     ops: list[JsonObject] = []
+    after: JsonObject | None = None
     claim = fence is not None and _annotation(cr, WRITER_TERM_ANNOTATION) != fence
     if changes or set(managed) != owned or claim:
-        ops = _patch(cr, lists, new_lists, owned, managed, fence=fence)
+        after = _wanted(cr, lists, new_lists, managed, fence)
+        ops = _patch(cr, after, fence=fence)
     rv = str(_get(cr, "metadata", "resourceVersion") or "")
     return KubeVirtPlan(
         tuple(changes),
@@ -395,6 +404,7 @@ def plan_write(
         tuple(sorted(set(foreign))),
         tuple(managed),
         rv,
+        after if ops else None,
     )
 
 
@@ -404,7 +414,7 @@ def _annotation(cr: Mapping[str, Any], key: str) -> Any:
 
 
 def _annotation_path(key: str) -> str:
-    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+    return pointer("metadata", "annotations", key)
 
 
 def _entry_of(name: ListName, item: Mapping[str, Any]) -> PermittedEntry:
@@ -413,69 +423,55 @@ def _entry_of(name: ListName, item: Mapping[str, Any]) -> PermittedEntry:
     )
 
 
-def _patch(
+def _wanted(
     cr: Mapping[str, Any],
     old: Mapping[ListName, list[JsonObject]],
     new: Mapping[ListName, list[JsonObject]],
-    owned: frozenset[str],
     managed: list[str],
-    *,
-    fence: str | None = None,
-) -> list[JsonObject]:
-    ops: list[JsonObject] = []
-    guard_version = False
-    devices = _get(cr, "spec", "configuration", "permittedHostDevices")
+    fence: str | None,
+) -> JsonObject:
+    """The CR after the write: the changed lists (and the containers they need), the
+    ownership annotation and, with ``fence``, the writer's term."""
+    wanted = copy.deepcopy(dict(cr))
     changed = [name for name in LISTS if old[name] != new[name]]
-    if changed and not isinstance(devices, dict):
-        guard_version = True
-        body = {name: new[name] for name in changed}
-        if not isinstance(_get(cr, "spec", "configuration"), dict):
-            if not isinstance(cr.get("spec"), dict):
-                ops.append({"op": "add", "path": "/spec", "value": {}})
-            ops.append({"op": "add", "path": "/spec/configuration", "value": {}})
-        ops.append({"op": "add", "path": _BASE, "value": body})
-    else:
+    if changed:
+        devices = _child(_child(_child(wanted, "spec"), "configuration"), "permittedHostDevices")
         for name in changed:
-            path = f"{_BASE}/{name}"
-            if isinstance(devices, dict) and name in devices:
-                ops.append({"op": "test", "path": path, "value": devices[name]})
-                ops.append({"op": "replace", "path": path, "value": new[name]})
-            else:
-                guard_version = True
-                ops.append({"op": "add", "path": path, "value": new[name]})
-    annotations = _get(cr, "metadata", "annotations")
-    key = _annotation_path(OWNERSHIP_ANNOTATION)
-    value = json.dumps(managed)
-    if not isinstance(annotations, dict):
-        guard_version = True
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-        ops.append({"op": "add", "path": key, "value": value})
-    elif OWNERSHIP_ANNOTATION not in annotations:
-        guard_version = True
-        ops.append({"op": "add", "path": key, "value": value})
-    elif annotations[OWNERSHIP_ANNOTATION] != value or managed != sorted(owned):
-        ops.append({"op": "test", "path": key, "value": annotations[OWNERSHIP_ANNOTATION]})
-        ops.append({"op": "replace", "path": key, "value": value})
-    else:
-        # Unchanged ownership still guards the lists: a writer that changed it meanwhile
-        # (e.g. removed an entry we would re-add) makes this write fail and re-plan.
-        ops.append({"op": "test", "path": key, "value": annotations[OWNERSHIP_ANNOTATION]})
+            devices[name] = copy.deepcopy(new[name])
+    annotations = _child(_child(wanted, "metadata"), "annotations")
+    annotations[OWNERSHIP_ANNOTATION] = json.dumps(managed)
     if fence is not None:
-        # The writer's term: tested as read, set to ours (the annotations map exists by now).
-        term_key = _annotation_path(WRITER_TERM_ANNOTATION)
-        seen = annotations.get(WRITER_TERM_ANNOTATION) if isinstance(annotations, dict) else None
-        if seen is None:
-            guard_version = True
-            ops.append({"op": "add", "path": term_key, "value": fence})
-        else:
-            ops.append({"op": "test", "path": term_key, "value": seen})
-            if seen != fence:
-                ops.append({"op": "replace", "path": term_key, "value": fence})
-    if guard_version:
-        rv = _get(cr, "metadata", "resourceVersion")
-        if rv is not None:
-            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
-    return ops
+        annotations[WRITER_TERM_ANNOTATION] = fence
+    return wanted
+
+
+def _child(obj: JsonObject, key: str) -> JsonObject:
+    if not isinstance(obj.get(key), dict):
+        obj[key] = {}
+    child: JsonObject = obj[key]
+    return child
+
+
+_ATOMIC = tuple(f"{_BASE}/{name}" for name in LISTS)
+"""``x-kubernetes-list-type: atomic``: tested as read and replaced whole."""
+
+
+def _patch(
+    cr: Mapping[str, Any], wanted: Mapping[str, Any], *, fence: str | None
+) -> list[JsonObject]:
+    """The guarded JSON Patch from ``cr`` to ``wanted`` (:func:`guarded_patch`).
+
+    Every list it replaces is tested as read, and so is the ownership annotation, even
+    when it stays: a writer that changed it meanwhile (e.g. removed an entry we would
+    re-add) makes this write fail and re-plan. With ``fence`` the writer's term is
+    tested as read too (and set to ``fence`` when it is not yet). Whatever the patch adds
+    that the read lacked (a container, the annotations, the term on a CR never claimed)
+    makes it test ``metadata.resourceVersion`` first.
+    """
+    guards = [_annotation_path(OWNERSHIP_ANNOTATION)]
+    if fence is not None:
+        guards.append(_annotation_path(WRITER_TERM_ANNOTATION))
+    return guarded_patch(cr, wanted, atomic=_ATOMIC, guards=guards)
 
 
 def _get(obj: Mapping[str, Any], *keys: str) -> Any:
