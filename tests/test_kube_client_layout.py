@@ -131,6 +131,4 @@ def test_the_api_client_sends_requests_the_way_kube_api_calls_it() -> None:
     assert "_request_timeout" in call, f"{_where()}: ApiClient.call_api lacks _request_timeout"
     configuration = importlib.import_module("kubernetes.client.configuration").Configuration()
     for attribute in ("host", "retries", "connection_pool_maxsize", "api_key"):
-        assert hasattr(configuration, attribute), (
-            f"{_where()}: Configuration has no {attribute}"
-        )
+        assert hasattr(configuration, attribute), f"{_where()}: Configuration has no {attribute}"
