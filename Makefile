@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint bench fuzz clean cluster image
+.PHONY: demo test test-lowest lint bench fuzz clean cluster image
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,42 @@ test: lint
 	@sh scripts/ensure-k8s
 	$(BIN)/python -m pytest -q
 
+# The other end of every range: the product's own dependencies at the lowest versions
+# pyproject.toml allows (uv's lowest-direct resolution; what they pull in, and the test
+# tools, which no user installs, at the newest that fit), in .venv-lowest. It runs the
+# tests of the code that calls those packages: the Kubernetes adapters, the controller
+# and `fleet plan` against the real API server (kubernetes), the device plugin and DRA
+# (grpcio, protobuf), the config loader (ruamel.yaml, pydantic), the commands (click,
+# rich), the agent's config watch (watchfiles), metrics (prometheus-client) and the
+# webhook's certificates (cryptography). About 3 minutes on 2 cores (bench/RESULTS.md).
+LOWEST     := .venv-lowest
+LOWEST_BIN := $(LOWEST)/bin
+LOWEST_TESTS := \
+	tests/test_kube_*.py \
+	tests/test_deviceplugin_kubelet.py tests/test_deviceplugin_allocation.py \
+	tests/test_deviceplugin_protos.py tests/test_deviceplugin_cli.py \
+	tests/test_dra_plugin.py tests/test_dra_protos.py tests/test_kubelet_dra.py \
+	tests/test_protos.py \
+	tests/test_config_*.py tests/test_cli_*.py \
+	tests/test_agent_configwatch.py tests/test_agent_health.py tests/test_agent_device_plugin.py \
+	tests/test_controller_real.py tests/test_fleet_plan.py tests/test_webhook.py
+
+$(LOWEST_BIN)/.installed: pyproject.toml
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST_BIN)/pip install --quiet --disable-pip-version-check uv
+	$(LOWEST_BIN)/uv pip compile --quiet --python $(LOWEST_BIN)/python \
+	    --resolution lowest-direct --no-header --no-annotate -o $(LOWEST)/lowest.txt pyproject.toml
+	$(LOWEST_BIN)/uv pip install --quiet --python $(LOWEST_BIN)/python \
+	    -c $(LOWEST)/lowest.txt -e '.[sim,test]'
+	touch $@
+
+test-lowest: $(LOWEST_BIN)/.installed
+	@sh scripts/ensure-fuse
+	@sh scripts/ensure-k8s
+	$(LOWEST_BIN)/uv pip list --python $(LOWEST_BIN)/python
+	$(LOWEST_BIN)/python -m pytest -q $(LOWEST_TESTS)
+
 lint: $(BIN)/.installed-test
 	$(BIN)/ruff check vgpu_state tests scripts bench
 	$(BIN)/mypy
@@ -71,4 +107,4 @@ bench: $(BIN)/.installed-test
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .cluster hack/k8s/bin hack/helm/bin hack/promtool/bin
+	rm -rf $(VENV) $(LOWEST) .pytest_cache .mypy_cache .ruff_cache .cluster hack/k8s/bin hack/helm/bin hack/promtool/bin

@@ -16,6 +16,11 @@ start-up), used only to refresh an expired OIDC token, loads when a token is
 refreshed, and the ``ApiClient``'s date parser (``dateutil.parser``, for the
 generated model classes the adapters do not use) when it parses a date
 (:func:`_import_with_stand_ins`).
+
+All of this rests on the client's module layout (which modules hold these parts,
+which packages they are in, what each module takes from a stood-in one):
+``tests/test_kube_client_layout.py`` checks it against the installed client, at the
+newest and at the lowest version ``pyproject.toml`` allows.
 """
 
 from __future__ import annotations
