@@ -188,27 +188,7 @@ class KubeApi:
         they arrive (a caller that decodes as it reads never holds the whole body).
         Raises as :meth:`request` does; the connection is released when the pieces are
         read or the iterator is closed."""
-        if query:
-            path = f"{path}?{urlencode(dict(query))}"
-        headers = {"Accept": accept, "Content-Type": "application/json"}
-        try:
-            serialized = self._client.param_serialize(
-                method="GET",
-                resource_path=path,
-                header_params=headers,
-                body=None,
-                auth_settings=["BearerToken"],
-            )
-            response = self._client.call_api(*serialized, _request_timeout=self.timeout)
-        except Exception as e:  # as _send: every failure here means "no answer"
-            if isinstance(e, ClusterError):
-                raise
-            raise ClusterUnreachableError(
-                f"Kubernetes API server {self.server} is unreachable (GET {path}): {_short(e)}"
-            ) from e
-        self.requests += 1
-        for warning in _warnings(response):
-            log.warning("the Kubernetes API server warns (GET %s): %s", path, warning)
+        response, path = self._open("GET", path, None, "application/json", query, accept)
         status = int(response.status)
         if not 200 <= status < 300:
             raise _error("GET", path, status, _decode(response.read()))
@@ -233,7 +213,7 @@ class KubeApi:
             else:
                 body.close()
 
-    def _send(
+    def _open(
         self,
         method: str,
         path: str,
@@ -242,7 +222,9 @@ class KubeApi:
         query: Mapping[str, str] | None,
         accept: str,
         timeout: tuple[float, float] | None = None,
-    ) -> tuple[int, bytes]:
+    ) -> tuple[Any, str]:
+        """Send the request: the client's response, its body not read yet, and the path
+        as sent (with its query)."""
         if query:
             path = f"{path}?{urlencode(dict(query))}"
         headers = {"Accept": accept, "Content-Type": content_type}
@@ -257,17 +239,36 @@ class KubeApi:
             response = self._client.call_api(
                 *serialized, _request_timeout=timeout or self.timeout
             )
-            raw = response.read()
+        except ClusterError:
+            raise
         except Exception as e:  # urllib3 and the client raise many types; all mean "no answer"
-            if isinstance(e, ClusterError):
-                raise
-            raise ClusterUnreachableError(
-                f"Kubernetes API server {self.server} is unreachable ({method} {path}): {_short(e)}"
-            ) from e
+            raise self._unreachable(method, path, e) from e
         self.requests += 1
         for warning in _warnings(response):
             # E.g. a field the server does not know and drops ("unknown field"): a bug to see.
             log.warning("the Kubernetes API server warns (%s %s): %s", method, path, warning)
+        return response, path
+
+    def _unreachable(self, method: str, path: str, e: Exception) -> ClusterUnreachableError:
+        return ClusterUnreachableError(
+            f"Kubernetes API server {self.server} is unreachable ({method} {path}): {_short(e)}"
+        )
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | Sequence[Any] | None,
+        content_type: str,
+        query: Mapping[str, str] | None,
+        accept: str,
+        timeout: tuple[float, float] | None = None,
+    ) -> tuple[int, bytes]:
+        response, path = self._open(method, path, body, content_type, query, accept, timeout)
+        try:
+            raw = response.read()
+        except Exception as e:  # the answer broke off: as no answer
+            raise self._unreachable(method, path, e) from e
         return int(response.status), raw or b""
 
     def get(self, path: str) -> JsonObject:
