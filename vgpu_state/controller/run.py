@@ -208,7 +208,7 @@ class Controller:
     """Accepted KubeVirt CR writes since start."""
     metrics: ControllerMetrics = field(default_factory=ControllerMetrics)
     _last_view: float | None = None
-    _reports: dict[str, tuple[str, LayoutBounds | None, NodeReport]] = field(
+    _reports: dict[str, tuple[str, LayoutBounds, NodeReport]] = field(
         default_factory=dict
     )
     """Each node's last report (a :func:`summary`), with the ``resourceVersion`` and bounds it
@@ -329,8 +329,10 @@ class Controller:
             raise DeposedError(f"{self.settings.identity} does not lead: it writes nothing")
         ref = kubevirt.find(self.api, self.settings.kubevirt)
         bounds, no_layouts = self._layout_bounds()
-        listed = nodestate.list_pages(self.api, lambda obj: self._listed(obj, bounds))
-        reports = tuple(self._reports_of(listed, bounds))
+        reports: tuple[NodeReport, ...] = ()
+        if bounds is not None:  # without bounds no report can justify or stop anything
+            listed = nodestate.list_pages(self.api, lambda obj: self._listed(obj, bounds))
+            reports = tuple(self._reports_of(listed, bounds))
         decisions: list[Decision] = []
 
         def compute(cr: JsonObject) -> KubeVirtPlan:
@@ -413,7 +415,7 @@ class Controller:
         return None, why
 
     def _listed(
-        self, obj: JsonObject, bounds: LayoutBounds | None
+        self, obj: JsonObject, bounds: LayoutBounds
     ) -> tuple[str, str, NodeReport | JsonObject]:
         """A listed object as its name, ``resourceVersion`` and kept report, or, when the
         status (or the document) changed since, what a report is read from."""
@@ -421,9 +423,6 @@ class Controller:
         name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
         if meta.get("uid"):
             self._uids[name] = str(meta["uid"])
-        if bounds is None:
-            unbounded = NodeReport(name, unreadable="no layouts document bounds the KubeVirt CR")
-            return name, version, unbounded
         kept = self._reports.get(name)
         if kept is not None and version and kept[0] == version and kept[1] is bounds:
             return name, version, kept[2]
@@ -432,11 +431,11 @@ class Controller:
     def _reports_of(
         self,
         pages: Iterable[list[tuple[str, str, NodeReport | JsonObject]]],
-        bounds: LayoutBounds | None,
+        bounds: LayoutBounds,
     ) -> list[NodeReport]:
         """Every listed node's report, page by page; what is kept is the listed nodes'."""
         reports: list[NodeReport] = []
-        kept: dict[str, tuple[str, LayoutBounds | None, NodeReport]] = {}
+        kept: dict[str, tuple[str, LayoutBounds, NodeReport]] = {}
         shared: dict[PermittedEntry, PermittedEntry] = {}
         for page in pages:
             for name, version, listed in page:
@@ -445,7 +444,6 @@ class Controller:
                     for entry in report.entries:
                         shared.setdefault(entry, entry)
                 else:
-                    assert bounds is not None  # _listed answers a report without bounds
                     report = summary(read_report(listed, bounds), shared)
                 kept[name] = (version, bounds, report)
                 reports.append(report)
