@@ -3,9 +3,9 @@
     python3 scripts/release_check.py --dist build/dist --image build/vgpu-state-1.2.3.oci.tar \
         --chart build/chart [--tag v1.2.3]
 
-One line per artifact (the wheel, the sdist, the image, the Helm chart) and per place in
-the tree (scripts/set_version.py): what it says and OK or what it differs from; exit 1
-when any differs or is missing. `make release-check` builds the artifacts and runs it;
+One line per artifact (the wheel, the sdist, the image, the Helm chart) and for the tree
+(every place scripts/set_version.py lists): what it says and OK or what it differs from;
+exit 1 when any differs or is missing. `make release-check` builds the artifacts and runs it;
 the release workflow runs it on what it is about to publish.
 
 The image is read from its OCI archive without running it: the tag it was saved under,
@@ -27,7 +27,7 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import set_version  # noqa: E402
+import set_version
 
 IMAGE_METADATA = re.compile(
     r"^(?:\./)?opt/vgpu-state/lib/python3[.0-9]*/site-packages/vgpu_state-[^/]+\.dist-info/METADATA$"
@@ -129,10 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", help="the git tag being released: must be v<version>")
     args = parser.parse_args(argv)
     version = set_version.source_version()
+    places = set_version.places()
+    # The tree: one line when every place agrees (scripts/set_version.py lists them),
+    # else one per place that differs.
     results: list[Result] = [
-        ("source", str(p.path.relative_to(set_version.REPO)) + f":{p.line}", p.version)
-        for p in set_version.places()
-    ]
+        ("tree", str(p.path.relative_to(set_version.REPO)) + f":{p.line}", p.version)
+        for p in places
+        if p.version != version
+    ] or [("tree", f"{len(places)} places (python3 scripts/set_version.py)", version)]
     if args.tag is not None:
         results.append(("git tag", args.tag, args.tag.removeprefix("v")
                         if args.tag.startswith("v") else f"{args.tag} (no v)"))  # fmt: skip
