@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-lowest lint bench fuzz clean cluster image
+.PHONY: demo test test-lowest lint bench fuzz clean cluster image release-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +99,22 @@ cluster: $(BIN)/.installed-test
 image:
 	sh scripts/build-image
 
+# What a release publishes, built here: the wheel and sdist (uv build), the image (make
+# image, as root) and the Helm chart (helm package, with hack/helm's helm or
+# $$VGPU_STATE_HELM_BIN/helm), into build/; then one line per artifact with the version
+# it carries, and exit 1 unless all are pyproject.toml's (scripts/release_check.py,
+# docs/release.md). The release workflow checks the same before it publishes.
+HELM ?= $(if $(VGPU_STATE_HELM_BIN),$(VGPU_STATE_HELM_BIN)/helm,hack/helm/bin/helm)
+release-check: $(BIN)/.installed
+	@test -x "$(HELM)" || { echo "release-check: no helm at $(HELM) (sh hack/helm/build.sh, or set VGPU_STATE_HELM_BIN)" >&2; exit 1; }
+	rm -rf build/dist build/chart
+	@$(BIN)/uv --version >/dev/null 2>&1 || $(BIN)/pip install --quiet --disable-pip-version-check uv
+	$(BIN)/uv build --quiet --out-dir build/dist
+	$(MAKE) image
+	$(HELM) package deploy/helm/vgpu-state --destination build/chart
+	$(BIN)/python scripts/release_check.py --dist build/dist --chart build/chart \
+	    --image build/vgpu-state-$$(sh scripts/version).oci.tar
+
 # Many more examples for the fuzz targets of tests/test_fuzz.py (make test runs a short pass).
 fuzz: $(BIN)/.installed-test
 	VGPU_STATE_FUZZ_EXAMPLES=$${VGPU_STATE_FUZZ_EXAMPLES:-3000} $(BIN)/python -m pytest -q -m fuzz tests/test_fuzz.py
@@ -107,4 +123,4 @@ bench: $(BIN)/.installed-test
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(LOWEST) .pytest_cache .mypy_cache .ruff_cache .cluster hack/k8s/bin hack/helm/bin hack/promtool/bin
+	rm -rf $(VENV) $(LOWEST) .pytest_cache .mypy_cache .ruff_cache .cluster hack/k8s/bin hack/helm/bin hack/promtool/bin hack/actionlint/bin

@@ -210,6 +210,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "  The Helm chart tests run helm built with Go (hack/helm/build.sh, which `make "
             "test` runs when Go is there). VGPU_STATE_REQUIRE_K8S=1 makes them fail instead."
         )
+    if any(reason.startswith("no actionlint") for reason in reasons):
+        terminalreporter.write_line(
+            "  The release workflow's lint runs actionlint built with Go "
+            "(hack/actionlint/build.sh, which `make test` runs when Go is there). "
+            "VGPU_STATE_REQUIRE_K8S=1 makes it fail instead."
+        )
     if any(reason.startswith("no promtool") for reason in reasons):
         terminalreporter.write_line(
             "  The monitoring tests run Prometheus's promtool built with Go "

@@ -202,42 +202,6 @@ def test_version_is_the_installed_packages() -> None:
     assert __version__ == version("vgpu-state")
 
 
-def git(cwd: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-        cwd=cwd, check=True, capture_output=True,
-    )  # fmt: skip
-
-
-def test_the_version_comes_from_the_git_tags(tmp_path: Path) -> None:
-    """scripts/version (the image's tag) follows the package build's scheme."""
-    if shutil.which("git") is None:
-        pytest.skip("no git")
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(REPO / "scripts" / "version", tmp_path / "scripts" / "version")
-
-    def version() -> str:
-        proc = subprocess.run(
-            ["sh", "scripts/version"], cwd=tmp_path, capture_output=True, text=True, check=True
-        )
-        return proc.stdout.strip()
-
-    assert version() == "0.1.0.dev0", "outside a git checkout: the fallback"
-    git(tmp_path, "init", "-q")
-    (tmp_path / "f").write_text("1")
-    git(tmp_path, "add", "f")
-    git(tmp_path, "commit", "-q", "-m", "one")
-    git(tmp_path, "commit", "-q", "--allow-empty", "-m", "two")
-    assert version() == "0.1.0.dev2", "no tag: the commits so far"
-    git(tmp_path, "tag", "v1.4.2")
-    assert version() == "1.4.2", "a tagged commit is the release"
-    (tmp_path / "f").write_text("2")
-    assert version() == "1.4.3.dev0", "uncommitted changes are not the release"
-    git(tmp_path, "commit", "-q", "-am", "three")
-    git(tmp_path, "commit", "-q", "--allow-empty", "-m", "four")
-    assert version() == "1.4.3.dev2"
-
-
 # Old spellings ---------------------------------------------------------------------
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

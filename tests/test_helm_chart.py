@@ -249,7 +249,8 @@ def test_every_object_with_every_option_set_is_valid(helm: str, version: str) ->
         "--set", "agent.mode=enforce",
         "--set", "dra.enabled=true",
         "--set", "imagePullSecrets[0].name=registry",
-        "--set", "image.repository=registry.example/vgpu-state",
+        "--set", "image.registry=registry.example:5000",
+        "--set", "image.repository=vgpu-state",
         "--set", "image.tag=1.2.3",
         "--set", "agent.maxUnavailable=10%",
         "--set", "agent.nvidiaLibPath=/run/nvidia/driver/usr/lib/nvidia",
@@ -271,13 +272,51 @@ def test_every_object_with_every_option_set_is_valid(helm: str, version: str) ->
     alert = rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
     assert "{{ $labels.node }}" in alert  # the rule's own template, not Helm's
     assert pod["imagePullSecrets"] == [{"name": "registry"}]
-    assert pod["containers"][0]["image"] == "registry.example/vgpu-state:1.2.3"
+    assert pod["containers"][0]["image"] == "registry.example:5000/vgpu-state:1.2.3"
     assert pod["containers"][0]["args"][-2:] == ["--resync", "120"]
     nvidia = [v for v in pod["volumes"] if v["name"] == "nvidia-lib"]
     assert nvidia[0]["hostPath"]["path"] == "/run/nvidia/driver/usr/lib/nvidia"
     (controller,) = [d for d in docs if d["kind"] == "Deployment"]
     assert controller["spec"]["replicas"] == 3
     assert controller["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "600"
+
+
+def test_both_install_the_published_image_of_the_charts_release(
+    helm: str, tmp_path: Path
+) -> None:
+    """The image a user gets without setting one: the release workflow's, at the one
+    version (pyproject.toml's); one value moves it to another registry."""
+    version = release_version()
+    published = f"ghcr.io/vgpu-state/vgpu-state:{version}"
+    for docs in (template(helm), kustomize(tmp_path)):
+        images = {c["image"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")
+                  for c in d["spec"]["template"]["spec"]["containers"]}  # fmt: skip
+        assert images == {published}
+    (agent,) = [d for d in template(helm, "--set", "image.registry=registry.example")
+                if d["kind"] == "DaemonSet"]  # fmt: skip
+    assert agent["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"registry.example/vgpu-state/vgpu-state:{version}"
+    )
+    (agent,) = [d for d in template(helm, "--set", "image.registry=") if d["kind"] == "DaemonSet"]
+    assert agent["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"vgpu-state/vgpu-state:{version}"
+    )
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    docs = kustomize(overlay, "resources: [BASE]\nimages:\n"
+                     "  - name: ghcr.io/vgpu-state/vgpu-state\n"
+                     "    newName: registry.example/vgpu-state\n")  # fmt: skip
+    (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert agent["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"registry.example/vgpu-state:{version}"
+    )
+
+
+def release_version() -> str:
+    proc = subprocess.run(
+        ["sh", str(REPO / "scripts" / "version")], capture_output=True, text=True, check=True
+    )
+    return proc.stdout.strip()
 
 
 def test_a_layouts_file_given_to_the_chart_is_the_configmap(helm: str, tmp_path: Path) -> None:
@@ -320,6 +359,7 @@ def test_dra_on_a_cluster_older_than_1_34_is_refused(helm: str) -> None:
         (["--set", "dra=true"], "at '/dra': got boolean, want object"),
         (["--set", "agent.port=70000"], "at '/agent/port': maximum: got 70,000, want 65,535"),
         (["--set", "agent.nvidiaLibPath=usr/lib/nvidia"], "at '/agent/nvidiaLibPath'"),
+        (["--set", "image.registry=https://ghcr.io"], "at '/image/registry'"),
         (["--set", "config=layouts: ["], "config: not a YAML layouts file"),
         (["--set", "config=version: v1"], "config: the layouts file has no vgpu-configs"),
     ],

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def version() -> str:
-    """The version scripts/build-image tags the image with (from the git tags)."""
+    """The version scripts/build-image tags the image with (pyproject.toml's)."""
     proc = subprocess.run(
         ["sh", str(REPO / "scripts" / "version")], capture_output=True, text=True, check=True
     )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def __getattr__(name: str) -> str:
-    """``__version__``: the installed package's version, from the git tags when it was built
-    (setuptools-scm); read from the package's metadata when first asked for."""
+    """``__version__``: the installed package's version (pyproject.toml's, the one version
+    string of docs/release.md); read from the package's metadata when first asked for."""
     if name != "__version__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib.metadata import PackageNotFoundError
