@@ -42,7 +42,7 @@ class AgentParts:
     ports: Ports
     settings: Settings
     config_dir: Path
-    mode: str = AgentMode.ENFORCE
+    mode: str = AgentMode.DEFAULT
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     # While a layout switch waits for a holder: how often the holders are re-read.
     holder_poll_seconds: float = DEFAULT_HOLDER_POLL_SECONDS
