@@ -180,6 +180,7 @@ def build(flags: AgentFlags) -> Agent:
         shutdown=shutdown,
         allocatable=monitor,
         apiserver=apiserver,
+        on_mode=cluster.set_mode,
     )
     return Agent(parts)
 

@@ -129,6 +129,7 @@ class NodeReconciler:
         clock: Callable[[], float] = time.time,
         slot_poll: float = SLOT_POLL,
         rng: random.Random | None = None,
+        on_mode: Callable[[str], None] | None = None,
     ) -> None:
         if mode not in AgentMode.ALL:
             raise ValueError(f"mode must be one of {', '.join(AgentMode.ALL)}, got {mode!r}")
@@ -137,9 +138,11 @@ class NodeReconciler:
         self.metrics = metrics
         self.mode = mode
         """The default mode (``--mode``)."""
-        self.current_mode = mode
-        """The mode of the last reconcile: the node's ``vgpu-state.io/mode`` label, else
-        :attr:`mode`."""
+        self._on_mode = on_mode
+        """Told the mode of each reconcile before it runs (the status shows it)."""
+        self._current_mode = mode
+        if on_mode is not None:
+            on_mode(mode)
         self._bad_mode_label: str | None = None
         self.rollout = rollout
         self._clock = clock
@@ -150,6 +153,18 @@ class NodeReconciler:
         self.last_report: Report | None = None
         self._busy = threading.Lock()
         self._asked: tuple[int, frozenset[str]] | None = None
+
+    @property
+    def current_mode(self) -> str:
+        """The mode of the last reconcile: the node's ``vgpu-state.io/mode`` label, else
+        :attr:`mode`."""
+        return self._current_mode
+
+    @current_mode.setter
+    def current_mode(self, mode: str) -> None:
+        self._current_mode = mode
+        if self._on_mode is not None:
+            self._on_mode(mode)
 
     def __call__(self, batch: Batch, stopping: threading.Event) -> PassResult:
         started = time.monotonic()
