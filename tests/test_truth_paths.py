@@ -224,3 +224,13 @@ def test_a_plan_only_agent_changes_nothing_on_its_node(tmp_path: Path) -> None:
     finally:
         sim.close()
     assert "planned, not applied (plan-only)" in outcome.summary
+
+
+def test_plan_json_with_out_writes_the_file_only(tmp_path: Path) -> None:
+    saved = tmp_path / "plan.json"
+    r = run("plan", "-f", str(MIXED), "--sim", str(SIM), "-c", "mixed", "-o", "json",
+            "--out", str(saved))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and str(saved) in r.stderr
+    assert json.loads(saved.read_text())["plan"]["selection"]["config"] == "mixed"
