@@ -126,8 +126,10 @@ class KubeCluster:
 
     def set_mode(self, mode: str) -> None:
         """The agent's mode from now on (``enforce`` or ``plan-only``), for the statuses."""
-        if mode == "enforce" or mode == "plan-only":
-            self.mode = mode
+        if mode == "enforce":
+            self.mode = "enforce"
+        elif mode == "plan-only":
+            self.mode = "plan-only"
         else:
             raise ValueError(f"mode must be enforce or plan-only, got {mode!r}")
 
