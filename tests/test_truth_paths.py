@@ -234,3 +234,24 @@ def test_plan_json_with_out_writes_the_file_only(tmp_path: Path) -> None:
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and str(saved) in r.stderr
     assert json.loads(saved.read_text())["plan"]["selection"]["config"] == "mixed"
+
+
+def test_fleet_plan_lists_a_node_without_gpus_as_an_error() -> None:
+    import datetime
+
+    from vgpu_state.model.fleet import ReportedNode
+    from vgpu_state.model.snapshot import NodeSnapshot
+    from vgpu_state.reconcile.fleet import NodeOutcome, plan_node
+
+    catalog = default_catalog()
+    document = load_text(MIXED.read_text(), str(MIXED), catalog=catalog)
+    now = datetime.datetime(2026, 11, 28, tzinfo=datetime.UTC)
+    node = ReportedNode(
+        "n1",
+        {"nvidia.com/vgpu.config": "mixed"},
+        NodeSnapshot(node="n1", sysfs_root="/sys"),
+        scanned_at=now,
+    )
+    planned = plan_node(document, node, Settings(catalog=catalog), now)
+    assert planned.outcome is NodeOutcome.ERROR and planned.reason == "NoGpus"
+    assert "no NVIDIA GPUs found under /sys on node n1" in (planned.message or "")
