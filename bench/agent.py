@@ -103,6 +103,8 @@ class Agent:
             f"127.0.0.1:{self.port}",
             "--resync",
             str(resync),
+            "--mode",
+            "enforce",
             "--no-kubevirt",
             "--device-plugin-dir",
             self.kubelet.plugin_dir,

@@ -132,7 +132,7 @@ class Running:
             "--node", node, "--config-dir", str(self.config_dir),
             "--kubeconfig", str(kubeconfig), "--sysfs-root", root,
             "--state-dir", str(tmp / "state"), "--in-use-file", str(in_use),
-            "--listen", "127.0.0.1:0", "--resync", "300",
+            "--listen", "127.0.0.1:0", "--resync", "300", "--mode", "enforce",
             "--namespace", "vgpu-state", "--device-plugin-dir", str(self.plugin_dir),
         ]  # fmt: skip
         self.proc: subprocess.Popen[str] | None = None

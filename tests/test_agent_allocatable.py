@@ -323,6 +323,7 @@ class InProcess:
             ports=ports,
             settings=Settings(catalog=CATALOG),
             config_dir=config_dir,
+            mode="enforce",
             listen=None,
             resync_seconds=3600,
             trigger_sources=[

@@ -63,7 +63,7 @@ def start_agent(
         "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE,
         "--sysfs-root", str(root), "--state-dir", str(tmp / "state"),
         "--in-use-file", str(in_use), "--listen", "", "--resync", "300",
-        "--no-device-plugin", "--no-kubevirt", *extra,
+        "--no-device-plugin", "--no-kubevirt", "--mode", "enforce", *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(args, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
     return proc, log

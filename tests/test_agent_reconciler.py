@@ -298,7 +298,9 @@ def test_the_node_state_and_a_deferred_switch_are_exported_with_their_since_time
     try:
         now = [1e9]
         settings = Settings(catalog=default_catalog())
-        reconcile = NodeReconciler(node.ports, settings, node.metrics, clock=lambda: now[0])
+        reconcile = NodeReconciler(
+            node.ports, settings, node.metrics, AgentMode.ENFORCE, clock=lambda: now[0]
+        )
         assert reconcile(BATCH, threading.Event()).ok
         state = "vgpu_state_node_state"
         assert series(node, state) == {(("mode", "enforce"), ("state", "success")): 1.0}

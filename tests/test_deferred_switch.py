@@ -294,6 +294,7 @@ def test_the_agent_runs_a_deferred_switch_when_the_holder_goes_not_on_the_resync
         ports=ports,
         settings=Settings(catalog=CATALOG),
         config_dir=config_dir,
+        mode="enforce",
         resync_seconds=3600,  # never within this test
         holder_poll_seconds=0.1,
         listen=None,

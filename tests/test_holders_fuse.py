@@ -121,8 +121,9 @@ def test_plan_and_apply_see_a_process_holding_a_vgpu(tmp_path: Path) -> None:
             gpu = scan(str(m.root), catalog=CATALOG).gpus[0]
             assert len(gpu.vgpus) == 3, "nothing is destroyed on the held GPU"
 
-            # A proc root with no such process (an empty one) sees no holder.
-            (tmp_path / "empty-proc").mkdir()
+            # A proc root with no such process (only an init) sees no holder.
+            (tmp_path / "empty-proc" / "1").mkdir(parents=True)
+            (tmp_path / "empty-proc" / "1" / "cmdline").write_bytes(b"/sbin/init\0")
             blind = cli("plan", *common, "--proc-root", str(tmp_path / "empty-proc"))
             assert holder not in blind.stdout and HELD in blind.stdout
 

@@ -166,7 +166,8 @@ def test_assert_where_the_gpus_fell_off_the_bus_says_no_gpus_found(tmp_path: Pat
     )
     r = run("assert", "-f", str(REPO / "configs" / "default.yaml"), "--sim", str(spec))
     assert r.exit_code == 1, r.output
-    assert 'Assertion failure: no GPUs found: configuration "default"' in r.stdout
+    assert "Assertion failure: no NVIDIA GPUs found under /sim/sys on node n1" in r.stdout
+    assert 'configuration "default" lays out vGPUs' in r.stdout
     assert "matches" not in r.stdout
     # A config that lays out no vGPU still matches a node without GPUs.
     empty = tmp_path / "empty.yaml"

@@ -57,6 +57,8 @@ def test_crd_shape_kubectl_relies_on() -> None:
     assert [c["name"].upper() for c in version["additionalPrinterColumns"]] == [
         "CONFIG",
         "STATE",
+        "MODE",
+        "REASON",
         "VGPUS",
         "BLOCKED",
         "ALLOCATABLE",
@@ -74,7 +76,7 @@ def test_crd_shape_kubectl_relies_on() -> None:
         path = column["jsonPath"].strip(".").split(".")
         if path[0] == "status":
             assert path[1].split("[")[0] in status["properties"], column
-    allocatable = version["additionalPrinterColumns"][4]["jsonPath"]
+    allocatable = version["additionalPrinterColumns"][6]["jsonPath"]
     assert allocatable == '.status.conditions[?(@.type=="KubeletAllocatable")].status'
     assert "KubeletAllocatable" in conditions["items"]["properties"]["type"]["enum"]
 
@@ -162,3 +164,51 @@ def test_transition_time_moves_only_when_a_condition_changes() -> None:
     flipped = merge_conditions(same, [("Ready", False, "ApplyFailed", "EIO")], 4, later)
     assert flipped[0].last_transition_time == "2026-11-23T10:05:00Z"
     assert flipped[0].status == "False"
+
+
+def test_kubectl_get_shows_the_agents_mode_and_why_it_failed(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    """An agent started as by hand (no --mode) on a node whose GPUs are gone: ``kubectl
+    get vgpunodestates`` says plan-only and NoGpus, on the real API server."""
+    import threading
+    import time
+
+    from vgpu_state.agent.assemble import AgentFlags, build
+
+    node = "gpu-gone-1"
+    cluster.ensure_node(node, {"nvidia.com/vgpu.config": "a2"})
+    spec = tmp_path / "node.yaml"
+    spec.write_text(f"node: {node}\ngpus: []\nextra-pci-devices: 2\n")
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "config.yaml").write_text(
+        "version: v1\nvgpu-configs:\n  a2:\n    - devices: all\n"
+        '      device-filter: "0x25B610DE"\n      vgpu-devices: {A2-4Q: 4}\n'
+    )
+    token = cluster.agent_token(node)
+    flags = AgentFlags(
+        node=node,
+        config_dir=config,
+        resync=300.0,
+        listen="",
+        kubeconfig=str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)),
+        sim_spec=str(spec),
+        state_dir=tmp_path / "state",
+        device_plugin=False,
+        manage_kubevirt=False,
+    )
+    agent = build(flags)
+    thread = threading.Thread(target=agent.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while (cluster.get(NODESTATES, node) or {}).get("status", {}).get("state") != "failed":
+            assert time.monotonic() < deadline, cluster.get(NODESTATES, node)
+            time.sleep(0.2)
+    finally:
+        agent.stop()
+        thread.join(30)
+    header, row = cluster.kubectl("get", "vgpunodestates", node).splitlines()
+    assert header.split()[:6] == ["NAME", "CONFIG", "STATE", "MODE", "REASON", "VGPUS"]
+    assert row.split()[:6] == [node, "a2", "failed", "plan-only", "NoGpus", "0"]

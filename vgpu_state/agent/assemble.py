@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from vgpu_state.agent.allocatable import AllocatableMonitor
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink, InUseSource, in_use_from_file
 from vgpu_state.agent.holderwatch import DEFAULT_HOLDER_POLL_SECONDS
+from vgpu_state.agent.reconciler import AgentMode
 from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import (
     CONFIG_FILE,
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 class AgentFlags:
     node: str
     config_dir: Path
-    mode: str = "enforce"
+    mode: str = AgentMode.DEFAULT
     resync: float = 60.0
     holder_poll: float = DEFAULT_HOLDER_POLL_SECONDS
     listen: str = METRICS_LISTEN
@@ -85,10 +86,12 @@ class AgentFlags:
 
 def build(flags: AgentFlags) -> Agent:
     """Connect to the cluster and assemble an :class:`Agent` (nothing runs yet)."""
-    api = KubeApi.connect(flags.kubeconfig)
     flags.state_dir.mkdir(parents=True, exist_ok=True)
     state = StateDir.at(flags.state_dir)
+    # The host flags (--proc-root, --sim, --sysfs-root) are checked before the cluster
+    # is asked anything.
     node = open_agent_node(flags)
+    api = KubeApi.connect(flags.kubeconfig)
     in_use: InUseSource | None = node.held if node.sim is not None else None
     if flags.in_use_file:
         in_use = in_use_from_file(flags.in_use_file)
@@ -177,6 +180,7 @@ def build(flags: AgentFlags) -> Agent:
         shutdown=shutdown,
         allocatable=monitor,
         apiserver=apiserver,
+        on_mode=cluster.set_mode,
     )
     return Agent(parts)
 

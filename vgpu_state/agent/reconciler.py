@@ -70,6 +70,8 @@ class AgentMode:
     ENFORCE = "enforce"
     PLAN_ONLY = "plan-only"
     ALL = (ENFORCE, PLAN_ONLY)
+    DEFAULT = PLAN_ONLY
+    """``--mode`` when not given: report only, as ``deploy/`` and the Helm chart install it."""
 
 
 MODE_LABEL = "vgpu-state.io/mode"
@@ -122,11 +124,12 @@ class NodeReconciler:
         ports: Ports,
         settings: Settings,
         metrics: AgentMetrics,
-        mode: str = AgentMode.ENFORCE,
+        mode: str = AgentMode.DEFAULT,
         rollout: RolloutGate | None = None,
         clock: Callable[[], float] = time.time,
         slot_poll: float = SLOT_POLL,
         rng: random.Random | None = None,
+        on_mode: Callable[[str], None] | None = None,
     ) -> None:
         if mode not in AgentMode.ALL:
             raise ValueError(f"mode must be one of {', '.join(AgentMode.ALL)}, got {mode!r}")
@@ -135,9 +138,11 @@ class NodeReconciler:
         self.metrics = metrics
         self.mode = mode
         """The default mode (``--mode``)."""
-        self.current_mode = mode
-        """The mode of the last reconcile: the node's ``vgpu-state.io/mode`` label, else
-        :attr:`mode`."""
+        self._on_mode = on_mode
+        """Told the mode of each reconcile before it runs (the status shows it)."""
+        self._current_mode = mode
+        if on_mode is not None:
+            on_mode(mode)
         self._bad_mode_label: str | None = None
         self.rollout = rollout
         self._clock = clock
@@ -148,6 +153,18 @@ class NodeReconciler:
         self.last_report: Report | None = None
         self._busy = threading.Lock()
         self._asked: tuple[int, frozenset[str]] | None = None
+
+    @property
+    def current_mode(self) -> str:
+        """The mode of the last reconcile: the node's ``vgpu-state.io/mode`` label, else
+        :attr:`mode`."""
+        return self._current_mode
+
+    @current_mode.setter
+    def current_mode(self, mode: str) -> None:
+        self._current_mode = mode
+        if self._on_mode is not None:
+            self._on_mode(mode)
 
     def __call__(self, batch: Batch, stopping: threading.Event) -> PassResult:
         started = time.monotonic()
@@ -168,13 +185,13 @@ class NodeReconciler:
             self._degraded(error)
             self.metrics.set_node_state(ConfigState.FAILED, self.current_mode)
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
-            return PassResult(True, f"degraded: config invalid: {first}"), "degraded"
+            return PassResult(True, f"degraded: config invalid: {first}", failed=True), "degraded"
         try:
             self._set_mode(self.ports.cluster.labels().get(MODE_LABEL))
         except TransientError as e:
-            return PassResult(False, f"will retry: {e}"), "failed"
+            return PassResult(False, f"will retry: {e}", failed=True), "failed"
         except VgpuStateError as e:
-            return PassResult(False, f"failed: {e}"), "failed"
+            return PassResult(False, f"failed: {e}", failed=True), "failed"
         mode = Mode.APPLY if self.current_mode == AgentMode.ENFORCE else Mode.PLAN
         gate = self.rollout.admit if self.rollout is not None and mode is Mode.APPLY else None
         try:
@@ -186,6 +203,7 @@ class NodeReconciler:
                 gate=gate,
                 reporter=_Hearing(self.metrics, stopping),
                 document=document,
+                report_failure=True,
             )
         except StopRequested as stop:
             return PassResult(True, str(stop)), "stopped"
@@ -193,24 +211,24 @@ class NodeReconciler:
             try:
                 self._unselected(e)
             except TransientError as failed:
-                return PassResult(False, f"will retry: {failed}"), "failed"
+                return PassResult(False, f"will retry: {failed}", failed=True), "failed"
             except VgpuStateError as failed:
-                return PassResult(False, f"failed: {failed}"), "failed"
+                return PassResult(False, f"failed: {failed}", failed=True), "failed"
             self.metrics.set_node_state(None, self.current_mode)
             self.metrics.set_switches_deferred((), self._clock())
             return PassResult(True, f"left alone: {e}"), "unselected"
         except TransientError as e:
-            self._failed_reported(mode)
-            return PassResult(False, f"will retry: {e}"), "failed"
+            self._failed_reported()
+            return PassResult(False, f"will retry: {e}", failed=True), "failed"
         except UserError as e:
             # Reported as a failed status already; retrying will not help until an input changes.
-            self._failed_reported(mode)
+            self._failed_reported()
             self._finished(converged=False)
-            return PassResult(True, f"failed: {e}"), "failed"
+            return PassResult(True, f"failed: {e}", failed=True), "failed"
         except VgpuStateError as e:
-            self._failed_reported(mode)
+            self._failed_reported()
             self._finished(converged=False)
-            return PassResult(False, f"failed: {e}"), "failed"
+            return PassResult(False, f"failed: {e}", failed=True), "failed"
         self.last_report = report
         if report.declined:
             # Asked again every few seconds (jittered, so waiting nodes do not ask in
@@ -259,10 +277,9 @@ class NodeReconciler:
         self._asked = asked
         return True
 
-    def _failed_reported(self, mode: Mode) -> None:
-        """An apply that raised has reported the node failed (a plan reports nothing)."""
-        if mode is Mode.APPLY:
-            self.metrics.set_node_state(ConfigState.FAILED, self.current_mode)
+    def _failed_reported(self) -> None:
+        """A reconcile that raised has reported the node failed (in either mode)."""
+        self.metrics.set_node_state(ConfigState.FAILED, self.current_mode)
 
     def _finished(self, converged: bool) -> None:
         if self.rollout is not None and self.current_mode == AgentMode.ENFORCE:

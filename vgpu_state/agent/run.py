@@ -42,7 +42,7 @@ class AgentParts:
     ports: Ports
     settings: Settings
     config_dir: Path
-    mode: str = AgentMode.ENFORCE
+    mode: str = AgentMode.DEFAULT
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     # While a layout switch waits for a holder: how often the holders are re-read.
     holder_poll_seconds: float = DEFAULT_HOLDER_POLL_SECONDS
@@ -59,6 +59,8 @@ class AgentParts:
     allocatable: AllocatableMonitor | None = None
     # The API server's health (its probe is one of ``services``): /readyz follows it.
     apiserver: ApiServerHealth | None = None
+    # Told the mode of each reconcile (the node's status shows it).
+    on_mode: Callable[[str], None] | None = None
 
 
 class Agent:
@@ -72,8 +74,9 @@ class Agent:
             parts.apiserver.on_change = self.metrics.apiserver_changed
         self.queue = WorkQueue(settle=settle)
         self.reconciler = NodeReconciler(
-            parts.ports, parts.settings, self.metrics, parts.mode, parts.rollout
-        )
+            parts.ports, parts.settings, self.metrics, parts.mode, parts.rollout,
+            on_mode=parts.on_mode,
+        )  # fmt: skip
         self.worker = Worker(self.queue, self.reconciler, self.health)
         if parts.allocatable is not None:
             parts.allocatable.metrics = self.metrics

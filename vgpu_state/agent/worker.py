@@ -42,6 +42,14 @@ class PassResult:
     retry_in: float | None = None
     """Not ok, but not a failure either (e.g. waiting for a rollout slot): try again
     after this many seconds, without the failures' growing backoff."""
+    failed: bool = False
+    """The reconcile ended with an error (reported, e.g. a config that does not load, or
+    to be retried): logged as a warning, whether or not it is retried."""
+
+    @property
+    def is_failure(self) -> bool:
+        """A failure to log as one: :attr:`failed`, or not ok with no wait given."""
+        return self.failed or (not self.ok and self.retry_in is None)
 
 
 # reconcile(batch, stopping): ``stopping`` is set once shutdown is requested;
@@ -116,10 +124,11 @@ class Worker:
             outcome = self._reconcile(batch, self.stopping)
         except Exception as exc:  # the agent must outlive any one reconcile
             log.exception("reconcile failed")
-            outcome = PassResult(False, f"reconcile failed: {exc}")
+            outcome = PassResult(False, f"reconcile failed: {exc}", failed=True)
         took = time.monotonic() - started
         self._health.reconcile_finished(outcome.ok, outcome.summary)
-        log.info(
+        log.log(
+            logging.WARNING if outcome.is_failure else logging.INFO,
             "reconcile (%s; %d trigger(s)) took %.3f s: %s",
             ", ".join(batch.reasons),
             batch.count,

@@ -30,9 +30,10 @@ from vgpu_state.cli.options import (
 @click.option(
     "--mode",
     type=click.Choice(["enforce", "plan-only"]),
-    default="enforce",
+    default="plan-only",
     show_default=True,
-    help="enforce: apply (blocked items are skipped and reported); plan-only: report only. "
+    help="plan-only: report what would change, change nothing (as deploy/ and the Helm "
+    "chart install it); enforce: apply (blocked items are skipped and reported). "
     "The node label vgpu-state.io/mode (enforce or plan-only) overrides it per node.",
 )
 @click.option(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import NoReturn
 
 import click
 
@@ -16,15 +17,7 @@ from vgpu_state.cli.session import (
     settings,
     warn_unfinished,
 )
-from vgpu_state.config.document import ConfigDocument
-
-
-def expects_vgpus(document: ConfigDocument, config: str | None) -> bool:
-    """The selected config lays out at least one vGPU somewhere."""
-    named = document.configs.get(config) if config else None
-    return named is not None and any(
-        count > 0 for e in named.entries for count in e.vgpu_devices.values()
-    )
+from vgpu_state.reconcile import NoGpusError
 
 
 @click.command("assert")
@@ -48,15 +41,17 @@ def assert_cmd(session: SessionArgs, journal_file: str | None, output: str) -> N
     target = open_target(session, s)
     try:
         warn_unfinished(journal_for(journal_file, session.sim_spec))
-        report = reconcile(session, target, s)
+        try:
+            report = reconcile(session, target, s)
+        except NoGpusError as e:
+            # A health check built on assert must go red when the GPUs fall off the bus:
+            # entries selected by device-filter match nothing then, and nothing differs.
+            _no_gpus(e, output)
     finally:
         target.close()
     config = report.inputs.desired.config
-    no_gpus = not report.inputs.snapshot.gpus and expects_vgpus(report.inputs.document, config)
     if output == "json":
         differences = list(report.differences)
-        if no_gpus:
-            differences.insert(0, "no GPUs found: the configuration lays out vGPUs")
         doc = {
             "matches": not differences,
             "node": report.inputs.snapshot.node,
@@ -66,17 +61,24 @@ def assert_cmd(session: SessionArgs, journal_file: str | None, output: str) -> N
         }
         click.echo(json.dumps(doc, indent=2))
         sys.exit(0 if not differences else 1)
-    if no_gpus:
-        # A health check built on assert must go red when the GPUs fall off the bus:
-        # entries selected by device-filter match nothing then, and nothing differs.
-        click.echo(
-            f'Assertion failure: no GPUs found: configuration "{config}" lays out vGPUs, '
-            "but the scan found no NVIDIA GPU on this node."
-        )
-        sys.exit(1)
     if report.differences:
         click.echo(f'Assertion failure: the node does not match configuration "{config}":')
         for line in report.differences:
             click.echo(f"  {line}")
         sys.exit(1)
     click.echo(f'The node matches configuration "{config}" ({report.inputs.detail}).')
+
+
+def _no_gpus(e: NoGpusError, output: str) -> NoReturn:
+    if output == "json":
+        doc = {
+            "matches": False,
+            "node": e.node,
+            "config": e.config,
+            "selection": e.detail,
+            "differences": [str(e)],
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(f"Assertion failure: {e}.")
+    sys.exit(1)

@@ -26,7 +26,12 @@ from vgpu_state.render import render_json, render_text
 @click.command("plan")
 @selection_options
 @output_option()
-@click.option("--out", "out_file", type=click.Path(dir_okay=False), help="Save the plan here.")
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False),
+    help="Save the plan here (with -o json: only there; stdout stays empty).",
+)
 @click.option(
     "--detailed-exitcode",
     is_flag=True,
@@ -57,13 +62,17 @@ def plan_cmd(
         warn_unfinished(journal_for(journal_file, session.sim_spec))
         report = reconcile(session, target, s)
         p = report.plan
-        if output == "json":
+        if output == "json" and out_file:
+            # The JSON goes to the file only; a note on stderr says where.
+            _save_plan(out_file, report, session.sysfs_root, session.sim_spec)
+            click.echo(f"Saved the plan to {out_file} (apply it: vgpu-state apply {out_file})",
+                       err=True)  # fmt: skip
+        elif output == "json":
             sys.stdout.write(render_json(p))
         else:
             print_plan_text(render_text(p))
-        if out_file:
-            _save_plan(out_file, report, session.sysfs_root, session.sim_spec)
-            if output == "text":
+            if out_file:
+                _save_plan(out_file, report, session.sysfs_root, session.sim_spec)
                 click.echo(f"\nSaved the plan to {out_file}. Apply exactly it with:")
                 click.echo(f"  vgpu-state apply {out_file}")
     finally:

@@ -279,7 +279,7 @@ def select_cmd(
       vgpu-state select -f configs/examples/node-pools.yaml --node n1 --label pool=vdi \\
           --gpu 08:00.0=A2 --gpu 3b:00.0=A16
       vgpu-state select -f configs/examples/mixed-node.yaml --sim configs/sim/mixed.yaml
-      vgpu-state select -f configs/default.yaml --sim configs/sim/a2-host.yaml -o json
+      vgpu-state select -f configs/default.yaml --sim configs/sim/t4-pair.yaml -o json
     """
     node_name = node
     document = load_document(config_file)

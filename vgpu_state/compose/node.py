@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from vgpu_state.catalog import Catalog
 from vgpu_state.host import SysfsHost
-from vgpu_state.host.holders import ProcHolders
+from vgpu_state.host.holders import ProcHolders, check_proc_root
 from vgpu_state.model.errors import SelectionError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -53,7 +53,8 @@ class NodeSettings:
     """A real host's sriov-manage command (see ``reconcile.Settings.sriov_manage``)."""
     proc_root: str | None = None
     """Where processes holding vGPUs are read (``None``: ``/proc``, or a simulated
-    node's own)."""
+    node's own); one given must look like a ``/proc``
+    (:func:`~vgpu_state.host.holders.check_proc_root`)."""
     autosave: bool = False
     """A simulated node keeps every write in its spec's write log as it is made
     (see :func:`~vgpu_state.sim.node.open_sim`)."""
@@ -122,6 +123,8 @@ def open_node(
         raise SelectionError("give either --sim or --sysfs-root, not both")
     if settings.sim_spec and settings.sriov_manage is not None:
         raise SelectionError("--sriov-manage applies to a real sysfs, not to --sim")
+    if settings.proc_root is not None:
+        check_proc_root(settings.proc_root)
     memory = driver_types if driver_types is not None else driver_type_memory(settings, warn)
     catalog = settings.catalog
     if settings.sim_spec:

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vgpu_state.host.reader import Filesystem, OsFilesystem
+from vgpu_state.model.errors import Reason, UserError
 from vgpu_state.model.snapshot import NodeSnapshot
 
 
@@ -143,6 +144,41 @@ def scan_holders(
         for key in keys:
             found.held.setdefault(key, holder)
     return found
+
+
+class NotProcError(UserError):
+    """A directory given as the host's ``/proc`` does not look like one: reading holders
+    there would find none, and every held vGPU would look free."""
+
+    default_reason = Reason.INPUT_INVALID
+
+
+PROC_ENTRIES_CHECKED = 64
+"""How many numeric entries :func:`check_proc_root` looks at for a ``cmdline``."""
+
+
+def check_proc_root(proc_root: str) -> None:
+    """Raise :class:`NotProcError` naming ``proc_root`` unless it looks like a ``/proc``:
+    a directory with a process directory (a number) holding a ``cmdline``.
+
+    A mistyped path (``/host/prc``) or an empty directory would otherwise turn holder
+    detection off without a word: no process found, every vGPU free.
+    """
+    what = "it must be the host's /proc (processes holding vGPUs are read there)"
+    try:
+        names = os.listdir(proc_root)
+    except FileNotFoundError:
+        raise NotProcError(f"{proc_root}: no such directory; {what}") from None
+    except NotADirectoryError:
+        raise NotProcError(f"{proc_root}: not a directory; {what}") from None
+    except OSError as e:
+        raise NotProcError(f"{proc_root}: cannot be read: {e.strerror or e}; {what}") from None
+    pids = [name for name in names if name.isdigit()][:PROC_ENTRIES_CHECKED]
+    if not any(os.path.isfile(os.path.join(proc_root, pid, "cmdline")) for pid in pids):
+        raise NotProcError(
+            f"{proc_root}: not a /proc: no process directory (a number with a cmdline) "
+            f"in it; {what}"
+        )
 
 
 class ProcHolders:

@@ -99,6 +99,8 @@ class KubeCluster:
         self.identity = identity or node
         self.event_namespace = event_namespace
         self.clock = clock
+        self.mode: nodestate.AgentModeName | None = None
+        """The agent's mode, written into every status (``None``: not an agent's)."""
         self._node_obj: JsonObject | None = None
         self._snapshot: NodeSnapshot | None = None
         self._snapshot_at: datetime.datetime | None = None
@@ -121,6 +123,15 @@ class KubeCluster:
         """Load credentials (``kubeconfig``, else in-cluster or the default file)."""
         api = KubeApi.connect(kubeconfig, context, in_cluster=in_cluster)
         return cls(api, node, **options)  # type: ignore[arg-type]
+
+    def set_mode(self, mode: str) -> None:
+        """The agent's mode from now on (``enforce`` or ``plan-only``), for the statuses."""
+        if mode == "enforce":
+            self.mode = "enforce"
+        elif mode == "plan-only":
+            self.mode = "plan-only"
+        else:
+            raise ValueError(f"mode must be enforce or plan-only, got {mode!r}")
 
     # ClusterPort ------------------------------------------------------------------
     def node_name(self) -> str:
@@ -316,6 +327,7 @@ class KubeCluster:
         )
         status = VGPUNodeStateStatus(
             state=state,
+            mode=self.mode,
             selected_config=selected or self._selected,
             gpus=gpus,
             capacity=capacity,

@@ -43,6 +43,19 @@ PRINTER_COLUMNS: tuple[JsonSchema, ...] = (
         "description": "pending, success or failed.",
     },
     {
+        "name": "Mode",
+        "type": "string",
+        "jsonPath": ".status.mode",
+        "description": "The agent's mode: enforce or plan-only.",
+    },
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "description": "The Ready condition's reason: Ready, or why the last reconcile failed "
+        "(e.g. NoGpus, HostUnreadable, ConfigInvalid).",
+    },
+    {
         "name": "vGPUs",
         "type": "integer",
         "jsonPath": ".status.vgpuCount",

@@ -51,6 +51,8 @@ SHORT_NAMES = ("vgpuns",)
 API_VERSION = f"{GROUP}/{VERSION}"
 
 ConditionKind = Literal["Synced", "Ready", "Blocked", "Degraded", "KubeletAllocatable"]
+AgentModeName = Literal["enforce", "plan-only"]
+"""The agent's modes (``--mode``, the node label ``vgpu-state.io/mode``)."""
 CONDITION_KINDS: tuple[ConditionKind, ...] = (
     "Synced",
     "Ready",
@@ -478,6 +480,11 @@ class VGPUNodeStateStatus(_Model):
 
     state: ConfigState | None = Field(
         default=None, description="The config state: pending, success or failed."
+    )
+    mode: AgentModeName | None = Field(
+        default=None,
+        description="The agent's mode in its last reconcile: enforce (applies) or plan-only "
+        "(reports only); none when a person's apply wrote the status.",
     )
     selected_config: SelectedConfig | None = None
     gpus: tuple[GpuStatus, ...] = Field(default=(), max_length=MAX_GPUS)

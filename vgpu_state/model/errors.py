@@ -70,6 +70,7 @@ class Reason(StrEnum):
     CLUSTER_REFUSED = "ClusterRefused"
     CLUSTER_CONFLICT = "ClusterConflict"
     IN_USE_UNKNOWN = "InUseUnknown"
+    NO_GPUS = "NoGpus"
 
 
 class BlockedReason(StrEnum):

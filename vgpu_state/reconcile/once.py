@@ -15,6 +15,7 @@ from vgpu_state.executor import ApplyResult, StepResult, apply
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import (
     BlockedError,
+    HostError,
     Reason,
     SelectionError,
     StalePlanError,
@@ -78,6 +79,33 @@ class NoConfigSelectedError(SelectionError):
     default_reason = Reason.NO_CONFIG_SELECTED
 
 
+class NoGpusError(HostError):
+    """The selected config lays out vGPUs, but the scan found no NVIDIA GPU: they fell
+    off the bus, the driver did not bind, or this is not the host's sysfs. Never "the
+    node matches": no entry applies to a GPU then, and nothing would differ."""
+
+    default_reason = Reason.NO_GPUS
+
+    def __init__(self, node: str, config: str, detail: str, sysfs_root: str) -> None:
+        super().__init__(
+            f"no NVIDIA GPUs found under {sysfs_root} on node {node}: "
+            f'configuration "{config}" lays out vGPUs'
+        )
+        self.node = node
+        self.config = config
+        self.detail = detail
+        """How the config was selected (:attr:`Inputs.detail`)."""
+        self.sysfs_root = sysfs_root
+
+
+def lays_out_vgpus(document: ConfigDocument, config: str | None) -> bool:
+    """The config named ``config`` lays out at least one vGPU somewhere."""
+    named = document.configs.get(config) if config else None
+    return named is not None and any(
+        count > 0 for e in named.entries for count in e.vgpu_devices.values()
+    )
+
+
 Gate = Callable[[Plan], bool]
 """Asked after planning, before any change: apply this plan? ``False`` changes nothing."""
 
@@ -109,6 +137,8 @@ def gather(
         chosen, source, detail = sel.config, sel.source, sel.detail
     snapshot = ports.host.scan()
     require_readable(snapshot)
+    if not snapshot.gpus and lays_out_vgpus(document, chosen):
+        raise NoGpusError(node, chosen, detail, snapshot.sysfs_root)
     desired = resolve(document, chosen, snapshot.gpus, node, source, settings.catalog)
     held, warnings = read_holders(ports, snapshot)
     prefixes = (f"vgpu-configs.{chosen}[", f"vgpu-configs.{chosen}.")
@@ -222,11 +252,15 @@ def reconcile_once(
     gate: Gate | None = None,
     reporter: Reporter | None = None,
     document: ConfigDocument | None = None,
+    report_failure: bool | None = None,
 ) -> Report:
     """Gather the inputs, select, plan, apply (in :attr:`Mode.APPLY`), verify, report.
 
     ``document``: the config the caller read and checked already (the source
     is then not read again, so what is applied is what was checked).
+    ``report_failure``: tell the cluster port when the reconcile fails (a failed
+    status and a Warning Event); by default only in :attr:`Mode.APPLY` (a plan by
+    hand writes nothing), the agent asks for it in both modes.
 
     In :attr:`Mode.APPLY` the host lock is held from the first read to the
     last; ``gate`` sees the plan before any change (the CLI's confirmation);
@@ -264,8 +298,12 @@ def reconcile_once(
     except VgpuStateError as e:
         node = inputs.node if inputs is not None else ports.cluster.node_name()
         config = inputs.config if inputs is not None else None
+        if isinstance(e, NoGpusError):
+            config = e.config
+        if report_failure is None:
+            report_failure = mode is Mode.APPLY
         # A node nothing selects is left alone: an outcome the caller reports, not a failure.
-        if mode is Mode.APPLY and not isinstance(e, NoConfigSelectedError):
+        if report_failure and not isinstance(e, NoConfigSelectedError):
             publish_failure(ports.cluster, failed_status(node, config, e), e)
         raise
     if not report.declined:
