@@ -13,7 +13,6 @@ from vgpu_state.agent.cluster import AgentCluster, ClusterSink, InUseSource, in_
 from vgpu_state.agent.holderwatch import DEFAULT_HOLDER_POLL_SECONDS
 from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import (
-    CONFIG_FILE,
     Agent,
     AgentParts,
     node_watch_starter,
@@ -54,16 +53,19 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AgentFlags:
     node: str
-    config_dir: Path
+    config_file: Path
+    """The layouts file (the mounted ConfigMap's); its directory is watched."""
     mode: str = "enforce"
     resync: float = 60.0
     holder_poll: float = DEFAULT_HOLDER_POLL_SECONDS
     listen: str = METRICS_LISTEN
     kubeconfig: str | None = None
+    context: str | None = None
     namespace: str = "vgpu-state"
     sysfs_root: str = "/sys"
     sim_spec: str | None = None
-    state_dir: Path = Path(STATE_DIR)
+    state_dir: Path | None = None
+    """``--state-dir``; ``None``: /var/lib/vgpu-state, or with --sim beside the spec."""
     in_use_file: str | None = None
     pod_resources: str = KUBELET_POD_RESOURCES_SOCKET
     kubevirt: str | None = None
@@ -82,12 +84,22 @@ class AgentFlags:
     sriov_manage: tuple[str, ...] | None = None
     """The sriov-manage command line (see ``Settings.sriov_manage``)."""
 
+    @property
+    def state(self) -> StateDir:
+        """The node's state files: in ``--state-dir``, else beside a simulated node's spec
+        (as ``vgpu-state apply --sim`` keeps them), else in /var/lib/vgpu-state."""
+        if self.state_dir is not None:
+            return StateDir.at(self.state_dir)
+        if self.sim_spec:
+            return StateDir.beside(self.sim_spec)
+        return StateDir.at(STATE_DIR)
+
 
 def build(flags: AgentFlags) -> Agent:
     """Connect to the cluster and assemble an :class:`Agent` (nothing runs yet)."""
-    api = KubeApi.connect(flags.kubeconfig)
-    flags.state_dir.mkdir(parents=True, exist_ok=True)
-    state = StateDir.at(flags.state_dir)
+    api = KubeApi.connect(flags.kubeconfig, flags.context)
+    state = flags.state
+    state.journal.parent.mkdir(parents=True, exist_ok=True)
     node = open_agent_node(flags)
     in_use: InUseSource | None = node.held if node.sim is not None else None
     if flags.in_use_file:
@@ -149,7 +161,7 @@ def build(flags: AgentFlags) -> Agent:
     ports = Ports(
         node.host,
         port_cluster,
-        FileConfigSource(flags.config_dir / CONFIG_FILE, catalog),
+        FileConfigSource(flags.config_file, catalog),
         sink,
         dra,
         processes=cluster,
@@ -166,7 +178,8 @@ def build(flags: AgentFlags) -> Agent:
     parts = AgentParts(
         ports=ports,
         settings=settings,
-        config_dir=flags.config_dir,
+        config_dir=flags.config_file.parent,
+        config_file=flags.config_file,
         mode=flags.mode,
         resync_seconds=flags.resync,
         holder_poll_seconds=flags.holder_poll,
@@ -230,7 +243,7 @@ def open_agent_node(flags: AgentFlags) -> OpenNode:
             sim_spec=flags.sim_spec,
             sysfs_root=None if flags.sim_spec else flags.sysfs_root,
             name=flags.node,
-            driver_types=StateDir.at(flags.state_dir).driver_types,
+            driver_types=flags.state.driver_types,
             record=True,
             sriov_manage=flags.sriov_manage,
             proc_root=flags.proc_root,
