@@ -91,7 +91,7 @@ def deviceplugin(
       vgpu-state deviceplugin --sysfs-root /host/sys
     """
     if sim_spec is not None and sysfs_root is not None:
-        raise click.UsageError("give either --sim FILE or --sysfs-root DIR, not both")
+        report("UsageError", "usage", "give either --sim SPEC or --sysfs-root DIR, not both")
     if sim_spec is not None and not os.path.isfile(sim_spec):
         report("InputInvalid", "user", f"--sim {sim_spec}: no such file")
     if sim_spec is None:
