@@ -199,7 +199,10 @@ def test_the_agent_keeps_the_table_in_its_state_dir_across_restarts(tmp_path: Pa
 
     spec, _ = _files(tmp_path)
     flags = AgentFlags(
-        node="l40s-node", config_file=tmp_path / "config.yaml", sim_spec=str(spec), state_dir=tmp_path / "state"
+        node="l40s-node",
+        config_file=tmp_path / "config.yaml",
+        sim_spec=str(spec),
+        state_dir=tmp_path / "state",
     )
     state = flags.state_dir / "driver-types.json"
     config = StaticConfigSource(load_text(FULL, "c.yaml", catalog=CATALOG))

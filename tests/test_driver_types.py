@@ -91,7 +91,9 @@ def test_uncatalogued_type_is_a_warning_and_an_error_under_strict(
 @pytest.mark.parametrize(
     ("types", "extra", "error"),
     [
-        pytest.param("{xyz: 1}", "", "unknown vGPU type 'xyz': not a vGPU type name", id="does-not-parse"),
+        pytest.param(
+            "{xyz: 1}", "", "unknown vGPU type 'xyz': not a vGPU type name", id="does-not-parse"
+        ),
         pytest.param(
             "{A1O-4Q: 1}", "", "unknown vGPU type 'A1O-4Q'; did you mean A10-4Q?", id="misspelt"
         ),
