@@ -199,7 +199,7 @@ def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(
     config_dir.mkdir()
     common = dict(
         node=NODE,
-        config_dir=config_dir,
+        config_file=config_dir / "config.yaml",
         kubeconfig=str(kubeconfig),
         listen="",
         state_dir=base / "state",
