@@ -29,6 +29,7 @@ from vgpu_state.cli.options import (
 @click.command("agent")
 @node_option("This node's name ($NODE_NAME).", required=True, envvar="NODE_NAME")
 @config_file_option(
+    stdin=False,
     required=True,
     note="agent: the mounted ConfigMap's file (/etc/vgpu-state/config.yaml in the shipped "
     "DaemonSet); the agent watches its directory.",

@@ -109,10 +109,11 @@ def _webhook_objects(fn: F) -> F:
 )
 @listen_option("HOST:PORT of /metrics, /healthz and /readyz (empty: not served).")
 @config_file_option(
+    stdin=False,
     note="controller: the agents' layouts (their ConfigMap, mounted; the shipped Deployment "
     "passes /etc/vgpu-state/config.yaml): they bound what the KubeVirt CR may permit, and "
     "the fleet view plans with them; none: no fleet view, and no KubeVirt CR entry is "
-    "added or removed."
+    "added or removed.",
 )
 @seconds_option(
     "--fleet-interval",

@@ -195,10 +195,13 @@ def modernise(args: Sequence[str], *, has_config_name: bool) -> list[str]:
     return out + tail
 
 
-def config_file_option(*, required: bool = False, note: str | None = None) -> Callable[[F], F]:
+def config_file_option(
+    *, required: bool = False, note: str | None = None, stdin: bool = True
+) -> Callable[[F], F]:
     """``-f/--config FILE`` (``$VGPU_STATE_CONFIG_FILE``), the layouts file; ``note``:
-    what this command does with it, after the shared meaning."""
-    text = "The layouts file (- reads standard input)."
+    what this command does with it, after the shared meaning; ``stdin``: ``-`` reads
+    standard input (not for a long-running process, which reads the file again)."""
+    text = "The layouts file (- reads standard input)." if stdin else "The layouts file."
     if note:
         text += f" {note}"
     return click.option(
