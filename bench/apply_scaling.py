@@ -151,7 +151,7 @@ class Case:
             )
 
     def reset(self) -> None:
-        for stale in self.work.glob("state*"):
+        for stale in (self.work / "state").glob("*"):
             stale.unlink()
         if self.mnt is None:
             for extra in self.work.glob("node.yaml*"):
@@ -168,8 +168,7 @@ class Case:
         argv = [
             sys.executable, "-m", "vgpu_state.cli.main", "apply", "-f", str(self.config),
             "-c", "bench", *target, "--node", "bench", "--auto-approve",
-            "--journal", str(self.work / "state.journal.jsonl"),
-            "--lock-file", str(self.work / "state.lock"),
+            "--state-dir", str(self.work / "state"),
         ]  # fmt: skip
         server_before = cpu_seconds(self.server) if self.server is not None else 0.0
         with tempfile.TemporaryFile() as out:

@@ -160,7 +160,7 @@ def main() -> None:
                 )
                 flags = AgentFlags(
                     node=node,
-                    config_dir=config_dir,
+                    config_file=config_dir / "config.yaml",
                     mode="enforce",
                     resync=300.0,
                     listen="",

@@ -96,7 +96,7 @@ def main() -> int:
             return str(value) if value is not None else None
 
         args = [
-            "agent", "--node", NODE, "--config-dir", str(config_dir),
+            "agent", "--node", NODE, "--config", str(config_dir / "config.yaml"),
             "--kubeconfig", str(kubeconfig), "--sim", str(spec),
             "--state-dir", str(work / "state"), "--listen", "", "--resync", "300",
             "--device-plugin-dir", kubelet.plugin_dir, "--allocatable-grace", "2",

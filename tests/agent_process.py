@@ -129,7 +129,7 @@ class Running:
         kubeconfig = kube.write_kubeconfig(tmp / "kubeconfig", token=self.token)
         self.args = [
             sys.executable, "-m", "vgpu_state.cli.main", "agent",
-            "--node", node, "--config-dir", str(self.config_dir),
+            "--node", node, "--config", str(self.config_dir / "config.yaml"),
             "--kubeconfig", str(kubeconfig), "--sysfs-root", root,
             "--state-dir", str(tmp / "state"), "--in-use-file", str(in_use),
             "--listen", "127.0.0.1:0", "--resync", "300", "--mode", "enforce",

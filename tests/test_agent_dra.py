@@ -199,7 +199,7 @@ def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(
     config_dir.mkdir()
     common = dict(
         node=NODE,
-        config_dir=config_dir,
+        config_file=config_dir / "config.yaml",
         kubeconfig=str(kubeconfig),
         listen="",
         state_dir=base / "state",
@@ -297,7 +297,7 @@ def test_a_dra_checkpoint_of_the_wrong_shape_stops_the_agent_with_a_clear_error(
     (base / "config").mkdir()
     result = CliRunner().invoke(
         cli,
-        ["agent", "--node", NODE, "--config-dir", str(base / "config"),
+        ["agent", "--node", NODE, "--config", str(base / "config" / "config.yaml"),
          "--kubeconfig", str(kubeconfig), "--state-dir", str(base / "state"),
          "--in-use-file", str(base / "held"), "--no-device-plugin", "--listen", "",
          "--dra", "--dra-plugins-dir", str(base / "plugins"),

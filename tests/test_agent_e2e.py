@@ -249,7 +249,7 @@ def test_two_agents_with_max_unavailable_1_never_apply_at_once(
                 work = tmp_path / node
                 work.mkdir()
                 running = Running(kube, work, str(m.root), node)
-                running.args[running.args.index("--config-dir") + 1] = str(config_dir)
+                running.args[running.args.index("--config") + 1] = str(config_dir / "config.yaml")
                 procs.append(running.start())
                 logs.append(running.log)
 

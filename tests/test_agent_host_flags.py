@@ -59,7 +59,7 @@ def start_agent(
     kubeconfig = cluster.write_kubeconfig(tmp / "kubeconfig", token=cluster.agent_token(node))
     args = [
         sys.executable, "-m", "vgpu_state.cli.main", "agent",
-        "--node", node, "--config-dir", str(config_dir),
+        "--node", node, "--config", str(config_dir / "config.yaml"),
         "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE,
         "--sysfs-root", str(root), "--state-dir", str(tmp / "state"),
         "--in-use-file", str(in_use), "--listen", "", "--resync", "300",

@@ -42,7 +42,8 @@ def agent(cluster: ControlPlane, tmp_path: Path) -> Iterator[tuple[subprocess.Po
     log = tmp_path / "agent.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "vgpu_state.cli.main", "agent", "--node", NODE,
-         "--config-dir", str(config_dir), "--kubeconfig", str(kubeconfig), "--sim", str(spec),
+         "--config", str(config_dir / "config.yaml"), "--kubeconfig", str(kubeconfig),
+         "--sim", str(spec),
          "--state-dir", str(tmp_path / "state"), "--no-device-plugin", "--listen", "",
          "--resync", "300", "--namespace", "vgpu-state", "--mode", "enforce"],
         cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,

@@ -165,7 +165,7 @@ def test_second_apply_waits_for_the_lock_then_names_the_holder(
     spec, layout = node
     spec.write_text(spec.read_text() + "faults:\n  - {op: any, delay-ms: 1500}\n")
     lock = tmp_path / "apply.lock"
-    common = ["-f", str(layout), "--sim", str(spec), "--auto-approve", "--lock-file", str(lock)]
+    common = ["-f", str(layout), "--sim", str(spec), "--auto-approve", "--state-dir", str(tmp_path)]
     first = subprocess.Popen(
         [sys.executable, "-m", "vgpu_state.cli.main", "apply", *common],
         stdout=subprocess.DEVNULL,

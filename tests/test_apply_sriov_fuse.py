@@ -49,7 +49,7 @@ def test_apply_enables_sriov_through_sriov_manage(tmp_path: Path) -> None:
         assert off, "the example board has a GPU with its VFs off"
         common = [
             "-f", str(config), "-c", "a16", "--sysfs-root", root, "--node", "board",
-            "--journal", str(tmp_path / "j.jsonl"), "--lock-file", str(tmp_path / "lock"),
+            "--state-dir", str(tmp_path / "state"),
         ]  # fmt: skip
         without = cli("apply", *common, "--auto-approve", "--sriov-manage", "")
         assert without.returncode == 1

@@ -1,8 +1,10 @@
 """One CLI vocabulary: every command spells the shared options the same, shows examples
-in its help, and the old spellings keep working with a deprecation warning.
+in its help, reports errors in one JSON document, exits with the documented codes, and
+the old spellings keep working with a deprecation warning.
 
 The walk covers every command of ``vgpu-state`` (the COMMANDS table) and every
-subcommand of a group, as a user sees them with ``--help``.
+subcommand of a group, as a user sees them with ``--help``: a new command is checked
+without being listed here.
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ import pytest
 from click.testing import CliRunner
 
 from vgpu_state import __version__
-from vgpu_state.cli.main import COMMANDS, cli
-from vgpu_state.cli.options import ENV_LOG_LEVEL, LOG_LEVELS, modernise
+from vgpu_state.cli.main import cli
+from vgpu_state.cli.options import (
+    DEPRECATED_SPELLINGS,
+    ENV_LOG_LEVEL,
+    LOG_LEVELS,
+    SHARED_OPTIONS,
+    modernise,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 MIXED = REPO / "configs" / "sim" / "mixed.yaml"
@@ -50,13 +58,16 @@ REPORTING = {
 
 
 def every_command() -> Iterator[tuple[str, click.Command]]:
-    for name in sorted(COMMANDS):
-        command = cli.get_command(click.Context(cli), name)
-        assert command is not None
-        yield name, command
-        if isinstance(command, click.Group):
-            for sub in sorted(command.commands):
-                yield f"{name} {sub}", command.commands[sub]
+    def walk(path: str, group: click.Group) -> Iterator[tuple[str, click.Command]]:
+        for name in group.list_commands(click.Context(group)):
+            command = group.get_command(click.Context(group), name)
+            assert command is not None, name
+            full = f"{path} {name}".strip()
+            yield full, command
+            if isinstance(command, click.Group):
+                yield from walk(full, command)
+
+    yield from walk("", cli)
 
 
 def help_of(path: str) -> str:
@@ -296,3 +307,218 @@ def test_validate_select_assert_history_and_apply_report_json(tmp_path: Path, no
     assert again["outcome"] == "no-changes" and again["steps"] == []
     history = json.loads(run(["history", "--sim", str(node), "-o", "json"], tmp_path).stdout)
     assert [a["outcome"] for a in history["applies"]] == ["converged"]
+
+
+# The flag table -------------------------------------------------------------------------
+SPELLINGS = {flag: row.name for row in SHARED_OPTIONS.values() for flag in row.opts}
+"""Every spelling of a shared concept -> its parameter name."""
+OTHER_SPELLINGS = {
+    # spellings of a concept of the table that no command may use (deprecated ones are
+    # hidden options or rewritten before parsing, never shown)
+    "--config-dir", "--plugin-dir", "--file", "--config-file", "--journal", "--lock-file",
+    "--layouts", "--layout", "--kube-config", "--kube-context", "--sysfs",
+    "--node-name", "--output-format", "--format", "--state", "--statedir",
+}  # fmt: skip
+
+
+def default_of(param: click.Parameter) -> object:
+    """The default as given (newer click versions mark "none given" with a sentinel)."""
+    default = param.default
+    return None if type(default).__name__ == "Sentinel" else default
+
+
+def test_every_option_of_a_shared_concept_comes_from_the_table() -> None:
+    """Every command's option that is a concept of the table is spelled, defaulted and
+    read from the environment as the table says; no command spells one otherwise."""
+    checked: dict[str, set[str]] = {}
+    for path, command in every_command():
+        for param in command.params:
+            if not isinstance(param, click.Option):
+                continue
+            opts = set(param.opts) | set(param.secondary_opts)
+            if param.hidden:
+                # An old spelling kept for one release: listed, and warned about.
+                assert all(o in DEPRECATED_SPELLINGS for o in opts), f"{path}: {opts}"
+                continue
+            assert not opts & OTHER_SPELLINGS, f"{path}: {sorted(opts)} is not the table's"
+            for flag in opts:
+                if flag in SPELLINGS:
+                    assert param.name == SPELLINGS[flag], f"{path}: {flag} means {param.name}"
+            row = SHARED_OPTIONS.get(param.name or "")
+            if row is None:
+                continue
+            checked.setdefault(row.name, set()).add(path)
+            assert param.opts == row.opts, f"{path}: {param.name} is {param.opts}"
+            if not (path == "export" and row.name == "output"):  # a layouts file: yaml
+                assert default_of(param) == row.default, f"{path}: {param.name} default"
+            if row.name == "node" and path == "agent":
+                assert param.envvar == "NODE_NAME"  # the downward API's
+            else:
+                assert param.envvar == row.envvar, f"{path}: {param.name} env {param.envvar}"
+    # The table is used, not just allowed.
+    for name in ("state_dir", "device_plugin_dir", "context", "kubeconfig", "config_file"):
+        assert len(checked[name]) >= 2, (name, checked.get(name))
+    assert {"agent", "controller", "plan", "fleet plan"} <= checked["config_file"]
+    assert {"agent", "deviceplugin"} <= checked["device_plugin_dir"]
+    assert {"agent", "plan", "apply", "assert", "history", "scan"} <= checked["state_dir"]
+
+
+def test_every_command_with_a_kubeconfig_takes_a_context() -> None:
+    for path, command in every_command():
+        names = {p.name for p in command.params}
+        if "kubeconfig" in names:
+            assert "context" in names, f"{path} takes --kubeconfig but not --context"
+            (kubeconfig,) = [p for p in command.params if p.name == "kubeconfig"]
+            assert "in-cluster, then $KUBECONFIG or ~/.kube/config" in (
+                getattr(kubeconfig, "help", "") or ""
+            ), f"{path}: another kubeconfig default"
+
+
+def test_the_deprecated_spellings_table_lists_every_rewrite() -> None:
+    text = (REPO / "docs" / "cli.md").read_text()
+    for old in DEPRECATED_SPELLINGS:
+        assert f"`{old.split()[0]}" in text, f"docs/cli.md does not list {old}"
+
+
+# One JSON error document, exit codes -------------------------------------------------------
+def json_commands() -> dict[str, click.Command]:
+    """Every command with ``-o json``."""
+    found = {}
+    for path, command in every_command():
+        for p in command.params:
+            if p.name == "output" and "json" in getattr(p.type, "choices", ()):
+                found[path] = command
+    return found
+
+
+def assert_error_document(stdout: str, where: str) -> dict[str, object]:
+    doc = json.loads(stdout)
+    error = doc["error"]
+    assert set(error) == {"reason", "kind", "message", "issues"}, (where, error)
+    assert isinstance(error["reason"], str) and error["reason"], where
+    assert error["kind"] in {"user", "host", "transient", "usage", "internal"}, where
+    assert isinstance(error["message"], str) and error["message"], where
+    for issue in error["issues"]:
+        assert set(issue) == {"file", "line", "column", "path", "message"}, where
+    return error
+
+
+def invoke(args: list[str]) -> click.testing.Result:
+    return CliRunner().invoke(cli, args, prog_name="vgpu-state")
+
+
+def test_a_usage_error_of_every_json_command_is_the_error_document_and_exits_1() -> None:
+    commands = json_commands()
+    assert {"validate", "select", "scan", "doctor", "plan", "apply", "assert", "history",
+            "fleet plan", "export"} <= set(commands)  # fmt: skip
+    for path in commands:
+        result = invoke([*path.split(), "-o", "json", "--no-such-option"])
+        assert result.exit_code == 1, (path, result.output)
+        error = assert_error_document(result.stdout, path)
+        assert error["reason"] == "UsageError" and error["kind"] == "usage"
+        assert "--no-such-option" in str(error["message"])
+        assert "No such option" in result.stderr, path
+
+
+def failing(tmp_path: Path, node: Path) -> dict[str, list[str]]:
+    """A failing invocation of each command with ``-o json`` (not a usage error)."""
+    missing = str(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: v1\nvgpu-configs:\n  x:\n    - devices: all\n      vgpu-devices: 3\n")
+    unreadable = tmp_path / "state"
+    (unreadable / "journal.jsonl").mkdir(parents=True)  # a directory where the journal is
+    base = ["-f", str(MIXED_LAYOUTS), "--sim", str(node)]
+    return {
+        "validate": ["validate", "-f", str(bad)],
+        "select": ["select", "-f", str(bad), "--sim", str(node)],
+        "scan": ["scan", "--sim", missing],
+        "doctor": ["doctor", "--sim", missing],
+        "plan": ["plan", "-f", str(bad), "--sim", str(node)],
+        "apply": ["apply", *base, "-c", "nope", "--auto-approve"],
+        "assert": ["assert", *base, "-c", "nope"],
+        "history": ["history", "--state-dir", str(unreadable)],
+        "fleet plan": ["fleet", "plan", "-f", str(MIXED_LAYOUTS), "--from", missing],
+        "export": ["export", "--sim", missing],
+    }
+
+
+def test_a_failure_of_every_json_command_is_the_error_document_and_exits_1(
+    tmp_path: Path, node: Path
+) -> None:
+    cases = failing(tmp_path, node)
+    assert set(cases) == set(json_commands()), "add a failing invocation of the new command"
+    for path, args in cases.items():
+        result = invoke([*args, "-o", "json"])
+        assert result.exit_code == 1, (path, result.output)
+        error = assert_error_document(result.stdout, path)
+        assert error["kind"] != "usage", (path, error)
+        assert result.stderr.strip(), f"{path}: the error is also on stderr"
+    # A config error carries its positions.
+    result = invoke([*cases["plan"], "-o", "json"])
+    (issue,) = assert_error_document(result.stdout, "plan")["issues"]  # type: ignore[misc]
+    assert issue["file"].endswith("bad.yaml") and issue["line"] == 5 and issue["column"] > 0
+
+
+def test_exit_codes(tmp_path: Path, node: Path) -> None:
+    """0 success, 1 error, 1 usage error, 2 changes under --detailed-exitcode."""
+    base = ["-f", str(MIXED_LAYOUTS), "--sim", str(node)]
+    assert invoke(["plan", *base]).exit_code == 0
+    assert invoke(["plan", *base, "--detailed-exitcode"]).exit_code == 2
+    assert invoke(["plan", *base, "-c", "nope"]).exit_code == 1
+    assert invoke(["plan", *base, "--detailed-exitcode", "--bogus"]).exit_code == 1
+    for path, _ in every_command():
+        result = invoke([*path.split(), "--no-such-option"])
+        assert result.exit_code == 1, (path, result.exit_code)
+
+
+def test_a_mistyped_command_gets_a_suggestion() -> None:
+    for args, hint in (
+        (["plna"], "'plan'"),
+        (["fleet", "plna"], "'plan'"),
+        (["fleet", "snapshto"], "'snapshot'"),
+        (["valdiate"], "'validate'"),
+        (["sim", "mout"], "'mount'"),
+    ):
+        result = invoke(args)
+        assert result.exit_code == 1, args
+        assert f"No such command {args[-1]!r}. Did you mean {hint}?" in result.stderr, args
+    far = invoke(["zzzzzz"])
+    assert far.exit_code == 1 and "Did you mean" not in far.stderr
+    as_json = invoke(["plna", "-o", "json"])
+    assert "Did you mean 'plan'?" in str(assert_error_document(as_json.stdout, "plna")["message"])
+
+
+def test_select_without_a_selected_config_exits_1(tmp_path: Path) -> None:
+    layouts = tmp_path / "c.yaml"
+    layouts.write_text(
+        "version: v1\nvgpu-configs:\n  a:\n    - devices: all\n      vgpu-devices: {}\n"
+    )
+    args = ["select", "-f", str(layouts), "--node", "n1", "--gpu", "08:00.0=A2"]
+    text = invoke(args)
+    assert text.exit_code == 1 and "no config selected" in text.stderr
+    assert "no node-selector matches and the file has no default" in text.stderr
+    as_json = invoke([*args, "-o", "json"])
+    assert as_json.exit_code == 1
+    assert assert_error_document(as_json.stdout, "select")["reason"] == "NoConfigSelected"
+
+
+# The old spellings of the flag table -------------------------------------------------------
+def test_old_directory_spellings_still_work_and_warn(tmp_path: Path, node: Path) -> None:
+    assert modernise(["--config-dir", "/etc/vgpu-state"], has_config_name=False) == [
+        "--config", "/etc/vgpu-state/config.yaml",
+    ]  # fmt: skip
+    assert modernise(["--plugin-dir=/x"], has_config_name=False) == ["--device-plugin-dir=/x"]
+    state = tmp_path / "state"
+    new = run(["apply", "-f", str(MIXED_LAYOUTS), "--sim", str(node), "--auto-approve",
+               "--state-dir", str(state)], tmp_path)  # fmt: skip
+    assert new.returncode == 0, new.stderr
+    assert (state / "journal.jsonl").exists() and "deprecated" not in new.stderr
+    old = run(["history", "--journal", str(state / "journal.jsonl"), "-o", "json"], tmp_path)
+    assert old.returncode == 0, old.stderr
+    assert "warning: --journal is deprecated" in old.stderr and "use --state-dir DIR" in old.stderr
+    assert len(json.loads(old.stdout)["applies"]) == 1
+    lock = run(["plan", "-f", str(MIXED_LAYOUTS), "--sim", str(node), "--lock-file", "x"],
+               tmp_path)  # fmt: skip
+    assert lock.returncode == 1 and "No such option '--lock-file'" in lock.stderr, "apply's only"
+    help_text = help_of("apply")
+    assert "--journal" not in help_text and "--lock-file" not in help_text

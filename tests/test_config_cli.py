@@ -170,8 +170,17 @@ def test_select_nothing_selected(tmp_path: Path) -> None:
     path.write_text(
         "version: v1\nvgpu-configs:\n  a:\n    - devices: all\n      vgpu-devices: {}\n"
     )
-    code, out, _ = run("select", "-f", str(path), "--node", "n1", "--gpu", "08:00.0=A2")
-    assert code == 0 and out.startswith("node n1: no config selected")
+    code, out, err = run("select", "-f", str(path), "--node", "n1", "--gpu", "08:00.0=A2")
+    # No layout for the node is an error (exit 1), saying why none was selected.
+    assert code == 1 and "  GPU 0 0000:08:00.0: unmanaged" in out
+    assert "error: node n1: no config selected: no label nvidia.com/vgpu.config, " in err
+    assert "no node-selector matches and the file has no default" in err
+    code, out, err = run(
+        "select", "-f", str(path), "--node", "n1", "--gpu", "08:00.0=A2", "-o", "json"
+    )
+    doc = json.loads(out)
+    assert code == 1 and doc["error"]["reason"] == "NoConfigSelected"
+    assert doc["config"] is None and doc["gpus"][0]["managed"] is False
 
 
 def test_select_bad_gpu_model() -> None:

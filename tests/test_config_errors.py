@@ -269,7 +269,7 @@ CASES: list[tuple[str, str, list[str]]] = [
         "type_garbage",
         one("devices: all\nvgpu-devices: {xyz: 1}"),
         [
-            "5:22: 'xyz' is not a vGPU type name; expected a name such as A10-4Q or A100-1-5C (vgpu-configs.c[0].vgpu-devices.xyz)"
+            "5:22: unknown vGPU type 'xyz': not a vGPU type name (such as A10-4Q or A100-1-5C) (vgpu-configs.c[0].vgpu-devices.xyz)"
         ],
     ),
     (
@@ -532,7 +532,7 @@ CASES: list[tuple[str, str, list[str]]] = [
         [
             "4:17: 'x' is not a PCI address; expected dddd:bb:dd.f such as 0000:3b:00.0 (or the short form 3b:00.0) (vgpu-configs.c[0].devices[0])",
             "5:30: the count of A10-4Q must be a whole number of 1 or more, found 0 (vgpu-configs.c[0].vgpu-devices.A10-4Q)",
-            "5:33: 'B' is not a vGPU type name; expected a name such as A10-4Q or A100-1-5C (vgpu-configs.c[0].vgpu-devices.B)",
+            "5:33: unknown vGPU type 'B': not a vGPU type name (such as A10-4Q or A100-1-5C) (vgpu-configs.c[0].vgpu-devices.B)",
             "8:22: bad device-filter '12': expected 0xDDDDVVVV or 0xDDDDVVVV:0xSSSSVVVV (PCI device and vendor id in hex), e.g. 0x223610DE (vgpu-configs.d[0].device-filter)",
         ],
     ),
@@ -558,6 +558,6 @@ def test_a_config_with_errors_still_counts_as_defined() -> None:
     with pytest.raises(ConfigError) as err:
         load_text(text, "f.yaml", catalog=CATALOG)
     assert [str(i) for i in err.value.issues] == [
-        "f.yaml:6:22: unknown vGPU type 'A10-4W'; did you mean A10-4Q? "
+        "f.yaml:6:22: unknown vGPU type 'A10-4W'; did you mean A10-4Q or A10-4C? "
         "(vgpu-configs.a[0].vgpu-devices.A10-4W)"
     ]

@@ -223,7 +223,7 @@ def test_apply_on_a_fuse_simulated_a2_waits_for_the_holder_then_switches(tmp_pat
         root = str(m.root)
         common = [
             "-f", str(config), "-c", "a2-2g", "--sysfs-root", root, "--node", "a2-node",
-            "--journal", str(tmp_path / "j.jsonl"), "--lock-file", str(tmp_path / "lock"),
+            "--state-dir", str(tmp_path / "state"),
         ]  # fmt: skip
         held = cli_process(
             "apply", *common, "--in-use", f"{HELD}={HOLDER}", "--skip-blocked", "--auto-approve"
@@ -246,7 +246,7 @@ def test_apply_skip_blocked_with_a_process_holding_a_vgpu_keeps_the_gpu(tmp_path
     with mounted(tmp_path / "node.yaml", tmp_path / "mnt") as m:
         common = [
             "-f", str(config), "-c", "a2-2q", "--sysfs-root", str(m.root), "--node", "a2-node",
-            "--journal", str(tmp_path / "j.jsonl"), "--lock-file", str(tmp_path / "lock"),
+            "--state-dir", str(tmp_path / "state"),
         ]  # fmt: skip
         node = m.root / VFIO_NODES / holders_fuse._group(m.root, holders_fuse.HELD)
         with holders_fuse.qemu_holding(node) as qemu:

@@ -204,10 +204,11 @@ def test_daemonset_runs_the_agent_for_its_own_node(manifests: list[dict[str, Any
     args = agent["args"]
     assert args[:1] == ["agent"]
     assert args[args.index("--node") + 1] == "$(NODE_NAME)"
-    config_dir = args[args.index("--config-dir") + 1]
+    config_file = args[args.index("--config") + 1]
+    assert config_file == "/etc/vgpu-state/config.yaml"
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    config_volume = volumes[mounts[config_dir]["name"]]
+    config_volume = volumes[mounts[str(Path(config_file).parent)]["name"]]
     assert config_volume["configMap"]["name"] == only(manifests, "ConfigMap")["metadata"]["name"]
     for host_path in (
         "/sys",

@@ -61,7 +61,7 @@ def harness_args(args: list[str], running: Running, tmp: Path, kubeconfig: Path)
     """The rendered args with the pod's environment replaced by the test's."""
     overrides = {
         "--node": NODE,  # $(NODE_NAME) from the downward API
-        "--config-dir": str(running.config_dir),  # the ConfigMap volume
+        "--config": str(running.config_dir / "config.yaml"),  # the ConfigMap volume
         "--listen": "127.0.0.1:0",  # the pod's own network namespace
         "--proc-root": "/proc",  # the host's /proc, mounted at /host/proc in the pod
     }

@@ -45,7 +45,7 @@ def test_follows_applies_to_the_simulated_node_and_empties_on_sigterm(
     layout.write_text(LAYOUT)
     with DevicePluginKubelet(str(plugin_dir)) as kubelet:
         proc = subprocess.Popen(
-            cli("deviceplugin", "--sim", str(spec), "--plugin-dir", str(plugin_dir)),
+            cli("deviceplugin", "--sim", str(spec), "--device-plugin-dir", str(plugin_dir)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

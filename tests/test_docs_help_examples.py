@@ -37,11 +37,11 @@ NOT_RUN: dict[str, tuple[str, str]] = {
         "skip",
         "COMMAND stands for each command: this test runs every command's --help",
     ),
-    'vgpu-state agent --node "$NODE_NAME" --config-dir /etc/vgpu-state --mode plan-only': (
+    'vgpu-state agent --node "$NODE_NAME" -f /etc/vgpu-state/config.yaml --mode plan-only': (
         "skip",
         DAEMON,
     ),
-    "vgpu-state agent --node gpu-node-1 --sim node.yaml --config-dir ./layouts "
+    "vgpu-state agent --node gpu-node-1 --sim node.yaml -f ./layouts/config.yaml "
     "--kubeconfig ~/.kube/config --no-device-plugin": ("skip", DAEMON),
     "vgpu-state apply -f layouts.yaml": ("skip", GPU_HOST),
     "vgpu-state plan -f layouts.yaml --out plan.json && vgpu-state apply plan.json": (
@@ -85,6 +85,10 @@ NOT_RUN: dict[str, tuple[str, str]] = {
         "plans the cluster's nodes",
     ),
     "vgpu-state fleet snapshot --out fleet.jsonl": ("cluster", "reads the cluster"),
+    "vgpu-state controller --context prod -f layouts.yaml --once": (
+        "skip",
+        "needs a kubeconfig context named prod",
+    ),
     "vgpu-state fleet snapshot --context prod --out fleet.jsonl.gz": (
         "skip",
         "needs a kubeconfig context named prod",

@@ -199,7 +199,10 @@ def test_the_agent_keeps_the_table_in_its_state_dir_across_restarts(tmp_path: Pa
 
     spec, _ = _files(tmp_path)
     flags = AgentFlags(
-        node="l40s-node", config_dir=tmp_path, sim_spec=str(spec), state_dir=tmp_path / "state"
+        node="l40s-node",
+        config_file=tmp_path / "config.yaml",
+        sim_spec=str(spec),
+        state_dir=tmp_path / "state",
     )
     state = flags.state_dir / "driver-types.json"
     config = StaticConfigSource(load_text(FULL, "c.yaml", catalog=CATALOG))
@@ -223,7 +226,7 @@ def test_the_device_plugin_advertises_a_full_gpu_of_a_newer_drivers_type(tmp_pat
     spec, config = _files(tmp_path)
     plugin_dir = Path(tempfile.mkdtemp(prefix="dpm-", dir="/tmp"))
     resource = "nvidia.com/NVIDIA_L40S-5Q"
-    serve = ["deviceplugin", "--sim", str(spec), "--plugin-dir", str(plugin_dir)]
+    serve = ["deviceplugin", "--sim", str(spec), "--device-plugin-dir", str(plugin_dir)]
     try:
         with DevicePluginKubelet(str(plugin_dir)) as kubelet:
             proc = subprocess.Popen(

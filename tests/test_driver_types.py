@@ -91,7 +91,9 @@ def test_uncatalogued_type_is_a_warning_and_an_error_under_strict(
 @pytest.mark.parametrize(
     ("types", "extra", "error"),
     [
-        pytest.param("{xyz: 1}", "", "'xyz' is not a vGPU type name", id="does-not-parse"),
+        pytest.param(
+            "{xyz: 1}", "", "unknown vGPU type 'xyz': not a vGPU type name", id="does-not-parse"
+        ),
         pytest.param(
             "{A1O-4Q: 1}", "", "unknown vGPU type 'A1O-4Q'; did you mean A10-4Q?", id="misspelt"
         ),
@@ -331,3 +333,32 @@ def test_type_id_unlisted_while_other_sizes_stay_is_read_from_the_driver_after_d
     assert code == 0, err
     code, out, _ = run("assert", *args)
     assert code == 0, out
+
+
+@pytest.mark.parametrize(
+    ("name", "warning", "suggested"),
+    [
+        # A newer driver's type of a known GPU: a warning, the same-size neighbours offered.
+        ("A2-3Q", True, "did you mean A2-2Q or A2-4Q?"),
+        # Not a type name at all: an error, with the same rule's suggestion.
+        ("A2-4G", False, "did you mean A2-4Q, A2-4A or A2-4C?"),
+        ("A10_4Q", False, "did you mean A10-4Q?"),
+        # Nothing of that product in the catalog, or nothing close: no suggestion.
+        ("M60-0Q", True, None),
+        ("xyz", False, None),
+        ("A2-1234Q", True, None),
+    ],
+)
+def test_one_suggestion_rule_for_unknown_type_names(
+    name: str, warning: bool, suggested: str | None
+) -> None:
+    from vgpu_state.config.typenames import type_name_note
+
+    note = type_name_note(name, CATALOG)
+    assert note is not None and note.warning is warning
+    if suggested is None:
+        assert "did you mean" not in note.message, note.message
+    else:
+        assert suggested in note.message, note.message
+    # Never the old "nearest" of another size.
+    assert "nearest" not in note.message and "A2-8Q" not in note.message

@@ -101,7 +101,7 @@ def test_plan_and_apply_see_a_process_holding_a_vgpu(tmp_path: Path) -> None:
             "-f", str(config), "-c", "a2-2q", "--sysfs-root", str(m.root),
             "--node", "a2-node",
         ]  # fmt: skip
-        state = ["--journal", str(tmp_path / "j.jsonl"), "--lock-file", str(tmp_path / "lock")]
+        state = ["--state-dir", str(tmp_path / "state")]
         node = m.root / VFIO_NODES / _group(m.root, HELD)
         with qemu_holding(node) as qemu:
             # The simulated driver knows the vGPU is held, as a real one does.

@@ -67,9 +67,16 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_cli_and_the_agent_default_to_one_state_directory() -> None:
-    agent_default = next(p.default for p in agent_command.params if p.name == "state_dir")
-    agent_state = StateDir.at(Path(str(agent_default)))
+    from vgpu_state.agent.assemble import AgentFlags
+
+    # One --state-dir option (the flag table), resolved by one rule.
+    (option,) = [p for p in agent_command.params if p.name == "state_dir"]
+    assert option.opts == ["--state-dir"] and option.envvar == "VGPU_STATE_STATE_DIR"
+    agent_state = AgentFlags(node="n", config_file=Path("c.yaml")).state
     assert state_dir(None) == agent_state == DEFAULT_STATE_DIR
+    # A simulated node's files are beside its spec, for the agent as for apply --sim.
+    simulated = AgentFlags(node="n", config_file=Path("c.yaml"), sim_spec="/w/node.yaml").state
+    assert simulated == state_dir("/w/node.yaml") == StateDir.beside("/w/node.yaml")
     # The directory and the files are spelled once: tests/test_one_definition.py.
 
 

@@ -49,10 +49,11 @@ def spec(tmp_path: Path) -> Path:
 def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path: Path, spec: Path) -> None:
     target = tmp_path / "precious"
     target.write_text("keep me")
-    lock = tmp_path / "lock"
+    (tmp_path / "state").mkdir()
+    lock = tmp_path / "state" / "apply.lock"
     lock.symlink_to(target)
     r = run("apply", "-f", str(CONFIG), "--sim", str(spec), "--auto-approve",
-            "--lock-file", str(lock))
+            "--state-dir", str(tmp_path / "state"))
     assert r.exit_code == 1
     assert "the host lock is a symlink; refusing to use it" in r.stderr
     assert target.read_text() == "keep me"
@@ -62,10 +63,11 @@ def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path: Path, sp
 def test_a_symlinked_journal_is_refused(tmp_path: Path, spec: Path) -> None:
     target = tmp_path / "precious"
     target.write_text("keep me")
-    journal = tmp_path / "journal.jsonl"
+    (tmp_path / "state").mkdir()
+    journal = tmp_path / "state" / "journal.jsonl"
     journal.symlink_to(target)
     r = run("apply", "-f", str(CONFIG), "--sim", str(spec), "--auto-approve",
-            "--journal", str(journal))
+            "--state-dir", str(tmp_path / "state"))
     assert r.exit_code == 1
     assert "the journal is a symlink" in r.stderr
     assert target.read_text() == "keep me"

@@ -137,7 +137,7 @@ def test_the_images_agent_converges_a_simulated_node(rootfs: Path, cluster: Cont
     log = work / "agent.log"
     args = [
         "/opt/vgpu-state/bin/vgpu-state", "agent", "--node", NODE, "--mode", "plan-only",
-        "--config-dir", "/work/config", "--kubeconfig", "/work/kubeconfig",
+        "--config", "/work/config/config.yaml", "--kubeconfig", "/work/kubeconfig",
         "--sim", "/work/node.yaml", "--state-dir", "/work/state",
         "--in-use-file", "/work/in-use.json", "--no-device-plugin", "--no-kubevirt",
         "--listen", "", "--namespace", "vgpu-state", "--resync", "300",

@@ -189,7 +189,7 @@ def test_kubectl_get_shows_the_agents_mode_and_why_it_failed(
     token = cluster.agent_token(node)
     flags = AgentFlags(
         node=node,
-        config_dir=config,
+        config_file=config / "config.yaml",
         resync=300.0,
         listen="",
         kubeconfig=str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)),

@@ -86,8 +86,8 @@ def test_the_kubelets_device_manager_counts_the_plan_and_allocates_kubevirts_env
         if c["publish"] == "device-plugin" and c["after"]
     }
     assert expected
-    _run("apply", "-f", str(cfg), *sim, "--auto-approve", "--journal", str(tmp_path / "j"),
-         "--lock-file", str(tmp_path / "lock"))  # fmt: skip
+    _run("apply", "-f", str(cfg), *sim, "--auto-approve",
+         "--state-dir", str(tmp_path / "state"))  # fmt: skip
 
     plugin_dir = short_dir / "device-plugins"
     host = SimHost(spec)

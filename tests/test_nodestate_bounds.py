@@ -325,7 +325,7 @@ def test_the_agent_on_a_host_beyond_the_bounds_says_which_bound(
     kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig", token=cluster.agent_token(node))
     flags = AgentFlags(
         node=node,
-        config_dir=config,
+        config_file=config / "config.yaml",
         mode="plan-only",
         resync=300.0,
         listen="",

@@ -14,7 +14,6 @@ from vgpu_state.agent.holderwatch import DEFAULT_HOLDER_POLL_SECONDS
 from vgpu_state.agent.reconciler import AgentMode
 from vgpu_state.agent.rollout import LeaseRolloutGate
 from vgpu_state.agent.run import (
-    CONFIG_FILE,
     Agent,
     AgentParts,
     node_watch_starter,
@@ -55,16 +54,19 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AgentFlags:
     node: str
-    config_dir: Path
+    config_file: Path
+    """The layouts file (the mounted ConfigMap's); its directory is watched."""
     mode: str = AgentMode.DEFAULT
     resync: float = 60.0
     holder_poll: float = DEFAULT_HOLDER_POLL_SECONDS
     listen: str = METRICS_LISTEN
     kubeconfig: str | None = None
+    context: str | None = None
     namespace: str = "vgpu-state"
     sysfs_root: str = "/sys"
     sim_spec: str | None = None
-    state_dir: Path = Path(STATE_DIR)
+    state_dir: Path | None = None
+    """``--state-dir``; ``None``: /var/lib/vgpu-state, or with --sim beside the spec."""
     in_use_file: str | None = None
     pod_resources: str = KUBELET_POD_RESOURCES_SOCKET
     kubevirt: str | None = None
@@ -83,15 +85,25 @@ class AgentFlags:
     sriov_manage: tuple[str, ...] | None = None
     """The sriov-manage command line (see ``Settings.sriov_manage``)."""
 
+    @property
+    def state(self) -> StateDir:
+        """The node's state files: in ``--state-dir``, else beside a simulated node's spec
+        (as ``vgpu-state apply --sim`` keeps them), else in /var/lib/vgpu-state."""
+        if self.state_dir is not None:
+            return StateDir.at(self.state_dir)
+        if self.sim_spec:
+            return StateDir.beside(self.sim_spec)
+        return StateDir.at(STATE_DIR)
+
 
 def build(flags: AgentFlags) -> Agent:
     """Connect to the cluster and assemble an :class:`Agent` (nothing runs yet)."""
-    flags.state_dir.mkdir(parents=True, exist_ok=True)
-    state = StateDir.at(flags.state_dir)
+    state = flags.state
+    state.journal.parent.mkdir(parents=True, exist_ok=True)
     # The host flags (--proc-root, --sim, --sysfs-root) are checked before the cluster
     # is asked anything.
     node = open_agent_node(flags)
-    api = KubeApi.connect(flags.kubeconfig)
+    api = KubeApi.connect(flags.kubeconfig, flags.context)
     in_use: InUseSource | None = node.held if node.sim is not None else None
     if flags.in_use_file:
         in_use = in_use_from_file(flags.in_use_file)
@@ -152,7 +164,7 @@ def build(flags: AgentFlags) -> Agent:
     ports = Ports(
         node.host,
         port_cluster,
-        FileConfigSource(flags.config_dir / CONFIG_FILE, catalog),
+        FileConfigSource(flags.config_file, catalog),
         sink,
         dra,
         processes=cluster,
@@ -169,7 +181,8 @@ def build(flags: AgentFlags) -> Agent:
     parts = AgentParts(
         ports=ports,
         settings=settings,
-        config_dir=flags.config_dir,
+        config_dir=flags.config_file.parent,
+        config_file=flags.config_file,
         mode=flags.mode,
         resync_seconds=flags.resync,
         holder_poll_seconds=flags.holder_poll,
@@ -234,7 +247,7 @@ def open_agent_node(flags: AgentFlags) -> OpenNode:
             sim_spec=flags.sim_spec,
             sysfs_root=None if flags.sim_spec else flags.sysfs_root,
             name=flags.node,
-            driver_types=StateDir.at(flags.state_dir).driver_types,
+            driver_types=flags.state.driver_types,
             record=True,
             sriov_manage=flags.sriov_manage,
             proc_root=flags.proc_root,

@@ -42,6 +42,9 @@ class AgentParts:
     ports: Ports
     settings: Settings
     config_dir: Path
+    """The directory watched for layout changes (the mounted ConfigMap's)."""
+    config_file: Path | None = None
+    """The layouts file (for the log); ``None``: ``config_dir``'s config.yaml."""
     mode: str = AgentMode.DEFAULT
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     # While a layout switch waits for a holder: how often the holders are re-read.
@@ -125,7 +128,7 @@ class Agent:
             "agent for node %s started (%s; config %s; resync every %.0f s)",
             parts.ports.cluster.node_name(),
             parts.mode,
-            parts.config_dir / CONFIG_FILE,
+            parts.config_file or parts.config_dir / CONFIG_FILE,
             parts.resync_seconds,
         )
         self.worker.run()

@@ -11,21 +11,28 @@ import click
 from vgpu_state import wellknown
 from vgpu_state.cli.common import handle_errors
 from vgpu_state.cli.options import (
+    config_file_option,
     daemon_options,
+    device_plugin_dir_option,
     directory_option,
     listen_option,
     log_level_option,
+    node_option,
+    proc_root_option,
     seconds_option,
+    sim_option,
+    state_dir_option,
+    sysfs_root_option,
 )
 
 
 @click.command("agent")
-@click.option("--node", required=True, envvar="NODE_NAME", help="This node's name ($NODE_NAME).")
-@click.option(
-    "--config-dir",
+@node_option("This node's name ($NODE_NAME).", required=True, envvar="NODE_NAME")
+@config_file_option(
+    stdin=False,
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The mounted ConfigMap: the agent reads config.yaml in it and watches the directory.",
+    note="agent: the mounted ConfigMap's file (/etc/vgpu-state/config.yaml in the shipped "
+    "DaemonSet); the agent watches its directory.",
 )
 @click.option(
     "--mode",
@@ -52,25 +59,13 @@ from vgpu_state.cli.options import (
 )
 @listen_option("HOST:PORT of /healthz, /readyz and /metrics ('' to serve none).")
 @daemon_options("Namespace of the rollout-slot Leases ($POD_NAMESPACE).")
-@click.option("--sysfs-root", default="/sys", show_default=True, help="Where sysfs is mounted.")
-@click.option(
-    "--sim",
-    "sim_spec",
-    default=None,
-    help="Drive a simulated node (spec file) instead of sysfs; the spec is saved after applies.",
-)
-@directory_option(
-    "--state-dir",
-    wellknown.STATE_DIR,
-    f"Journal, host lock and the vGPU types the driver listed ({wellknown.DRIVER_TYPES_FILE}).",
-)
-@click.option(
-    "--proc-root",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="The host's /proc: processes holding a vGPU's VFIO device open (a VM's QEMU) block "
+@sysfs_root_option("Where sysfs is mounted (--sim: a simulated node instead).")
+@sim_option("Drive a simulated node (spec file) instead of sysfs; the spec is saved after applies.")
+@state_dir_option()
+@proc_root_option(
+    "The host's /proc: processes holding a vGPU's VFIO device open (a VM's QEMU) block "
     "it (default /proc; the DaemonSet mounts the host's at /host/proc; with --sim: the "
-    "simulated node's).",
+    "simulated node's)."
 )
 @click.option(
     "--sriov-manage",
@@ -103,13 +98,7 @@ from vgpu_state.cli.options import (
     is_flag=True,
     help="Do not read the KubeVirt CR (a cluster without KubeVirt): its blockers go unchecked.",
 )
-@click.option(
-    "--device-plugin-dir",
-    default=wellknown.KUBELET_DEVICE_PLUGIN_DIR,
-    show_default=True,
-    help="The kubelet's device-plugins directory: the agent registers one device plugin "
-    "per vGPU type through its kubelet.sock.",
-)
+@device_plugin_dir_option(": the agent registers one device plugin per vGPU type")
 @click.option(
     "--no-device-plugin",
     is_flag=True,
@@ -145,16 +134,17 @@ from vgpu_state.cli.options import (
 @handle_errors
 def agent(
     node: str,
-    config_dir: Path,
+    config_file: str,
     mode: str,
     resync: float,
     holder_poll: float,
     listen: str,
     kubeconfig: str | None,
+    context: str | None,
     namespace: str,
-    sysfs_root: str,
+    sysfs_root: str | None,
     sim_spec: str | None,
-    state_dir: Path,
+    state_dir: str | None,
     proc_root: str | None,
     sriov_manage: str | None,
     pod_resources: str,
@@ -176,8 +166,8 @@ def agent(
 
     \b
     Examples:
-      vgpu-state agent --node "$NODE_NAME" --config-dir /etc/vgpu-state --mode plan-only
-      vgpu-state agent --node gpu-node-1 --sim node.yaml --config-dir ./layouts \\
+      vgpu-state agent --node "$NODE_NAME" -f /etc/vgpu-state/config.yaml --mode plan-only
+      vgpu-state agent --node gpu-node-1 --sim node.yaml -f ./layouts/config.yaml \\
           --kubeconfig ~/.kube/config --no-device-plugin
     """
     logging.basicConfig(
@@ -191,16 +181,17 @@ def agent(
 
     flags = AgentFlags(
         node=node,
-        config_dir=config_dir,
+        config_file=Path(config_file),
         mode=mode,
         resync=resync,
         holder_poll=holder_poll,
         listen=listen,
         kubeconfig=kubeconfig,
+        context=context,
         namespace=namespace,
-        sysfs_root=sysfs_root,
+        sysfs_root=sysfs_root or wellknown.SYSFS_ROOT,
         sim_spec=sim_spec,
-        state_dir=state_dir,
+        state_dir=Path(state_dir) if state_dir else None,
         proc_root=proc_root,
         sriov_manage=sriov_manage_command(sriov_manage),
         in_use_file=in_use_file,

@@ -15,7 +15,8 @@ from vgpu_state.cli.common import (
     parse_in_use,
     selection_options,
 )
-from vgpu_state.cli.options import output_option, seconds_option
+from vgpu_state.cli.errors import json_output, print_error_document
+from vgpu_state.cli.options import deprecated_option, output_option, seconds_option
 from vgpu_state.cli.output import console, print_plan_text
 from vgpu_state.cli.session import (
     Warnings,
@@ -150,6 +151,8 @@ class _JsonApplyOutput(Warnings):
 
 
 def _report_apply_error(e: ApplyError) -> None:
+    if json_output():
+        print_error_document(e.reason.value, e.kind.value, str(e))
     click.echo(f"\nerror: {e}", err=True)
     if e.not_run:
         click.echo("not run:", err=True)
@@ -184,8 +187,8 @@ def _confirm(auto_approve: bool, skip_blocked: bool) -> Any:
 @selection_options
 @click.option("--auto-approve", is_flag=True, help="Apply without asking for confirmation.")
 @click.option("--skip-blocked", is_flag=True, help="Apply the rest when some items are blocked.")
-@click.option("--journal", "journal_file", help="Journal file. Env: VGPU_STATE_JOURNAL.")
-@click.option("--lock-file", help="Host lock file. Env: VGPU_STATE_LOCK_FILE.")
+@deprecated_option("--journal", "journal_file")
+@deprecated_option("--lock-file", "lock_file")
 @seconds_option(
     "--lock-timeout", 30.0, "Seconds to wait for the host lock (0 to 86400).", maximum=86400
 )
@@ -237,12 +240,18 @@ def apply_cmd(
         )
         return
     s = settings(
-        session.label_key, session.sim_spec, journal_file, lock_file, lock_timeout, sriov_manage
+        session.label_key,
+        session.sim_spec,
+        journal_file,
+        lock_file,
+        lock_timeout,
+        sriov_manage,
+        session.state_dir,
     )
     target = open_target(session, s, record=True)
     out = _JsonApplyOutput() if output == "json" else _ApplyOutput(console())
     try:
-        warn_unfinished(journal_for(journal_file, session.sim_spec))
+        warn_unfinished(journal_for(journal_file, session.sim_spec, session.state_dir))
         try:
             report = reconcile(
                 session,
@@ -294,7 +303,15 @@ def _apply_saved(
     if not sim_spec and not sysfs_root:
         sim_spec, sysfs_root = saved.sim, saved.sysfs_root
     flagged = parse_in_use(args.in_use, args.in_use_file)
-    s = settings(args.label_key, sim_spec, journal_file, lock_file, lock_timeout, sriov_manage)
+    s = settings(
+        args.label_key,
+        sim_spec,
+        journal_file,
+        lock_file,
+        lock_timeout,
+        sriov_manage,
+        args.state_dir,
+    )
     output: _ApplyOutput | _JsonApplyOutput = (
         _JsonApplyOutput() if output_format == "json" else _ApplyOutput(console())
     )
@@ -313,6 +330,8 @@ def _apply_saved(
                 processes=target.processes,
             )
         except StalePlanError as e:
+            if json_output():
+                print_error_document(e.reason.value, e.kind.value, f"{e}: " + "; ".join(e.changes))
             click.echo(f"error: {e}. What moved:", err=True)
             for line in e.changes:
                 click.echo(f"  {line}", err=True)

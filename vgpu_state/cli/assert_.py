@@ -9,7 +9,7 @@ from typing import NoReturn
 import click
 
 from vgpu_state.cli.common import SessionArgs, handle_errors, selection_options
-from vgpu_state.cli.options import output_option
+from vgpu_state.cli.options import deprecated_option, output_option
 from vgpu_state.cli.session import (
     journal_for,
     open_target,
@@ -22,7 +22,7 @@ from vgpu_state.reconcile import NoGpusError
 
 @click.command("assert")
 @selection_options
-@click.option("--journal", "journal_file", help="Journal file (to report unfinished applies).")
+@deprecated_option("--journal", "journal_file")
 @output_option()
 @handle_errors
 def assert_cmd(session: SessionArgs, journal_file: str | None, output: str) -> None:
@@ -37,10 +37,10 @@ def assert_cmd(session: SessionArgs, journal_file: str | None, output: str) -> N
       vgpu-state assert -f configs/examples/mixed-node.yaml --sim node.yaml -c mixed
       vgpu-state assert -f layouts.yaml -o json
     """
-    s = settings(session.label_key, session.sim_spec, journal_file)
+    s = settings(session.label_key, session.sim_spec, journal_file, directory=session.state_dir)
     target = open_target(session, s)
     try:
-        warn_unfinished(journal_for(journal_file, session.sim_spec))
+        warn_unfinished(journal_for(journal_file, session.sim_spec, session.state_dir))
         try:
             report = reconcile(session, target, s)
         except NoGpusError as e:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,7 +10,18 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import click
 
-from vgpu_state.cli.options import config_file_option, config_name_option, sysfs_root_option
+from vgpu_state.cli.errors import report
+from vgpu_state.cli.options import (
+    KUBECONFIG_HELP,
+    config_file_option,
+    config_name_option,
+    label_key_option,
+    node_option,
+    proc_root_option,
+    sim_option,
+    state_dir_option,
+    sysfs_root_option,
+)
 from vgpu_state.inputfiles import (
     MAX_IN_USE_BYTES,
     InputFileError,
@@ -27,10 +37,10 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``error: message`` on stderr and exit 1."""
-    click.echo(f"error: {message}", err=True)
-    sys.exit(1)
+def fail(message: str, reason: str = "Failed", kind: str = "user") -> NoReturn:
+    """Print ``error: message`` on stderr (with ``-o json`` also the error document on
+    stdout, :mod:`vgpu_state.cli.errors`) and exit 1."""
+    report(reason, kind, message)
 
 
 # What a flag of this command can do about an error (lower layers never name flags).
@@ -41,24 +51,11 @@ FLAG_HINTS: dict[Reason, str] = {
 }
 
 
-def _json_output() -> bool:
-    ctx = click.get_current_context(silent=True)
-    return ctx is not None and ctx.params.get("output") == "json"
-
-
-def _json_error(reason: str, message: str, issues: list[str] | None = None) -> None:
-    """With ``-o json`` a failure also prints one JSON object on stdout."""
-    if _json_output():
-        error: dict[str, object] = {"reason": reason, "message": message}
-        if issues is not None:
-            error["issues"] = issues
-        click.echo(json.dumps({"error": error}, indent=2))
-
-
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn vgpu-state errors into ``file:line:col`` lines or ``error: …`` and exit 1.
 
-    With ``-o json`` the error is also printed on stdout as ``{"error": {…}}``.
+    With ``-o json`` the error is also printed on stdout as the one error document
+    (:func:`vgpu_state.cli.errors.error_document`).
     """
 
     @functools.wraps(fn)
@@ -66,21 +63,15 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             return fn(*args, **kwargs)
         except ConfigError as e:
-            lines = [str(issue) for issue in e.issues]
-            _json_error(e.reason.value, lines[0] if lines else str(e), lines)
-            for line in lines:
-                click.echo(line, err=True)
-            sys.exit(1)
+            lines = [str(issue) for issue in e.issues] or [str(e)]
+            report(e.reason.value, e.kind.value, lines[0], issues=e.issues, text=lines)
         except VgpuStateError as e:
             hint = FLAG_HINTS.get(e.reason)
             message = f"{e} ({hint})" if hint else str(e)
-            _json_error(e.reason.value, message)
-            fail(message)
+            report(e.reason.value, e.kind.value, message)
         except OSError as e:
             where = f"{e.filename}: " if e.filename else ""
-            message = f"{where}{e.strerror or e}"
-            _json_error("OSError", message)
-            fail(message)
+            report("OSError", "host", f"{where}{e.strerror or e}")
 
     return wrapper
 
@@ -136,6 +127,8 @@ class SessionArgs:
     kubevirt: str | None = None
     pod_resources: str | None = None
     proc_root: str | None = None
+    context: str | None = None
+    state_dir: str | None = None
 
 
 SESSION_FIELDS = tuple(SessionArgs.__dataclass_fields__)
@@ -158,7 +151,7 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         [
             config_file_option(),
             config_name_option(),
-            click.option("--node", "node", help="Node name (default: the simulated node's)."),
+            node_option(),
             click.option(
                 "--label",
                 "labels",
@@ -166,19 +159,10 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 metavar="KEY=VALUE",
                 help="A node label used for selection (repeatable).",
             ),
-            click.option(
-                "--label-key",
-                default="nvidia.com/vgpu.config",
-                show_default=True,
-                help="The node label that names a config.",
-            ),
+            label_key_option(),
             sysfs_root_option(),
-            click.option(
-                "--sim",
-                "sim_spec",
-                type=click.Path(dir_okay=False),
-                help="Use a simulated node described by this spec file.",
-            ),
+            sim_option(),
+            state_dir_option(),
             click.option(
                 "--in-use",
                 "in_use",
@@ -193,9 +177,16 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             ),
             click.option(
                 "--kubeconfig",
+                metavar="FILE",
                 type=click.Path(dir_okay=False),
-                help="Work on the Node --node of this cluster: its labels, held vGPUs, "
-                "KubeVirt CR and status (see docs/cluster.md).",
+                help=f"{KUBECONFIG_HELP} Given (or --context, --in-cluster): work on the Node "
+                "--node of this cluster: its labels, held vGPUs, KubeVirt CR and status "
+                "(docs/cluster.md).",
+            ),
+            click.option(
+                "--context",
+                metavar="NAME",
+                help="The kubeconfig context (default: its current context).",
             ),
             click.option(
                 "--in-cluster",
@@ -213,12 +204,7 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 help="The kubelet's pod-resources socket (default "
                 f"{KUBELET_POD_RESOURCES_SOCKET}; with --sim: none).",
             ),
-            click.option(
-                "--proc-root",
-                type=click.Path(file_okay=False),
-                help="Find processes holding vGPUs under this /proc (default /proc; "
-                "with --sim: the simulated one).",
-            ),
+            proc_root_option(),
         ]
     ):
         wrapped = decorator(wrapped)

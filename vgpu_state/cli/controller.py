@@ -109,10 +109,11 @@ def _webhook_objects(fn: F) -> F:
 )
 @listen_option("HOST:PORT of /metrics, /healthz and /readyz (empty: not served).")
 @config_file_option(
-    help="The layouts (the agents' ConfigMap, mounted): they bound what the KubeVirt CR may "
-    "permit, and the fleet view plans with them; empty: no fleet view, and no KubeVirt CR "
-    "entry is added or removed. Env: VGPU_STATE_CONFIG_FILE.",
-    default="/etc/vgpu-state/config.yaml",
+    stdin=False,
+    note="controller: the agents' layouts (their ConfigMap, mounted; the shipped Deployment "
+    "passes /etc/vgpu-state/config.yaml): they bound what the KubeVirt CR may permit, and "
+    "the fleet view plans with them; none: no fleet view, and no KubeVirt CR entry is "
+    "added or removed.",
 )
 @seconds_option(
     "--fleet-interval",
@@ -131,6 +132,7 @@ def _webhook_objects(fn: F) -> F:
 @handle_errors
 def controller(
     kubeconfig: str | None,
+    context: str | None,
     namespace: str,
     identity: str | None,
     kubevirt: str | None,
@@ -145,7 +147,7 @@ def controller(
     webhook_configuration: str,
     webhook_cert_dir: str | None,
     listen: str,
-    config_file: str,
+    config_file: str | None,
     fleet_interval: float,
     max_age: str,
     once: bool,
@@ -160,6 +162,7 @@ def controller(
     Examples:
       vgpu-state controller --kubeconfig ~/.kube/config --once
       vgpu-state controller --kubeconfig ~/.kube/config -f layouts.yaml
+      vgpu-state controller --context prod -f layouts.yaml --once
     """
     logging.basicConfig(
         level=log_level.upper(),
@@ -181,7 +184,12 @@ def controller(
         raise SelectionError(f"--kubevirt {e}") from None
     catalog = default_catalog()
     fleet = None
-    if config_file:
+    if not config_file:
+        logging.getLogger(__name__).warning(
+            "no layouts file (-f/--config): no fleet view, and no KubeVirt CR entry is "
+            "added or removed"
+        )
+    else:
         fleet = FleetViewSettings(
             layouts=FileConfigSource(config_file, catalog),
             settings=Settings(catalog=catalog),
@@ -208,7 +216,7 @@ def controller(
         )
     # Connect and answer within the request timeout: no request outlives the Lease.
     connect = min(5.0, request_timeout / 3)
-    api = KubeApi.connect(kubeconfig, timeout=(connect, request_timeout - connect))
+    api = KubeApi.connect(kubeconfig, context, timeout=(connect, request_timeout - connect))
     ctl = Controller(api, settings)
     if once:
         result = ctl.run_once()

@@ -19,10 +19,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from vgpu_state.cli.errors import report
 from vgpu_state.cli.options import (
     DEFAULT_SYSFS_ROOT,
     ENV_LOG_LEVEL,
+    device_plugin_dir_option,
     seconds_option,
+    sim_option,
+    state_dir_option,
     sysfs_root_option,
 )
 from vgpu_state.model.errors import VgpuStateError
@@ -38,20 +42,13 @@ DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
 
 
 @click.command("deviceplugin")
-@click.option(
-    "--sim",
-    "sim_spec",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Advertise a simulated node; re-read when the spec file changes "
-    "(vgpu-state apply --sim writes it).",
+@sim_option(
+    "Advertise a simulated node; re-read when the spec file changes "
+    "(vgpu-state apply --sim writes it)."
 )
 @sysfs_root_option(help="Advertise the vGPUs under this sysfs root (or --sim: a simulated node).")
-@click.option(
-    "--plugin-dir",
-    envvar="VGPU_STATE_DEVICE_PLUGIN_DIR",
-    help=f"The kubelet's device-plugins directory [default: {DEFAULT_PLUGIN_DIR}; "
-    "a temporary one with --fake-kubelet]. Env: VGPU_STATE_DEVICE_PLUGIN_DIR.",
-)
+@device_plugin_dir_option(" (with --fake-kubelet and not given: a temporary one)")
+@state_dir_option()
 @click.option(
     "--domain",
     default="nvidia.com",
@@ -74,7 +71,8 @@ DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
 def deviceplugin(
     sim_spec: str | None,
     sysfs_root: str | None,
-    plugin_dir: str | None,
+    device_plugin_dir: str,
+    state_dir: str | None,
     domain: str,
     resync: float,
     health_interval: float,
@@ -93,21 +91,22 @@ def deviceplugin(
       vgpu-state deviceplugin --sysfs-root /host/sys
     """
     if sim_spec is not None and sysfs_root is not None:
-        click.echo("error: give either --sim SPEC or --sysfs-root DIR, not both", err=True)
-        sys.exit(1)
+        report("UsageError", "usage", "give either --sim SPEC or --sysfs-root DIR, not both")
+    if sim_spec is not None and not os.path.isfile(sim_spec):
+        report("InputInvalid", "user", f"--sim {sim_spec}: no such file")
     if sim_spec is None:
         sysfs_root = sysfs_root or DEFAULT_SYSFS_ROOT
         if not os.path.isdir(sysfs_root):
-            click.echo(f"error: --sysfs-root {sysfs_root}: no such directory", err=True)
-            sys.exit(1)
+            report("HostUnreadable", "host", f"--sysfs-root {sysfs_root}: no such directory")
     level = os.environ.get(ENV_LOG_LEVEL, "info").upper()
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
     from vgpu_state.deviceplugin import DevicePluginManager
 
     temp_dir = None
-    if plugin_dir is None and fake_kubelet:
+    plugin_dir = device_plugin_dir
+    given = click.get_current_context().get_parameter_source("device_plugin_dir")
+    if fake_kubelet and given is click.core.ParameterSource.DEFAULT:
         temp_dir = plugin_dir = tempfile.mkdtemp(prefix="vgpu-dp-", dir="/tmp")
-    plugin_dir = plugin_dir or DEFAULT_PLUGIN_DIR
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -129,7 +128,7 @@ def deviceplugin(
             kubelet = DevicePluginKubelet(plugin_dir, on_list=show)
             kubelet.start()
             click.echo(f"fake kubelet serving {kubelet.socket_path}", err=True)
-        source = _Source(sim_spec, sysfs_root)
+        source = _Source(sim_spec, sysfs_root, state_dir)
         _publish(manager, source.scan())
         while not stop.wait(0.2 if sim_spec else resync):
             snapshot = source.changed()
@@ -163,16 +162,18 @@ class _Source:
     catalog lacks (docs/apply.md). A simulated node is rendered as a directory tree,
     opened again when its spec file changes."""
 
-    def __init__(self, sim_spec: str | None, sysfs_root: str | None) -> None:
+    def __init__(
+        self, sim_spec: str | None, sysfs_root: str | None, state_dir: str | None = None
+    ) -> None:
         from vgpu_state.catalog import default_catalog
-        from vgpu_state.cli.session import state_dir
+        from vgpu_state.cli.session import state_dir as session_state_dir
         from vgpu_state.compose import NodeSettings
 
         self.settings = NodeSettings(
             default_catalog(),
             sim_spec=sim_spec,
             sysfs_root=sysfs_root,
-            driver_types=state_dir(sim_spec).driver_types,
+            driver_types=session_state_dir(sim_spec, directory=state_dir).driver_types,
             in_memory=False,
         )
         self.node = self._open(None)

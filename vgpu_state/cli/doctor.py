@@ -82,7 +82,12 @@ def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> N
       vgpu-state doctor -f layouts.yaml -c a2-mixed
       vgpu-state doctor -o json
     """
-    s = settings(session.label_key, session.sim_spec, sriov_manage=sriov_manage)
+    s = settings(
+        session.label_key,
+        session.sim_spec,
+        sriov_manage=sriov_manage,
+        directory=session.state_dir,
+    )
     if session.sim_spec and s.sriov_manage is not None:
         # open_host refuses --sriov-manage with --sim; a simulated node brings its own.
         raise click.UsageError("--sriov-manage applies to a real sysfs, not to --sim")

@@ -11,11 +11,11 @@ from __future__ import annotations
 import click
 
 from vgpu_state.cli.common import handle_errors
-from vgpu_state.cli.options import kubeconfig_options
+from vgpu_state.cli.options import kubeconfig_options, node_option
 
 
 @click.command("dra-remove-slices")
-@click.option("--node", help="Only this node's slices (default: every node's).")
+@node_option("Only this node's slices (default: every node's).")
 @kubeconfig_options()
 @handle_errors
 def dra_remove_slices(node: str | None, kubeconfig: str | None, context: str | None) -> None:

@@ -7,9 +7,17 @@ import json
 import click
 
 from vgpu_state.cli.common import handle_errors
-from vgpu_state.cli.options import config_name_option, output_option, sysfs_root_option
+from vgpu_state.cli.options import (
+    config_name_option,
+    label_key_option,
+    node_option,
+    output_option,
+    sim_option,
+    state_dir_option,
+    sysfs_root_option,
+)
 from vgpu_state.cli.session import open_host, settings
-from vgpu_state.config import DEFAULT_LABEL_KEY, dump
+from vgpu_state.config import dump
 from vgpu_state.config.dump import to_data
 from vgpu_state.config.export import export_document
 from vgpu_state.model.errors import require_readable
@@ -17,19 +25,14 @@ from vgpu_state.model.errors import require_readable
 
 @click.command("export")
 @sysfs_root_option()
-@click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="A simulated node spec.")
-@click.option("--node", help="Node name.")
+@sim_option()
+@node_option()
 @config_name_option(
-    help="Name of the exported layout (default: the node's config label when it has "
-    "one, else current).",
-    envvar=None,
+    "export: the exported layout gets this name (default: the node's config label when "
+    "it has one, else current)."
 )
-@click.option(
-    "--label-key",
-    default=DEFAULT_LABEL_KEY,
-    show_default=True,
-    help="The node label that names a config.",
-)
+@label_key_option()
+@state_dir_option()
 @output_option(("yaml", "json"), "yaml", help="The config file's format.")
 @handle_errors
 def export_cmd(
@@ -38,6 +41,7 @@ def export_cmd(
     node: str | None,
     config_name: str | None,
     label_key: str,
+    state_dir: str | None,
     output: str,
 ) -> None:
     """Print a config that reproduces the live vGPU layout.
@@ -51,7 +55,9 @@ def export_cmd(
       vgpu-state export --sim configs/sim/a2-host.yaml -c a2-today
       vgpu-state export --sim configs/sim/mixed.yaml -o json
     """
-    target = open_host(sysfs_root, sim_spec, node, settings(label_key, sim_spec))
+    target = open_host(
+        sysfs_root, sim_spec, node, settings(label_key, sim_spec, directory=state_dir)
+    )
     try:
         snapshot = target.host.scan()
         labels = target.cluster.labels()

@@ -28,6 +28,7 @@ from pydantic_core import to_json
 
 from vgpu_state.cli.common import handle_errors
 from vgpu_state.cli.options import (
+    SuggestingGroup,
     chunk_size_option,
     config_file_option,
     kubeconfig_options,
@@ -68,7 +69,7 @@ def parse_duration(text: str) -> datetime.timedelta | None:
     return datetime.timedelta(seconds=seconds) if seconds else None
 
 
-@click.group("fleet")
+@click.group("fleet", cls=SuggestingGroup)
 def fleet() -> None:
     """Commands over every node of a cluster.
 

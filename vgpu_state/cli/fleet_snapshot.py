@@ -39,9 +39,7 @@ class FleetSource:
             self.now = datetime.datetime.now(tz=datetime.UTC)
 
     @classmethod
-    def open(
-        cls, snapshot: str | None, kubeconfig: str | None, context: str | None
-    ) -> FleetSource:
+    def open(cls, snapshot: str | None, kubeconfig: str | None, context: str | None) -> FleetSource:
         if snapshot is None:
             from vgpu_state.kube.api import KubeApi
 

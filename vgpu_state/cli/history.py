@@ -10,7 +10,12 @@ from collections import Counter
 import click
 
 from vgpu_state.cli.common import handle_errors
-from vgpu_state.cli.options import output_option
+from vgpu_state.cli.options import (
+    deprecated_option,
+    output_option,
+    sim_option,
+    state_dir_option,
+)
 from vgpu_state.cli.session import journal_for
 
 
@@ -24,17 +29,27 @@ def _when(ts: float | None) -> str:
 
 
 @click.command("history")
-@click.option("--journal", "journal_file", help="Journal file. Env: VGPU_STATE_JOURNAL.")
-@click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="The sim spec's journal.")
+@state_dir_option()
+@deprecated_option("--journal", "journal_file")
+@sim_option("The simulated node (its spec file) whose journal to show.")
 @click.option(
-    "-n", "count", type=click.IntRange(min=0), default=10, show_default=True,
+    "-n",
+    "count",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
     help="Last N applies.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="List every step.")
 @output_option()
 @handle_errors
 def history_cmd(
-    journal_file: str | None, sim_spec: str | None, count: int, verbose: bool, output: str
+    state_dir: str | None,
+    journal_file: str | None,
+    sim_spec: str | None,
+    count: int,
+    verbose: bool,
+    output: str,
 ) -> None:
     """Print the journal of past applies, newest last.
 
@@ -42,9 +57,9 @@ def history_cmd(
     Examples:
       vgpu-state history
       vgpu-state history --sim node.yaml -n 3 -v
-      vgpu-state history --journal ./journal.jsonl -o json
+      vgpu-state history --state-dir ./state -o json
     """
-    journal = journal_for(journal_file, sim_spec)
+    journal = journal_for(journal_file, sim_spec, state_dir)
     applies = journal.applies()
     for warning in journal.warnings:
         click.echo(f"warning: {warning}", err=True)

@@ -204,6 +204,7 @@ def kube_ports(
     kube = KubeCluster.connect(
         node,
         args.kubeconfig,
+        context=args.context,
         in_cluster=True if args.in_cluster else None,
         pod_resources=args.pod_resources or (None if simulated else DEFAULT_SOCKET),
         kubevirt_ref=ref,

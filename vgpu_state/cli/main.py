@@ -12,7 +12,13 @@ from typing import Any
 
 import click
 
-from vgpu_state.cli.options import ENV_LOG_LEVEL, LOG_LEVELS, modernise
+from vgpu_state.cli.options import (
+    ENV_LOG_LEVEL,
+    LOG_LEVELS,
+    SuggestingGroup,
+    json_requested,
+    modernise,
+)
 
 # name -> (module, attribute, one-line help). Modules load only when the command runs.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -76,7 +82,7 @@ def _start_up_done() -> None:
         gc.enable()
 
 
-class LazyGroup(click.Group):
+class LazyGroup(SuggestingGroup):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
@@ -112,15 +118,21 @@ class LazyGroup(click.Group):
         """Run a command; exit 0 or the command's code, 1 on any error, 130 on Ctrl-C.
 
         Usage errors exit 1 with click's message (click itself uses 2), so that
-        2 under ``--detailed-exitcode`` only ever means "changes". No error
-        prints a traceback (``VGPU_STATE_DEBUG=1`` shows one for an unexpected
-        error).
+        2 under ``--detailed-exitcode`` only ever means "changes"; with ``-o json``
+        on the command line they also print the one error document on stdout
+        (:mod:`vgpu_state.cli.errors`). No error prints a traceback
+        (``VGPU_STATE_DEBUG=1`` shows one for an unexpected error).
         """
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        given = list(args) if args is not None else sys.argv[1:]
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
         except click.ClickException as e:
+            if json_requested(given):
+                from vgpu_state.cli.errors import print_error_document
+
+                print_error_document("UsageError", "usage", e.format_message())
             e.show()
             sys.exit(1)
         except (KeyboardInterrupt, click.exceptions.Abort):
@@ -132,11 +144,15 @@ class LazyGroup(click.Group):
         except Exception as e:
             if os.environ.get("VGPU_STATE_DEBUG") == "1":
                 raise
-            click.echo(
-                f"error: unexpected {type(e).__name__}: {e} (this is a bug in vgpu-state; "
-                "VGPU_STATE_DEBUG=1 shows the traceback)",
-                err=True,
+            message = (
+                f"unexpected {type(e).__name__}: {e} (this is a bug in vgpu-state; "
+                "VGPU_STATE_DEBUG=1 shows the traceback)"
             )
+            if json_requested(given):
+                from vgpu_state.cli.errors import print_error_document
+
+                print_error_document("Internal", "internal", message)
+            click.echo(f"error: {message}", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
 

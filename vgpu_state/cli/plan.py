@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from vgpu_state.cli.common import SessionArgs, fail, handle_errors, selection_options
-from vgpu_state.cli.options import output_option
+from vgpu_state.cli.options import deprecated_option, output_option
 from vgpu_state.cli.output import print_plan_text
 from vgpu_state.cli.session import (
     journal_for,
@@ -37,7 +37,7 @@ from vgpu_state.render import render_json, render_text
     is_flag=True,
     help="Exit 0 with no changes, 1 on error, 2 when there are changes or blocked items.",
 )
-@click.option("--journal", "journal_file", help="Journal file (to report unfinished applies).")
+@deprecated_option("--journal", "journal_file")
 @handle_errors
 def plan_cmd(
     session: SessionArgs,
@@ -56,15 +56,18 @@ def plan_cmd(
       vgpu-state plan -f layouts.yaml -o json --out plan.json
       vgpu-state plan -f layouts.yaml --kubeconfig ~/.kube/config --node gpu-7
     """
-    s = settings(session.label_key, session.sim_spec, journal_file)
+    s = settings(session.label_key, session.sim_spec, journal_file, directory=session.state_dir)
     target = open_target(session, s)
     try:
-        warn_unfinished(journal_for(journal_file, session.sim_spec))
+        warn_unfinished(journal_for(journal_file, session.sim_spec, session.state_dir))
         report = reconcile(session, target, s)
         p = report.plan
+        if out_file:
+            # Saved before anything is printed: a plan that cannot be saved is an error,
+            # and -o json prints one document, the plan or the error.
+            _save_plan(out_file, report, session.sysfs_root, session.sim_spec)
         if output == "json" and out_file:
             # The JSON goes to the file only; a note on stderr says where.
-            _save_plan(out_file, report, session.sysfs_root, session.sim_spec)
             click.echo(f"Saved the plan to {out_file} (apply it: vgpu-state apply {out_file})",
                        err=True)  # fmt: skip
         elif output == "json":
@@ -72,7 +75,6 @@ def plan_cmd(
         else:
             print_plan_text(render_text(p))
             if out_file:
-                _save_plan(out_file, report, session.sysfs_root, session.sim_spec)
                 click.echo(f"\nSaved the plan to {out_file}. Apply exactly it with:")
                 click.echo(f"  vgpu-state apply {out_file}")
     finally:
@@ -87,4 +89,4 @@ def _save_plan(path: str, report: Report, sysfs_root: str | None, sim_spec: str 
     try:
         Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     except OSError as e:
-        fail(f"{path}: cannot save the plan: {e.strerror}")
+        fail(f"{path}: cannot save the plan: {e.strerror}", "OSError", "host")

@@ -14,9 +14,18 @@ from rich.text import Text
 
 from vgpu_state.catalog import Catalog, default_catalog
 from vgpu_state.cli.common import parse_in_use
-from vgpu_state.cli.options import output_option, sysfs_root_option
+from vgpu_state.cli.errors import report
+from vgpu_state.cli.options import (
+    node_option,
+    output_option,
+    proc_root_option,
+    sim_option,
+    state_dir_option,
+    sysfs_root_option,
+)
 from vgpu_state.cli.output import console as make_console
-from vgpu_state.cli.session import state_dir, warn
+from vgpu_state.cli.session import state_dir as session_state_dir
+from vgpu_state.cli.session import warn
 from vgpu_state.compose import NodeSettings, open_node
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
@@ -91,9 +100,9 @@ def print_snapshot(
 
 @click.command("scan")
 @sysfs_root_option()
-@click.option("--sim", "sim_spec", type=click.Path(dir_okay=False), help="Scan a simulated node.")
+@sim_option()
 @output_option()
-@click.option("--node", default="", help="Node name recorded in the snapshot.")
+@node_option("The node's name recorded in the snapshot.")
 @click.option(
     "--in-use",
     "in_use",
@@ -106,20 +115,17 @@ def print_snapshot(
     type=click.Path(dir_okay=False, allow_dash=True),
     help="In-use vGPUs: a JSON object {key: holder} or lines 'KEY HOLDER'.",
 )
-@click.option(
-    "--proc-root",
-    type=click.Path(file_okay=False),
-    help="Find processes holding vGPUs under this /proc (default /proc; "
-    "with --sim: the simulated one).",
-)
+@proc_root_option()
+@state_dir_option()
 def scan(
     sysfs_root: str | None,
     sim_spec: str | None,
     output: str,
-    node: str,
+    node: str | None,
     in_use: tuple[str, ...],
     in_use_file: str | None,
     proc_root: str | None,
+    state_dir: str | None,
 ) -> None:
     """Show the node's NVIDIA GPUs, their vGPU layout, its vGPUs and which pod, VM or
     process holds each, and how many more vGPUs of each type still fit.
@@ -145,8 +151,8 @@ def scan(
                 catalog,
                 sim_spec=sim_spec,
                 sysfs_root=sysfs_root,
-                name=node,
-                driver_types=state_dir(sim_spec).driver_types,
+                name=node or "",
+                driver_types=session_state_dir(sim_spec, directory=state_dir).driver_types,
                 proc_root=proc_root,
             ),
             warn,
@@ -162,10 +168,7 @@ def scan(
         finally:
             opened.close()
     except VgpuStateError as e:
-        if output == "json":
-            click.echo(json.dumps({"error": {"reason": e.reason.value, "message": str(e)}}))
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        report(e.reason.value, e.kind.value, str(e))
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     if output == "json":
@@ -174,6 +177,7 @@ def scan(
         # Names and values come from sysfs and spec files: print them as text, never markup.
         print_snapshot(snapshot, make_console(markup=False, soft_wrap=False), held, catalog)
     if snapshot.error is not None:
+        # The snapshot (on stdout) says what was read; the exit code says it is incomplete.
         click.echo(f"error: {snapshot.error}", err=True)
         sys.exit(1)
 

@@ -33,20 +33,30 @@ ENV_LOCK = "VGPU_STATE_LOCK_FILE"
 
 
 def state_dir(
-    sim_spec: str | None, journal_file: str | None = None, lock_file: str | None = None
+    sim_spec: str | None,
+    journal_file: str | None = None,
+    lock_file: str | None = None,
+    directory: str | None = None,
 ) -> StateDir:
-    """Journal, lock and driver types: flag, then env, then beside the sim spec, then the
-    node's state directory (the agent's, :data:`~vgpu_state.statefiles.DEFAULT_STATE_DIR`).
-    The driver types go beside a journal that a flag or the env names."""
-    base = StateDir.beside(sim_spec) if sim_spec else DEFAULT_STATE_DIR
+    """Journal, lock and driver types: ``--state-dir`` (or its env), else beside the sim
+    spec, else the node's state directory (the agent's,
+    :data:`~vgpu_state.statefiles.DEFAULT_STATE_DIR`); the old ``--journal`` and
+    ``--lock-file`` (and their env) move one file. The driver types go beside a journal
+    that they name."""
+    if directory:
+        base = StateDir.at(directory)
+    else:
+        base = StateDir.beside(sim_spec) if sim_spec else DEFAULT_STATE_DIR
     return base.moved(
         journal=journal_file or os.environ.get(ENV_JOURNAL),
         lock=lock_file or os.environ.get(ENV_LOCK),
     )
 
 
-def journal_for(explicit: str | None, sim_spec: str | None) -> Journal:
-    return Journal(state_dir(sim_spec, explicit).journal)
+def journal_for(
+    explicit: str | None, sim_spec: str | None, directory: str | None = None
+) -> Journal:
+    return Journal(state_dir(sim_spec, explicit, directory=directory).journal)
 
 
 def warn(message: str) -> None:
@@ -112,9 +122,11 @@ def settings(
     lock_file: str | None = None,
     lock_timeout: float = 30.0,
     sriov_manage: str | None = None,
+    directory: str | None = None,
 ) -> Settings:
-    """The settings of one command, from its flags and the environment."""
-    state = state_dir(sim_spec, journal_file, lock_file)
+    """The settings of one command, from its flags and the environment (``directory``:
+    ``--state-dir``)."""
+    state = state_dir(sim_spec, journal_file, lock_file, directory)
     return Settings(
         catalog=default_catalog(),
         journal_path=state.journal,
@@ -182,7 +194,7 @@ def reconcile(
     flagged = parse_in_use(args.in_use, args.in_use_file)  # standard input is read once
     node_ports = ports(target, args.config_file, parse_labels(args.labels), flagged, settings)
     reporter = kwargs.pop("reporter", None) or Warnings()
-    if args.kubeconfig or args.in_cluster:
+    if args.kubeconfig or args.context or args.in_cluster:
         from vgpu_state.cli.kube import kube_ports
 
         node_ports, cluster = kube_ports(node_ports, target, args, flagged, mode, reporter.warning)

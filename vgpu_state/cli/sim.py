@@ -6,8 +6,10 @@ import sys
 
 import click
 
+from vgpu_state.cli.options import SuggestingGroup
 
-@click.group("sim")
+
+@click.group("sim", cls=SuggestingGroup)
 def sim() -> None:
     """The NVIDIA vGPU driver simulator (no GPU needed).
 

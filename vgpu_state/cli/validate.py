@@ -11,9 +11,16 @@ import click
 
 from vgpu_state.catalog import default_catalog, suggest
 from vgpu_state.cli.common import parse_labels
-from vgpu_state.cli.options import config_file_option, config_name_option, output_option
+from vgpu_state.cli.errors import error_document, report
+from vgpu_state.cli.options import (
+    config_file_option,
+    config_name_option,
+    label_key_option,
+    node_option,
+    output_option,
+    sim_option,
+)
 from vgpu_state.config import (
-    DEFAULT_LABEL_KEY,
     ConfigDocument,
     json_schema_text,
     load_file,
@@ -22,17 +29,21 @@ from vgpu_state.config import (
     select,
 )
 from vgpu_state.model.desired import DesiredState
-from vgpu_state.model.errors import ConfigError, SelectionError, VgpuStateError
+from vgpu_state.model.errors import ConfigError, ConfigIssue, SelectionError, VgpuStateError
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID
 from vgpu_state.model.pci import parse_pci_address
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import Gpu
 
 
-def _fail(lines: Sequence[str]) -> NoReturn:
-    for line in lines:
-        click.echo(line, err=True)
-    sys.exit(1)
+def _fail(
+    lines: Sequence[str], reason: str = "Failed", issues: Sequence[ConfigIssue] = ()
+) -> NoReturn:
+    """The error lines on stderr (with ``-o json``: the error document on stdout); exit 1."""
+    message = lines[0] if lines else "failed"
+    if message.startswith("error: "):
+        message = message[len("error: ") :]
+    report(reason, "user", message, issues=issues, text=lines)
 
 
 def load_document(path: str, strict: bool = False, *, as_json: bool = False) -> ConfigDocument:
@@ -50,16 +61,23 @@ def load_document(path: str, strict: bool = False, *, as_json: bool = False) -> 
     except ConfigError as exc:
         lines = [str(issue) for issue in exc.issues] or [str(exc)]
         if as_json:
-            _json_result(path, None, False, lines)
-        _fail(lines)
-        raise  # unreachable: _fail exits
+            _json_result(path, None, False, lines, error=(exc.reason.value, exc.issues))
+            _fail_text(lines)
+        _fail(lines, exc.reason.value, exc.issues)
     except VgpuStateError as exc:
         if as_json:
-            _json_result(path, None, False, [str(exc)])
-        _fail([f"error: {exc}"])
-        raise
+            _json_result(path, None, False, [str(exc)], error=(exc.reason.value, ()))
+            _fail_text([f"error: {exc}"])
+        _fail([f"error: {exc}"], exc.reason.value)
     print_warnings(document)
     return document
+
+
+def _fail_text(lines: Sequence[str]) -> NoReturn:
+    """The error lines on stderr (the JSON document is printed already); exit 1."""
+    for line in lines:
+        click.echo(line, err=True)
+    sys.exit(1)
 
 
 def print_warnings(document: ConfigDocument) -> None:
@@ -124,7 +142,7 @@ def gpus_from_sim(spec: str) -> tuple[tuple[Gpu, ...], str, dict[str, str]]:
         finally:
             node.close()
     except VgpuStateError as exc:
-        _fail([str(exc)])
+        _fail([f"error: {exc}"], exc.reason.value)
         raise
 
 
@@ -149,7 +167,7 @@ def render_layout(state: DesiredState, gpus: Sequence[Gpu]) -> list[str]:
 
 @click.command("validate")
 @config_file_option(required=True)
-@config_name_option(help="Also check that this layout exists.", envvar=None)
+@config_name_option("validate: also check that it exists.")
 @click.option(
     "--strict",
     is_flag=True,
@@ -178,8 +196,9 @@ def validate(config_file: str, config_name: str | None, strict: bool, output: st
         tail = f"; did you mean {hint}?" if hint else ""
         message = f"{document.file}: config {config_name!r} is not defined{tail}"
         if as_json:
-            _json_result(document.file, document, False, [message])
-        _fail([message])
+            _json_result(document.file, document, False, [message], error=("SelectionInvalid", ()))
+            _fail_text([message])
+        _fail([message], "SelectionInvalid")
     if as_json:
         _json_result(document.file, document, True, [])
         return
@@ -199,10 +218,18 @@ def _warning_lines(document: ConfigDocument) -> list[str]:
 
 
 def _json_result(
-    file: str, document: ConfigDocument | None, valid: bool, errors: Sequence[str]
+    file: str,
+    document: ConfigDocument | None,
+    valid: bool,
+    errors: Sequence[str],
+    error: tuple[str, Sequence[ConfigIssue]] | None = None,
 ) -> None:
-    """``validate -o json``: ``{"file", "valid", "configs", "errors", "warnings"}``."""
-    result = {
+    """``validate -o json``: ``{"file", "valid", "configs", "errors", "warnings"}``; an
+    invalid file also has the one error document's ``error`` (reason, issues)."""
+    result: dict[str, object] = {}
+    if error is not None:
+        result.update(error_document(error[0], "user", errors[0], error[1]))
+    result |= {
         "file": file,
         "valid": valid,
         "configs": list(document.config_names) if document is not None else [],
@@ -245,23 +272,13 @@ def schema() -> None:
 
 @click.command("select")
 @config_file_option(required=True)
-@click.option("--node", "node", help="Node name (default: the simulated node's).")
+@node_option()
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="A node label.")
 @click.option(
     "--gpu", "gpu_specs", multiple=True, metavar="ADDRESS=MODEL", help="A GPU, e.g. 08:00.0=A2."
 )
-@click.option(
-    "--sim",
-    "sim_spec",
-    type=click.Path(dir_okay=False),
-    help="Take the node name, labels and GPUs from a simulated node spec.",
-)
-@click.option(
-    "--label-key",
-    default=DEFAULT_LABEL_KEY,
-    show_default=True,
-    help="The node label that names a config.",
-)
+@sim_option("Take the node name, labels and GPUs from a simulated node spec.")
+@label_key_option()
 @output_option()
 def select_cmd(
     config_file: str,
@@ -274,6 +291,9 @@ def select_cmd(
 ) -> None:
     """Show which config a node gets and the layout of each GPU.
 
+    Exit 0 when a config is selected, 1 when none is (the node would be left
+    alone: no label, no matching node-selector and no default) or on an error.
+
     \b
     Examples:
       vgpu-state select -f configs/examples/node-pools.yaml --node n1 --label pool=vdi \\
@@ -282,24 +302,23 @@ def select_cmd(
       vgpu-state select -f configs/default.yaml --sim configs/sim/t4-pair.yaml -o json
     """
     node_name = node
-    document = load_document(config_file)
+    document = load_document(config_file, as_json=False)
     node_labels: dict[str, str] = {}
     if sim_spec:
         if gpu_specs:
-            _fail(["give either --sim or --gpu, not both"])
+            _fail(["error: give either --sim or --gpu, not both"], "UsageError")
         gpus, sim_node, node_labels = gpus_from_sim(sim_spec)
         node_name = node_name or sim_node
     else:
         gpus = gpus_from_flags(gpu_specs)
     if not node_name:
-        _fail(["missing --node NAME (or --sim SPEC)"])
+        _fail(["error: missing --node NAME (or --sim SPEC)"], "UsageError")
         return
     node_labels.update(parse_labels(labels))
     try:
         selection = select(document, node_name, node_labels, label_key)
     except SelectionError as exc:
-        _fail([str(exc)])
-        return
+        _fail([f"error: {exc}"], exc.reason.value)
     result: dict[str, object] = {
         "node": node_name,
         "config": selection.config,
@@ -308,24 +327,29 @@ def select_cmd(
         "gpus": [],
     }
     if selection.config is None:
+        message = (
+            f"node {node_name}: no config selected: {selection.detail}; every GPU is "
+            "left unmanaged (label the node, or add a node-selector or a default)"
+        )
         if output == "json":
-            result["gpus"] = [
+            doc = error_document("NoConfigSelected", "user", message)
+            doc |= result
+            doc["gpus"] = [
                 {"index": g.index, "address": g.address, "model": g.model, "managed": False}
                 for g in gpus
             ]
-            click.echo(json.dumps(result, indent=2))
-            return
-        click.echo(f"node {node_name}: no config selected ({selection.detail})")
-        for gpu in gpus:
-            click.echo(f"  GPU {gpu.index} {gpu.address}: unmanaged")
-        return
+            click.echo(json.dumps(doc, indent=2))
+        else:
+            for gpu in gpus:
+                click.echo(f"  GPU {gpu.index} {gpu.address}: unmanaged")
+        click.echo(f"error: {message}", err=True)
+        sys.exit(1)
     try:
         state = resolve(
             document, selection.config, gpus, node_name, selection.source, default_catalog()
         )
     except ConfigError as exc:
-        _fail([str(issue) for issue in exc.issues])
-        return
+        _fail([str(issue) for issue in exc.issues], exc.reason.value, exc.issues)
     p = state.policy
     if output == "json":
         wanted = {g.address: g for g in state.gpus}

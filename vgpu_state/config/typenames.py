@@ -13,7 +13,11 @@ The driver decides which types exist; the catalog advises. The rule for a name
   product the catalog does not know such as ``M60-0Q``) and names in the older
   ``…-2B4`` form are accepted with a **warning**: the node's driver decides
   whether it offers the type; ``validate --strict`` makes the warning an error;
-* anything else is an error, with the nearest known name when one is close.
+* anything else is an error.
+
+Every "did you mean" for an unknown name comes from one rule, :func:`near_names`:
+the catalog's names of the same product within a small edit distance (the
+nearest framebuffer size breaking ties), or no suggestion at all.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from vgpu_state.catalog import Catalog, parse_type_name, short_type_name, suggest
+from vgpu_state.catalog import Catalog, parse_type_name, short_type_name
 
 _LEGACY_B4 = re.compile(r"^[A-Za-z0-9]+(?:-[A-Za-z][A-Za-z0-9]*)*-\d+B4$")
 _LOOKALIKE = str.maketrans({"O": "0", "I": "1"})
@@ -56,6 +60,70 @@ def _index(
         names.setdefault(key, []).append(name)
         series.setdefault(key, set()).add(parsed.series)
     return folded, {k: tuple(v) for k, v in names.items()}, series
+
+
+MAX_EDITS = 2
+"""The most single-character edits between an unknown name and a suggested one."""
+MAX_SUGGESTIONS = 3
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions)."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def _product_of(short: str) -> str:
+    """The product part of a name that may not parse: up to its last ``-`` and digits."""
+    parsed = parse_type_name(short)
+    if parsed is not None:
+        return parsed.product
+    legacy = legacy_product(short)
+    if legacy is not None:
+        return legacy
+    return re.split(r"[-_ ]\d", short, maxsplit=1)[0]
+
+
+def near_names(name: str, catalog: Catalog) -> tuple[str, ...]:
+    """The catalog's names ``name`` most likely misspells: those of its product (letter
+    case ignored) at the fewest edits, at most :data:`MAX_EDITS`; among several, those
+    of the nearest framebuffer size; none when more than :data:`MAX_SUGGESTIONS` remain."""
+    short = short_type_name(name)
+    product = _product_of(short).upper()
+    candidates = [n for n in catalog.type_names if _product_of(n).upper() == product]
+    if not candidates:
+        return ()
+    scored = [(_edits(short.upper(), n.upper()), n) for n in candidates]
+    best = min(d for d, _ in scored)
+    if best > MAX_EDITS:
+        return ()
+    nearest = [n for d, n in scored if d == best]
+    parsed = parse_type_name(short)
+    if parsed is not None and len(nearest) > 1:
+        size = parsed.framebuffer_gb
+
+        def gap(n: str) -> int:
+            other = parse_type_name(n)
+            return abs(other.framebuffer_gb - size) if other is not None else 1 << 20
+
+        closest = min(gap(n) for n in nearest)
+        nearest = [n for n in nearest if gap(n) == closest]
+    unique = tuple(dict.fromkeys(nearest))
+    return unique if len(unique) <= MAX_SUGGESTIONS else ()
+
+
+def did_you_mean(name: str, catalog: Catalog) -> str:
+    """``; did you mean A2-2Q or A2-4Q?``, or ``""`` (:func:`near_names`)."""
+    names = near_names(name, catalog)
+    if not names:
+        return ""
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" or {names[-1]}"
+    return f"; did you mean {listed}?"
 
 
 @dataclass(frozen=True)
@@ -121,25 +189,19 @@ def type_name_note(name: str, catalog: Catalog) -> TypeNameNote | None:
                 "whether it offers it",
                 warning=True,
             )
-        hint = cat.suggest_type(short)
-        if hint is not None:
-            return TypeNameNote(f"unknown vGPU type {name!r}; did you mean {hint}?", False)
-        return TypeNameNote(
-            f"{name!r} is not a vGPU type name; expected a name such as A10-4Q or A100-1-5C",
-            warning=False,
-        )
+        hint = did_you_mean(name, cat)
+        why = hint or ": not a vGPU type name (such as A10-4Q or A100-1-5C)"
+        return TypeNameNote(f"unknown vGPU type {name!r}{why}", warning=False)
     key = (parsed.product, parsed.is_mig)
     if key in by_product:
-        hint = suggest(short, by_product[key])
-        where = f" (nearest catalog type: {hint})" if hint else ""
+        hint = did_you_mean(name, cat).removeprefix("; ")
         return TypeNameNote(
-            f"vGPU type {name!r} is not in the catalog's {parsed.product} types{where}; "
-            "the node's driver decides whether it offers it",
+            f"vGPU type {name!r} is not in the catalog's {parsed.product} types"
+            f"{f' ({hint})' if hint else ''}; the node's driver decides whether it offers it",
             warning=True,
         )
     return TypeNameNote(
-        f"vGPU type {name!r} is not in the catalog; the node's driver decides whether it "
-        "offers it",
+        f"vGPU type {name!r} is not in the catalog; the node's driver decides whether it offers it",
         warning=True,
     )
 
