@@ -90,6 +90,16 @@ def test_assert_names_the_sysfs_root_too(no_gpus: Path) -> None:
     assert str(no_gpus) in doc["differences"][0]
 
 
+def test_doctor_on_a_host_without_gpus_points_at_the_host_not_the_config(
+    no_gpus: Path,
+) -> None:
+    r = run("doctor", "-f", str(MIXED), "-c", "mixed", "--sysfs-root", str(no_gpus))
+    assert r.exit_code == 1, r.output
+    assert "no NVIDIA GPUs found" in r.stdout
+    assert "fix the config" not in r.stdout
+    assert "the host shows no NVIDIA GPU" in r.stdout
+
+
 @pytest.mark.parametrize("mode", ["plan-only", "enforce"])
 def test_the_agent_on_a_node_without_gpus_reports_it_not_converged(
     mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture

@@ -20,7 +20,7 @@ from vgpu_state.doctor.checks import (
 )
 from vgpu_state.model.errors import ConfigError, VgpuStateError
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.reconcile import QuietReporter, Settings
+from vgpu_state.reconcile import NoGpusError, QuietReporter, Settings
 from vgpu_state.render.doctor import render_report, render_report_json
 from vgpu_state.wellknown import SRIOV_MANAGE
 
@@ -105,6 +105,15 @@ def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> N
                 lines = [str(issue) for issue in e.issues] or [str(e)]
                 snapshot = _scan(target.host.scan(), session)
                 config = config_failure(lines, tuple(heard.warnings))
+            except NoGpusError as e:
+                # Not the config's fault: the host shows no GPU (the gpus check says more).
+                snapshot = _scan(target.host.scan(), session)
+                config = config_failure(
+                    [str(e)],
+                    tuple(heard.warnings),
+                    action="the host shows no NVIDIA GPU: see the checks above (is the GPU "
+                    "on the bus, the vGPU Manager loaded, --sysfs-root right?)",
+                )
             except VgpuStateError as e:
                 snapshot = _scan(target.host.scan(), session)
                 config = config_failure([str(e)], tuple(heard.warnings))

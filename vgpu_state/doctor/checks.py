@@ -387,11 +387,20 @@ def config_checks(plan: Plan, warnings: tuple[str, ...]) -> ConfigChecks:
     return node, per_gpu
 
 
-def config_failure(messages: list[str], warnings: tuple[str, ...] = ()) -> ConfigChecks:
+_CONFIG_ACTION = (
+    "fix the config or the selection (-c NAME, --label KEY=VALUE); "
+    "vgpu-state validate shows every error of a config"
+)
+
+
+def config_failure(
+    messages: list[str], warnings: tuple[str, ...] = (), action: str = _CONFIG_ACTION
+) -> ConfigChecks:
     """A config that could not be read or selected, or whose plan could not be made.
 
     A message about one GPU (``gpu[ADDRESS]…``) becomes that GPU's check;
-    ``warnings`` (heard before the failure) are node-wide ``warn`` checks.
+    ``warnings`` (heard before the failure) are node-wide ``warn`` checks; ``action``
+    says what to do (by default: fix the config or the selection).
     """
     node: list[Check] = [Check(id="config", status=Status.WARN, message=w) for w in warnings]
     per_gpu: dict[str, list[Check]] = {}
@@ -400,8 +409,7 @@ def config_failure(messages: list[str], warnings: tuple[str, ...] = ()) -> Confi
             id="config",
             status=Status.FAIL,
             message=message,
-            action="fix the config or the selection (-c NAME, --label KEY=VALUE); "
-            "vgpu-state validate shows every error of a config",
+            action=action,
         )
         m = _GPU_PREFIX.match(message)
         if m:
