@@ -26,9 +26,11 @@ $(BIN)/.installed-demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> [2/3] installing vgpu-state with the simulator and the demo's API server emulator"
 	@# uv (from PyPI, into the venv) installs in seconds where pip takes most of a minute;
-	@# pip does it when uv cannot be had.
+	@# pip does it when uv cannot be had. Both leave bytecode in site-packages (uv only
+	@# with --compile-bytecode): without it every command compiles its imports again
+	@# wherever the venv is not writable, 1.5-1.8x the start-up (bench/RESULTS.md).
 	@if $(BIN)/pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1 && \
-	    $(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[demo]'; then \
+	    $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[demo]'; then \
 	    echo "    installed with uv"; \
 	else \
 	    echo "    uv unavailable: installing with pip (about a minute)"; \

@@ -11,6 +11,13 @@ whole run's wall and CPU time (user + system; an empty fleet, so no workers).
 The command runs as bench/fleet.py runs it (bytecode compiled, the checkout
 first on the path); ``--compare TREE`` interleaves another checkout's runs with
 this one's, run by run.
+
+Then the local commands ``vgpu-state validate`` (the shipped layouts) and
+``vgpu-state plan --sim`` (a small simulated node): each command's median wall
+and CPU time next to those of a bare interpreter importing only the modules
+its work needs (:data:`LOCAL`), their ratio (goal <= 1.5), and the command's
+largest import costs by package (``python -X importtime``, self time).
+``--local-only`` skips ``fleet plan``.
 """
 
 from __future__ import annotations
@@ -35,6 +42,39 @@ sys.path.insert(0, str(REPO / "bench"))
 import fleet as fleet_bench  # noqa: E402 - bench/fleet.py: its config, kubeconfig and runner
 
 RUNS = 9
+LOCAL_GOAL = 1.5
+"""A local command's time over its bare imports' time, at most."""
+
+# Each local command and the modules its work needs: the layouts loader and the
+# catalog (validate); with them the simulated node, the planner and the plan's
+# rendering (plan --sim). Both need click to read their arguments.
+LOCAL = [
+    (
+        "validate",
+        ["validate", "-f", str(REPO / "configs" / "default.yaml")],
+        ["click", "vgpu_state.catalog", "vgpu_state.config"],
+    ),
+    (
+        "plan --sim",
+        [
+            "plan",
+            "-f",
+            str(REPO / "configs" / "default.yaml"),
+            "-c",
+            "all-disabled",
+            "--sim",
+            str(REPO / "configs" / "sim" / "a2-host.yaml"),
+        ],
+        [
+            "click",
+            "vgpu_state.catalog",
+            "vgpu_state.config",
+            "vgpu_state.compose",
+            "vgpu_state.planner",
+            "vgpu_state.render.plan",
+        ],
+    ),
+]
 
 
 class FirstRequest:
@@ -91,6 +131,69 @@ def run_once(args: list[str], tree: Path, first: FirstRequest) -> tuple[float, f
     return first.at - started, wall, usage.ru_utime + usage.ru_stime
 
 
+def timed(argv: list[str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one run; its exit status is not judged
+    (``plan`` exits 1 when it plans changes)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) not in (0, 1):
+        raise SystemExit(f"{argv[3:]} failed: {err.decode()[-2000:]}")
+    return time.perf_counter() - started, usage.ru_utime + usage.ru_stime
+
+
+def bare_imports(tree: Path, modules: list[str]) -> list[str]:
+    """An interpreter started as :func:`fleet.command` starts one, importing ``modules``."""
+    probe = fleet_bench.LAUNCH.replace(
+        "runpy.run_module('vgpu_state.cli.main', run_name='__main__')",
+        "import " + ", ".join(modules),
+    )
+    return [sys.executable, "-c", probe, str(tree)]
+
+
+def import_costs(tree: Path, args: list[str], top: int = 8) -> str:
+    """The command's largest import costs (self time) summed by top-level package."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *fleet_bench.command(tree)[1:], *args],
+        capture_output=True,
+        text=True,
+    )
+    costs: dict[str, int] = {}
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        own, _, name = line.removeprefix("import time:").split("|")
+        package = name.strip().split(".")[0]
+        if package == "vgpu_state":
+            package = ".".join(name.strip().split(".")[:2])
+        costs[package] = costs.get(package, 0) + int(own)
+    ranked = sorted(costs.items(), key=lambda item: -item[1])[:top]
+    return ", ".join(f"{name} {us / 1000:.0f} ms" for name, us in ranked)
+
+
+def local_commands(tree: Path, runs: int) -> None:
+    for label, args, modules in LOCAL:
+        command, bare = [*fleet_bench.command(tree), *args], bare_imports(tree, modules)
+        results: dict[str, list[tuple[float, float]]] = {"command": [], "bare": []}
+        for i in range(runs + 1):  # the first round warms the page cache
+            for kind, argv in (("command", command), ("bare", bare)):
+                run = timed(argv)
+                if i:
+                    results[kind].append(run)
+        wall = {k: statistics.median(r[0] for r in v) for k, v in results.items()}
+        cpu = {k: statistics.median(r[1] for r in v) for k, v in results.items()}
+        print(
+            f"{label}: median {wall['command'] * 1000:.0f} ms wall, "
+            f"{cpu['command'] * 1000:.0f} ms CPU; its bare imports ({', '.join(modules)}) "
+            f"{wall['bare'] * 1000:.0f} ms wall, {cpu['bare'] * 1000:.0f} ms CPU; ratio "
+            f"{wall['command'] / wall['bare']:.2f} wall, {cpu['command'] / cpu['bare']:.2f} CPU "
+            f"(goal <= {LOCAL_GOAL}; {runs} runs)"
+        )
+        print(f"  largest imports: {import_costs(tree, args)}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=RUNS, help="timed runs per checkout")
@@ -99,6 +202,9 @@ def main() -> int:
         type=Path,
         help="another checkout (e.g. a worktree of main): its runs interleave with this "
         "tree's, run by run",
+    )
+    parser.add_argument(
+        "--local-only", action="store_true", help="only validate and plan --sim"
     )
     args = parser.parse_args()
     trees = [("this", REPO)] + ([("compare", args.compare.resolve())] if args.compare else [])
@@ -110,6 +216,9 @@ def main() -> int:
     for label, tree in trees:
         print(f"{label}: {fleet_bench.which_code(tree)}")
         fleet_bench.compile_bytecode(tree)
+    if args.local_only:
+        local_commands(REPO, args.runs)
+        return 0
     first = FirstRequest()
     server = serve(first)
     results: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in trees}
@@ -137,6 +246,7 @@ def main() -> int:
             f"{statistics.median(r[1] for r in runs) * 1000:.0f} ms wall, "
             f"{statistics.median(r[2] for r in runs) * 1000:.0f} ms CPU ({len(runs)} runs)"
         )
+    local_commands(REPO, args.runs)
     return 0
 
 

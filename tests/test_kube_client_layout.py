@@ -70,6 +70,7 @@ def _top_level_imports(module: str) -> list[ast.stmt]:
 # (the module imported with stand-ins, the module stood in for, the one name it takes)
 STAND_INS = [
     ("kubernetes.client.api_client", "dateutil.parser", "parse"),
+    ("kubernetes.client.api_client", "multiprocessing.pool", "ThreadPool"),
     ("kubernetes.config.kube_config", "requests_oauthlib", "OAuth2Session"),
 ]
 

@@ -15,6 +15,7 @@ models is accepted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ruamel.yaml.nodes import Node
 
@@ -61,15 +62,24 @@ def candidate_models(name: str, catalog: Catalog) -> tuple[GpuModel, ...]:
     """The models that may carry a type name, in catalog order: those whose catalog
     rows have it, and models with inferred rows of the same product (their rows are
     incomplete: the node's driver decides); for a name no model has, the models of
-    its product."""
-    offering = catalog.models_offering(name)
+    its product.
+
+    Answered once per (catalog, name): a layouts file names the same types in many
+    entries, and each answer walks every model of the catalog."""
+    return _candidate_models(catalog, name)
+
+
+@lru_cache(maxsize=4096)
+def _candidate_models(catalog: Catalog, name: str) -> tuple[GpuModel, ...]:
+    offering = {id(m) for m in catalog.models_offering(name)}
     if not offering:
         return family_models(name, catalog)
     product = name_product(name)
     return tuple(
         m
         for m in catalog.models
-        if m in offering or (m.inferred and product is not None and product in m.products)
+        if id(m) in offering
+        or (m.inferred and product is not None and product in m.products)
     )
 
 

@@ -169,8 +169,15 @@ def _spacing_problem(name: str, cat: Catalog) -> str | None:
 
 
 def type_name_note(name: str, catalog: Catalog) -> TypeNameNote | None:
-    """Why ``name`` cannot be used, or should be looked at; ``None`` when it is known."""
-    cat = catalog
+    """Why ``name`` cannot be used, or should be looked at; ``None`` when it is known.
+
+    Answered once per (catalog, name): a layouts file names the same types in many
+    entries, and a name the catalog does not know is compared with every known name."""
+    return _type_name_note(catalog, name)
+
+
+@lru_cache(maxsize=4096)
+def _type_name_note(cat: Catalog, name: str) -> TypeNameNote | None:
     spacing = _spacing_problem(name, cat)
     if spacing is not None:
         return TypeNameNote(spacing, warning=False)

@@ -13,9 +13,10 @@ sees the usual package. The kubeconfig loader (YAML) loads only when a
 kubeconfig is used, never for the in-cluster service account; its OAuth support
 (``requests_oauthlib``, ``oauthlib``, ``requests``: a fifth of a command's
 start-up), used only to refresh an expired OIDC token, loads when a token is
-refreshed, and the ``ApiClient``'s date parser (``dateutil.parser``, for the
-generated model classes the adapters do not use) when it parses a date
-(:func:`_import_with_stand_ins`).
+refreshed, the ``ApiClient``'s date parser (``dateutil.parser``, for the
+generated model classes the adapters do not use) when it parses a date, and its
+thread pool (``multiprocessing.pool``, for ``async_req`` requests the adapters do
+not make) when one is asked for (:func:`_import_with_stand_ins`).
 
 All of this rests on the client's module layout (which modules hold these parts,
 which packages they are in, what each module takes from a stood-in one):
@@ -98,7 +99,10 @@ def client_parts() -> ClientParts:
     """The ``ApiClient`` and ``Configuration`` classes and the in-cluster loader."""
     return ClientParts(
         api_client=_import_with_stand_ins(
-            "kubernetes.client.api_client", {"dateutil.parser": "parse"}
+            "kubernetes.client.api_client",
+            # The date parser serves the generated models; the thread pool, requests
+            # made with ``async_req``: neither is used here.
+            {"dateutil.parser": "parse", "multiprocessing.pool": "ThreadPool"},
         ).ApiClient,
         configuration=_import("kubernetes.client.configuration").Configuration,
         config_exception=_import("kubernetes.config.config_exception").ConfigException,

@@ -37,8 +37,6 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import jsonpatch
-
 from vgpu_state.kube.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -63,6 +61,8 @@ def pointer(*keys: str | int) -> str:
 
 def _resolve(doc: Any, path: str) -> tuple[bool, Any]:
     """``(True, value)`` at ``path`` in ``doc``, or ``(False, None)`` when there is none."""
+    import jsonpatch  # on the first patch: an agent that writes none never loads it
+
     try:
         return True, jsonpatch.JsonPointer(path).resolve(doc)
     except jsonpatch.JsonPointerException:
@@ -85,6 +85,8 @@ def guarded_patch(
     they are equal. ``atomic``, ``guards``: JSON Pointers."""
     if read == wanted:
         return []
+    import jsonpatch
+
     base: Any = copy.deepcopy(dict(read))
     changes: list[JsonObject] = []
     for path in atomic:
@@ -130,6 +132,8 @@ def check(
 ) -> None:
     """Apply ``patch`` to a copy of ``read``; :class:`PatchCheckError` naming ``what`` and the
     difference unless that gives ``wanted`` (or a ``test`` op of it fails on ``read``)."""
+    import jsonpatch
+
     try:
         result = jsonpatch.apply_patch(copy.deepcopy(dict(read)), [dict(op) for op in patch])
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
