@@ -28,7 +28,7 @@ import vgpu_state.cli.main
 import vgpu_state.cli.agent
 from vgpu_state.agent.assemble import AgentFlags, build
 flags = json.loads(sys.argv[1])
-for key in ("config_dir", "state_dir"):
+for key in ("config_file", "state_dir"):
     flags[key] = Path(flags[key])
 build(AgentFlags(**flags))
 print(json.dumps(sorted(sys.modules)))
@@ -74,7 +74,7 @@ def _modules(tmp_path: Path, **flags: object) -> set[str]:
     (tmp_path / "config").mkdir()
     settings = {
         "node": "gpu-node-1",
-        "config_dir": str(tmp_path / "config"),
+        "config_file": str(tmp_path / "config" / "config.yaml"),
         "mode": "plan-only",
         "kubeconfig": str(kubeconfig),
         "sysfs_root": str(tmp_path / "sys"),

@@ -49,7 +49,7 @@ def no_gpus(tmp_path: Path) -> Path:
 
 
 def _state(tmp_path: Path) -> list[str]:
-    return ["--journal", str(tmp_path / "j.jsonl"), "--lock-file", str(tmp_path / "lock")]
+    return ["--state-dir", str(tmp_path / "state")]
 
 
 @pytest.mark.parametrize("command", ["plan", "apply"])
@@ -174,7 +174,8 @@ def test_a_proc_root_that_is_no_proc_is_an_error_naming_it(
         proc.mkdir()
         (proc / "self").mkdir()  # a name, but no process directory with a cmdline
     if args[0] == "agent":
-        args = [*args, "--config-dir", str(tmp_path), "--state-dir", str(tmp_path / "state")]
+        config = str(tmp_path / "config.yaml")
+        args = [*args, "--config", config, "--state-dir", str(tmp_path / "state")]
     if args[0] == "apply":
         args = [*args, *_state(tmp_path)]
     spec = tmp_path / "node.yaml"
@@ -212,7 +213,7 @@ def test_the_agent_run_by_hand_plans_only_unless_told(
 
     monkeypatch.setattr("vgpu_state.agent.assemble.build", build)
     for extra in ([], ["--mode", "enforce"]):
-        r = run("agent", "--node", "n1", "--config-dir", str(tmp_path), *extra)
+        r = run("agent", "--node", "n1", "--config", str(tmp_path / "config.yaml"), *extra)
         assert r.exit_code == 0, r.output
     assert seen == ["plan-only", "enforce"]
 
