@@ -461,8 +461,28 @@ def _gpu_parts(
     return parts
 
 
+class _Part(Tree):
+    """A part's entries alone: the union keeps the directory listings, so a part
+    keeps none (a node has thousands of parts)."""
+
+    def _ensure_dir(self, path: str) -> None:
+        missing = []
+        while path not in self.entries:
+            missing.append(path)
+            if not path:
+                break
+            path = path.rpartition("/")[0]
+        for p in reversed(missing):  # the outermost first, as Tree adds them
+            self.entries[p] = _DIR
+
+    def add(self, path: str, entry: Entry) -> None:
+        if path and path not in self.entries:
+            self._ensure_dir(path.rpartition("/")[0])
+        self.entries[path] = entry if path else _DIR
+
+
 def _part(render: Callable[..., object], *args: object) -> Tree:
-    part = Tree()
+    part = _Part()
     part.add("", Dir())
     render(part, *args)
     return part
