@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
 """Benchmark: how `vgpu-state apply` grows with the number of GPUs on a node.
 
-A layout change that touches every GPU (4 vGPUs destroyed and 4 of another
-size created on each), applied by the real command as a process:
+A layout change that touches every GPU, applied by the real command as a process:
 
 - ``sim``: ``apply --sim SPEC`` (the simulated driver in the command's memory,
   its state written back to the spec file);
 - ``fuse``: ``apply --sysfs-root MOUNT`` on a FUSE-mounted simulated sysfs.
 
-Two node kinds: L40S with the vendor-specific VFIO layout (32 VFs each,
-``L40S-12Q`` x 4 -> ``L40S-8Q`` x 4) and A16 with mdevs on its VFs
-(``A16-4Q`` x 4 -> ``A16-2Q`` x 4). Prints the median wall time of each
-command per GPU count and the exponent of a least-squares fit of
-log(time) against log(GPUs) over the counts from 8 up (``time ~ GPUs^k``),
-then the same for CPU time (the command's, plus its FUSE server's), which a
-machine shared with other work disturbs much less than wall time.
+Two node kinds: L40S with the vendor-specific VFIO layout (32 VFs each) and
+A16 with mdevs on its VFs (16 VFs each), and two shapes of change:
+
+- ``light``: 4 vGPUs destroyed and 4 of another size created on each GPU
+  (``L40S-12Q`` x 4 -> ``L40S-8Q`` x 4; ``A16-4Q`` x 4 -> ``A16-2Q`` x 4);
+- ``every-vf``: every VF holds a vGPU and every VF's type changes
+  (``L40S-1Q`` x 32 -> ``L40S-2Q`` x 24, 56 actions per GPU;
+  ``A16-1Q`` x 16 -> ``A16-2Q`` x 8, 24 actions per GPU), the heavy case.
+
+Prints, per GPU count, the median wall time, CPU time (the command's, plus its
+FUSE server's; a machine shared with other work disturbs it much less than wall
+time) and peak memory (the command's peak RSS; through FUSE also the server's),
+and for each the exponent of a least-squares fit of log(value) against
+log(GPUs) over the counts from 8 up (``value ~ GPUs^k``), against the goal
+(``GOAL_EXPONENT``).
 
 ``--tree NAME=DIR`` (repeatable) runs the commands and the FUSE servers of
 the source tree ``DIR`` (``PYTHONPATH``), so an older checkout can be measured
@@ -23,6 +30,7 @@ the installed package is measured.
 
     python bench/apply_scaling.py                       # 1, 8, 16, 32, 64 GPUs, 3 runs
     python bench/apply_scaling.py --gpus 16 --runs 5 --modes sim
+    python bench/apply_scaling.py --shapes every-vf --gpus 8,16,32,64 --kinds vfio
     python bench/apply_scaling.py --tree before=/tmp/old --tree after=.
 """
 
@@ -41,22 +49,26 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-KINDS = {
-    "vfio": ("L40S", "vendor-vfio", "L40S-12Q", "L40S-8Q"),
-    "mdev": ("A16", "mdev", "A16-4Q", "A16-2Q"),
+KINDS = {"vfio": ("L40S", "vendor-vfio"), "mdev": ("A16", "mdev")}
+SHAPES = {
+    # shape -> kind -> (type before, vGPUs before, type after, vGPUs after), per GPU
+    "light": {"vfio": ("L40S-12Q", 4, "L40S-8Q", 4), "mdev": ("A16-4Q", 4, "A16-2Q", 4)},
+    "every-vf": {"vfio": ("L40S-1Q", 32, "L40S-2Q", 24), "mdev": ("A16-1Q", 16, "A16-2Q", 8)},
 }
-PER_GPU = 4
+GOAL_EXPONENT = 1.1
+"""The growth from 8 GPUs up that each measure (wall, CPU, peak memory) must stay within."""
 RESET = ".vgpu-sim/reset"
 """The mount's control file that puts the node back to its spec (the simulator's)."""
 ATTR_TIMEOUT = 1.0
 """How long the kernel may cache a FUSE lookup; waited out after a reset."""
 
 
-def node_spec(kind: str, gpus: int) -> str:
-    model, layout, old, _new = KINDS[kind]
+def node_spec(shape: str, kind: str, gpus: int) -> str:
+    model, layout = KINDS[kind]
+    old, count, _new, _after = SHAPES[shape][kind]
     lines = ["node: bench", "driver: {flavour: graphics}", "extra-pci-devices: 16", "gpus:"]
     for i in range(gpus):
-        vgpus = ", ".join(f"{{type: {old}, vf: {v}}}" for v in range(PER_GPU))
+        vgpus = ", ".join(f"{{type: {old}, vf: {v}}}" for v in range(count))
         lines.append(
             f'  - {{address: "0000:{0x10 + i:02x}:00.0", model: {model}, layout: {layout}, '
             f"vgpus: [{vgpus}]}}"
@@ -64,11 +76,11 @@ def node_spec(kind: str, gpus: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def layout(kind: str) -> str:
-    new = KINDS[kind][3]
+def layout(shape: str, kind: str) -> str:
+    _old, _count, new, after = SHAPES[shape][kind]
     return (
         "version: v1\npolicy: {prune: true}\nvgpu-configs:\n  bench:\n"
-        f"    - devices: all\n      vgpu-devices: {{{new}: {PER_GPU}}}\n"
+        f"    - devices: all\n      vgpu-devices: {{{new}: {after}}}\n"
     )
 
 
@@ -86,6 +98,14 @@ def loadavg() -> str:
         return Path("/proc/loadavg").read_text().split(" ")[0]
     except OSError:
         return "?"
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The peak resident memory of a running process so far (``VmHWM``), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -131,16 +151,19 @@ def mount(spec: Path, mnt: Path, tree: str | None) -> Iterator[tuple[Path, int]]
 
 
 class Case:
-    """One (tree, mode, kind, GPU count): its files, its mount, its measured runs."""
+    """One (tree, mode, shape, kind, GPU count): its files, its mount, its measured runs."""
 
-    def __init__(self, work: Path, tree: str | None, mode: str, kind: str, gpus: int) -> None:
+    def __init__(
+        self, work: Path, tree: str | None, mode: str, shape: str, kind: str, gpus: int
+    ) -> None:
         self.work, self.tree, self.mode, self.kind, self.gpus = work, tree, mode, kind, gpus
+        self.shape = shape
         work.mkdir(parents=True)
-        self.spec_text = node_spec(kind, gpus)
+        self.spec_text = node_spec(shape, kind, gpus)
         self.spec = work / "node.yaml"
         self.spec.write_text(self.spec_text)
         self.config = work / "layout.yaml"
-        self.config.write_text(layout(kind))
+        self.config.write_text(layout(shape, kind))
         self.mnt: Path | None = None
         self.server: int | None = None
 
@@ -161,8 +184,9 @@ class Case:
             (self.mnt / RESET).write_text("1")
             time.sleep(ATTR_TIMEOUT + 0.1)
 
-    def run(self) -> tuple[float, float]:
-        """Wall seconds of one apply, and CPU seconds (the command's and its FUSE server's)."""
+    def run(self) -> tuple[float, float, float, float]:
+        """One apply: wall seconds, CPU seconds (the command's and its FUSE server's), the
+        command's peak RSS and its FUSE server's peak RSS so far (MB; 0 without FUSE)."""
         self.reset()
         target = ["--sim", str(self.spec)] if self.mnt is None else ["--sysfs-root", str(self.mnt)]
         argv = [
@@ -182,14 +206,16 @@ class Case:
             out.seek(0)
             output = out.read().decode("utf-8", "replace")
         cpu = usage.ru_utime + usage.ru_stime
+        server_rss = 0.0
         if self.server is not None:
             cpu += cpu_seconds(self.server) - server_before
+            server_rss = peak_rss_mb(self.server)
         if proc.returncode != 0 or "Apply complete" not in output:
             raise RuntimeError(f"{self.label()}: apply exited {proc.returncode}\n{output}")
-        return seconds, cpu
+        return seconds, cpu, usage.ru_maxrss / 1024, server_rss
 
     def label(self) -> str:
-        return f"{self.mode} {self.kind} {self.gpus} GPUs"
+        return f"{self.mode} {self.shape} {self.kind} {self.gpus} GPUs"
 
 
 def exponent(points: list[tuple[int, float]]) -> float | None:
@@ -209,11 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs of each case (median quoted)")
     ap.add_argument("--modes", default="sim,fuse", help="sim, fuse or both")
     ap.add_argument("--kinds", default="vfio,mdev", help="vfio, mdev or both")
+    ap.add_argument("--shapes", default="light,every-vf", help="light, every-vf or both")
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR")
     args = ap.parse_args(argv)
     counts = [int(n) for n in args.gpus.split(",")]
     modes = args.modes.split(",")
     kinds = args.kinds.split(",")
+    shapes = args.shapes.split(",")
+    for shape in shapes:
+        if shape not in SHAPES:
+            ap.error(f"--shapes: unknown shape {shape!r} (one of {', '.join(SHAPES)})")
     trees: list[tuple[str, str | None]] = [
         (t.split("=", 1)[0], t.split("=", 1)[1]) for t in args.tree
     ] or [("installed", None)]
@@ -241,48 +272,89 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.runs} run(s) per case, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {loadavg()}"
     )
-    times: dict[tuple[str, str, str, int], list[float]] = defaultdict(list)
-    cpus: dict[tuple[str, str, str, int], list[float]] = defaultdict(list)
+    Key = tuple[str, str, str, str, int]
+    times: dict[Key, list[float]] = defaultdict(list)
+    cpus: dict[Key, list[float]] = defaultdict(list)
+    rss: dict[Key, list[float]] = defaultdict(list)
+    server_rss: dict[Key, list[float]] = defaultdict(list)
     loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="vgpu-bench-scaling-") as tmp:
-        for kind in kinds:
-            for n in counts:
-                cases = [
-                    Case(Path(tmp) / f"{name}-{mode}-{kind}-{n}", tree, mode, kind, n)
-                    for name, tree in trees
-                    for mode in modes
-                ]
-                names = [name for name, _ in trees for _ in modes]
-                with ExitStack() as stack:
-                    for c in cases:
-                        c.open(stack)
-                    for _ in range(args.runs):
-                        # Interleaved: every tree and mode once per round.
-                        for name, c in zip(names, cases, strict=True):
-                            loads.append(float(loadavg()))
-                            s, cpu = c.run()
-                            times[(name, c.mode, kind, n)].append(s)
-                            cpus[(name, c.mode, kind, n)].append(cpu)
-                            print(
-                                f"  {name:10s} {c.label():22s} {s:8.2f} s wall {cpu:7.2f} s CPU"
-                                f"  (load {loadavg()})",
-                                flush=True,
-                            )
+        for shape in shapes:
+            for kind in kinds:
+                for n in counts:
+                    cases = [
+                        Case(
+                            Path(tmp) / f"{name}-{mode}-{shape}-{kind}-{n}",
+                            tree,
+                            mode,
+                            shape,
+                            kind,
+                            n,
+                        )
+                        for name, tree in trees
+                        for mode in modes
+                    ]
+                    names = [name for name, _ in trees for _ in modes]
+                    with ExitStack() as stack:
+                        for c in cases:
+                            c.open(stack)
+                        for _ in range(args.runs):
+                            # Interleaved: every tree and mode once per round.
+                            for name, c in zip(names, cases, strict=True):
+                                loads.append(float(loadavg()))
+                                s, cpu, mem, server = c.run()
+                                key = (name, c.mode, shape, kind, n)
+                                times[key].append(s)
+                                cpus[key].append(cpu)
+                                rss[key].append(mem)
+                                if c.mode == "fuse":
+                                    server_rss[key].append(server)
+                                print(
+                                    f"  {name:10s} {c.label():32s} {s:8.2f} s wall {cpu:7.2f} s CPU"
+                                    f" {mem:6.0f} MB"
+                                    + (f" (server {server:.0f} MB)" if c.mode == "fuse" else "")
+                                    + f"  (load {loadavg()})",
+                                    flush=True,
+                                )
     print()
-    for title, table in (("wall time", times), ("CPU time (apply + FUSE server)", cpus)):
+    tables = (
+        ("wall time", times, "s"),
+        ("CPU time (apply + FUSE server)", cpus, "s"),
+        ("peak RSS of the apply command", rss, "MB"),
+        ("peak RSS of the FUSE server", server_rss, "MB"),
+    )
+    for title, table, unit in tables:
+        if not table:
+            continue
         print(f"median {title}:")
-        print("| tree | apply | node | " + " | ".join(f"{n}" for n in counts) + " | exponent |")
-        print("|" + "---|" * (len(counts) + 4))
+        print(
+            "| tree | apply | shape | node | "
+            + " | ".join(f"{n}" for n in counts)
+            + f" | exponent (goal ≤ {GOAL_EXPONENT}) |"
+        )
+        print("|" + "---|" * (len(counts) + 5))
         for name, _tree in trees:
             for mode in modes:
-                for kind in kinds:
-                    medians = [statistics.median(table[(name, mode, kind, n)]) for n in counts]
-                    k = exponent([(n, m) for n, m in zip(counts, medians, strict=True) if n >= 8])
-                    cells = " | ".join(f"{m:.2f} s" for m in medians)
-                    label = "--sim" if mode == "sim" else "FUSE"
-                    node = "L40S vendor VFIO" if kind == "vfio" else "A16 mdev"
-                    fit = "—" if k is None else f"{k:.2f}"
-                    print(f"| {name} | {label} | {node} | {cells} | {fit} |")
+                for shape in shapes:
+                    for kind in kinds:
+                        row = (name, mode, shape, kind)
+                        if (*row, counts[0]) not in table:
+                            continue
+                        medians = [statistics.median(table[(*row, n)]) for n in counts]
+                        k = exponent(
+                            [(n, m) for n, m in zip(counts, medians, strict=True) if n >= 8]
+                        )
+                        cells = " | ".join(
+                            f"{m:.2f} s" if unit == "s" else f"{m:.0f} MB" for m in medians
+                        )
+                        label = "--sim" if mode == "sim" else "FUSE"
+                        node = "L40S vendor VFIO" if kind == "vfio" else "A16 mdev"
+                        fit = (
+                            "—"
+                            if k is None
+                            else f"{k:.2f} {'OK' if k <= GOAL_EXPONENT else 'MISSED'}"
+                        )
+                        print(f"| {name} | {label} | {shape} | {node} | {cells} | {fit} |")
         print()
     if loads:
         print(

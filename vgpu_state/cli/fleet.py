@@ -14,14 +14,15 @@ import itertools
 import multiprocessing
 import os
 import re
+import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, TextIO
+from typing import NamedTuple, Protocol, TextIO
 
 import click
 from pydantic_core import to_json
@@ -496,44 +497,80 @@ def render_table(result: FleetPlan, config_file: str, out: TextIO, colour: bool 
 
 
 # streaming output --------------------------------------------------------------------------
+class Spooled(NamedTuple):
+    """A piece of output that a worker process wrote to its own spool file."""
+
+    path: str
+    start: int
+    size: int
+
+
 class Spool:
-    """Pieces of output by node name, kept in an unnamed temporary file and read back in
-    name order: a fleet's output is printed only once it is complete (its first lines
-    are the totals), without holding every node's part in memory meanwhile."""
+    """Pieces of output by node name, kept in an unnamed temporary file (or the spool
+    files of the worker processes that rendered them) and read back in name order: a
+    fleet's output is printed only once it is complete (its first lines are the
+    totals), without holding every node's part in memory meanwhile."""
 
     def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
-        self._index: list[tuple[str, int, int]] = []
+        self._file = tempfile.TemporaryFile(buffering=0)  # noqa: SIM115 - closed by close()
+        self._fds = [self._file.fileno()]
+        self._opened: dict[str, int] = {}
+        """A worker's spool file -> its place in ``_fds`` (opened once, when first met)."""
+        self._index: list[tuple[str, int, int, int]] = []
+        """(node name, file, start, size) per piece."""
         self._end = 0
 
     def __len__(self) -> int:
         return len(self._index)
 
-    def add(self, name: str, data: bytes) -> None:
-        self._file.write(data)
-        # Flushed at once: a worker forked later inherits no pending bytes to write again.
-        self._file.flush()
-        self._index.append((name, self._end, len(data)))
+    def add(self, name: str, data: bytes | Spooled) -> None:
+        if isinstance(data, Spooled):
+            f = self._opened.get(data.path)
+            if f is None:
+                f = self._opened[data.path] = len(self._fds)
+                self._fds.append(os.open(data.path, os.O_RDONLY | os.O_CLOEXEC))
+            self._index.append((name, f, data.start, data.size))
+            return
+        # Unbuffered: a worker forked later inherits no pending bytes to write again.
+        written = 0
+        while written < len(data):
+            written += self._file.write(data[written:]) or 0
+        self._index.append((name, 0, self._end, len(data)))
         self._end += len(data)
 
     def pieces(self) -> Iterator[bytes]:
         """Every piece, by node name (in the order added for equal names)."""
         index = self._index
-        in_order = all(a[0] <= b[0] for a, b in itertools.pairwise(index))
-        if not in_order:
+        if any(a[0] > b[0] for a, b in itertools.pairwise(index)):
             index = sorted(index, key=lambda entry: entry[0])
-        self._file.seek(0)
-        for _, start, size in index:
-            if not in_order:
-                self._file.seek(start)
-            yield self._file.read(size)
+        fds = self._fds
+        for _, f, start, size in index:
+            yield os.pread(fds[f], size, start)
 
     def close(self) -> None:
+        for fd in self._fds[1:]:
+            os.close(fd)
+        del self._fds[1:]
+        self._opened.clear()
         self._file.close()
 
 
-Rendered = tuple[str, tuple[Cell, ...] | None, bytes | None]
-"""A node rendered for a writer: its name, its fleet-table row, its spooled part."""
+def _byte_writer(out: TextIO) -> Callable[[bytes], object]:
+    """Writes UTF-8 text as bytes to ``out``: straight to its binary buffer when it has
+    one and encodes in UTF-8 (a fleet's output is not decoded and encoded again), else
+    decoded. Once it is taken, write to ``out`` only through it until done."""
+    buffer = getattr(out, "buffer", None)
+    encoding = (getattr(out, "encoding", None) or "").lower().replace("_", "-")
+    if buffer is None or encoding not in ("utf-8", "utf8"):
+        return lambda data: out.write(data.decode())
+    out.flush()
+    write: Callable[[bytes], object] = buffer.write
+    return write
+
+
+Rendered = tuple[str, tuple[Cell, ...] | None, bytes | Spooled | None]
+"""A node rendered for a writer: its name, its fleet-table row, its part to spool (or
+already spooled by a worker process)."""
 
 
 class FleetWriter(Protocol):
@@ -551,6 +588,9 @@ class FleetWriter(Protocol):
 class TableWriter:
     """``fleet plan``'s tables, built a node at a time: each changed node's table goes to
     the spool as the node is planned; the fleet table keeps one row per node."""
+
+    spools = True
+    """Its pieces go to a :class:`Spool` (a worker process may write them to its own)."""
 
     def __init__(self, colour: bool = False) -> None:
         self.colour = colour
@@ -574,8 +614,9 @@ class TableWriter:
 
     def finish(self, result: FleetTotals, config_file: str, out: TextIO) -> None:
         out.write(header_line(result, config_file))
+        write = _byte_writer(out)
         for piece in self.spool.pieces():
-            out.write(piece.decode())
+            write(piece)
         rows = self.rows
         if any(a[0] > b[0] for a, b in itertools.pairwise(rows)):
             rows = sorted(rows, key=lambda row: row[0])
@@ -585,7 +626,7 @@ class TableWriter:
         )
         lines += ["", *fleet_capacity_lines(result)]
         lines += [_paint(totals_line(result), "bold", self.colour)]
-        out.write("".join(f"\n{line}" for line in lines) + "\n")
+        write(("".join(f"\n{line}" for line in lines) + "\n").encode())
 
     def close(self) -> None:
         self.spool.close()
@@ -595,6 +636,8 @@ class JsonWriter:
     """``fleet plan -o json``, built a node at a time: each node's part of ``nodes`` is
     serialised as the node is planned (indented as in the whole document) and spooled;
     the totals, which come first, are written at the end."""
+
+    spools = True
 
     def __init__(self) -> None:
         self.spool = Spool()
@@ -620,13 +663,14 @@ class JsonWriter:
             out.write(',\n  "nodes": []\n}\n')
             return
         out.write(',\n  "nodes": [\n')
+        write = _byte_writer(out)
         first = True
         for piece in self.spool.pieces():
             if not first:
-                out.write(",\n")
-            out.write(piece.decode())
+                write(b",\n")
+            write(piece)
             first = False
-        out.write("\n  ]\n}\n")
+        write(b"\n  ]\n}\n")
 
     def close(self) -> None:
         self.spool.close()
@@ -645,6 +689,11 @@ class PageWork:
     writer: FleetWriter
     decoder: SnapshotDecoder = field(default_factory=SnapshotDecoder)
 
+    @property
+    def writer_spools(self) -> bool:
+        """Whether the writer keeps its pieces in a :class:`Spool`."""
+        return bool(getattr(self.writer, "spools", False))
+
 
 class FleetWorkerError(TransientError):
     """A worker process died while it planned a page of the fleet."""
@@ -652,6 +701,36 @@ class FleetWorkerError(TransientError):
 
 _WORK: PageWork | None = None
 """The work of this process (the command's, inherited by its workers)."""
+
+
+class _WorkerSpool:
+    """A worker process's own spool file: the pieces of output it rendered go there,
+    and only where they are (:class:`Spooled`) goes back to the command, which reads
+    them from the file when it prints (no copy through the pipe and the command's
+    spool)."""
+
+    def __init__(self, directory: str) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="worker-", dir=directory)
+        self._file = os.fdopen(fd, "wb", buffering=0)
+        self._end = 0
+
+    def keep(self, rendered: list[Rendered]) -> list[Rendered]:
+        data = memoryview(b"".join(p for _, _, p in rendered if isinstance(p, bytes)))
+        written = 0
+        while written < len(data):
+            written += self._file.write(data[written:]) or 0
+        kept: list[Rendered] = []
+        for name, row, piece in rendered:
+            if isinstance(piece, bytes):
+                kept.append((name, row, Spooled(self.path, self._end, len(piece))))
+                self._end += len(piece)
+            else:
+                kept.append((name, row, piece))
+        return kept
+
+
+_WORKER_SPOOL: _WorkerSpool | None = None
+"""In a worker process: its spool file (when the writer spools its pieces)."""
 
 
 def plan_page(page: Page) -> tuple[FleetSummary, list[Rendered]]:
@@ -671,15 +750,21 @@ def plan_page(page: Page) -> tuple[FleetSummary, list[Rendered]]:
             summary.add(planned)
             out.append(work.writer.render(planned))
             del planned
+    if _WORKER_SPOOL is not None:
+        out = _WORKER_SPOOL.keep(out)
     return summary, out
 
 
-def _worker_start(parent: int) -> None:
+def _worker_start(parent: int, spool_dir: str | None = None) -> None:
     """In a worker: end with the command, even when it is killed (Linux's parent-death
-    signal); a worker would otherwise wait for work forever."""
+    signal); a worker would otherwise wait for work forever. With ``spool_dir``, the
+    pieces it renders go to a spool file of its own there."""
     import ctypes
     import signal
 
+    global _WORKER_SPOOL
+    if spool_dir is not None:
+        _WORKER_SPOOL = _WorkerSpool(spool_dir)
     pr_set_pdeathsig = 1
     try:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
@@ -719,9 +804,15 @@ def plan_pages(
     # A worker that dies (killed, out of memory) fails the command (BrokenProcessPool)
     # instead of leaving it waiting for a page that never comes.
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(
-        jobs, mp_context=context, initializer=_worker_start, initargs=(os.getpid(),)
-    ) as pool:
+    # Workers spool what they render in files of their own here; the writer opens each
+    # as it stores the first piece from it, so the directory goes when the pages are done.
+    spool_dir = tempfile.mkdtemp(prefix="vgpu-state-fleet-") if work.writer_spools else None
+    with (
+        _removed(spool_dir),
+        ProcessPoolExecutor(
+            jobs, mp_context=context, initializer=_worker_start, initargs=(os.getpid(), spool_dir)
+        ) as pool,
+    ):
         waiting: collections.deque[Future[tuple[FleetSummary, list[Rendered]]]]
         waiting = collections.deque()
         chained = itertools.chain((first, second), pages)
@@ -742,6 +833,15 @@ def plan_pages(
         finally:
             for future in waiting:
                 future.cancel()
+
+
+@contextmanager
+def _removed(directory: str | None) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _register() -> None:

@@ -338,9 +338,9 @@ class MarkdownWriter:
     def render(self, n: NodePlan) -> tuple[str, None, bytes]:
         return n.node, None, encode(markdown_node(n))
 
-    def store(self, rendered: tuple[str, object, bytes | None]) -> None:
+    def store(self, rendered: tuple[str, object, object]) -> None:
         _, _, piece = rendered
-        assert piece is not None
+        assert isinstance(piece, bytes)  # rendered by render(): never spooled elsewhere
         self.nodes.append(decode(piece))
 
     def add(self, n: NodePlan) -> None:

@@ -336,9 +336,10 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
         before = live
         immediate = [a for a in actions if not (a.kind is ActionKind.CREATE and a.parent is None)]
         deferred = [a for a in actions if a.kind is ActionKind.CREATE and a.parent is None]
+        current = live.gpu(header.address)  # the same for every step of this GPU
         for a in immediate:
             position += 1
-            run.step(a, live.gpu(header.address), all_actions[position:])
+            run.step(a, current, all_actions[position:])
         expected = _expected(before, header.address, actions)
         live = run.scan_gpu(live, header.address)
         if deferred:
@@ -369,8 +370,9 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
             )
             sub_actions = sub.gpu_actions(header.address)
             before = live
+            current = live.gpu(header.address)
             for a in sub_actions:
-                run.step(a, live.gpu(header.address), all_actions[position + len(deferred) :])
+                run.step(a, current, all_actions[position + len(deferred) :])
             position += len(deferred)
             expected = _expected(before, header.address, sub_actions)
             live = run.scan_gpu(live, header.address)

@@ -143,20 +143,19 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
                 held[key] += 1
         after.update(keys.values())
         # A create's resource follows from its type (its name on the GPU is the first
-        # create's of that type id): worked out once per type.
-        created: dict[tuple[int, str | None], _Key] = {}
+        # create's of that type id; without an id, the GPU's prefix and the type's
+        # name): worked out once per type.
+        created: dict[tuple[int | None, str | None], _Key] = {}
         for a in actions:
             if a.kind is ActionKind.DESTROY:
                 gone = keys.get(a.vgpu_key)
                 if gone is not None:
                     after[gone] -= 1
             elif a.kind is ActionKind.CREATE:
-                made = (a.type_id, a.type_name) if a.type_id is not None else None
-                key = created.get(made) if made is not None else None
+                made = (a.type_id, a.type_name)
+                key = created.get(made)
                 if key is None:
-                    key = _key(names.of_create(g, a), a.type_label, channel)
-                    if made is not None:
-                        created[made] = key
+                    key = created[made] = _key(names.of_create(g, a), a.type_label, channel)
                 after[key] += 1
     blocked: Counter[_Key] = Counter()
     codes: dict[_Key, BlockedReason] = {}

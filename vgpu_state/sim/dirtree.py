@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Collection, Mapping
 
 from vgpu_state.sim.tree import Dir, Entry, File, Link, Tree
 
@@ -19,23 +20,35 @@ def _same_kind(a: Entry, b: Entry) -> bool:
     return type(a) is type(b)
 
 
-def materialize(tree: Tree, root: str, previous: Tree | None = None) -> None:
-    """Write ``tree`` under ``root``; with ``previous``, touch only what changed.
+def materialize(
+    tree: Tree,
+    root: str,
+    previous: Mapping[str, Entry] | None = None,
+    paths: Collection[str] | None = None,
+) -> None:
+    """Write ``tree`` under ``root``; with ``previous`` (the entries written there
+    before), touch only what changed; with ``paths`` too, look only at those paths
+    (the ones a render changed), so that the work follows the change, not the tree.
 
     Write-only attributes become empty files with mode 0200. Files whose reads
     fail on a real host (ENXIO) are written empty, like a file copy of sysfs.
     """
-    old = previous.entries if previous is not None else {}
+    old: Mapping[str, Entry] = previous if previous is not None else {}
+    entries = tree.entries
     if previous is None:
         os.makedirs(root, exist_ok=True)
+        candidates: Collection[str] = entries
     else:
+        candidates = paths if paths is not None else entries.keys() | old.keys()
         gone = [
-            p for p, e in old.items() if p not in tree.entries or not _same_kind(e, tree.entries[p])
+            p
+            for p in candidates
+            if p in old and (p not in entries or not _same_kind(old[p], entries[p]))
         ]
         for p in sorted(gone, key=len, reverse=True):
             _remove(os.path.join(root, p))
-    for p in sorted(tree.entries):
-        e = tree.entries[p]
+    for p in sorted(p for p in candidates if p in entries):
+        e = entries[p]
         before = old.get(p)
         if before == e:
             continue

@@ -85,7 +85,7 @@ class SimDriver(_SpecDriver):
         t = gpu.type_by_id(type_id)
         if t is None or gpu.available(vf, t) < 1:
             raise fail(self.create_unavailable_errno, "vGPU type not available")
-        gpu.vgpus.append(SimVgpu(type=t, uuid=uid, vf=vf, iommu_group=self._new_group()))
+        self._add_vgpu(gpu, SimVgpu(type=t, uuid=uid, vf=vf, iommu_group=self._new_group()))
 
     def mdev_remove(self, uuid: str, data: bytes) -> None:
         try:
@@ -100,7 +100,7 @@ class SimDriver(_SpecDriver):
         gpu, v = found
         if holder := self.holder(gpu, v):
             raise fail(errno.EBUSY, f"in use by {holder}")
-        gpu.vgpus.remove(v)
+        self._remove_vgpu(gpu, v)
 
     # vendor-specific VFIO --------------------------------------------------------
     def vf_type_write(self, vf_addr: str, data: bytes) -> None:
@@ -120,14 +120,14 @@ class SimDriver(_SpecDriver):
                 return
             if holder := self.holder(gpu, current):
                 raise fail(errno.EBUSY, f"in use by {holder}")
-            gpu.vgpus.remove(current)
+            self._remove_vgpu(gpu, current)
             return
         if current is not None:
             raise fail(errno.EBUSY, "the VF already has a vGPU type")
         t = gpu.type_by_id(type_id)
         if t is None or t not in gpu.creatable_on_vf(vf):
             raise fail(errno.EIO, "vGPU type not creatable on this VF")
-        gpu.vgpus.append(SimVgpu(type=t, uuid=None, vf=vf, iommu_group=self._new_group()))
+        self._add_vgpu(gpu, SimVgpu(type=t, uuid=None, vf=vf, iommu_group=self._new_group()))
 
     # SR-IOV ----------------------------------------------------------------------
     def sriov_numvfs_write(self, pf: str, data: bytes) -> None:
@@ -149,8 +149,8 @@ class SimDriver(_SpecDriver):
         if value > 0 and gpu.numvfs > 0:
             raise fail(errno.EBUSY, f"{gpu.numvfs} VFs already enabled")
         if value == 0:
-            gpu.vgpus.clear()
-        gpu.numvfs = value
+            self._clear_vgpus(gpu)
+        self._set_numvfs(gpu, value)
 
     def sriov_manage(self, args: str) -> tuple[int, str]:
         """Run ``sriov-manage <-e|-d> <bdf|ALL>``; returns (exit status, output)."""
@@ -174,7 +174,7 @@ class SimDriver(_SpecDriver):
                 if g.numvfs:
                     out.append(f"GPU at {g.address} already has VFs enabled.")
                 else:
-                    g.numvfs = g.totalvfs
+                    self._set_numvfs(g, g.totalvfs)
                     out.append(f"Enabling VFs on {g.address}")
             elif g.numvfs == 0:
                 out.append(f"GPU at {g.address} has no VFs enabled.")
@@ -183,8 +183,8 @@ class SimDriver(_SpecDriver):
                 out.append(f"Cannot obtain unbindLock for {g.address} (held by {holder})")
                 status = 1
             else:
-                g.vgpus.clear()
-                g.numvfs = 0
+                self._clear_vgpus(g)
+                self._set_numvfs(g, 0)
                 out.append(f"Disabling VFs on {g.address}")
         return status, "\n".join(out)
 

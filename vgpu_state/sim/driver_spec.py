@@ -116,6 +116,17 @@ class _SpecDriver(ABC):
                     extra_types=extras.get(model.name, ()),
                 )
             )
+        self._by_address = {g.address: g for g in self.gpus}
+        self._functions: dict[str, dict[tuple[int, int], tuple[SimGpu, int | None]]] = {}
+        """PCI address -> each GPU function there, by (GPU index, -1 for the PF or the
+        VF's index): :meth:`parent` answers with the first, as a walk of the GPUs in
+        order would, without the walk."""
+        self._mdevs: dict[str, tuple[SimGpu, SimVgpu]] = {}
+        """mdev UUID -> its GPU and vGPU."""
+        self.changed: dict[str, SimGpu] = {}
+        """The GPUs whose state changed since :meth:`take_changed` (by address)."""
+        for gpu in self.gpus:
+            self._index_functions(gpu, add=True)
         self.next_iommu_group = 1 + max(
             [g.iommu_group for g in self.gpus]
             + [g.vf_iommu_group_base + max(g.totalvfs, 1) - 1 for g in self.gpus]
@@ -171,6 +182,7 @@ class _SpecDriver(ABC):
                 "framebuffer size and fit its max instances)"
             ) from e
         gpu.vgpus[-1].in_use = v.in_use
+        self._touch(gpu)
 
     def to_spec(self) -> NodeSpec:
         """The current state as a spec that loads back into an equal driver."""
@@ -212,27 +224,70 @@ class _SpecDriver(ABC):
 
     # lookups -------------------------------------------------------------------
     def gpu(self, address: str) -> SimGpu | None:
-        for g in self.gpus:
-            if g.address == address:
-                return g
-        return None
+        return self._by_address.get(address)
 
     def parent(self, address: str) -> tuple[SimGpu, int | None] | None:
         """The GPU and VF index (``None`` for the PF) of a PCI function."""
-        for g in self.gpus:
-            if g.address == address:
-                return g, None
-            i = g.vf_index(address)
-            if i is not None:
-                return g, i
-        return None
+        found = self._functions.get(address)
+        return found[min(found)] if found else None
 
     def mdev(self, uuid: str) -> tuple[SimGpu, SimVgpu] | None:
-        for g in self.gpus:
-            for v in g.vgpus:
-                if v.uuid == uuid:
-                    return g, v
-        return None
+        return self._mdevs.get(uuid)
+
+    # changes ---------------------------------------------------------------------
+    # Every change of a GPU's state goes through these, which keep the lookups
+    # above and the record of changed GPUs (what the tree renders again) true.
+    def _index_functions(self, g: SimGpu, *, add: bool) -> None:
+        functions = [(g.address, -1), *((a, i) for i, a in enumerate(g.vf_addresses()))]
+        for address, fn in functions:
+            key = (g.index, fn)
+            if add:
+                self._functions.setdefault(address, {})[key] = (g, None if fn < 0 else fn)
+                continue
+            there = self._functions.get(address)
+            if there is not None:
+                there.pop(key, None)
+                if not there:
+                    del self._functions[address]
+
+    def _touch(self, g: SimGpu) -> None:
+        self.changed[g.address] = g
+
+    def take_changed(self) -> list[SimGpu]:
+        """The GPUs changed since the last call (the tree renders only these again)."""
+        changed = list(self.changed.values())
+        self.changed.clear()
+        return changed
+
+    def _add_vgpu(self, g: SimGpu, v: SimVgpu) -> None:
+        g.vgpus.append(v)
+        if v.uuid is not None:
+            self._mdevs[v.uuid] = (g, v)
+        self._touch(g)
+
+    def _remove_vgpu(self, g: SimGpu, v: SimVgpu) -> None:
+        g.vgpus.remove(v)
+        self._forget_mdev(v)
+        self._touch(g)
+
+    def _clear_vgpus(self, g: SimGpu) -> None:
+        for v in g.vgpus:
+            self._forget_mdev(v)
+        g.vgpus.clear()
+        self._touch(g)
+
+    def _forget_mdev(self, v: SimVgpu) -> None:
+        if v.uuid is None:
+            return
+        found = self._mdevs.get(v.uuid)
+        if found is not None and found[1] is v:
+            del self._mdevs[v.uuid]
+
+    def _set_numvfs(self, g: SimGpu, value: int) -> None:
+        self._index_functions(g, add=False)
+        g.numvfs = value
+        self._index_functions(g, add=True)
+        self._touch(g)
 
     def _new_group(self) -> int:
         group = self.next_iommu_group

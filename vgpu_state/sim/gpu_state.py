@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -118,6 +119,14 @@ class SimGpu:
         if self.sriov_capable:
             left = min(left, self.free_vfs())
         return left
+
+    def remaining_of(self, types: Iterable[VgpuType]) -> list[tuple[VgpuType, int]]:
+        """Each of ``types`` with its :meth:`remaining`, the GPU's vGPUs counted once."""
+        existing = [v.type for v in self.vgpus]
+        free = self.free_vfs() if self.sriov_capable else None
+        return [
+            (t, room(t, existing) if free is None else min(room(t, existing), free)) for t in types
+        ]
 
     def available(self, vf: int | None, t: VgpuType) -> int:
         """``available_instances`` of ``t`` on a parent (a VF index, or ``None`` for the PF)."""

@@ -24,7 +24,7 @@ from vgpu_state.sim.dirtree import materialize
 from vgpu_state.sim.memfs import MemoryFilesystem
 from vgpu_state.sim.spec import NodeSpec, save_spec
 from vgpu_state.sim.sysfs import SimSysfs
-from vgpu_state.sim.tree import SRIOV_MANAGE_CONTROL
+from vgpu_state.sim.tree import SRIOV_MANAGE_CONTROL, Entry
 from vgpu_state.sim.writelog import WriteLog, load_node
 from vgpu_state.statefiles.drivertypes import DriverTypeMemory
 
@@ -90,7 +90,8 @@ class SimHost:
         self.in_memory = in_memory
         self.autosave = self._log is not None
         self._own_root = root is None and not in_memory
-        self._rendered = self.sysfs.tree
+        self._rendered: dict[str, Entry] = {}
+        """What the directory tree under ``root`` holds (entries by path)."""
         self._rendered_generation = self.sysfs.generation
         if in_memory:
             self.root = str(root) if root is not None else "/sim/sys"
@@ -100,8 +101,10 @@ class SimHost:
         self.root = str(root) if root is not None else _temp_root()
         if not self._own_root and os.path.exists(self.root) and os.listdir(self.root):
             raise ValueError(f"{self.root} is not empty; SimHost writes a whole sysfs tree there")
-        materialize(self._rendered, self.root)
-        self._rendered = self._rendered.copy()
+        self.sysfs.track_changes()
+        materialize(self.sysfs.tree, self.root)
+        self._rendered = dict(self.sysfs.tree.entries)
+        self.sysfs.take_changes()
 
     @property
     def filesystem(self) -> Filesystem:
@@ -181,10 +184,20 @@ class SimHost:
         if self.in_memory:
             return
         if self.sysfs.generation != self._rendered_generation:
-            tree = self.sysfs.tree
-            materialize(tree, self.root, self._rendered)
-            self._rendered = tree.copy()
-            self._rendered_generation = self.sysfs.generation
+            with self.sysfs.lock:
+                tree = self.sysfs.tree
+                changed = self.sysfs.take_changes()
+                materialize(tree, self.root, self._rendered, changed)
+                if changed is None:
+                    self._rendered = dict(tree.entries)
+                else:
+                    for p in changed:
+                        e = tree.entries.get(p)
+                        if e is None:
+                            self._rendered.pop(p, None)
+                        else:
+                            self._rendered[p] = e
+                self._rendered_generation = self.sysfs.generation
 
     # state ---------------------------------------------------------------------
     def to_spec(self) -> NodeSpec:

@@ -28,7 +28,8 @@ class SimSysfs:
 
     ``write`` applies the driver's reaction and re-renders the tree before it
     returns, so every later read sees the new state (the driver updates
-    ``available_instances`` synchronously).
+    ``available_instances`` synchronously). Only the GPUs the write changed are
+    rendered again: a write costs the same on a node of any size.
     """
 
     def __init__(self, spec: NodeSpec, catalog: Catalog) -> None:
@@ -36,8 +37,11 @@ class SimSysfs:
         self.catalog = catalog
         self.driver = SimDriver(spec, catalog)
         self.lock = threading.RLock()
+        self._changes: set[str] | None = None
+        self._all_changed = False
         self.renderer = Renderer()
         self.tree: Tree = self.renderer.render(self.driver)
+        self.driver.take_changed()
         self.generation = 0
         self._opened: dict[int, tuple[str, int]] = {}
         self._next_handle = 1
@@ -117,7 +121,9 @@ class SimSysfs:
             try:
                 self._dispatch(target, data)
             finally:
-                self.tree = self.renderer.render(self.driver)
+                changed = self.driver.take_changed()
+                node = target.kind == "sriov-manage"  # its output is a node-wide file
+                self.tree = self.renderer.render(self.driver, changed, node=node)
                 self.generation += 1
 
     def reset(self) -> None:
@@ -126,9 +132,32 @@ class SimSysfs:
             opened = self.driver.vfio_open
             self.driver = SimDriver(self.initial, self.catalog)
             self.driver.vfio_open = opened  # a reset closes no process's files
-            self.renderer = Renderer()
+            self.renderer = Renderer(self._changes)
             self.tree = self.renderer.render(self.driver)
+            self.driver.take_changed()
+            self._all_changed = True
             self.generation += 1
+
+    def track_changes(self) -> None:
+        """Remember, from now on, which paths each write adds, replaces or removes
+        (for a copy of the tree kept elsewhere; see :meth:`take_changes`)."""
+        with self.lock:
+            if self._changes is None:
+                self._changes = set()
+                self.renderer.changes = self._changes
+
+    def take_changes(self) -> set[str] | None:
+        """The paths changed since the last call (after :meth:`track_changes`), or
+        ``None`` when any path may have changed (a reset, or no tracking)."""
+        with self.lock:
+            if self._changes is None or self._all_changed:
+                self._all_changed = False
+                if self._changes is not None:
+                    self._changes.clear()
+                return None
+            changed = set(self._changes)
+            self._changes.clear()
+            return changed
 
     def _dispatch(self, target: WriteTarget, data: bytes) -> None:
         d = self.driver

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 
@@ -68,7 +68,9 @@ Entry = Dir | File | Link
 @dataclass
 class Tree:
     entries: dict[str, Entry] = field(default_factory=dict)
-    children: dict[str, list[str]] = field(default_factory=dict)
+    children: dict[str, dict[str, None]] = field(default_factory=dict)
+    """Each directory's names, in the order they were added (a dict: removing one
+    costs the same in a directory of any size)."""
     _resolved: dict[str, str | None] = field(default_factory=dict, repr=False, compare=False)
     """Paths already resolved; emptied by every change (see :meth:`changed`)."""
 
@@ -84,9 +86,9 @@ class Tree:
         if path:
             parent, _, name = path.rpartition("/")
             self._ensure_dir(parent)
-            self.children[parent].append(name)
+            self.children[parent][name] = None
         self.entries[path] = _DIR
-        self.children[path] = []
+        self.children[path] = {}
 
     def add(self, path: str, entry: Entry) -> None:
         if not path:
@@ -96,14 +98,14 @@ class Tree:
         if path not in self.entries:
             parent, _, name = path.rpartition("/")
             self._ensure_dir(parent)
-            self.children[parent].append(name)
+            self.children[parent][name] = None
         self.entries[path] = entry
         if isinstance(entry, Dir):
-            self.children.setdefault(path, [])
+            self.children.setdefault(path, {})
 
     def copy(self) -> Tree:
         """A copy that later changes to this tree leave alone (entries are immutable)."""
-        return Tree(dict(self.entries), {d: list(names) for d, names in self.children.items()})
+        return Tree(dict(self.entries), {d: dict(names) for d, names in self.children.items()})
 
     def resolve(self, path: str) -> str | None:
         """``path`` with every symlink followed (as the kernel's path walk does).
@@ -233,14 +235,19 @@ def _node_state(drv: SimDriver) -> tuple[object, ...]:
 class Renderer:
     """Renders a node, re-rendering only the GPUs whose state changed since the last call.
 
-    Each GPU's files live in their own :class:`Tree` (a part); the node's tree
-    is their union with the node-wide part, kept up to date in place: a changed
-    part swaps its own entries, so the work of one render follows the GPUs that
-    changed, not the size of the node. The tree returned is always the same
-    object, changed by later renders; :meth:`Tree.copy` keeps a version.
+    Each GPU's files live in parts of their own (a :class:`Tree` each: its PF,
+    each VF's device, each VF's vGPU attributes); the node's tree is their union
+    with the node-wide part, kept up to date in place: a changed part swaps its
+    own entries, so the work of one render follows the parts that changed, not
+    the size of the node. The tree returned is always the same object, changed
+    by later renders; :meth:`Tree.copy` keeps a version.
+
+    ``changes``: a set that every render adds the paths it added, replaced or
+    removed to (for a frontend that mirrors the tree elsewhere, see
+    :func:`vgpu_state.sim.dirtree.materialize`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, changes: set[str] | None = None) -> None:
         self._parts: dict[str, tuple[tuple[object, ...], Tree]] = {}
         self._node: tuple[tuple[object, ...], Tree] | None = None
         self._gpus: dict[str, tuple[object, ...]] = {}
@@ -250,12 +257,20 @@ class Renderer:
         self._tree = Tree()
         self._holders: dict[str, int] = {}
         """How many parts hold each path (the directories above them are shared)."""
+        self.changes = changes
 
-    def render(self, drv: SimDriver) -> Tree:
-        node = _node_state(drv)
-        if self._node is None or self._node[0] != node:
-            self._replace("", node, lambda: _render_node(drv))
-        for g in drv.gpus:
+    def render(
+        self, drv: SimDriver, gpus: Iterable[SimGpu] | None = None, *, node: bool = True
+    ) -> Tree:
+        """The tree of ``drv`` now. ``gpus``: the only GPUs whose state may have changed
+        since the last render (every GPU when omitted); ``node``: whether the node-wide
+        part (SR-IOV tools, extra devices) may have. A write changes one GPU, so its
+        render costs that GPU's parts, however many GPUs the node has."""
+        if node or self._node is None:
+            state = _node_state(drv)
+            if self._node is None or self._node[0] != state:
+                self._replace("", state, lambda: _render_node(drv))
+        for g in drv.gpus if gpus is None else gpus:
             state = _gpu_state(g)
             if self._gpus.get(g.address) == state:
                 continue  # nothing of this GPU changed since the last render
@@ -281,25 +296,30 @@ class Renderer:
 
     def _swap(self, old: Tree | None, new: Tree) -> None:
         """Replace the entries of part ``old`` in the union by those of part ``new``."""
-        tree, holders = self._tree, self._holders
+        tree, holders, changes = self._tree, self._holders, self.changes
         tree.changed()
         before = old.entries if old is not None else {}
         for path, entry in new.entries.items():
             if path in before:
                 if before[path] != entry:
                     tree.entries[path] = entry
+                    if changes is not None:
+                        changes.add(path)
                 continue
             held = holders.get(path, 0)
             holders[path] = held + 1
+            if held and tree.entries[path] == entry:
+                continue
             tree.entries[path] = entry
+            if changes is not None:
+                changes.add(path)
             if held:
                 continue
             if isinstance(entry, Dir):
-                tree.children.setdefault(path, [])
+                tree.children.setdefault(path, {})
             if path:
                 parent, _, name = path.rpartition("/")
-                tree.children.setdefault(parent, []).append(name)
-        gone: dict[str, set[str]] = {}
+                tree.children.setdefault(parent, {})[name] = None
         for path in before:
             if path in new.entries:
                 continue
@@ -309,14 +329,14 @@ class Renderer:
                 continue
             del holders[path]
             del tree.entries[path]
+            if changes is not None:
+                changes.add(path)
             tree.children.pop(path, None)
             if path:
                 parent, _, name = path.rpartition("/")
-                gone.setdefault(parent, set()).add(name)
-        for parent, names in gone.items():
-            kept = tree.children.get(parent)
-            if kept is not None:
-                kept[:] = [n for n in kept if n not in names]
+                kept = tree.children.get(parent)
+                if kept is not None:
+                    kept.pop(name, None)
 
 
 def _render_node(drv: SimDriver) -> Tree:
@@ -373,16 +393,14 @@ def _group(t: Tree, path: str, group: int) -> None:
 def _gpu_parts(
     drv: SimDriver, g: SimGpu
 ) -> list[tuple[str, tuple[object, ...], Callable[[], Tree]]]:
-    """The parts of GPU ``g``'s files: its PF, then each VF, with what each depends on.
+    """The parts of GPU ``g``'s files: its PF, then each VF's device and its vGPU
+    attributes, with what each depends on.
 
-    A write changes one VF's vGPU, and often none of the other VFs' files: only
-    the parts whose state differs are rendered again.
+    A write changes one VF's vGPU, and often none of the other VFs' files (at
+    most their lists of what can be created): only the parts whose state
+    differs are rendered again. What the parts share is worked out once per GPU.
     """
-    # What every parent of this GPU lists, worked out once (not per VF).
-    offered = g.offered_types()
-    left = [(vt, g.remaining(vt)) for vt in offered]
-    free_list = _creatable_lines(g, tuple(vt for vt, n in left if n > 0))
-    by_vf = {v.vf: v for v in g.vgpus if v.vf is not None}
+    left = g.remaining_of(g.offered_types())
     pf_state: tuple[object, ...] = (
         _gpu_state(g)
         if g.is_mdev_parent_pf()
@@ -393,38 +411,78 @@ def _gpu_parts(
     ]
     if g.driver != "nvidia":
         return parts
+    by_vf = {v.vf: v for v in g.vgpus if v.vf is not None}
     pf = device_dir(g, g.address)
+    device_state = (g.layout, g.numa_node, g.vf_iommu_group_base)
+    if g.layout == "mdev":
+        on_vf: dict[int, list[SimVgpu]] = {}
+        for v in g.vgpus:
+            if v.vf is not None:
+                on_vf.setdefault(v.vf, []).append(v)
+        free_left = [(vt, min(n, 1)) for vt, n in left]
+        taken_left = [(vt, 0) for vt, _ in left]
+        free_counts = tuple((vt.type_id, n) for vt, n in free_left)
+        taken_counts = tuple((vt.type_id, n) for vt, n in taken_left)
+    else:
+        free_list = _creatable_lines(g, tuple(vt for vt, n in left if n > 0))
+        held_list = _creatable_lines(g, ())
+        placements = _placements(g)
     for i, vf_addr in enumerate(g.vf_addresses()):
-        occupant = by_vf.get(i)
-        held = (
-            None
-            if occupant is None
-            else (occupant.type.type_id, occupant.uuid, occupant.iommu_group, occupant.in_use)
+        vf = device_dir(g, vf_addr)
+        parts.append(
+            (f"{g.address}/{i}", device_state, partial(_part, _render_vf, g, i, vf_addr, pf))
         )
+        occupant = by_vf.get(i)
         if g.layout == "mdev":
-            vf_left = [(vt, 0 if occupant is not None else min(n, 1)) for vt, n in left]
+            vf_left = taken_left if occupant is not None else free_left
             mdevs = tuple(
-                (v.type.type_id, v.uuid, v.iommu_group, v.in_use) for v in g.vgpus if v.vf == i
+                (v.type.type_id, v.uuid, v.iommu_group, v.in_use) for v in on_vf.get(i, ())
             )
             state: tuple[object, ...] = (
                 g.layout,
-                g.numa_node,
                 g.vf_iommu_group_base,
-                tuple((vt.type_id, n) for vt, n in vf_left),
+                taken_counts if occupant is not None else free_counts,
                 mdevs,
             )
-            make = partial(_part, _render_mdev_vf, g, i, vf_addr, pf, vf_left)
+            make = partial(_part, _render_mdev_parent, g, i, vf_addr, vf, vf_left)
         else:
-            listed = _creatable_lines(g, ()) if occupant is not None else free_list
-            placement = _placement(g, occupant) if occupant is not None else None
-            state = (g.layout, g.numa_node, g.vf_iommu_group_base, held, listed, placement)
-            make = partial(_part, _render_vfio_vf_dir, g, i, vf_addr, pf, occupant, listed)
-        parts.append((f"{g.address}/{i}", state, make))
+            held = (
+                None
+                if occupant is None
+                else (occupant.type.type_id, occupant.uuid, occupant.iommu_group, occupant.in_use)
+            )
+            listed = held_list if occupant is not None else free_list
+            make = partial(_part, _render_creatable, vf, listed)
+            parts.append((f"{g.address}/{i}/listed", (listed,), make))
+            placement = placements.get(i) if occupant is not None else None
+            state = (g.layout, g.vf_iommu_group_base, held, placement)
+            make = partial(_part, _render_vfio_vf, g, i, vf, occupant, vf_addr, placement)
+        parts.append((f"{g.address}/{i}/vgpu", state, make))
     return parts
 
 
-def _part(render: Callable[..., None], *args: object) -> Tree:
-    part = Tree()
+class _Part(Tree):
+    """A part's entries alone: the union keeps the directory listings, so a part
+    keeps none (a node has thousands of parts)."""
+
+    def _ensure_dir(self, path: str) -> None:
+        missing = []
+        while path not in self.entries:
+            missing.append(path)
+            if not path:
+                break
+            path = path.rpartition("/")[0]
+        for p in reversed(missing):  # the outermost first, as Tree adds them
+            self.entries[p] = _DIR
+
+    def add(self, path: str, entry: Entry) -> None:
+        if path and path not in self.entries:
+            self._ensure_dir(path.rpartition("/")[0])
+        self.entries[path] = entry if path else _DIR
+
+
+def _part(render: Callable[..., object], *args: object) -> Tree:
+    part = _Part()
     part.add("", Dir())
     render(part, *args)
     return part
@@ -464,18 +522,6 @@ def _render_vf(t: Tree, g: SimGpu, i: int, vf_addr: str, pf: str) -> str:
     t.link(f"{vf}/driver", "bus/pci/drivers/nvidia")
     _group(t, vf, g.vf_iommu_group_base + i)
     return vf
-
-
-def _render_mdev_vf(
-    t: Tree, g: SimGpu, i: int, vf_addr: str, pf: str, left: list[tuple[VgpuType, int]]
-) -> None:
-    _render_mdev_parent(t, g, i, vf_addr, _render_vf(t, g, i, vf_addr, pf), left)
-
-
-def _render_vfio_vf_dir(
-    t: Tree, g: SimGpu, i: int, vf_addr: str, pf: str, v: SimVgpu | None, listed: str
-) -> None:
-    _render_vfio_vf(t, g, i, _render_vf(t, g, i, vf_addr, pf), v, listed, vf_addr)
 
 
 def _render_mdev_parent(
@@ -548,12 +594,18 @@ def _creatable_lines(g: SimGpu, types: tuple[VgpuType, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _render_creatable(t: Tree, vf: str, listed: str) -> None:
+    """A VF's ``creatable_vgpu_types``: what changes on every free VF of a GPU when
+    one of its VFs gets or loses a vGPU."""
+    t.file(f"{vf}/nvidia/creatable_vgpu_types", listed)
+
+
 def _render_vfio_vf(
-    t: Tree, g: SimGpu, i: int, vf: str, v: SimVgpu | None, listed: str, address: str
+    t: Tree, g: SimGpu, i: int, vf: str, v: SimVgpu | None, address: str, placement: int | None
 ) -> None:
-    """VF ``i`` at path ``vf``: ``v`` its vGPU, ``listed`` its ``creatable_vgpu_types``."""
+    """VF ``i`` at path ``vf``: ``v`` its vGPU (at ``placement``); its
+    ``creatable_vgpu_types`` is a part of its own (see :func:`_render_creatable`)."""
     n = f"{vf}/nvidia"
-    t.file(f"{n}/creatable_vgpu_types", listed)
     t.file(
         f"{n}/current_vgpu_type",
         f"{v.type.type_id if v else 0}\n",
@@ -565,7 +617,7 @@ def _render_vfio_vf(
         t.file(f"{n}/placement_id", "", 0o444, read_errno=errno.ENXIO)
     else:
         t.file(f"{n}/gpu_instance_id", "0\n")
-        t.file(f"{n}/placement_id", f"{_placement(g, v)}\n")
+        t.file(f"{n}/placement_id", f"{placement}\n")
     t.file(f"{n}/vgpu_params", "\n", 0o644)
     t.file(f"{n}/warm_update", "0\n", 0o644)
     group = g.vf_iommu_group_base + i
@@ -575,10 +627,15 @@ def _render_vfio_vf(
         _vfio_node(t, f"{VFIO_NODES}/devices/vfio{group}", address)
 
 
-def _placement(g: SimGpu, v: SimVgpu) -> int:
-    slots = max(1, v.type.framebuffer_mib // 1024)
+def _placements(g: SimGpu) -> dict[int, int]:
+    """The ``placement_id`` of each VF's vGPU: its place among the GPU's VF-held vGPUs
+    (in creation order) times its size in GiB."""
+    found: dict[int, int] = {}
     order = [x for x in g.vgpus if x.vf is not None]
-    return order.index(v) * slots if v in order else 0
+    for k, x in enumerate(order):
+        assert x.vf is not None
+        found[x.vf] = k * max(1, x.type.framebuffer_mib // 1024)
+    return found
 
 
 def _render_extra(t: Tree, count: int) -> None:
