@@ -375,7 +375,7 @@ class ControlPlane:
         log = self.workdir / f"{name}.log"
         ready = {
             "garbage-collector-controller": "Proceeding to collect garbage",
-            "daemonset-controller": 'Caches are synced" controller="daemon sets"',
+            "daemonset-controller": 'Caches are synced',
         }.get(controller, "Started controller")
 
         def synced() -> bool:

@@ -208,6 +208,9 @@ def start(operator: Operator) -> None:
 
 
 def labelled_node(cluster: ControlPlane, node: str) -> None:
+    """The node as the GPU Operator labels a node for vGPU VMs, Ready: without the taint
+    node.kubernetes.io/not-ready the API server gives a new Node (the node lifecycle
+    controller removes it once the kubelet reports Ready)."""
     cluster.ensure_node(
         node,
         {
@@ -216,6 +219,10 @@ def labelled_node(cluster: ControlPlane, node: str) -> None:
             SANDBOX_VALIDATOR_LABEL: "true",
         },
     )
+    cluster.request(
+        "PATCH", api_path("v1/nodes", node), {"spec": {"taints": None}},
+        "application/merge-patch+json",
+    )  # fmt: skip
 
 
 def agent_flags(cluster: ControlPlane, tmp_path: Path, node: str, mode: str = "enforce") -> Any:
