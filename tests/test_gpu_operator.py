@@ -406,6 +406,28 @@ def test_an_agent_killed_while_the_operands_are_paused_restores_them_when_it_sta
     assert vgpus_in(operator.spec) == 0, "plan-only changes nothing"
 
 
+def enforced(cluster: ControlPlane, node: str, token: str) -> None:
+    """Wait until the API server enforces the admission policies installed with the
+    control plane (it loads them a moment after they are created): a label the agent
+    may never write is refused."""
+    cluster.refusals_expected = True
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            cluster.request(
+                "PATCH", api_path("v1/nodes", node), {"metadata": {"labels": {"probe": "x"}}},
+                "application/merge-patch+json", token=token,
+            )  # fmt: skip
+        except ApiError:
+            return
+        cluster.request(
+            "PATCH", api_path("v1/nodes", node), {"metadata": {"labels": {"probe": None}}},
+            "application/merge-patch+json",
+        )  # fmt: skip
+        assert time.monotonic() < deadline, "the admission policies are not enforced"
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize(
     ("before", "after", "allowed"),
     [
@@ -428,6 +450,7 @@ def test_the_agent_may_move_the_operands_labels_only_between_true_and_paused(
     labels = {} if before is None else {SANDBOX_DEVICE_PLUGIN_LABEL: before}
     cluster.ensure_node(node, labels)
     token = cluster.agent_token(node)
+    enforced(cluster, node, token)
     patch = {"metadata": {"labels": {SANDBOX_DEVICE_PLUGIN_LABEL: after}}}
 
     def send() -> None:
