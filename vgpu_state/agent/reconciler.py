@@ -218,6 +218,14 @@ class NodeReconciler:
 
     # one reconcile -----------------------------------------------------------------
     def _reconcile(self, stopping: threading.Event) -> tuple[PassResult, str]:
+        try:
+            # Before anything else (a config that does not load too): what an earlier
+            # run left paused runs again.
+            self._recover_operands()
+        except TransientError as e:
+            return PassResult(False, f"will retry: {e}", failed=True), "failed"
+        except VgpuStateError as e:
+            return PassResult(False, f"failed: {e}", failed=True), "failed"
         document, error = self._read_config()
         if error is not None:
             self._degraded(error)
@@ -226,12 +234,6 @@ class NodeReconciler:
             return PassResult(True, f"degraded: config invalid: {first}", failed=True), "degraded"
         try:
             self._set_mode(self.ports.cluster.labels().get(MODE_LABEL))
-        except TransientError as e:
-            return PassResult(False, f"will retry: {e}", failed=True), "failed"
-        except VgpuStateError as e:
-            return PassResult(False, f"failed: {e}", failed=True), "failed"
-        try:
-            self._recover_operands()
         except TransientError as e:
             return PassResult(False, f"will retry: {e}", failed=True), "failed"
         except VgpuStateError as e:
