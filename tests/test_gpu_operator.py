@@ -491,3 +491,78 @@ def test_the_agent_reads_no_pods_without_the_component(cluster: ControlPlane) ->
     with pytest.raises(ApiError) as refused:
         cluster.request("GET", api_path(PODS, None, "kube-system"), token=token)
     assert refused.value.status == 403
+
+
+def test_operands_that_do_not_leave_fail_the_change_naming_them_and_are_restored(
+    cluster: ControlPlane, operator: Operator, tmp_path: Path
+) -> None:
+    """The operands' pods stay (their containers do not stop): after the timeout the
+    pause fails naming the pods, and the labels are back to ``true`` before the error."""
+    from vgpu_state.kube.api import KubeApi
+    from vgpu_state.kube.gpuoperator import OperandsNotStoppedError, SandboxOperands
+
+    node = operator.node
+    operator.spec.write_text(sim_spec(node, 0))
+    labelled_node(cluster, node)
+    operator.termination = 3600.0
+    start(operator)
+    wait_until("the operands' pods on the node", lambda: operator.bound() == set(OPERANDS.values()))
+    token = cluster.agent_token(node)
+    api = KubeApi.connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)))
+    operands = SandboxOperands(api, node, OPERATOR_NS, timeout=2.0, poll=0.2)
+    with pytest.raises(OperandsNotStoppedError) as failed:
+        operands.pause()
+    message = str(failed.value)
+    assert "sandbox device plugin did not leave node gpu-op-1 within 2 s" in message
+    assert "nvidia-sandbox-device-plugin-daemonset-" in message
+    assert "nothing was changed" in message
+    assert all(v == "true" for v in operator.labels().values())
+    node_obj = cluster.get("v1/nodes", node) or {}
+    assert PAUSED_ANNOTATION not in node_obj["metadata"].get("annotations", {})
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotation", "patch"),
+    [
+        # Only labels that are true are paused; absent and false ones are left alone.
+        (
+            {SANDBOX_DEVICE_PLUGIN_LABEL: "true", SANDBOX_VALIDATOR_LABEL: "false"},
+            None,
+            {
+                "labels": {SANDBOX_DEVICE_PLUGIN_LABEL: PAUSED},
+                "annotations": {PAUSED_ANNOTATION: SANDBOX_DEVICE_PLUGIN_LABEL},
+            },
+        ),
+        ({SANDBOX_VALIDATOR_LABEL: "false"}, None, None),
+        # Paused by someone else (another manager): not ours to pause or restore.
+        ({SANDBOX_DEVICE_PLUGIN_LABEL: "paused-for-mig-change"}, None, None),
+    ],
+)
+def test_the_pause_writes_only_labels_that_are_true(
+    labels: dict[str, str], annotation: str | None, patch: dict[str, Any] | None
+) -> None:
+    from vgpu_state.kube.gpuoperator import pause_patch
+
+    annotations = {} if annotation is None else {PAUSED_ANNOTATION: annotation}
+    written = pause_patch(labels, annotations)
+    assert written == (None if patch is None else {"metadata": patch})
+
+
+def test_the_restore_trusts_only_the_two_known_labels_of_the_record() -> None:
+    """The annotation is on the Node (anyone who may write the Node may write it): a
+    record naming other labels restores none of them, and a long one is cut."""
+    from vgpu_state.kube.gpuoperator import restore_patch
+
+    labels = {SANDBOX_VALIDATOR_LABEL: PAUSED, "nvidia.com/gpu.deploy.driver": PAUSED}
+    record = f"nvidia.com/gpu.deploy.driver,{SANDBOX_VALIDATOR_LABEL}," + "x" * 5000
+    assert restore_patch(labels, {PAUSED_ANNOTATION: record}) == {
+        "metadata": {
+            "annotations": {PAUSED_ANNOTATION: None},
+            "labels": {SANDBOX_VALIDATOR_LABEL: "true"},
+        }
+    }
+    # A recorded label someone set to false meanwhile stays false; the record goes.
+    assert restore_patch(
+        {SANDBOX_DEVICE_PLUGIN_LABEL: "false"}, {PAUSED_ANNOTATION: SANDBOX_DEVICE_PLUGIN_LABEL}
+    ) == {"metadata": {"annotations": {PAUSED_ANNOTATION: None}}}
+    assert restore_patch({SANDBOX_DEVICE_PLUGIN_LABEL: PAUSED}, {}) is None
