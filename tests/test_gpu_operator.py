@@ -566,3 +566,31 @@ def test_the_restore_trusts_only_the_two_known_labels_of_the_record() -> None:
         {SANDBOX_DEVICE_PLUGIN_LABEL: "false"}, {PAUSED_ANNOTATION: SANDBOX_DEVICE_PLUGIN_LABEL}
     ) == {"metadata": {"annotations": {PAUSED_ANNOTATION: None}}}
     assert restore_patch({SANDBOX_DEVICE_PLUGIN_LABEL: PAUSED}, {}) is None
+
+
+def test_an_agent_stopped_while_waiting_for_the_operands_restores_them_and_changes_nothing(
+    cluster: ControlPlane, operator: Operator, tmp_path: Path
+) -> None:
+    """SIGTERM (``stop``) while the operands' pods are still leaving: the agent does not
+    wait out the timeout, restores the labels and exits without changing the host."""
+    from vgpu_state.agent.assemble import build
+
+    node = operator.node
+    operator.spec.write_text(sim_spec(node, 0))
+    labelled_node(cluster, node)
+    operator.termination = 3600.0
+    start(operator)
+    wait_until("the operands' pods on the node", lambda: operator.bound() == set(OPERANDS.values()))
+    agent = build(agent_flags(cluster, tmp_path, node))
+    thread = threading.Thread(target=agent.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        wait_until("the operands paused", lambda: set(operator.labels().values()) == {PAUSED})
+    finally:
+        agent.stop()
+        thread.join(30)
+    assert not thread.is_alive(), "the agent kept waiting for the operands after stop"
+    assert all(v == "true" for v in operator.labels().values())
+    node_obj = cluster.get("v1/nodes", node) or {}
+    assert PAUSED_ANNOTATION not in node_obj["metadata"].get("annotations", {})
+    assert vgpus_in(operator.spec) == 0

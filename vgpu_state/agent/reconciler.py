@@ -99,8 +99,9 @@ class RolloutGate(Protocol):
 class Operands(Protocol):
     """The GPU Operator's operands that must not run while the host changes."""
 
-    def pause(self) -> None:
-        """Stop them on this node (raises when they do not stop; nothing was changed)."""
+    def pause(self, stopping: Callable[[], bool]) -> bool:
+        """Stop them on this node (raises when they do not stop; nothing was changed);
+        ``False`` when ``stopping()`` turned true first (nothing is left paused)."""
         ...
 
     def restore(self) -> bool:
@@ -243,7 +244,7 @@ class NodeReconciler:
             self.rollout.admit if self.rollout is not None and mode is Mode.APPLY else None
         )
         if self.operands is not None and mode is Mode.APPLY:
-            gate = self._pausing(gate)
+            gate = self._pausing(gate, stopping)
         try:
             report = reconcile_once(
                 self.ports,
@@ -335,7 +336,9 @@ class NodeReconciler:
         self.operands.recover()
         self._operands_recovered = True
 
-    def _pausing(self, admit: Callable[[Plan], bool] | None) -> Callable[[Plan], bool]:
+    def _pausing(
+        self, admit: Callable[[Plan], bool] | None, stopping: threading.Event
+    ) -> Callable[[Plan], bool]:
         """The gate that pauses the operands once ``admit`` lets a plan that changes the
         host through (every step does: the operands learn the vGPUs only as they start)."""
         operands = self.operands
@@ -346,7 +349,8 @@ class NodeReconciler:
                 return False
             if plan.actions:
                 self._operands_paused = True
-                operands.pause()
+                if not operands.pause(stopping.is_set):
+                    raise StopRequested("stopped while the GPU Operator's operands were leaving")
             return True
 
         return gate

@@ -148,8 +148,9 @@ class SandboxOperands:
         self._sleep = sleep
         self._clock = clock
 
-    def pause(self) -> None:
-        """Pause the deployed operands, then wait until their pods have left the node.
+    def pause(self, stopping: Callable[[], bool] = lambda: False) -> bool:
+        """Pause the deployed operands, then wait until their pods have left the node;
+        ``False`` (the labels restored) when ``stopping()`` turned true meanwhile.
 
         Raises :class:`OperandsNotStoppedError` (after restoring the labels) when pods
         are still there after :attr:`timeout` seconds."""
@@ -158,6 +159,9 @@ class SandboxOperands:
         deadline = self._clock() + self.timeout
         for operand in OPERANDS:
             while pods := self._pods(operand):
+                if stopping():
+                    self.restore()
+                    return False
                 if self._clock() >= deadline:
                     self.restore()
                     names = ", ".join(sorted(pods)[:5])
@@ -169,6 +173,7 @@ class SandboxOperands:
                         "restored and the change is retried"
                     )
                 self._sleep(self.poll)
+        return True
 
     def restore(self) -> bool:
         """Restore the labels this agent recorded as paused; ``True`` when it wrote."""
