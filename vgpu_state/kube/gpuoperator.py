@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from vgpu_state.kube.api import JsonObject, KubeApi, path_of, retry_on_conflict
@@ -53,11 +54,13 @@ POD_TIMEOUT = 120.0
 POD_POLL = 1.0
 
 
+@dataclass(frozen=True)
 class Operand:
-    def __init__(self, name: str, label: str, pod_selector: str) -> None:
-        self.name = name
-        self.label = label
-        self.pod_selector = pod_selector
+    """One of the GPU Operator's sandbox operands: its node label and its pods."""
+
+    name: str
+    label: str
+    pod_selector: str
 
 
 OPERANDS = (
