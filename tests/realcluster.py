@@ -353,24 +353,36 @@ class ControlPlane:
         _, etcd = binaries(build=False)
         self._start_etcd(etcd, timeout, again=True)
 
-    def start_controller_manager(self, timeout: float = 60) -> subprocess.Popen[bytes]:
-        """Upstream's kube-controller-manager running only its garbage collector, as the
-        admin: what a cluster does to objects whose owners are gone. Opt-in (a test that
-        needs it calls this); stopped with the control plane. :class:`Unavailable` when
-        it is not built (``hack/k8s/build.sh`` builds it by default)."""
+    def start_controller_manager(
+        self, timeout: float = 60, controller: str = "garbage-collector-controller"
+    ) -> subprocess.Popen[bytes]:
+        """Upstream's kube-controller-manager running only one controller, as the admin:
+        by default its garbage collector (what a cluster does to objects whose owners are
+        gone); ``daemonset-controller``: DaemonSets' pods made and deleted as nodes' labels
+        come to match their nodeSelector or stop matching it. Opt-in (a test that needs
+        it calls this); stopped with the control plane, or by the test (it is a child
+        process of its own). :class:`Unavailable` when it is not built
+        (``hack/k8s/build.sh`` builds it by default)."""
         binary = controller_manager()
-        proc = self._spawn("kube-controller-manager", [
+        name = "kube-controller-manager"
+        if controller != "garbage-collector-controller":
+            name += "-" + controller
+        proc = self._spawn(name, [
             str(binary), f"--kubeconfig={self.workdir / 'kubeconfig'}",
-            "--controllers=garbage-collector-controller", "--leader-elect=false",
+            f"--controllers={controller}", "--leader-elect=false",
             "--secure-port=0", "--use-service-account-credentials=false", "--v=2",
         ])  # fmt: skip
-        log = self.workdir / "kube-controller-manager.log"
+        log = self.workdir / f"{name}.log"
+        ready = {
+            "garbage-collector-controller": "Proceeding to collect garbage",
+            "daemonset-controller": 'Caches are synced',
+        }.get(controller, "Started controller")
 
         def synced() -> bool:
             text = log.read_text(errors="replace") if log.exists() else ""
-            return "Proceeding to collect garbage" in text
+            return ready in text
 
-        self._wait("kube-controller-manager", proc, synced, timeout)
+        self._wait(name, proc, synced, timeout)
         return proc
 
     def _start_apiserver(self, apiserver: Path, timeout: float) -> None:
@@ -417,6 +429,12 @@ class ControlPlane:
             "rules": [
                 {"level": "None", "users": ["system:apiserver"]},
                 {"level": "None", "nonResourceURLs": ["/readyz*", "/healthz*", "/livez*"]},
+                # What a write to a Node asked for (which labels a patch sets).
+                {
+                    "level": "Request",
+                    "verbs": ["patch", "update"],
+                    "resources": [{"group": "", "resources": ["nodes"]}],
+                },
                 {"level": "Metadata"},
             ],
         }))  # fmt: skip

@@ -228,6 +228,38 @@ def test_enforce_with_dra_and_monitoring_renders_what_the_base_with_both_compone
     assert args[args.index("--mode") + 1] == "enforce" and "--dra" in args
 
 
+def test_gpu_operator_mode_renders_what_the_base_with_its_component_renders(
+    helm: str, tmp_path: Path
+) -> None:
+    """``gpuOperator.enabled``: the agent runs with --gpu-operator and may list the pods of
+    the GPU Operator's namespace, as deploy/components/gpu-operator installs it."""
+    base = kustomize(tmp_path, "resources: [BASE]\ncomponents: [BASE/components/gpu-operator]\n")
+    chart = template(helm, "--set", "gpuOperator.enabled=true")
+    assert_same_objects(chart, base)
+    (agent,) = [d for d in chart if d["kind"] == "DaemonSet"]
+    assert "--gpu-operator" in agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    (role,) = [d for d in chart if d["kind"] == "Role" and "gpu-operator" in d["metadata"]["name"]]
+    assert role["metadata"]["namespace"] == "gpu-operator"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    # The default install has neither.
+    default = template(helm)
+    (agent,) = [d for d in default if d["kind"] == "DaemonSet"]
+    assert "--gpu-operator" not in agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [d for d in default if "gpu-operator" in d["metadata"]["name"]]
+
+
+def test_the_gpu_operators_namespace_is_one_value(helm: str) -> None:
+    docs = template(
+        helm, "--set", "gpuOperator.enabled=true", "--set", "gpuOperator.namespace=nvidia-gpu"
+    )
+    (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--gpu-operator-namespace") + 1] == "nvidia-gpu"
+    named = [d for d in docs if d["metadata"]["name"] == "vgpu-state-agent-gpu-operator"]
+    assert {d["kind"] for d in named} == {"Role", "RoleBinding"}
+    assert {d["metadata"]["namespace"] for d in named} == {"nvidia-gpu"}
+
+
 def test_the_default_install_is_plan_only_without_a_default_layout(helm: str) -> None:
     docs = template(helm)
     (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
@@ -258,6 +290,7 @@ def test_every_object_with_every_option_set_is_valid(helm: str, version: str) ->
         "--set", "controller.replicas=3",
         "--set", "controller.grace=600",
         "--set", "monitoring.enabled=true",
+        "--set", "gpuOperator.enabled=true",
     )  # fmt: skip
     assert not validate(docs, version)
     (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
@@ -360,6 +393,7 @@ def test_dra_on_a_cluster_older_than_1_34_is_refused(helm: str) -> None:
         (["--set", "agent.port=70000"], "at '/agent/port': maximum: got 70,000, want 65,535"),
         (["--set", "agent.nvidiaLibPath=usr/lib/nvidia"], "at '/agent/nvidiaLibPath'"),
         (["--set", "image.registry=https://ghcr.io"], "at '/image/registry'"),
+        (["--set", "gpuOperator.namespace=GPU_Operator"], "at '/gpuOperator/namespace'"),
         (["--set", "config=layouts: ["], "config: not a YAML layouts file"),
         (["--set", "config=version: v1"], "config: the layouts file has no vgpu-configs"),
     ],

@@ -25,6 +25,7 @@ from vgpu_state.compose import NodeSettings, OpenNode, open_node
 from vgpu_state.config import FileConfigSource
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.apihealth import ApiServerHealth, ApiServerProbe
+from vgpu_state.kube.gpuoperator import SandboxOperands
 from vgpu_state.kube.kubevirt import KubeVirtRef
 from vgpu_state.kube.rollout import RolloutSlots
 from vgpu_state.model.allocatable import DEFAULT_GRACE
@@ -84,6 +85,13 @@ class AgentFlags:
     simulated node's own."""
     sriov_manage: tuple[str, ...] | None = None
     """The sriov-manage command line (see ``Settings.sriov_manage``)."""
+    gpu_operator: bool = False
+    """``--gpu-operator``: under NVIDIA's GPU Operator, whose sandbox device plugin
+    advertises the vGPUs: no device plugin of ours, and the operator's sandbox operands
+    are paused around every change (:mod:`vgpu_state.kube.gpuoperator`)."""
+    gpu_operator_namespace: str = "gpu-operator"
+    operand_timeout: float = 120.0
+    """Seconds the operands' pods get to leave the node before a change."""
 
     @property
     def state(self) -> StateDir:
@@ -117,7 +125,7 @@ def build(flags: AgentFlags) -> Agent:
     )
     port_cluster: ClusterPort = cluster
     dra_sink: DevicePluginSink | None = None
-    plugin = _device_plugin(flags) if flags.device_plugin else None
+    plugin = _device_plugin(flags) if flags.device_plugin and not flags.gpu_operator else None
     monitor = None
     if plugin is not None:
         monitor = allocatable_monitor(cluster, plugin, flags.allocatable_grace)
@@ -194,8 +202,15 @@ def build(flags: AgentFlags) -> Agent:
         allocatable=monitor,
         apiserver=apiserver,
         on_mode=cluster.set_mode,
+        operands=_operands(api, flags) if flags.gpu_operator else None,
     )
     return Agent(parts)
+
+
+def _operands(api: KubeApi, flags: AgentFlags) -> SandboxOperands:
+    return SandboxOperands(
+        api, flags.node, flags.gpu_operator_namespace, timeout=flags.operand_timeout
+    )
 
 
 def allocatable_monitor(

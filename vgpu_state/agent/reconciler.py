@@ -18,6 +18,12 @@ agent needs:
 * **Shutdown.** When the agent is asked to stop during an apply, the step in
   progress finishes and the apply stops there (the journal lets the next
   start resume).
+* **The GPU Operator's operands** (``--gpu-operator``). Before a plan changes the
+  host, the operator's sandbox device plugin and validator are paused (their
+  node labels, :mod:`vgpu_state.kube.gpuoperator`) and their pods awaited; right
+  after the apply (or its failure) they are restored. The first reconcile
+  restores what an earlier run left paused. A plan with nothing to do touches
+  no label.
 * **Metrics.** Duration, actions by kind and result, vGPUs by type and state,
   blocked items, last success, config generation, the node's reported state and
   since when each deferred layout switch waits (``docs/alerts.md`` alerts on them).
@@ -90,6 +96,23 @@ class RolloutGate(Protocol):
         ...
 
 
+class Operands(Protocol):
+    """The GPU Operator's operands that must not run while the host changes."""
+
+    def pause(self, stopping: Callable[[], bool]) -> bool:
+        """Stop them on this node (raises when they do not stop; nothing was changed);
+        ``False`` when ``stopping()`` turned true first (nothing is left paused)."""
+        ...
+
+    def restore(self) -> bool:
+        """Start again what :meth:`pause` stopped; ``True`` when anything was written."""
+        ...
+
+    def recover(self) -> bool:
+        """At start: :meth:`restore` what an earlier run left stopped."""
+        ...
+
+
 class StopRequested(Exception):
     """Raised between two steps of an apply when the agent is stopping."""
 
@@ -97,9 +120,15 @@ class StopRequested(Exception):
 class _Hearing(QuietReporter):
     """Counts actions for the metrics; stops the apply between steps when asked."""
 
-    def __init__(self, metrics: AgentMetrics, stopping: threading.Event) -> None:
+    def __init__(
+        self,
+        metrics: AgentMetrics,
+        stopping: threading.Event,
+        after_apply: Callable[[], None] | None = None,
+    ) -> None:
         self._metrics = metrics
         self._stopping = stopping
+        self._after_apply = after_apply
 
     def step(self, action: Action, result: StepResult) -> None:
         self._metrics.actions.labels(kind=str(action.kind), result=str(result.outcome)).inc()
@@ -107,7 +136,8 @@ class _Hearing(QuietReporter):
             raise StopRequested(f"stopped after {action.kind} {action.address}")
 
     def applied(self, plan: Plan, result: ApplyResult) -> None:
-        return None
+        if self._after_apply is not None:
+            self._after_apply()
 
 
 SLOT_POLL = 10.0
@@ -130,6 +160,7 @@ class NodeReconciler:
         slot_poll: float = SLOT_POLL,
         rng: random.Random | None = None,
         on_mode: Callable[[str], None] | None = None,
+        operands: Operands | None = None,
     ) -> None:
         if mode not in AgentMode.ALL:
             raise ValueError(f"mode must be one of {', '.join(AgentMode.ALL)}, got {mode!r}")
@@ -153,6 +184,10 @@ class NodeReconciler:
         self.last_report: Report | None = None
         self._busy = threading.Lock()
         self._asked: tuple[int, frozenset[str]] | None = None
+        self.operands = operands
+        """``--gpu-operator``: paused around every apply that changes the host."""
+        self._operands_recovered = False
+        self._operands_paused = False
 
     @property
     def current_mode(self) -> str:
@@ -169,7 +204,11 @@ class NodeReconciler:
     def __call__(self, batch: Batch, stopping: threading.Event) -> PassResult:
         started = time.monotonic()
         with self._busy:
-            outcome, result = self._reconcile(stopping)
+            try:
+                outcome, result = self._reconcile(stopping)
+            finally:
+                # An apply that raised (or was stopped) never reached its restore.
+                self._restore_operands()
         self.metrics.reconcile_duration.labels(mode=self.current_mode, result=result).observe(
             time.monotonic() - started
         )
@@ -180,6 +219,14 @@ class NodeReconciler:
 
     # one reconcile -----------------------------------------------------------------
     def _reconcile(self, stopping: threading.Event) -> tuple[PassResult, str]:
+        try:
+            # Before anything else (a config that does not load too): what an earlier
+            # run left paused runs again.
+            self._recover_operands()
+        except TransientError as e:
+            return PassResult(False, f"will retry: {e}", failed=True), "failed"
+        except VgpuStateError as e:
+            return PassResult(False, f"failed: {e}", failed=True), "failed"
         document, error = self._read_config()
         if error is not None:
             self._degraded(error)
@@ -193,7 +240,11 @@ class NodeReconciler:
         except VgpuStateError as e:
             return PassResult(False, f"failed: {e}", failed=True), "failed"
         mode = Mode.APPLY if self.current_mode == AgentMode.ENFORCE else Mode.PLAN
-        gate = self.rollout.admit if self.rollout is not None and mode is Mode.APPLY else None
+        gate: Callable[[Plan], bool] | None = (
+            self.rollout.admit if self.rollout is not None and mode is Mode.APPLY else None
+        )
+        if self.operands is not None and mode is Mode.APPLY:
+            gate = self._pausing(gate, stopping)
         try:
             report = reconcile_once(
                 self.ports,
@@ -201,7 +252,7 @@ class NodeReconciler:
                 mode=mode,
                 skip_blocked=True,
                 gate=gate,
-                reporter=_Hearing(self.metrics, stopping),
+                reporter=_Hearing(self.metrics, stopping, self._restore_operands),
                 document=document,
                 report_failure=True,
             )
@@ -276,6 +327,44 @@ class NodeReconciler:
             return False
         self._asked = asked
         return True
+
+    # the GPU Operator's operands ----------------------------------------------------
+    def _recover_operands(self) -> None:
+        """Once, before the first plan: restore what an earlier run left paused."""
+        if self.operands is None or self._operands_recovered:
+            return
+        self.operands.recover()
+        self._operands_recovered = True
+
+    def _pausing(
+        self, admit: Callable[[Plan], bool] | None, stopping: threading.Event
+    ) -> Callable[[Plan], bool]:
+        """The gate that pauses the operands once ``admit`` lets a plan that changes the
+        host through (every step does: the operands learn the vGPUs only as they start)."""
+        operands = self.operands
+        assert operands is not None
+
+        def gate(plan: Plan) -> bool:
+            if admit is not None and not admit(plan):
+                return False
+            if plan.actions:
+                self._operands_paused = True
+                if not operands.pause(stopping.is_set):
+                    raise StopRequested("stopped while the GPU Operator's operands were leaving")
+            return True
+
+        return gate
+
+    def _restore_operands(self) -> None:
+        """After an apply: start the operands again; a failure is retried next reconcile."""
+        if self.operands is None or not self._operands_paused:
+            return
+        try:
+            self.operands.restore()
+        except VgpuStateError as e:
+            log.error("the GPU Operator's operands stay paused for now: %s", e)
+            self._operands_recovered = False
+        self._operands_paused = False
 
     def _failed_reported(self) -> None:
         """A reconcile that raised has reported the node failed (in either mode)."""

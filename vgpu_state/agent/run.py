@@ -22,7 +22,7 @@ from vgpu_state.agent.health import HealthServer, HealthState, parse_listen
 from vgpu_state.agent.holderwatch import DEFAULT_HOLDER_POLL_SECONDS, HolderWatch
 from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.agent.queue import WorkQueue
-from vgpu_state.agent.reconciler import AgentMode, NodeReconciler, RolloutGate
+from vgpu_state.agent.reconciler import AgentMode, NodeReconciler, Operands, RolloutGate
 from vgpu_state.agent.resync import DEFAULT_RESYNC_SECONDS, Resync
 from vgpu_state.agent.triggers import Fire, Service, Stop, Trigger, TriggerSource
 from vgpu_state.agent.worker import Worker
@@ -64,6 +64,8 @@ class AgentParts:
     apiserver: ApiServerHealth | None = None
     # Told the mode of each reconcile (the node's status shows it).
     on_mode: Callable[[str], None] | None = None
+    operands: Operands | None = None
+    """``--gpu-operator``: the operator's sandbox operands, paused around each change."""
 
 
 class Agent:
@@ -78,7 +80,7 @@ class Agent:
         self.queue = WorkQueue(settle=settle)
         self.reconciler = NodeReconciler(
             parts.ports, parts.settings, self.metrics, parts.mode, parts.rollout,
-            on_mode=parts.on_mode,
+            on_mode=parts.on_mode, operands=parts.operands,
         )  # fmt: skip
         self.worker = Worker(self.queue, self.reconciler, self.health)
         if parts.allocatable is not None:

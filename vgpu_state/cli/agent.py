@@ -104,6 +104,21 @@ from vgpu_state.cli.options import (
     is_flag=True,
     help="Serve no device plugin (another component advertises the vGPUs to the kubelet).",
 )
+@click.option(
+    "--gpu-operator",
+    is_flag=True,
+    help="Run inside NVIDIA's GPU Operator in place of its vgpu-device-manager: serve no "
+    "device plugin (the operator's sandbox device plugin advertises the vGPUs) and pause "
+    "the operator's sandbox device plugin and validator on this node around every change "
+    "(docs/deploy.md).",
+)
+@click.option(
+    "--gpu-operator-namespace",
+    default="gpu-operator",
+    show_default=True,
+    envvar="GPU_OPERATOR_NAMESPACE",
+    help="--gpu-operator: the namespace of the GPU Operator's pods. Env: GPU_OPERATOR_NAMESPACE.",
+)
 @seconds_option(
     "--allocatable-grace",
     40.0,
@@ -153,6 +168,8 @@ def agent(
     no_kubevirt: bool,
     device_plugin_dir: str,
     no_device_plugin: bool,
+    gpu_operator: bool,
+    gpu_operator_namespace: str,
     allocatable_grace: float,
     dra: bool,
     dra_plugins_dir: Path,
@@ -201,6 +218,8 @@ def agent(
         device_plugin=not no_device_plugin,
         device_plugin_dir=device_plugin_dir,
         allocatable_grace=allocatable_grace,
+        gpu_operator=gpu_operator,
+        gpu_operator_namespace=gpu_operator_namespace,
         dra=dra,
         dra_plugins_dir=dra_plugins_dir,
         dra_registry_dir=dra_registry_dir,

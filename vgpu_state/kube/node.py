@@ -7,6 +7,10 @@ other key, so labels and annotations of other controllers are never touched:
   (``pending`` while an apply runs, then ``success`` or ``failed``);
 * annotations with the applied config name, the config document's hash and
   the last plan's one-line summary.
+
+With ``--gpu-operator`` the agent also moves the GPU Operator's two sandbox
+labels between ``true`` and ``paused-for-vgpu-change`` and keeps the annotation
+``vgpu-state.io/paused-operands`` (:mod:`vgpu_state.kube.gpuoperator`).
 """
 
 from __future__ import annotations
