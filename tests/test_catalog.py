@@ -83,11 +83,6 @@ def test_type_facts() -> None:
     assert cat.type_by_id(1147) is not None and cat.type_by_id(1147).name == "L40S-1Q"  # type: ignore[union-attr]
 
 
-def test_suggestion_for_misspelt_type() -> None:
-    assert default_catalog().suggest_type("A10-4q") == "A10-4Q"
-    assert default_catalog().suggest_type("L40s-12q") == "L40S-12Q"
-
-
 def test_sriov_facts() -> None:
     cat = default_catalog()
     assert cat.find_model("A2").sriov_totalvfs == 16  # type: ignore[union-attr]

@@ -88,7 +88,6 @@ ALLOWED: dict[str, str] = {
     "kube/crd.py:crd": "scripts/gen_crd.py writes deploy/'s CRD with it; tests install it",
     "kube/nodestate.py:blocked_count": "a VGPUNodeState status field, written by model_dump",
     "kube/nodestate.py:document_hash": "a VGPUNodeState status field, written by model_dump",
-    "kube/nodestate.py:encoding": "a VGPUNodeState status field, written by model_dump",
     "kube/nodestate.py:observed_generation": "a VGPUNodeState field, written by model_dump",
     "kube/nodestate.py:vgpu_count": "a VGPUNodeState status field, written by model_dump",
     "model/plan.py:format_version": "a field of the plan's JSON, written by model_dump",

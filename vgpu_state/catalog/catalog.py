@@ -218,10 +218,6 @@ class Catalog:
     def type_names(self) -> tuple[str, ...]:
         return tuple(self._types)
 
-    def suggest_type(self, name: str, among: tuple[str, ...] | None = None) -> str | None:
-        """The nearest type name (case-insensitive), for "did you mean …?" messages."""
-        return suggest(short_type_name(name), among if among is not None else self.type_names)
-
 
 def _load() -> Catalog:
     extras = {r["gpu_model"]: r for r in _read_csv("models.csv")}
