@@ -44,7 +44,7 @@ demo: $(BIN)/.installed-demo
 test: lint
 	@sh scripts/ensure-fuse
 	@sh scripts/ensure-k8s
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # The other end of every range: the product's own dependencies at the lowest versions
 # pyproject.toml allows (uv's lowest-direct resolution; what they pull in, and the test
