@@ -75,7 +75,7 @@ from_go() {
         echo "promtool: cached (built with Go)" >&2
         return 0
     fi
-    echo "$me: building promtool with Go (no Debian package; about 23 minutes cold)" >&2
+    echo "$me: building promtool with Go (about 25 minutes with empty Go caches)" >&2
     start=$(date +%s)
     log=$(mktemp)
     # -trimpath and no VCS stamp: the same sources give the same binary anywhere.
