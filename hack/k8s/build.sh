@@ -53,6 +53,7 @@ start=$(date +%s)
 # of it when it fails.
 tmp=$(mktemp -d "$bin/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
 pkgs=
 for prog in $stale; do pkgs="$pkgs ./cmd/$prog"; done
 # shellcheck disable=SC2086
