@@ -46,8 +46,9 @@ done
 names=$(echo $stale | sed 's/ /, /g')
 echo "hack/k8s/build.sh: building $names" >&2
 start=$(date +%s)
-# One go build for all of them: the packages they share (most of Kubernetes) are
-# compiled once and the links run side by side. A directory of this build's own:
+# One go build for all of them: the package graph is loaded once, the packages
+# only one of them needs are compiled beside the shared ones (both cores busy to
+# the end) and the links run side by side. A directory of this build's own:
 # two test runs may build at once. -trimpath and no VCS stamp: the same sources
 # give the same binary anywhere. Quiet when it works (the module downloads); all
 # of it when it fails.
