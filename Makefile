@@ -12,10 +12,17 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m compileall -q vgpu_state
 	touch $@
 
+# With uv (from PyPI, into the venv) as for the demo: seconds where pip takes minutes;
+# pip when uv cannot be had.
 $(BIN)/.installed-test: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[sim,test]'
+	@if $(BIN)/pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1 && \
+	    $(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[sim,test]'; then \
+	    echo "    installed with uv"; \
+	else \
+	    echo "    uv unavailable: installing with pip (a few minutes)"; \
+	    $(BIN)/pip install --quiet --disable-pip-version-check -e '.[sim,test]'; \
+	fi
 	$(BIN)/python -m compileall -q vgpu_state
 	touch $@ $(BIN)/.installed $(BIN)/.installed-demo
 
@@ -46,7 +53,7 @@ demo: $(BIN)/.installed-demo
 test: lint
 	@sh scripts/ensure-fuse
 	@sh scripts/ensure-k8s
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # The other end of every range: the product's own dependencies at the lowest versions
 # pyproject.toml allows (uv's lowest-direct resolution; what they pull in, and the test

@@ -218,8 +218,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         )
     if any(reason.startswith("no promtool") for reason in reasons):
         terminalreporter.write_line(
-            "  The monitoring tests run Prometheus's promtool built with Go "
-            "(hack/promtool/build.sh, which `make test` runs when Go is there). "
+            "  The monitoring tests run Prometheus's promtool, Debian's or built with Go "
+            "(hack/promtool/build.sh, which `make test` runs). "
             "VGPU_STATE_REQUIRE_K8S=1 makes them fail instead."
         )
     if any("no real control plane" in reason for reason in reasons):

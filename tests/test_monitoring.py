@@ -1,8 +1,9 @@
 """deploy/monitoring: the alerting rules, their unit tests and the dashboard, checked
 with Prometheus's own promtool against what the agent really exports.
 
-promtool is built from the Go module proxy (``hack/promtool/build.sh``, which
-``make test`` runs when Go is there). ``promtool check rules`` and ``promtool test
+promtool is Debian's (``hack/promtool/build.sh`` takes it out of the prometheus
+package; built with Go where no package can be had), which ``make test`` puts in
+place. ``promtool check rules`` and ``promtool test
 rules`` (``tests/monitoring/*_test.yaml``: every alert fires where it should and
 stays quiet where it should not) run on the rules of the PrometheusRule;
 ``promtool check metrics`` runs on the /metrics page of a real agent (a real
@@ -50,7 +51,7 @@ def promtool_binary() -> str:
     )
     if path.is_file() and os.access(path, os.X_OK):
         return str(path)
-    reason = f"{path} is not built (sh hack/promtool/build.sh, needs Go >= 1.26)"
+    reason = f"{path} is not there (sh hack/promtool/build.sh: Debian's, or built with Go)"
     if os.environ.get("VGPU_STATE_REQUIRE_K8S") == "1":
         pytest.fail(f"promtool is required (VGPU_STATE_REQUIRE_K8S=1): {reason}")
     pytest.skip(f"no promtool: {reason}")

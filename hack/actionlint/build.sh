@@ -15,12 +15,21 @@ out="$bin/actionlint"
 # Contents, not times: a checkout or rebase touches files without changing them.
 key=$( { cat go.mod go.sum build.sh; "$GO" env GOVERSION; } | cksum)
 if [ -x "$out" ] && [ "$(cat "$out.stamp" 2>/dev/null)" = "$key" ]; then
+    echo "actionlint: cached" >&2
     exit 0
 fi
-echo "hack/actionlint/build.sh: building actionlint" >&2
 start=$(date +%s)
-# -trimpath and no VCS stamp: the same sources give the same binary anywhere.
-"$GO" build -trimpath -buildvcs=false -o "$out.tmp" github.com/rhysd/actionlint/cmd/actionlint
-mv "$out.tmp" "$out"
+# -trimpath and no VCS stamp: the same sources give the same binary anywhere; -s -w:
+# no symbol table and no DWARF. Quiet when it works; all of the output when it fails.
+log=$(mktemp)
+if ! CGO_ENABLED=0 "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" \
+    -o "$out.tmp.$$" github.com/rhysd/actionlint/cmd/actionlint >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log" "$out.tmp.$$"
+    echo "hack/actionlint/build.sh: building actionlint failed" >&2
+    exit 1
+fi
+rm -f "$log"
+mv "$out.tmp.$$" "$out"
 echo "$key" > "$out.stamp"
-echo "hack/actionlint/build.sh: built actionlint in $(( $(date +%s) - start )) s" >&2
+echo "built actionlint in $(( $(date +%s) - start )) s" >&2
