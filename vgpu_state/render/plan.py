@@ -118,6 +118,7 @@ def render_text(plan: Plan) -> str:
         f'Node {plan.node or "(unnamed)"}: configuration "{sel.config}" '
         f"(selected {_source(sel.source)})"
     )
+    lines.extend(f"  {e.message}" for e in plan.skipped)
     if plan.is_converged:
         lines.append("")
         for g in plan.gpus:
