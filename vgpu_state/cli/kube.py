@@ -174,7 +174,7 @@ def _source(source: str) -> Literal["label", "node-selector", "default", "explic
         return "label"
     if source.startswith("node-selector"):
         return "node-selector"
-    if source == "default":
+    if source in ("default", "default-config"):
         return "default"
     return "explicit"
 

@@ -97,7 +97,7 @@ SHARED_OPTIONS: dict[str, Shared] = {
         Shared("node", ["--node"], None),
         Shared("label_key", ["--label-key"], "nvidia.com/vgpu.config"),
         Shared("default_config", ["--default-config"], None, ENV_DEFAULT_CONFIG),
-        Shared("strict", ["--strict"], False),
+        Shared("strict", ["--strict"], None),
         Shared("kubeconfig", ["--kubeconfig"], None),
         Shared("context", ["--context"], None),
         Shared("state_dir", ["--state-dir"], None, ENV_STATE_DIR),
@@ -288,7 +288,7 @@ def default_config_option() -> Callable[[F], F]:
 
 def strict_option(help: str) -> Callable[[F], F]:
     """``--strict``: what is otherwise skipped or a warning is an error."""
-    return click.option("--strict", "strict", is_flag=True, default=False, help=help)
+    return click.option("--strict", "strict", is_flag=True, help=help)
 
 
 STRICT_ENTRIES_HELP = (

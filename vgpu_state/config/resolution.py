@@ -245,9 +245,10 @@ def _applies_to_nothing(
 ) -> ConfigIssue | None:
     """An entry of the selected config that lays out no GPU is a silent no-op: an error.
 
-    Not an error: an entry whose ``device-filter`` matches no GPU here (the file lays
-    out other kinds of GPU too, as vgpu-device-manager's files do), or whose GPUs all
-    take another entry (A2 and A16 entries under one shared filter).
+    Not an error: an entry whose GPUs all take another entry (A2 and A16 entries under
+    one shared filter). An entry that selects no GPU here (an index past the node's
+    GPUs, a ``device-filter`` matching none) never gets here: it is skipped and listed
+    (see :func:`_missing_gpus`).
     """
     selected = [g for g in gpus if entry_selects(entry, g)]
     types = ", ".join(f"{t}: {c}" for t, c in entry.vgpu_devices.items()) or "{}"
@@ -258,11 +259,8 @@ def _applies_to_nothing(
         why = "; ".join(_why_not(entry, g, catalog) for g in left)
     elif entry.device_filter or not entry.vgpu_devices:
         return None
-    elif entry.devices == "all":
-        why = "no GPU to lay out"
     else:
-        wanted = ", ".join(str(d) for d in entry.devices)
-        why = f"devices [{wanted}] name no GPU of this node"
+        why = "no GPU to lay out"  # devices: all (a list naming absent GPUs is skipped)
     path = f"vgpu-configs.{name}[{index}]"
     line, column = document.positions.get(path, (0, 0))
     return ConfigIssue(

@@ -49,7 +49,7 @@ class Publish(StrEnum):
 
 
 class MissingGpus(StrEnum):
-    """What an entry that selects no GPU of the node does (``policy: {missing-gpus}``)."""
+    """What an entry that selects no GPU of the node does: skip it (listed) or fail."""
 
     SKIP = "skip"
     ERROR = "error"

@@ -37,6 +37,7 @@ SOURCE_TEXT = {
     "label": "by node label",
     "default": "as the config's default",
     "flag": "on the command line",
+    "default-config": "by --default-config (the node has no label)",
 }
 
 
