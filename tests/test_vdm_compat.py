@@ -24,7 +24,6 @@ from click.testing import CliRunner
 from tests.apiserver import EVENTS, NODES, NODESTATES
 from tests.realcluster import ControlPlane
 from vgpu_state.cli.main import cli
-from vgpu_state.cli.options import ENV_DEFAULT_CONFIG
 
 REPO = Path(__file__).resolve().parent.parent
 T4_LAYOUTS = REPO / "configs" / "examples" / "vdm-t4.yaml"
@@ -154,7 +153,7 @@ def test_an_unlabelled_node_gets_the_default_config_flag(one_t4: Path) -> None:
 
 
 def test_default_vgpu_config_in_the_environment_is_honoured(one_t4: Path) -> None:
-    code, out, err = plan(one_t4, "-o", "json", env={ENV_DEFAULT_CONFIG: "T4-2Q"})
+    code, out, err = plan(one_t4, "-o", "json", env={"DEFAULT_VGPU_CONFIG": "T4-2Q"})
     assert code == 0, err
     assert json.loads(out)["selection"] == {"config": "T4-2Q", "source": "default-config"}
 
