@@ -229,7 +229,7 @@ def agent_on(
         AgentFlags(
             node=node,
             config_file=config / "config.yaml",
-            mode="enforce",
+            mode=flags.pop("mode", "enforce"),
             resync=300.0,
             listen="",
             kubeconfig=str(cluster.write_kubeconfig(tmp_path / "kubeconfig", token=token)),
@@ -332,3 +332,16 @@ def test_the_agent_with_strict_fails_the_node_naming_the_entry(
     status = (cluster.get(NODESTATES, node) or {})["status"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert "entry [1] of T4-small: no GPU 1 on this node (--strict" in ready["message"]
+
+
+def test_a_plan_only_agent_reports_pending_for_the_default_config(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    node = "t4-pending-1"
+    cluster.ensure_node(node, {})
+    layouts = T4_LAYOUTS.read_text()
+    with agent_on(cluster, tmp_path, node, layouts, default_config="default", mode="plan-only"):
+        wait_for(
+            "state label pending", lambda: labels_of(cluster, node).get(STATE_LABEL) == "pending"
+        )
+    assert "T4-" not in spec_text(tmp_path)  # plan-only: nothing created
