@@ -199,6 +199,9 @@ def test_a_default_config_the_file_lacks_is_an_error_naming_it(one_t4: Path) -> 
     code, _, err = run("select", "-f", str(T4_LAYOUTS), "--sim", str(one_t4),
                        "--default-config", "nope")  # fmt: skip
     assert code == 1 and "--default-config nope names no config" in err
+    code, _, err = run("fleet", "plan", "-f", str(T4_LAYOUTS), "--from", str(one_t4.parent / "none"),
+                       "--default-config", "T4-smal")  # fmt: skip
+    assert code == 1 and "--default-config T4-smal names no config" in err
 
 
 def test_without_a_default_config_an_unlabelled_node_is_left_alone(one_t4: Path) -> None:
@@ -345,3 +348,36 @@ def test_a_plan_only_agent_reports_pending_for_the_default_config(
             "state label pending", lambda: labels_of(cluster, node).get(STATE_LABEL) == "pending"
         )
     assert "T4-" not in spec_text(tmp_path)  # plan-only: nothing created
+
+
+# --- fleet plan: the same rules, from what each agent reported ---------------------------
+
+
+def test_fleet_plan_takes_the_default_config_and_strict(one_t4: Path) -> None:
+    """``fleet plan --default-config``/``--strict`` plan a reported node as its agent would."""
+    import datetime
+
+    from vgpu_state.catalog import default_catalog
+    from vgpu_state.config import load_text
+    from vgpu_state.model.fleet import ReportedNode
+    from vgpu_state.reconcile import Settings
+    from vgpu_state.reconcile.fleet import NodeOutcome, plan_node
+    from vgpu_state.sim.host import SimHost
+
+    catalog = default_catalog()
+    document = load_text(T4_LAYOUTS.read_text(), str(T4_LAYOUTS), catalog=catalog)
+    now = datetime.datetime(2026, 11, 28, tzinfo=datetime.UTC)
+    snapshot = SimHost(one_t4, in_memory=True).scan()
+    node = ReportedNode("t4-single", {}, snapshot, scanned_at=now)
+    unselected = plan_node(document, node, Settings(catalog=catalog), now)
+    assert unselected.outcome is NodeOutcome.ERROR and unselected.reason == "NoConfigSelected"
+    planned = plan_node(document, node, Settings(catalog=catalog, default_config="T4-small"), now)
+    assert planned.outcome is NodeOutcome.CHANGES and planned.plan is not None
+    assert planned.plan.selection.source == "default-config"
+    assert [e.message for e in planned.plan.skipped] == [
+        "entry [1] of T4-small: no GPU 1 on this node, skipped"
+    ]
+    strict = Settings(catalog=catalog, default_config="T4-small", strict=True)
+    failed = plan_node(document, node, strict, now)
+    assert failed.outcome is NodeOutcome.ERROR
+    assert "entry [1] of T4-small: no GPU 1 on this node (--strict" in (failed.message or "")
