@@ -199,7 +199,8 @@ def test_a_default_config_the_file_lacks_is_an_error_naming_it(one_t4: Path) -> 
     code, _, err = run("select", "-f", str(T4_LAYOUTS), "--sim", str(one_t4),
                        "--default-config", "nope")  # fmt: skip
     assert code == 1 and "--default-config nope names no config" in err
-    code, _, err = run("fleet", "plan", "-f", str(T4_LAYOUTS), "--from", str(one_t4.parent / "none"),
+    missing = str(one_t4.parent / "none")
+    code, _, err = run("fleet", "plan", "-f", str(T4_LAYOUTS), "--from", missing,
                        "--default-config", "T4-smal")  # fmt: skip
     assert code == 1 and "--default-config T4-smal names no config" in err
 
