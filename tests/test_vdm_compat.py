@@ -279,6 +279,8 @@ def test_the_agent_with_default_config_converges_an_unlabelled_node(
     assert CONFIG_LABEL not in labels_of(cluster, node)  # the agent never writes it
     status = (cluster.get(NODESTATES, node) or {})["status"]
     assert status["selectedConfig"]["name"] == "default" and status["state"] == "success"
+    assert status["selectedConfig"]["source"] == "default"
+    assert "--default-config default" in status["selectedConfig"]["reason"]
     assert status["vgpuCount"] == 4  # the document's default config: T4-4Q: 4
     assert "T4-4Q" in spec_text(tmp_path)
 

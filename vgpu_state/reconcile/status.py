@@ -78,6 +78,8 @@ def node_status(report: Report) -> NodeStatus:
         state=state,
         conditions=(synced, ready, block),
         vgpus=report.live_layout(),
+        selected_by=report.inputs.source,
+        selected_detail=report.inputs.detail,
     )
 
 
