@@ -82,7 +82,7 @@ def kubevirt_problem(claim: str, requests: Sequence[str]) -> str | None:
         return (
             f"{claim}: request {sub[0]} was allocated through firstAvailable; KubeVirt 1.9 "
             f"and older look its device up as {base_request(sub[0])!r} and cannot build a "
-            "VM's GPU from it (docs/dra.md, \"Claims KubeVirt can use\")"
+            'VM\'s GPU from it (docs/dra.md, "Claims KubeVirt can use")'
         )
     counts: dict[str, int] = {}
     for r in requests:
@@ -91,7 +91,7 @@ def kubevirt_problem(claim: str, requests: Sequence[str]) -> str | None:
     if many:
         return (
             f"{claim}: request {many[0]} was allocated {counts[many[0]]} devices; a KubeVirt "
-            "GPU takes one device per request (docs/dra.md, \"Claims KubeVirt can use\")"
+            'GPU takes one device per request (docs/dra.md, "Claims KubeVirt can use")'
         )
     return None
 
