@@ -122,6 +122,24 @@ def test_a_device_filter_matching_no_gpu_is_skipped(one_t4: Path) -> None:
     assert "T4-8Q" in out
 
 
+def test_indices_whose_gpus_the_device_filter_does_not_match_are_skipped(
+    tmp_path: Path,
+) -> None:
+    """GPU 0 of the mixed node is an A2: an L40S filter on ``devices: [0]`` selects none."""
+    node = tmp_path / "mixed.yaml"
+    shutil.copy(REPO / "configs" / "sim" / "mixed.yaml", node)
+    layouts = tmp_path / "c.yaml"
+    layouts.write_text(
+        "version: v1\nvgpu-configs:\n  c:\n    - devices: [0]\n"
+        '      device-filter: "0x26B910DE"\n      vgpu-devices: {L40S-8Q: 6}\n'
+    )
+    code, out, err = run("plan", "-f", str(layouts), "-c", "c", "--sim", str(node),
+                         "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    assert code == 0, err
+    assert "entry [0] of c: device-filter 0x26B910DE matches none of GPU 0 on this node, " \
+        "skipped" in out  # fmt: skip
+
+
 def test_devices_all_lays_out_every_gpu(one_t4: Path) -> None:
     code, out, err = plan(one_t4, "-c", "T4-2Q", "-o", "json")
     assert code == 0, err

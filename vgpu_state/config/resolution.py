@@ -164,6 +164,11 @@ def _missing_gpus(entry: Entry, gpus: Sequence[Gpu]) -> str | None:
             return f"no GPU {', '.join(absent)} on this node"
     if entry.device_filter:
         filters = ", ".join(entry.device_filter)
+        if entry.devices != "all" and any(
+            parse_device_filter(f).matches(g) for f in entry.device_filter for g in gpus
+        ):
+            named = ", ".join(str(d) for d in entry.devices)
+            return f"device-filter {filters} matches none of GPU {named} on this node"
         return f"device-filter {filters} matches no GPU on this node"
     return None
 
