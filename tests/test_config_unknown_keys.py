@@ -47,7 +47,7 @@ SECTIONS = [
         "      vgpu-devices: {}\n",
         "policy",
         "policy.KEY",
-        ("in-use", "prune", "sriov", "max-unavailable", "publish"),
+        ("in-use", "prune", "sriov", "max-unavailable", "publish", "missing-gpus"),
     ),
     (
         "config policy",
@@ -55,7 +55,7 @@ SECTIONS = [
         "      - devices: all\n        vgpu-devices: {}\n",
         "policy",
         "vgpu-configs.c.policy.KEY",
-        ("in-use", "prune", "sriov", "max-unavailable", "publish"),
+        ("in-use", "prune", "sriov", "max-unavailable", "publish", "missing-gpus"),
     ),
     (
         "node-selector",

@@ -255,8 +255,12 @@ def test_stopping_removes_the_sockets(rig: Rig) -> None:
     assert not rig.paths.socket.exists()
 
 
-def test_a_first_available_claim_answers_with_the_top_level_request(rig: Rig) -> None:
-    """``gpu/l40s`` was allocated; the kubelet matches containers against ``gpu``."""
+def test_a_first_available_claim_answers_with_the_top_level_request(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``gpu/l40s`` was allocated; the kubelet matches containers against ``gpu``. The
+    metadata document keeps upstream's ``gpu/l40s``, which KubeVirt 1.9 cannot look up:
+    the agent warns, naming the claim."""
     rig.kubelet.register_all()
     uid = "0b4cf1a2-0000-4000-8000-000000000020"
     rig.claims.put(claim("fa", uid, ("gpu/l40s", L40S_VF)))
@@ -272,6 +276,19 @@ def test_a_first_available_claim_answers_with_the_top_level_request(rig: Rig) ->
     assert Path(mount["hostPath"]).parent.name == "gpu"
     assert meta["requests"][0]["name"] == "gpu/l40s"  # only the document keeps the full name
     assert meta["metadata"]["generation"] == 1
+    assert (
+        "ResourceClaim vms/fa: request gpu/l40s was allocated through firstAvailable; "
+        "KubeVirt 1.9 and older look its device up as 'gpu'" in caplog.text
+    )
+
+
+def test_kubevirt_problem_names_the_claim_shapes_kubevirt_cannot_use() -> None:
+    from vgpu_state.dra.prepare import kubevirt_problem
+
+    assert kubevirt_problem("c", ["gpu"]) is None
+    assert kubevirt_problem("c", ["gpu1", "gpu2"]) is None
+    assert "firstAvailable" in (kubevirt_problem("c", ["gpu/l40s"]) or "")
+    assert "allocated 2 devices" in (kubevirt_problem("c", ["gpu", "gpu"]) or "")
 
 
 def test_a_rewritten_metadata_file_gets_the_next_generation(rig: Rig) -> None:

@@ -269,6 +269,18 @@ def test_the_default_install_is_plan_only_without_a_default_layout(helm: str) ->
     assert "\ndefault:" not in configmap["data"]["config.yaml"]
 
 
+def test_the_default_config_and_strict_reach_the_agent(helm: str) -> None:
+    """vgpu-device-manager's DEFAULT_VGPU_CONFIG, as a chart value: --default-config."""
+    (agent,) = [d for d in template(helm) if d["kind"] == "DaemonSet"]
+    args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--default-config" not in args and "--strict" not in args
+    docs = template(helm, "--set", "agent.defaultConfig=default", "--set", "agent.strict=true")
+    (agent,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--default-config") + 1] == "default"
+    assert "--strict" in args
+
+
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_object_of_the_default_install_is_valid(helm: str, version: str) -> None:
     assert not validate(template(helm), version)
@@ -279,6 +291,8 @@ def test_every_object_with_every_option_set_is_valid(helm: str, version: str) ->
     docs = template(
         helm,
         "--set", "agent.mode=enforce",
+        "--set", "agent.defaultConfig=default",
+        "--set", "agent.strict=true",
         "--set", "dra.enabled=true",
         "--set", "imagePullSecrets[0].name=registry",
         "--set", "image.registry=registry.example:5000",
@@ -390,6 +404,8 @@ def test_dra_on_a_cluster_older_than_1_34_is_refused(helm: str) -> None:
             "at '/agent': additional properties 'modee' not allowed",
         ),
         (["--set", "dra=true"], "at '/dra': got boolean, want object"),
+        (["--set", "agent.defaultConfig=not a name"], "at '/agent/defaultConfig'"),
+        (["--set", "agent.strict=yes"], "at '/agent/strict': got string, want boolean"),
         (["--set", "agent.port=70000"], "at '/agent/port': maximum: got 70,000, want 65,535"),
         (["--set", "agent.nvidiaLibPath=usr/lib/nvidia"], "at '/agent/nvidiaLibPath'"),
         (["--set", "image.registry=https://ghcr.io"], "at '/image/registry'"),

@@ -226,7 +226,7 @@ def test_a_dead_mount_is_a_scan_error() -> None:
     assert snap.error is not None and "Transport endpoint is not connected" in snap.error
 
 
-def test_a_config_naming_a_gpu_that_is_not_on_the_node_is_an_error(
+def test_a_config_naming_a_gpu_that_is_not_on_the_node_is_skipped_or_under_strict_an_error(
     tmp_path: Path, spec: Path
 ) -> None:
     config = tmp_path / "c.yaml"
@@ -235,13 +235,15 @@ def test_a_config_naming_a_gpu_that_is_not_on_the_node_is_an_error(
         "    - devices: [7]\n      vgpu-devices: {A2-4Q: 1}\n"
         "    - devices: ['0000:99:00.0']\n      vgpu-devices: {A2-4Q: 1}\n"
     )
+    r = run("plan", "-f", str(config), "--sim", str(spec))
+    assert r.exit_code == 0, r.stderr
+    assert "entry [0] of mixed: no GPU 7 on this node, skipped" in r.stdout
+    assert "entry [1] of mixed: no GPU 0000:99:00.0 on this node, skipped" in r.stdout
     for command in ("plan", "assert"):
-        r = run(command, "-f", str(config), "--sim", str(spec))
+        r = run(command, "-f", str(config), "--sim", str(spec), "--strict")
         assert r.exit_code == 1
-        assert f"{config}:4:7: entry [0]" in r.stderr
-        assert "devices [7] name no GPU of this node" in r.stderr
-        assert f"{config}:6:7: entry [1]" in r.stderr
-        assert "devices [0000:99:00.0] name no GPU of this node" in r.stderr
+        assert f"{config}:4:7: entry [0] of mixed: no GPU 7 on this node" in r.stderr
+        assert f"{config}:6:7: entry [1] of mixed: no GPU 0000:99:00.0 on this node" in r.stderr
 
 
 # malformed files -------------------------------------------------------------------

@@ -57,6 +57,10 @@ class AgentFlags:
     node: str
     config_file: Path
     """The layouts file (the mounted ConfigMap's); its directory is watched."""
+    default_config: str | None = None
+    """The config of an unlabelled node nothing else selects (``--default-config``)."""
+    strict: bool = False
+    """An entry that selects no GPU of the node is an error (``--strict``)."""
     mode: str = AgentMode.DEFAULT
     resync: float = 60.0
     holder_poll: float = DEFAULT_HOLDER_POLL_SECONDS
@@ -168,6 +172,8 @@ def build(flags: AgentFlags) -> Agent:
         lock_path=state.lock,
         command=f"vgpu-state agent --node {flags.node}",
         sriov_manage=flags.sriov_manage,
+        default_config=flags.default_config,
+        strict=flags.strict,
     )
     ports = Ports(
         node.host,

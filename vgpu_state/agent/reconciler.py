@@ -461,6 +461,7 @@ class NodeReconciler:
             parts.append(f"{changed} change(s) made")
         if report.plan.blocked:
             parts.append(f"{len(report.plan.blocked)} blocked")
+        parts.extend(e.message for e in report.plan.skipped)
         if self.current_mode == AgentMode.PLAN_ONLY and report.plan.actions:
             parts.append(f"{len(report.plan.actions)} change(s) planned, not applied (plan-only)")
         elif not report.matches:

@@ -11,8 +11,10 @@ import click
 from vgpu_state import wellknown
 from vgpu_state.cli.common import handle_errors
 from vgpu_state.cli.options import (
+    STRICT_ENTRIES_HELP,
     config_file_option,
     daemon_options,
+    default_config_option,
     device_plugin_dir_option,
     directory_option,
     listen_option,
@@ -22,6 +24,7 @@ from vgpu_state.cli.options import (
     seconds_option,
     sim_option,
     state_dir_option,
+    strict_option,
     sysfs_root_option,
 )
 
@@ -34,6 +37,8 @@ from vgpu_state.cli.options import (
     note="agent: the mounted ConfigMap's file (/etc/vgpu-state/config.yaml in the shipped "
     "DaemonSet); the agent watches its directory.",
 )
+@default_config_option()
+@strict_option(STRICT_ENTRIES_HELP)
 @click.option(
     "--mode",
     type=click.Choice(["enforce", "plan-only"]),
@@ -150,6 +155,8 @@ from vgpu_state.cli.options import (
 def agent(
     node: str,
     config_file: str,
+    default_config: str | None,
+    strict: bool,
     mode: str,
     resync: float,
     holder_poll: float,
@@ -199,6 +206,8 @@ def agent(
     flags = AgentFlags(
         node=node,
         config_file=Path(config_file),
+        default_config=default_config or None,
+        strict=strict,
         mode=mode,
         resync=resync,
         holder_poll=holder_poll,

@@ -247,6 +247,8 @@ def apply_cmd(
         lock_timeout,
         sriov_manage,
         session.state_dir,
+        default_config=session.default_config,
+        strict=session.strict,
     )
     target = open_target(session, s, record=True)
     out = _JsonApplyOutput() if output == "json" else _ApplyOutput(console())

@@ -37,7 +37,8 @@ def assert_cmd(session: SessionArgs, journal_file: str | None, output: str) -> N
       vgpu-state assert -f configs/examples/mixed-node.yaml --sim node.yaml -c mixed
       vgpu-state assert -f layouts.yaml -o json
     """
-    s = settings(session.label_key, session.sim_spec, journal_file, directory=session.state_dir)
+    s = settings(session.label_key, session.sim_spec, journal_file, directory=session.state_dir,
+                 default_config=session.default_config, strict=session.strict)  # fmt: skip
     target = open_target(session, s)
     try:
         warn_unfinished(journal_for(journal_file, session.sim_spec, session.state_dir))

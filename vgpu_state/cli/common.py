@@ -13,13 +13,16 @@ import click
 from vgpu_state.cli.errors import report
 from vgpu_state.cli.options import (
     KUBECONFIG_HELP,
+    STRICT_ENTRIES_HELP,
     config_file_option,
     config_name_option,
+    default_config_option,
     label_key_option,
     node_option,
     proc_root_option,
     sim_option,
     state_dir_option,
+    strict_option,
     sysfs_root_option,
 )
 from vgpu_state.inputfiles import (
@@ -129,6 +132,8 @@ class SessionArgs:
     proc_root: str | None = None
     context: str | None = None
     state_dir: str | None = None
+    default_config: str | None = None
+    strict: bool = False
 
 
 SESSION_FIELDS = tuple(SessionArgs.__dataclass_fields__)
@@ -160,6 +165,8 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 help="A node label used for selection (repeatable).",
             ),
             label_key_option(),
+            default_config_option(),
+            strict_option(STRICT_ENTRIES_HELP),
             sysfs_root_option(),
             sim_option(),
             state_dir_option(),

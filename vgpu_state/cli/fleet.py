@@ -29,11 +29,14 @@ from pydantic_core import to_json
 
 from vgpu_state.cli.common import handle_errors
 from vgpu_state.cli.options import (
+    STRICT_ENTRIES_HELP,
     SuggestingGroup,
     chunk_size_option,
     config_file_option,
+    default_config_option,
     kubeconfig_options,
     output_option,
+    strict_option,
 )
 from vgpu_state.config.document import ConfigDocument
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE, Page
@@ -115,6 +118,8 @@ def fleet() -> None:
     is_flag=True,
     help="Exit 0 with no changes, 1 on error or unknown nodes, 2 when there are changes.",
 )
+@default_config_option()
+@strict_option(STRICT_ENTRIES_HELP)
 @handle_errors
 def plan_cmd(
     config_file: str,
@@ -126,6 +131,8 @@ def plan_cmd(
     chunk_size: int,
     jobs: int,
     detailed_exitcode: bool,
+    default_config: str | None,
+    strict: bool,
 ) -> None:
     """Plan every node that reports a VGPUNodeState against CONFIG (reads only).
 
@@ -156,8 +163,13 @@ def plan_cmd(
     from vgpu_state.cli.session import config_source
 
     limit = parse_duration(max_age)
-    settings = Settings(catalog=default_catalog())
+    from vgpu_state.config import check_default_config
+
+    settings = Settings(
+        catalog=default_catalog(), default_config=default_config or None, strict=strict
+    )
     document = config_source(config_file, settings).document()
+    check_default_config(document, settings.default_config)
     source = FleetSource.open(snapshot, kubeconfig, context)
     now = source.now
     if output == "table":

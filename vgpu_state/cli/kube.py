@@ -89,6 +89,7 @@ class KubeNodeCluster:
         return InUse(held)
 
     def report_status(self, status: NodeStatus) -> None:
+        from vgpu_state.kube.cluster import selection_kind
         from vgpu_state.kube.nodestate import LastApply, SelectedConfig
 
         now = self.kube.clock()
@@ -114,7 +115,7 @@ class KubeNodeCluster:
                 self.held,
                 selected=SelectedConfig(
                     name=plan.selection.config,
-                    source=_source(plan.selection.source),
+                    source=selection_kind(plan.selection.source),
                     reason=f"selected by {plan.selection.source}",
                 ),
                 blocked=len(plan.blocked),
@@ -167,16 +168,6 @@ class FinalScan:
 
     def refresh(self, snapshot: NodeSnapshot) -> None:
         self.cluster.final = snapshot
-
-
-def _source(source: str) -> Literal["label", "node-selector", "default", "explicit", "none"]:
-    if source == "label":
-        return "label"
-    if source.startswith("node-selector"):
-        return "node-selector"
-    if source == "default":
-        return "default"
-    return "explicit"
 
 
 def kube_ports(

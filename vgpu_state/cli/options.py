@@ -52,6 +52,8 @@ ENV_LOG_LEVEL = "VGPU_STATE_LOG_LEVEL"
 ENV_CONFIG_NAME = "VGPU_STATE_SELECTED_CONFIG"
 ENV_STATE_DIR = "VGPU_STATE_STATE_DIR"
 ENV_DEVICE_PLUGIN_DIR = "VGPU_STATE_DEVICE_PLUGIN_DIR"
+ENV_DEFAULT_CONFIG = "DEFAULT_VGPU_CONFIG"
+"""vgpu-device-manager's variable for its ``--default-vgpu-config`` (the GPU Operator sets it)."""
 DEFAULT_SYSFS_ROOT = SYSFS_ROOT
 DEFAULT_STATE_DIR = STATE_DIR
 DEFAULT_DEVICE_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
@@ -94,6 +96,8 @@ SHARED_OPTIONS: dict[str, Shared] = {
         Shared("sim_spec", ["--sim"], None),
         Shared("node", ["--node"], None),
         Shared("label_key", ["--label-key"], "nvidia.com/vgpu.config"),
+        Shared("default_config", ["--default-config"], None, ENV_DEFAULT_CONFIG),
+        Shared("strict", ["--strict"], None),
         Shared("kubeconfig", ["--kubeconfig"], None),
         Shared("context", ["--context"], None),
         Shared("state_dir", ["--state-dir"], None, ENV_STATE_DIR),
@@ -266,6 +270,31 @@ def label_key_option() -> Callable[[F], F]:
         show_default=True,
         help="The node label that names a config.",
     )
+
+
+def default_config_option() -> Callable[[F], F]:
+    """``--default-config NAME`` (``$DEFAULT_VGPU_CONFIG``): the config of a node without
+    the label that no node-selector matches, when the file has no ``default:``."""
+    return click.option(
+        "--default-config",
+        "default_config",
+        metavar="NAME",
+        envvar=ENV_DEFAULT_CONFIG,
+        help="The config of a node without the label that no node-selector matches, when "
+        "the file has no default: (as vgpu-device-manager's --default-vgpu-config). "
+        f"Env: {ENV_DEFAULT_CONFIG}.",
+    )
+
+
+def strict_option(help: str) -> Callable[[F], F]:
+    """``--strict``: what is otherwise skipped or a warning is an error."""
+    return click.option("--strict", "strict", is_flag=True, help=help)
+
+
+STRICT_ENTRIES_HELP = (
+    "An entry that selects no GPU of the node (an index past its GPUs, a device-filter "
+    "matching none) is an error instead of a skipped entry."
+)
 
 
 def proc_root_option(help: str | None = None) -> Callable[[F], F]:

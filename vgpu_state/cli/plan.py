@@ -56,7 +56,8 @@ def plan_cmd(
       vgpu-state plan -f layouts.yaml -o json --out plan.json
       vgpu-state plan -f layouts.yaml --kubeconfig ~/.kube/config --node gpu-7
     """
-    s = settings(session.label_key, session.sim_spec, journal_file, directory=session.state_dir)
+    s = settings(session.label_key, session.sim_spec, journal_file, directory=session.state_dir,
+                 default_config=session.default_config, strict=session.strict)  # fmt: skip
     target = open_target(session, s)
     try:
         warn_unfinished(journal_for(journal_file, session.sim_spec, session.state_dir))

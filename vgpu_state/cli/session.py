@@ -123,6 +123,9 @@ def settings(
     lock_timeout: float = 30.0,
     sriov_manage: str | None = None,
     directory: str | None = None,
+    *,
+    default_config: str | None = None,
+    strict: bool = False,
 ) -> Settings:
     """The settings of one command, from its flags and the environment (``directory``:
     ``--state-dir``)."""
@@ -134,6 +137,8 @@ def settings(
         lock_path=state.lock,
         lock_timeout=lock_timeout,
         label_key=label_key,
+        default_config=default_config or None,
+        strict=strict,
         sriov_manage=sriov_manage_command(sriov_manage),
         command=" ".join(sys.argv),
     )

@@ -15,6 +15,7 @@ from vgpu_state.cli.errors import error_document, report
 from vgpu_state.cli.options import (
     config_file_option,
     config_name_option,
+    default_config_option,
     label_key_option,
     node_option,
     output_option,
@@ -279,6 +280,7 @@ def schema() -> None:
 )
 @sim_option("Take the node name, labels and GPUs from a simulated node spec.")
 @label_key_option()
+@default_config_option()
 @output_option()
 def select_cmd(
     config_file: str,
@@ -287,12 +289,14 @@ def select_cmd(
     gpu_specs: tuple[str, ...],
     sim_spec: str | None,
     label_key: str,
+    default_config: str | None,
     output: str,
 ) -> None:
-    """Show which config a node gets and the layout of each GPU.
+    """Show which config a node gets, by which rule, and the layout of each GPU.
 
     Exit 0 when a config is selected, 1 when none is (the node would be left
-    alone: no label, no matching node-selector and no default) or on an error.
+    alone: no label, no matching node-selector, no default and no
+    --default-config) or on an error.
 
     \b
     Examples:
@@ -316,20 +320,22 @@ def select_cmd(
         return
     node_labels.update(parse_labels(labels))
     try:
-        selection = select(document, node_name, node_labels, label_key)
+        selection = select(document, node_name, node_labels, label_key, default_config or None)
     except SelectionError as exc:
         _fail([f"error: {exc}"], exc.reason.value)
     result: dict[str, object] = {
         "node": node_name,
         "config": selection.config,
         "source": selection.detail,
+        "rule": selection.source,
         "policy": None,
         "gpus": [],
     }
     if selection.config is None:
         message = (
             f"node {node_name}: no config selected: {selection.detail}; every GPU is "
-            "left unmanaged (label the node, or add a node-selector or a default)"
+            "left unmanaged (label the node, add a node-selector or a default, or give "
+            "--default-config)"
         )
         if output == "json":
             doc = error_document("NoConfigSelected", "user", message)
@@ -369,6 +375,7 @@ def select_cmd(
             }
             for g in sorted(gpus, key=lambda g: g.index)
         ]
+        result["skipped"] = [e.model_dump(mode="json") for e in state.skipped]
         click.echo(json.dumps(result, indent=2))
         return
     click.echo(f"node {node_name}: config {selection.config} from {selection.detail}")
@@ -378,3 +385,5 @@ def select_cmd(
     )
     for line in render_layout(state, gpus):
         click.echo(line)
+    for skipped in state.skipped:
+        click.echo(f"  {skipped.message}")

@@ -26,7 +26,12 @@ from vgpu_state.config.filters import DeviceFilter, parse_device_filter
 from vgpu_state.config.loader import load_file, load_text
 from vgpu_state.config.resolution import gpu_model, resolve
 from vgpu_state.config.schema import json_schema, json_schema_text
-from vgpu_state.config.selection import DEFAULT_LABEL_KEY, ConfigChoice, select
+from vgpu_state.config.selection import (
+    DEFAULT_LABEL_KEY,
+    ConfigChoice,
+    check_default_config,
+    select,
+)
 from vgpu_state.config.source import FileConfigSource, StaticConfigSource
 from vgpu_state.config.typenames import canonical_type_name, type_name_problem
 
@@ -44,6 +49,7 @@ __all__ = [
     "PolicySpec",
     "StaticConfigSource",
     "canonical_type_name",
+    "check_default_config",
     "dump",
     "gpu_model",
     "json_schema",

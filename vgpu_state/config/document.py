@@ -18,7 +18,7 @@ from pydantic_core import CoreSchema
 
 from vgpu_state.model.errors import ConfigIssue
 from vgpu_state.model.frozen import Frozen
-from vgpu_state.model.policy import InUsePolicy, Policy, Publish, SriovPolicy
+from vgpu_state.model.policy import InUsePolicy, MissingGpus, Policy, Publish, SriovPolicy
 
 DEVICE_FILTER_PATTERN = r"^0[xX][0-9a-fA-F]{8}(:0[xX][0-9a-fA-F]{8})?$"
 PCI_ADDRESS_PATTERN = r"^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$"
@@ -71,6 +71,14 @@ class PolicySpec(_Model):
         "change (one that destroys a vGPU) at the same time.",
     )
 
+    missing_gpus: MissingGpus | None = Field(
+        default=None,
+        alias="missing-gpus",
+        description="skip (default): an entry whose devices or device-filter select no "
+        "GPU of the node is skipped and the plan lists it; error: such an entry is an "
+        "error (as --strict makes it).",
+    )
+
     def apply_to(self, base: Policy) -> Policy:
         """``base`` with every key this spec sets replaced."""
         return Policy(
@@ -83,6 +91,9 @@ class PolicySpec(_Model):
                 else base.max_unavailable
             ),
             publish=self.publish if self.publish is not None else base.publish,
+            missing_gpus=(
+                self.missing_gpus if self.missing_gpus is not None else base.missing_gpus
+            ),
         )
 
 

@@ -8,7 +8,11 @@ entry per model under the same device id (A2 and A16 share ``0x25B6``), each
 with that model's types: without it both entries would claim both GPUs.
 
 More than one applicable entry for one GPU is an error naming both entries;
-a GPU no entry covers is *unmanaged* and is never touched.
+a GPU no entry covers is *unmanaged* and is never touched. An entry whose
+``devices`` or ``device-filter`` select no GPU of the node (``devices: [0, 1]``
+on a one-GPU node, as vgpu-device-manager's files have) is *skipped* and listed
+(``DesiredState.skipped``); ``strict`` or ``policy: {missing-gpus: error}`` make
+it an error.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from vgpu_state.config.document import ConfigDocument, Entry
 from vgpu_state.config.filters import parse_device_filter
 from vgpu_state.config.semantics import candidate_models
 from vgpu_state.config.typenames import canonical_type_name
-from vgpu_state.model.desired import DesiredGpu, DesiredState
+from vgpu_state.model.desired import DesiredGpu, DesiredState, SkippedEntry
 from vgpu_state.model.errors import ConfigError, ConfigIssue, SelectionError
+from vgpu_state.model.policy import MissingGpus
 from vgpu_state.model.snapshot import Gpu, SharedParts
 
 
@@ -83,8 +88,13 @@ def resolve(
     node_name: str,
     source: str,
     catalog: Catalog,
+    *,
+    strict: bool = False,
 ) -> DesiredState:
-    """The desired layout of node ``node_name`` under config ``config_name``."""
+    """The desired layout of node ``node_name`` under config ``config_name``.
+
+    ``strict`` (``--strict``): an entry that selects no GPU of the node is an error,
+    as under ``policy: {missing-gpus: error}``, instead of a skipped entry."""
     if config_name not in document.configs:
         hint = suggest(config_name, document.config_names)
         tail = f"; did you mean {hint}?" if hint else ""
@@ -97,6 +107,7 @@ def resolve(
     unmanaged: list[str] = []
     issues: list[ConfigIssue] = []
     used: set[int] = set()
+    skipped: list[SkippedEntry] = []
     for gpu in sorted(gpus, key=lambda g: (g.index, g.address)):
         applying, wanted = _gpu_layout(document, config_name, gpu, catalog)
         used.update(applying)
@@ -107,12 +118,25 @@ def resolve(
         else:
             desired.append(wanted)
     for index, entry in enumerate(entries):
-        if index not in used:
-            issue = _applies_to_nothing(
-                document, config_name, index, entry, gpus, unmanaged, node_name, catalog
-            )
-            if issue is not None:
-                issues.append(issue)
+        if index in used:
+            continue
+        missing = _missing_gpus(entry, gpus)
+        if missing is not None:
+            ref = document.entry_ref(config_name, index)
+            message = f"entry [{index}] of {config_name}: {missing}, skipped"
+            if strict or policy.missing_gpus is MissingGpus.ERROR:
+                why = "--strict" if strict else "policy missing-gpus: error"
+                issues.append(_missing_issue(document, config_name, index, missing, why))
+            else:
+                skipped.append(SkippedEntry(
+                    config=config_name, index=index, entry=ref, reason=missing, message=message
+                ))  # fmt: skip
+            continue
+        issue = _applies_to_nothing(
+            document, config_name, index, entry, gpus, unmanaged, node_name, catalog
+        )
+        if issue is not None:
+            issues.append(issue)
     if issues:
         raise ConfigError(issues)
     return DesiredState(
@@ -122,6 +146,45 @@ def resolve(
         policy=policy,
         gpus=tuple(desired),
         unmanaged=tuple(unmanaged),
+        skipped=tuple(skipped),
+    )
+
+
+def _missing_gpus(entry: Entry, gpus: Sequence[Gpu]) -> str | None:
+    """Why ``entry`` selects no GPU of the node, when it selects none because the node
+    lacks them: an index or address past its GPUs, a device-filter matching none.
+    ``None`` when it selects a GPU, or when it is ``devices: all`` without a filter
+    (that entry selects every GPU: a node without any is another error)."""
+    if any(entry_selects(entry, g) for g in gpus):
+        return None
+    if entry.devices != "all":
+        present = {g.index for g in gpus} | {g.address for g in gpus}
+        absent = [str(d) for d in entry.devices if d not in present]
+        if len(absent) == len(entry.devices):
+            return f"no GPU {', '.join(absent)} on this node"
+    if entry.device_filter:
+        filters = ", ".join(entry.device_filter)
+        if entry.devices != "all" and any(
+            parse_device_filter(f).matches(g) for f in entry.device_filter for g in gpus
+        ):
+            named = ", ".join(str(d) for d in entry.devices)
+            return f"device-filter {filters} matches none of GPU {named} on this node"
+        return f"device-filter {filters} matches no GPU on this node"
+    return None
+
+
+def _missing_issue(
+    document: ConfigDocument, name: str, index: int, missing: str, why: str
+) -> ConfigIssue:
+    path = f"vgpu-configs.{name}[{index}]"
+    line, column = document.positions.get(path, (0, 0))
+    return ConfigIssue(
+        document.file,
+        line,
+        column,
+        path,
+        f"entry [{index}] of {name}: {missing} ({why} makes this an error; "
+        "policy missing-gpus: skip skips it)",
     )
 
 
@@ -187,9 +250,10 @@ def _applies_to_nothing(
 ) -> ConfigIssue | None:
     """An entry of the selected config that lays out no GPU is a silent no-op: an error.
 
-    Not an error: an entry whose ``device-filter`` matches no GPU here (the file lays
-    out other kinds of GPU too, as vgpu-device-manager's files do), or whose GPUs all
-    take another entry (A2 and A16 entries under one shared filter).
+    Not an error: an entry whose GPUs all take another entry (A2 and A16 entries under
+    one shared filter). An entry that selects no GPU here (an index past the node's
+    GPUs, a ``device-filter`` matching none) never gets here: it is skipped and listed
+    (see :func:`_missing_gpus`).
     """
     selected = [g for g in gpus if entry_selects(entry, g)]
     types = ", ".join(f"{t}: {c}" for t, c in entry.vgpu_devices.items()) or "{}"
@@ -200,11 +264,8 @@ def _applies_to_nothing(
         why = "; ".join(_why_not(entry, g, catalog) for g in left)
     elif entry.device_filter or not entry.vgpu_devices:
         return None
-    elif entry.devices == "all":
-        why = "no GPU to lay out"
     else:
-        wanted = ", ".join(str(d) for d in entry.devices)
-        why = f"devices [{wanted}] name no GPU of this node"
+        why = "no GPU to lay out"  # devices: all (a list naming absent GPUs is skipped)
     path = f"vgpu-configs.{name}[{index}]"
     line, column = document.positions.get(path, (0, 0))
     return ConfigIssue(

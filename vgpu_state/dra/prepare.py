@@ -33,6 +33,7 @@ namespace and name.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
@@ -46,6 +47,8 @@ from vgpu_state.dra.slices import DRIVER, DraDevice
 from vgpu_state.model import bounded
 from vgpu_state.model.errors import HostError
 from vgpu_state.wellknown import CDI_DIR, KUBELET_PLUGIN_REGISTRY_DIR
+
+log = logging.getLogger(__name__)
 
 CDI_VERSION = "0.5.0"
 METADATA_API_VERSION = "metadata.resource.k8s.io/v1alpha1"
@@ -67,6 +70,30 @@ def uid_problem(uid: str) -> str | None:
 def base_request(request: str) -> str:
     """The top-level request of an allocation result: ``gpu`` for ``gpu/l40s`` (firstAvailable)."""
     return request.split("/", 1)[0]
+
+
+def kubevirt_problem(claim: str, requests: Sequence[str]) -> str | None:
+    """Why KubeVirt (1.9 and older) cannot build a VM's GPU from a claim allocated
+    ``requests`` (one entry per device, ``<request>`` or ``<request>/<subrequest>``),
+    or ``None``: it looks a GPU's device up under ``<request>`` and takes one device.
+    The claim is prepared either way (a pod other than a VM's may use it)."""
+    sub = sorted({r for r in requests if "/" in r})
+    if sub:
+        return (
+            f"{claim}: request {sub[0]} was allocated through firstAvailable; KubeVirt 1.9 "
+            f"and older look its device up as {base_request(sub[0])!r} and cannot build a "
+            'VM\'s GPU from it (docs/dra.md, "Claims KubeVirt can use")'
+        )
+    counts: dict[str, int] = {}
+    for r in requests:
+        counts[r] = counts.get(r, 0) + 1
+    many = sorted(r for r, n in counts.items() if n > 1)
+    if many:
+        return (
+            f"{claim}: request {many[0]} was allocated {counts[many[0]]} devices; a KubeVirt "
+            'GPU takes one device per request (docs/dra.md, "Claims KubeVirt can use")'
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -320,6 +347,11 @@ class Preparer:
                     f"device {r.device} is already prepared for claim UID {held[r.device]}"
                 )
             devices.append((r.request, dev, self._vfio(dev)))
+        problem = kubevirt_problem(
+            f"ResourceClaim {ref.namespace}/{ref.name}", [r.request for r in results]
+        )
+        if problem is not None:
+            log.warning("%s", problem)
 
         files: list[Path] = []
         cdi_kind = f"{self.driver}/vgpu"

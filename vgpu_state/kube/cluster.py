@@ -14,7 +14,7 @@ import datetime
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Required, TypedDict
+from typing import Literal, Required, TypedDict
 
 from vgpu_state.kube import events, kubevirt, nodestate
 from vgpu_state.kube import node as node_api
@@ -167,7 +167,13 @@ class KubeCluster:
             if c is not None:
                 conditions.append((kind.value, c.status, c.reason, c.message))
         selected = self._selected
-        if selected is None or selected.name != status.config:
+        if status.config is not None and status.selected_by:
+            selected = SelectedConfig(
+                name=status.config,
+                source=selection_kind(status.selected_by),
+                reason=status.selected_detail or "selected",
+            )
+        elif selected is None or selected.name != status.config:
             selected = SelectedConfig(
                 name=status.config,
                 source="none" if status.config is None else "explicit",
@@ -399,3 +405,16 @@ class KubeCluster:
             ),
         )
         return ClusterPart(actions=actions, blocked=blocked, problems=problems)
+
+
+def selection_kind(
+    source: str,
+) -> Literal["label", "node-selector", "default", "explicit", "none"]:
+    """The ``selectedConfig.source`` of a selection rule (``--default-config`` is a default)."""
+    if source == "label":
+        return "label"
+    if source.startswith("node-selector"):
+        return "node-selector"
+    if source in ("default", "default-config"):
+        return "default"
+    return "explicit"

@@ -24,15 +24,31 @@ class DesiredGpu(Frozen):
         return dict(self.types)
 
 
+class SkippedEntry(Frozen):
+    """An entry of the selected config that selects no GPU of the node (an index past
+    its GPUs, a device-filter that matches none): skipped, and said so."""
+
+    config: str
+    index: int
+    entry: str
+    """Where it is, e.g. ``configs/x.yaml:12:5 (vgpu-configs.a[1])``."""
+    reason: str
+    """E.g. ``no GPU 1 on this node``."""
+    message: str
+    """E.g. ``entry [1] of T4-small: no GPU 1 on this node, skipped``."""
+
+
 class DesiredState(Frozen):
     node: str
     config: str
     selection_source: str
-    """``label``, ``node-selector[N]``, ``default`` or ``flag``."""
+    """``label``, ``node-selector[N]``, ``default``, ``default-config`` or ``flag``."""
     policy: Policy = Policy()
     gpus: tuple[DesiredGpu, ...] = ()
     unmanaged: tuple[PciAddress, ...] = ()
     """Addresses of GPUs that no entry covers; they are never touched."""
+    skipped: tuple[SkippedEntry, ...] = ()
+    """Entries that select no GPU of this node (``policy: {missing-gpus: skip}``)."""
 
     def publish_for(self, address: str) -> Publish:
         """The channel of the vGPUs on GPU ``address`` (an unmanaged GPU: the policy's)."""

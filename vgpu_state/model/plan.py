@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from vgpu_state.model.desired import SkippedEntry
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.pci import PciAddress
@@ -290,6 +291,8 @@ class Plan(Frozen):
     """Holders whose vGPUs the plan destroys (possible only under ``in-use: ignore``)."""
     protected: tuple[Holder, ...] = ()
     """Holders whose vGPUs stay because of ``in-use: protect`` (blocked items)."""
+    skipped: tuple[SkippedEntry, ...] = ()
+    """Entries of the config that select no GPU of the node, skipped (not changes)."""
 
     def gpu_actions(self, address: str) -> tuple[Action, ...]:
         return tuple(a for a in self.actions if a.gpu == address)

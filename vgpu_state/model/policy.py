@@ -16,6 +16,9 @@ Semantics (documented in docs/config.md):
 * ``sriov: auto`` (default): enable the VFs of a GPU whose VFs are off when the
   layout needs them. ``off``: never touch SR-IOV; such GPUs are blocked.
   VFs are never disabled while they hold vGPUs, under any policy.
+* ``missing-gpus: skip`` (default): an entry whose ``devices`` or ``device-filter``
+  select no GPU of the node (an index past its GPUs) is skipped and the plan lists it;
+  ``error`` makes it an error, as ``--strict`` does.
 * ``max-unavailable: 1`` (default): how many nodes the agents let apply a
   disruptive plan (one that destroys a vGPU) at the same time; each takes one
   of this many rollout slots first. Plans that only create need no slot.
@@ -45,9 +48,17 @@ class Publish(StrEnum):
     DRA = "dra"
 
 
+class MissingGpus(StrEnum):
+    """What an entry that selects no GPU of the node does: skip it (listed) or fail."""
+
+    SKIP = "skip"
+    ERROR = "error"
+
+
 class Policy(Frozen):
     in_use: InUsePolicy = InUsePolicy.PROTECT
     prune: bool = True
     sriov: SriovPolicy = SriovPolicy.AUTO
     max_unavailable: int = 1
     publish: Publish = Publish.DEVICE_PLUGIN
+    missing_gpus: MissingGpus = MissingGpus.SKIP

@@ -47,6 +47,11 @@ class NodeStatus(Frozen):
     conditions: tuple[Condition, ...] = ()
     vgpus: tuple[tuple[str, int], ...] = ()
     """The live layout after the reconcile: (type name, count), sorted by name."""
+    selected_by: str = ""
+    """The rule that selected ``config`` (``label``, ``node-selector[N]``, ``default``,
+    ``default-config``, ``flag``); ``""`` when not known."""
+    selected_detail: str = ""
+    """That selection in words (the label and its value, the rule's place in the file)."""
 
     def condition(self, kind: ConditionType) -> Condition | None:
         for c in self.conditions:

@@ -699,6 +699,7 @@ class _Planner:
             actions=tuple(actions),
             blocked=tuple(blocked),
             summary=summary,
+            skipped=self.desired.skipped,
         )
         return with_blast_radius(p, self.snapshot, self.in_use)
 

@@ -128,18 +128,21 @@ def gather(
     if config_name:
         chosen, source, detail = config_name, "flag", f"-c {config_name}"
     else:
-        sel = select(document, node, labels, settings.label_key)
+        sel = select(document, node, labels, settings.label_key, settings.default_config)
         if sel.config is None:
             raise NoConfigSelectedError(
                 f"no config selected for node {node}: {sel.detail}. Label the node "
-                f"({settings.label_key}=NAME) or add a node-selector or a default"
+                f"({settings.label_key}=NAME), add a node-selector or a default, or give "
+                "--default-config NAME"
             )
         chosen, source, detail = sel.config, sel.source, sel.detail
     snapshot = ports.host.scan()
     require_readable(snapshot)
     if not snapshot.gpus and lays_out_vgpus(document, chosen):
         raise NoGpusError(node, chosen, detail, snapshot.sysfs_root)
-    desired = resolve(document, chosen, snapshot.gpus, node, source, settings.catalog)
+    desired = resolve(
+        document, chosen, snapshot.gpus, node, source, settings.catalog, strict=settings.strict
+    )
     held, warnings = read_holders(ports, snapshot)
     prefixes = (f"vgpu-configs.{chosen}[", f"vgpu-configs.{chosen}.")
     warnings = [str(i) for i in document.warnings if i.path.startswith(prefixes)] + list(warnings)

@@ -33,6 +33,12 @@ class Settings:
     """Seconds to wait for the host lock."""
     label_key: str = DEFAULT_LABEL_KEY
     """The node label that names a config."""
+    default_config: str | None = None
+    """The config of a node nothing else selects when the file has no ``default:``
+    (``--default-config``, ``$DEFAULT_VGPU_CONFIG``)."""
+    strict: bool = False
+    """An entry that selects no GPU of the node is an error, not a skipped entry
+    (``--strict``)."""
     sriov_manage: tuple[str, ...] | None = None
     """The sriov-manage command line a real host runs to turn SR-IOV on and off.
     ``None``: ``/usr/lib/nvidia/sriov-manage`` when installed, else write

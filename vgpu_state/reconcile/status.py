@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from vgpu_state.model.desired import SkippedEntry
 from vgpu_state.model.errors import Reason, VgpuStateError
 from vgpu_state.model.plan import Blocked
 from vgpu_state.model.status import (
@@ -39,14 +40,15 @@ def node_status(report: Report) -> NodeStatus:
             type=ConditionType.SYNCED,
             status=True,
             reason="Synced",
-            message=f'the node matches configuration "{plan.selection.config}"',
+            message=f'the node matches configuration "{plan.selection.config}"'
+            + _skipped_note(plan.skipped),
         )
     else:
         synced = Condition(
             type=ConditionType.SYNCED,
             status=False,
             reason="Blocked" if blocked and not plan.actions else "Pending",
-            message="; ".join(report.differences),
+            message="; ".join(report.differences) + _skipped_note(plan.skipped),
         )
     if blocked:
         first = blocked[0]
@@ -76,7 +78,24 @@ def node_status(report: Report) -> NodeStatus:
         state=state,
         conditions=(synced, ready, block),
         vgpus=report.live_layout(),
+        selected_by=report.inputs.source,
+        selected_detail=report.inputs.detail,
     )
+
+
+SKIPPED_NAMED = 4
+"""How many skipped entries a status message or Event names; the rest are counted."""
+
+
+def _skipped_text(skipped: tuple[SkippedEntry, ...]) -> str:
+    named = "; ".join(e.message for e in skipped[:SKIPPED_NAMED])
+    more = len(skipped) - SKIPPED_NAMED
+    return named + (f"; and {more} more skipped" if more > 0 else "")
+
+
+def _skipped_note(skipped: tuple[SkippedEntry, ...]) -> str:
+    """`` (entry [1] of T4-small: no GPU 1 on this node, skipped)``, or ``""``."""
+    return f" ({_skipped_text(skipped)})" if skipped else ""
 
 
 def failed_status(node: str, config: str | None, error: VgpuStateError) -> NodeStatus:
@@ -136,7 +155,8 @@ def unselected_status(node: str, error: VgpuStateError) -> NodeStatus:
 
 
 def applied_events(report: Report) -> tuple[NodeEvent, ...]:
-    """Events worth telling an operator after an apply: what changed, what is blocked."""
+    """Events worth telling an operator after a reconcile: what changed, what is blocked,
+    which entries of the config select no GPU of the node and were skipped."""
     events: list[NodeEvent] = []
     result = report.applied
     if result is not None and result.steps:
@@ -150,6 +170,15 @@ def applied_events(report: Report) -> tuple[NodeEvent, ...]:
             )
         )
     events.extend(blocked_events(report.plan.blocked))
+    if report.plan.skipped:
+        events.append(
+            NodeEvent(
+                type=EventType.WARNING,
+                reason="EntriesSkipped",
+                message=f'configuration "{report.plan.selection.config}": '
+                + _skipped_text(report.plan.skipped),
+            )
+        )
     return tuple(events)
 
 

@@ -37,6 +37,7 @@ SOURCE_TEXT = {
     "label": "by node label",
     "default": "as the config's default",
     "flag": "on the command line",
+    "default-config": "by --default-config (the node has no label)",
 }
 
 
@@ -118,6 +119,7 @@ def render_text(plan: Plan) -> str:
         f'Node {plan.node or "(unnamed)"}: configuration "{sel.config}" '
         f"(selected {_source(sel.source)})"
     )
+    lines.extend(f"  {e.message}" for e in plan.skipped)
     if plan.is_converged:
         lines.append("")
         for g in plan.gpus:

@@ -9,9 +9,9 @@ from ruamel.yaml.nodes import MappingNode, Node, ScalarNode
 from vgpu_state.config.document import PolicySpec
 from vgpu_state.config.sections.context import LoadContext, choice, known_keys
 from vgpu_state.config.yamlnodes import BOOL, INT, describe, join, scalar_value, tag
-from vgpu_state.model.policy import InUsePolicy, Publish, SriovPolicy
+from vgpu_state.model.policy import InUsePolicy, MissingGpus, Publish, SriovPolicy
 
-POLICY_KEYS = ("in-use", "prune", "sriov", "max-unavailable", "publish")
+POLICY_KEYS = ("in-use", "prune", "sriov", "max-unavailable", "publish", "missing-gpus")
 
 
 def policy(ctx: LoadContext, node: Node, path: str) -> PolicySpec | None:
@@ -19,7 +19,8 @@ def policy(ctx: LoadContext, node: Node, path: str) -> PolicySpec | None:
         ctx.add(
             node,
             path,
-            "policy must be a mapping with in-use, prune, sriov, max-unavailable or publish, "
+            "policy must be a mapping with in-use, prune, sriov, max-unavailable, publish "
+            "or missing-gpus, "
             f"found {describe(node)}",
         )
         return None
@@ -32,6 +33,8 @@ def policy(ctx: LoadContext, node: Node, path: str) -> PolicySpec | None:
             fields["sriov"] = choice(ctx, value, kpath, SriovPolicy)
         elif key == "publish":
             fields["publish"] = choice(ctx, value, kpath, Publish)
+        elif key == "missing-gpus":
+            fields["missing_gpus"] = choice(ctx, value, kpath, MissingGpus)
         elif key == "prune":
             if isinstance(value, ScalarNode) and tag(value) == BOOL:
                 fields["prune"] = scalar_value(value)
