@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from tests.apiserver import NODESTATES
+from tests.apiserver import EVENTS, NODESTATES
 from tests.realcluster import AGENT_SA, NAMESPACE, REPO, ApiError, ControlPlane, api_path
 from vgpu_state.kube.gpuoperator import (
     PAUSED,
@@ -201,6 +201,10 @@ def operator(cluster: ControlPlane, tmp_path: Path) -> Iterator[Operator]:
             cluster.delete(DAEMONSETS, app, OPERATOR_NS)
         for pod in cluster.list(PODS, OPERATOR_NS):
             cluster.delete(PODS, pod["metadata"]["name"], OPERATOR_NS)
+        # The DaemonSet controller's Events (SuccessfulCreate, SuccessfulDelete): later
+        # tests count the cluster's Events.
+        for event in cluster.list(EVENTS, OPERATOR_NS):
+            cluster.delete(EVENTS, event["metadata"]["name"], OPERATOR_NS)
 
 
 def start(operator: Operator) -> None:
@@ -302,6 +306,8 @@ def test_a_change_pauses_the_sandbox_operands_applies_then_restores_them(
             lambda: (
                 operator.bound() == set(OPERANDS.values())
                 and all(v == "true" for v in operator.labels().values())
+                # the stand-in operator's own poll has seen the labels back too
+                and len(operator.seen) >= 3
             ),
         )
     assert vgpus_in(operator.spec) == 4
