@@ -1,0 +1,165 @@
+"""The running controller watches: a node's status change reaches the KubeVirt CR within
+a second or two, not at the next interval; a watch whose version the server no longer
+has (410 Gone) is followed by one list and the controller converges; a watch the server
+keeps refusing makes the controller unready; a watch event past its bounds is refused
+before it is decoded, and the watch starts over from a list.
+
+Against the real API server, as the controller's own ServiceAccount; the event bounds
+with a fake stream (the real server cannot send an event past them: the CRD bounds a
+node's status far below)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hostile_reports import bounding
+from tests.realcluster import ControlPlane
+from tests.test_controller_real import FOREIGN, KUBEVIRT, _owned, _report, _scan
+from vgpu_state.background import Backoff
+from vgpu_state.controller.run import Controller, ControllerSettings
+from vgpu_state.kube import informer
+from vgpu_state.kube.api import KubeApi
+from vgpu_state.kube.informer import CollectionWatch, EventError, WatchHealth
+
+INTERVAL = 15.0
+"""Seconds between Lease renewals (the longest the Lease timings allow): a pass that waited
+for it would take this long."""
+
+
+@pytest.fixture
+def running(cluster: ControlPlane, tmp_path: Path) -> Iterator[tuple[ControlPlane, Controller]]:
+    cluster.request(
+        "POST",
+        KUBEVIRT,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt"},
+            "spec": {"configuration": {"permittedHostDevices": {"mediatedDevices": [FOREIGN]}}},
+        },
+    )
+    api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
+    settings = ControllerSettings(
+        identity="controller-0", grace=300.0, interval=INTERVAL, **bounding()
+    )
+    ctl = Controller(api, settings)
+    stop = threading.Event()
+    thread = threading.Thread(target=ctl.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield cluster, ctl
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def _passes(ctl: Controller) -> float:
+    return float(ctl.metrics.passes.labels("ok")._value.get())
+
+
+def _until(what: str, check: Any, timeout: float) -> float:
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, f"{what}: not within {timeout:g} s"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_a_status_change_reaches_the_cr_without_waiting_for_the_interval(
+    running: tuple[ControlPlane, Controller],
+) -> None:
+    cluster, ctl = running
+    _report(cluster, "gpu-1", _scan("a2-host.yaml", "gpu-1"))
+    _until("the first pass", lambda: "nvidia.com/NVIDIA_A2-4Q" in _owned(cluster), 30)
+    # Right after a pass: a controller that polls would see the next change an interval on.
+    passes = _passes(ctl)
+    _until("a pass", lambda: _passes(ctl) > passes, 30)
+    _report(cluster, "gpu-2", _scan("mixed.yaml", "gpu-2"))
+    took = _until(
+        "the new node's L40S type in the KubeVirt CR",
+        lambda: "nvidia.com/NVIDIA_L40S-12Q" in _owned(cluster),
+        INTERVAL,
+    )
+    assert took < 5.0, f"the change reached the CR after {took:.1f} s"
+    assert ctl.metrics.relists._value.get() == 1, "one list, then the watch"
+
+
+def test_an_expired_watch_is_followed_by_one_list_and_the_controller_converges(
+    running: tuple[ControlPlane, Controller],
+) -> None:
+    cluster, ctl = running
+    _report(cluster, "gpu-1", _scan("a2-host.yaml", "gpu-1"))
+    _until("the first pass", lambda: "nvidia.com/NVIDIA_A2-4Q" in _owned(cluster), 30)
+    watch = ctl._watches["vgpunodestates"]
+    # The server no longer has this version (as after a compaction or its own restart): it
+    # answers the watch with 410 Gone.
+    watch.resume("1")
+    _until("a second list", lambda: ctl.metrics.relists._value.get() == 2, 30)
+    _report(cluster, "gpu-2", _scan("mixed.yaml", "gpu-2"))
+    _until(
+        "the new node's L40S type in the KubeVirt CR",
+        lambda: "nvidia.com/NVIDIA_L40S-12Q" in _owned(cluster),
+        10,
+    )
+    assert watch.version not in (None, "1")
+
+
+def test_a_watch_the_server_keeps_refusing_makes_the_controller_unready(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
+    health = WatchHealth("things", bound=1.0)
+    expired: list[str] = []
+    # A collection the controller may not watch: the server refuses every attempt.
+    watch = CollectionWatch(
+        api,
+        "/api/v1/secrets",
+        lambda kind, obj: None,
+        expired.append,
+        what="secrets",
+        health=health,
+        backoff=Backoff(0.1, 0.2),
+    )
+    watch.resume("1")
+    try:
+        _until("unready", lambda: not health.check().ok, 10)
+        assert "watch of things has failed" in health.check().reason
+        assert "403" in health.check().reason
+        assert health.failures >= 2, "retried"
+        assert not expired
+    finally:
+        watch.stop()
+    cluster.refusals_expected = True
+
+
+class _Stream:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Iterator[bytes]:
+        yield from self.chunks
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": "MODIFIED", "object": obj}).encode() + b"\n"
+
+
+def test_a_watch_event_past_its_bounds_is_refused_before_it_is_decoded() -> None:
+    ok = _event({"metadata": {"name": "gpu-1", "resourceVersion": "5"}})
+    # Split across chunks as a stream delivers it.
+    assert [e["object"]["metadata"]["name"] for e in informer.events(
+        _Stream([ok[:7], ok[7:] + ok]), "a watch event")] == ["gpu-1", "gpu-1"]  # fmt: skip
+    deep = _event({"metadata": {"name": "gpu-1"}, "status": json.loads("[" * 100 + "]" * 100)})
+    with pytest.raises(EventError, match="nested more than 64 levels"):
+        list(informer.events(_Stream([deep]), "a watch event"))
+    # A line that never ends is refused once it passes the bound, not held whole.
+    endless = (b'{"type":"MODIFIED","object":{"x":"' + b"a" * 1000 for _ in range(100))
+    with pytest.raises(EventError, match="more than 4096 bytes"):
+        list(informer.events(_Stream(list(endless)), "a watch event", limit=4096))
