@@ -10,6 +10,7 @@ node's status far below)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -19,14 +20,18 @@ from typing import Any
 
 import pytest
 
-from tests.hostile_reports import bounding
+from tests.hostile_reports import bounding, layouts
 from tests.realcluster import ControlPlane
 from tests.test_controller_real import FOREIGN, KUBEVIRT, _owned, _report, _scan
 from vgpu_state.background import Backoff
-from vgpu_state.controller.run import Controller, ControllerSettings
+from vgpu_state.catalog import default_catalog
+from vgpu_state.controller.fleetview import fleet_totals
+from vgpu_state.controller.run import Controller, ControllerSettings, FleetViewSettings
 from vgpu_state.kube import informer
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.informer import CollectionWatch, EventError, WatchHealth
+from vgpu_state.reconcile.fleet import Totals
+from vgpu_state.reconcile.settings import Settings
 
 INTERVAL = 15.0
 """Seconds between Lease renewals (the longest the Lease timings allow): a pass that waited
@@ -35,6 +40,14 @@ for it would take this long."""
 
 @pytest.fixture
 def running(cluster: ControlPlane, tmp_path: Path) -> Iterator[tuple[ControlPlane, Controller]]:
+    with _running(cluster, tmp_path) as both:
+        yield both
+
+
+@contextlib.contextmanager
+def _running(
+    cluster: ControlPlane, tmp_path: Path, fleet: FleetViewSettings | None = None
+) -> Iterator[tuple[ControlPlane, Controller]]:
     cluster.request(
         "POST",
         KUBEVIRT,
@@ -47,7 +60,7 @@ def running(cluster: ControlPlane, tmp_path: Path) -> Iterator[tuple[ControlPlan
     )
     api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
     settings = ControllerSettings(
-        identity="controller-0", grace=300.0, interval=INTERVAL, **bounding()
+        identity="controller-0", grace=300.0, interval=INTERVAL, fleet=fleet, **bounding()
     )
     ctl = Controller(api, settings)
     stop = threading.Event()
@@ -109,6 +122,65 @@ def test_an_expired_watch_is_followed_by_one_list_and_the_controller_converges(
         10,
     )
     assert watch.version not in (None, "1")
+
+
+LABEL = "nvidia.com/vgpu.config"
+
+
+def _gauges(ctl: Controller) -> tuple[float, ...]:
+    m = ctl.metrics
+    return (
+        *(m.fleet_nodes.labels(o)._value.get() for o in ("changes", "no-changes", "unknown", "error")),
+        *(m.fleet_actions.labels(k)._value.get() for k in ("create", "destroy", "blocked")),
+    )
+
+
+def _expected(t: Totals) -> tuple[float, ...]:
+    return (t.changed, t.unchanged, t.unknown, t.errors, t.create, t.destroy, t.blocked)
+
+
+def test_the_fleet_view_is_kept_per_node_and_lists_nothing_while_nothing_changes(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    catalog = default_catalog()
+    view = FleetViewSettings(layouts(), Settings(catalog=catalog), interval=0.5)
+    cluster.ensure_node("gpu-1", {LABEL: "a2-4q"})
+    cluster.ensure_node("gpu-2", {LABEL: "l40s-12q"})
+    cluster.ensure_node("gpu-3", {LABEL: "a2-4c"})  # no VGPUNodeState: not in the view
+    _report(cluster, "gpu-1", _scan("a2-host.yaml", "gpu-1"))
+    _report(cluster, "gpu-2", _scan("mixed.yaml", "gpu-2"))
+    with _running(cluster, tmp_path, view) as (cluster, ctl):
+        api = ctl.api
+
+        def fresh() -> tuple[float, ...]:
+            now = ctl.wall()
+            return _expected(fleet_totals(api, view.layouts, view.settings, now, view.max_age))
+
+        def agrees(what: str) -> None:
+            _until(what, lambda: _gauges(ctl) == fresh(), 15)
+
+        agrees("the first fleet view")
+        assert sum(_gauges(ctl)[:4]) == 2
+        _until("a view", lambda: ctl.metrics.fleet_view._value.get() > 0, 5)
+        # Nothing changes: views go on, and list nothing.
+        mark = cluster.audit_mark()
+        made = ctl.metrics.fleet_view._value.get()
+        _until("more views", lambda: ctl.metrics.fleet_view._value.get() > made + 1, 10)
+        listed = [
+            e["requestURI"]
+            for e in cluster.audit(mark, "system:serviceaccount:vgpu-state:vgpu-state-controller")
+            if e.get("verb") == "list"
+        ]
+        assert listed == [], "views from the kept parts"
+        before = _gauges(ctl)
+        cluster.ensure_node("gpu-1", {LABEL: "l40s-12q"})  # a layout its GPU cannot have
+        agrees("gpu-1's new label planned")
+        assert _gauges(ctl) != before
+        _report(cluster, "gpu-2", _scan("a2-host.yaml", "gpu-2"))
+        agrees("gpu-2's new status planned")
+        cluster.delete("vgpu-state.io/v1alpha1/vgpunodestates", "gpu-2")
+        agrees("gpu-2's VGPUNodeState gone")
+        assert sum(_gauges(ctl)[:4]) == 1
 
 
 def test_a_watch_the_server_keeps_refusing_makes_the_controller_unready(

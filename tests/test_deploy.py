@@ -171,6 +171,7 @@ def test_the_controller_is_the_only_kubevirt_writer_and_elects_a_leader(
         ("kubevirt.io", "kubevirts", "watch"),
         ("kubevirt.io", "kubevirts", "patch"),
         ("", "nodes", "list"),  # the fleet view: each node's labels select its layout
+        ("", "nodes", "watch"),
         # A refused report: a Warning Event on the node's VGPUNodeState.
         *(("", "events", v) for v in ("get", "create", "patch")),
         # The layouts webhook's caBundle: that one object only (below).

@@ -44,6 +44,7 @@ from vgpu_state.catalog import Catalog
 from vgpu_state.controller import informers
 from vgpu_state.controller.bounds import LayoutBounds
 from vgpu_state.controller.desired import Decision, Missing, decide
+from vgpu_state.controller.fleetcache import FleetCache, fanout
 from vgpu_state.controller.fleetview import fleet_totals
 from vgpu_state.controller.metrics import ControllerMetrics
 from vgpu_state.controller.reports import NodeReport, read_report
@@ -58,11 +59,14 @@ from vgpu_state.kube.permitted import PermittedEntry
 from vgpu_state.model.errors import ConfigError, TransientError, VgpuStateError
 from vgpu_state.model.status import EventType
 from vgpu_state.ports.config import ConfigSource
+from vgpu_state.reconcile.fleet import Totals
 from vgpu_state.reconcile.settings import Settings
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = lease.LEASE_NAME
+WATCH_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+"""``Accept`` of the Nodes' watch: their metadata only (the labels select a layout)."""
 DEFAULT_GRACE = 300.0
 """Seconds an owned entry stays after the last node stopped reporting its resource."""
 DEFAULT_INTERVAL = 10.0
@@ -242,6 +246,8 @@ class Controller:
     _trigger: informers.Trigger | None = None
     _ref: KubeVirtRef | None = None
     """The KubeVirt CR found (while watching: found once, again after an error)."""
+    _fleet: FleetCache | None = None
+    """While watching with a fleet view: each node's part of its totals."""
     _cr_version: str = ""
 
     def lead(self, after: int | None = None) -> bool:
@@ -565,13 +571,43 @@ class Controller:
             return False
         self._last_view = now
         try:
-            totals = fleet_totals(self.api, view.layouts, view.settings, self.wall(), view.max_age)
+            totals = self._fleet_totals(view)
         except (VgpuStateError, ClusterError, TransientError) as e:
             self.metrics.fleet_view_errors.inc()
             log.warning("fleet view failed (retried in %.0f s): %s", view.interval, e)
             return False
         self.metrics.fleet(totals, time.time())
         return True
+
+    def _fleet_totals(self, view: FleetViewSettings) -> Totals:
+        """The fleet view's totals: from the kept parts while the ``VGPUNodeState`` watch
+        runs (listed again when the document changed or a watch expired), else listed."""
+        fleet = self._fleet
+        states = self._watches.get(nodestate.PLURAL)
+        if fleet is None or states is None or states.version is None:
+            return fleet_totals(self.api, view.layouts, view.settings, self.wall(), view.max_age)
+        document = view.layouts.document()
+        if not fleet.ready_for(document):
+            nodes, _ = fleet.rebuild(self.api, document)
+            self._watch_nodes().resume(nodes)
+        return fleet.totals(self.api)
+
+    def _watch_nodes(self) -> CollectionWatch:
+        watch = self._watches.get("nodes")
+        if watch is None:
+            fleet = self._fleet
+            assert fleet is not None
+            watch = self._watches["nodes"] = CollectionWatch(
+                self.api,
+                path_of("", "v1", "nodes"),
+                fleet.node_event,
+                fleet.invalidate,
+                what="nodes",
+                accept=WATCH_METADATA,
+                connect_timeout=self.api.timeout[0],
+                health=self._health("nodes"),
+            )
+        return watch
 
     # watching ------------------------------------------------------------------------
     def _health(self, resource: str) -> WatchHealth:
@@ -596,11 +632,19 @@ class Controller:
         if watch is None:
             cache = self._cache
             assert cache is not None
+            fleet = self._fleet
+            on_event = cache.event if fleet is None else fanout(cache.event, fleet.state_event)
+
+            def expired(why: str) -> None:
+                cache.invalidate(why)
+                if fleet is not None:
+                    fleet.invalidate(why)
+
             watch = self._watches[nodestate.PLURAL] = CollectionWatch(
                 self.api,
                 nodestate.object_path(),
-                cache.event,
-                cache.invalidate,
+                on_event,
+                expired,
                 what=nodestate.PLURAL,
                 connect_timeout=self.api.timeout[0],
                 health=self._health(nodestate.PLURAL),
@@ -649,6 +693,7 @@ class Controller:
             watch.stop(5)
         self._watches.clear()
         self._cache = None
+        self._fleet = None
         self._trigger = None
 
     def run(self, stop: threading.Event) -> None:
@@ -661,6 +706,8 @@ class Controller:
         s = self.settings
         trigger = self._trigger = informers.Trigger(s.quiet, s.max_delay, self.clock)
         cache = self._cache = informers.NodeStateCache(self._read_kept, trigger.changed)
+        if s.fleet is not None:
+            self._fleet = FleetCache(s.fleet.settings, s.fleet.max_age, self.wall)
         next_lead = self.clock()
         next_pass: float | None = self.clock()  # None: only when something changes
         try:

@@ -143,6 +143,7 @@ class CollectionWatch(BackgroundLoop):
         *,
         what: str,
         field_selector: str | None = None,
+        accept: str = "application/json",
         server_timeout: int = DEFAULT_SERVER_TIMEOUT,
         connect_timeout: float = 5.0,
         backoff: Backoff = WATCH_BACKOFF,
@@ -155,6 +156,7 @@ class CollectionWatch(BackgroundLoop):
         self._on_event = on_event
         self._on_expired = on_expired
         self._selector = field_selector
+        self._accept = accept
         self._server_timeout = server_timeout
         self._connect_timeout = connect_timeout
         self.backoff = backoff
@@ -235,7 +237,9 @@ class CollectionWatch(BackgroundLoop):
         if self._selector:
             query["fieldSelector"] = self._selector
         timeout = (self._connect_timeout, self._server_timeout + READ_MARGIN)
-        response = self.api.open_stream(self.path, query=query, timeout=timeout)
+        response = self.api.open_stream(
+            self.path, query=query, timeout=timeout, accept=self._accept
+        )
         with self._lock:
             if self._version != version or self.stopping.is_set():
                 _shutdown(response)  # resumed elsewhere meanwhile
