@@ -46,7 +46,10 @@ def running(cluster: ControlPlane, tmp_path: Path) -> Iterator[tuple[ControlPlan
 
 @contextlib.contextmanager
 def _running(
-    cluster: ControlPlane, tmp_path: Path, fleet: FleetViewSettings | None = None
+    cluster: ControlPlane,
+    tmp_path: Path,
+    fleet: FleetViewSettings | None = None,
+    grace: float = 300.0,
 ) -> Iterator[tuple[ControlPlane, Controller]]:
     cluster.request(
         "POST",
@@ -60,7 +63,7 @@ def _running(
     )
     api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
     settings = ControllerSettings(
-        identity="controller-0", grace=300.0, interval=INTERVAL, fleet=fleet, **bounding()
+        identity="controller-0", grace=grace, interval=INTERVAL, fleet=fleet, **bounding()
     )
     ctl = Controller(api, settings)
     stop = threading.Event()
@@ -124,13 +127,32 @@ def test_an_expired_watch_is_followed_by_one_list_and_the_controller_converges(
     assert watch.version not in (None, "1")
 
 
+def test_an_entry_no_node_reports_leaves_when_its_grace_period_ends(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    """No further change comes: the pass that removes it is due at the end of its grace."""
+    with _running(cluster, tmp_path, grace=3.0) as (cluster, _):
+        _report(cluster, "gpu-1", _scan("mixed.yaml", "gpu-1"))
+        _until("the first pass", lambda: "nvidia.com/NVIDIA_L40S-12Q" in _owned(cluster), 30)
+        mixed = _scan("mixed.yaml", "gpu-1")
+        _report(cluster, "gpu-1", mixed.model_copy(
+            update={"gpus": tuple(g for g in mixed.gpus if g.model != "L40S")}))  # fmt: skip
+        took = _until(
+            "the L40S type gone from the KubeVirt CR",
+            lambda: "nvidia.com/NVIDIA_L40S-12Q" not in _owned(cluster),
+            3.0 + INTERVAL,
+        )
+        assert took < 3.0 + 3.0, f"removed {took:.1f} s after the change (grace 3 s)"
+
+
 LABEL = "nvidia.com/vgpu.config"
 
 
 def _gauges(ctl: Controller) -> tuple[float, ...]:
     m = ctl.metrics
     return (
-        *(m.fleet_nodes.labels(o)._value.get() for o in ("changes", "no-changes", "unknown", "error")),
+        *(m.fleet_nodes.labels(o)._value.get() for o in ("changes", "no-changes", "unknown")),
+        m.fleet_nodes.labels("error")._value.get(),
         *(m.fleet_actions.labels(k)._value.get() for k in ("create", "destroy", "blocked")),
     )
 

@@ -701,8 +701,8 @@ class Controller:
         follower) every ``interval`` seconds; the leader's first pass lists every
         ``VGPUNodeState`` and watches them from that list (and the KubeVirt CR from its
         read); after it, a pass runs when something changed (within ``max_delay`` of a
-        burst's first change) and every ``resync`` seconds. Errors are logged and
-        retried every ``interval``."""
+        burst's first change), when a waiting removal's grace period ends, and every
+        ``resync`` seconds. Errors are logged and retried every ``interval``."""
         s = self.settings
         trigger = self._trigger = informers.Trigger(s.quiet, s.max_delay, self.clock)
         cache = self._cache = informers.NodeStateCache(self._read_kept, trigger.changed)
@@ -732,9 +732,13 @@ class Controller:
                                 changed = True
                     if self.leading and (changed or (next_pass is not None and now >= next_pass)):
                         next_pass = None
-                        self._pass_now(layout)
+                        result = self._pass_now(layout)
                         self.metrics.passes.labels("ok").inc()
-                        next_pass = self.clock() + s.resync
+                        # The next one at the resync, or when the first waiting removal's
+                        # grace period ends (no change need come for it).
+                        due = min((left for _, left in result.decision.waiting), default=None)
+                        after = s.resync if due is None else min(s.resync, max(due, 0.0) + 0.1)
+                        next_pass = self.clock() + after
                 except (TransientError, ClusterError) as e:
                     self.metrics.passes.labels("error").inc()
                     next_pass = self.clock() + s.interval
@@ -761,10 +765,10 @@ class Controller:
                     name=self.settings.lease_name,
                 )
 
-    def _pass_now(self, layout: tuple[LayoutBounds | None, str | None] | None) -> None:
+    def _pass_now(self, layout: tuple[LayoutBounds | None, str | None] | None) -> PassResult:
         """One pass of the leader with ``layout`` (read now when ``None``): a changed
         document makes the cached reports unusable (the pass lists again)."""
         term = self.term
         if term is None:
             raise DeposedError(f"{self.settings.identity} does not lead: it writes nothing")
-        self._sync(term, layout or self._layout_bounds())
+        return self._sync(term, layout or self._layout_bounds())
