@@ -18,8 +18,8 @@ installed). Prints:
 Past 100 nodes (or with ``--light``) the agents are light: one thread pool writes each
 node's status through the agent's own status code (``KubeCluster.write_status``, with the
 node's pod-bound token) instead of running an agent per node, and the controller gets
-the layouts document (``--config-file``) so that it reads every report. Printed, each
-with its goal and the ratio to it:
+the layouts document (``--config-file``) so that it reads every report (and makes its
+fleet view every 60 s). Printed, each with its goal and the ratio to it:
 
 - the controller's steady-state requests per minute, watches excepted, from the API
   server's audit log (by verb and resource);
@@ -375,7 +375,7 @@ def light(args: argparse.Namespace) -> None:
                 [sys.executable, "-m", "vgpu_state.cli.main", "controller",
                  "--kubeconfig", str(ckube), "--identity", "c-1", "--grace", str(GRACE),
                  "--config-file", str(config_dir / "config.yaml"),
-                 "--fleet-interval", "86400", "--webhook-port", "0", "--log-level", "warning"],
+                 "--webhook-port", "0", "--log-level", "warning"],
                 cwd=REPO, stdout=(work / "controller.log").open("wb"), stderr=subprocess.STDOUT,
             )  # fmt: skip
             wait("the KubeVirt CR to permit A2-4Q", lambda: any(
