@@ -1,8 +1,10 @@
 """The running controller watches: a node's status change reaches the KubeVirt CR within
-a second or two, not at the next interval; a watch whose version the server no longer
-has (410 Gone) is followed by one list and the controller converges; a watch the server
-keeps refusing makes the controller unready; a watch event past its bounds is refused
-before it is decoded, and the watch starts over from a list.
+a second or two, not at the next interval (a burst of changes makes one pass); a watch
+whose version the server no longer has (410 Gone) is followed by one list and the
+controller converges; an entry nobody reports leaves when its grace period ends, with no
+further change; the fleet view is kept per node and lists nothing while nothing changes;
+a watch the server keeps refusing makes the controller unready; a watch event past its
+bounds is refused before it is decoded.
 
 Against the real API server, as the controller's own ServiceAccount; the event bounds
 with a fake stream (the real server cannot send an event past them: the CRD bounds a
@@ -26,6 +28,7 @@ from tests.test_controller_real import FOREIGN, KUBEVIRT, _owned, _report, _scan
 from vgpu_state.background import Backoff
 from vgpu_state.catalog import default_catalog
 from vgpu_state.controller.fleetview import fleet_totals
+from vgpu_state.controller.informers import Trigger
 from vgpu_state.controller.run import Controller, ControllerSettings, FleetViewSettings
 from vgpu_state.kube import informer
 from vgpu_state.kube.api import KubeApi
@@ -257,3 +260,21 @@ def test_a_watch_event_past_its_bounds_is_refused_before_it_is_decoded() -> None
     endless = (b'{"type":"MODIFIED","object":{"x":"' + b"a" * 1000 for _ in range(100))
     with pytest.raises(EventError, match="more than 4096 bytes"):
         list(informer.events(_Stream(list(endless)), "a watch event", limit=4096))
+
+
+def test_a_burst_of_changes_makes_one_pass_within_the_max_delay() -> None:
+    now = [0.0]
+    trigger = Trigger(quiet=0.2, max_delay=1.0, clock=lambda: now[0])
+    assert trigger.when() is None and not trigger.take()
+    for _ in range(30):  # a change every 0.1 s for 3 s
+        trigger.changed()
+        now[0] += 0.1
+        if trigger.take():
+            break
+    assert now[0] == pytest.approx(1.1), "due 1 s after the burst's first change"
+    assert not trigger.take(), "one pass for the burst so far"
+    trigger.changed()
+    now[0] += 0.1
+    assert not trigger.take()
+    now[0] += 0.15
+    assert trigger.take(), "due once the changes stop for 0.2 s"

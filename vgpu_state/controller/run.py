@@ -617,15 +617,9 @@ class Controller:
         def changed(ok: bool) -> None:
             m.watch_ok.labels(resource).set(1 if ok else 0)
 
-        health = WatchHealth(resource, on_change=changed)
-        failed = health.failed
-
-        def counted(cause: str) -> None:
-            m.watch_failures.labels(resource).inc()
-            failed(cause)
-
-        health.failed = counted  # type: ignore[method-assign]
-        return health
+        return WatchHealth(
+            resource, on_change=changed, on_failure=m.watch_failures.labels(resource).inc
+        )
 
     def _watch_nodestates(self) -> CollectionWatch:
         watch = self._watches.get(nodestate.PLURAL)

@@ -63,7 +63,8 @@ class EventError(ClusterError):
 
 class WatchHealth:
     """Whether a watch works: not ready once it has failed, without a success since, for
-    ``bound`` seconds. ``on_change(ok)`` is called when that flips."""
+    ``bound`` seconds. ``on_change(ok)`` is called when that flips, ``on_failure()`` on
+    every failure."""
 
     def __init__(
         self,
@@ -71,10 +72,12 @@ class WatchHealth:
         bound: float = DEFAULT_HEALTH_BOUND,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[bool], None] | None = None,
+        on_failure: Callable[[], None] | None = None,
     ) -> None:
         self.what = what
         self.bound = bound
         self.on_change = on_change
+        self.on_failure = on_failure
         self._clock = clock
         self._lock = threading.Lock()
         self._failing_since: float | None = None
@@ -93,6 +96,8 @@ class WatchHealth:
             self._cause = cause[:500]
             if self._failing_since is None:
                 self._failing_since = self._clock()
+        if self.on_failure is not None:
+            self.on_failure()
         self._update()
 
     def check(self) -> Answer:
