@@ -437,15 +437,19 @@ def light(args: argparse.Namespace) -> None:
 
 def memory_child(n: int) -> None:
     """``n`` nodes' statuses (as the agent builds them) through the watch's event decoding
-    and the controller's cache, then one pass's reports from it: the peak RSS."""
+    and the controller's caches (each node's report, and its part of the fleet view,
+    planned from the status with its Node's labels), then one pass's reports and one
+    fleet view from them: the peak RSS."""
     import json
 
     from vgpu_state.catalog import default_catalog
     from vgpu_state.config.source import FileConfigSource
+    from vgpu_state.controller.fleetcache import FleetCache
     from vgpu_state.controller.informers import NodeStateCache
     from vgpu_state.controller.run import Controller, ControllerSettings
     from vgpu_state.kube import informer, nodestate
     from vgpu_state.kube.api import KubeApi
+    from vgpu_state.reconcile.settings import Settings
 
     full, _ = snapshots()
     work = Path(tempfile.mkdtemp(prefix="vgpu-fleet-memory-"))
@@ -461,6 +465,9 @@ def memory_child(n: int) -> None:
     changes = []
     cache = ctl._cache = NodeStateCache(ctl._read_kept, lambda: changes.append(1))
     cache.listed({}, {}, bounds)
+    source = FileConfigSource(layouts, catalog)
+    fleet = FleetCache(Settings(catalog=catalog), dt.timedelta(minutes=30), lambda: now)
+    fleet._document, fleet._ready = source.document(), True  # as after a list of none
     before = rss_peak_kb(os.getpid())
     now = dt.datetime.now(dt.UTC)
 
@@ -471,6 +478,9 @@ def memory_child(n: int) -> None:
         def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
             yield from self.lines
 
+    for i in range(n):
+        labels = {LAYOUT_LABEL: "a2-4g"}
+        fleet.node_event("ADDED", {"metadata": {"name": f"gpu-{i:05d}", "labels": labels}})
     for start in range(0, n, 500):
         lines = []
         for i in range(start, min(n, start + 500)):
@@ -490,13 +500,17 @@ def memory_child(n: int) -> None:
             lines.append(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
         for event in informer.events(Lines(lines), "a watch event"):
             cache.event(str(event["type"]), event["object"])
+            fleet.state_event(str(event["type"]), event["object"])
         del lines
     reports = ctl._current(bounds)
+    totals = fleet.totals(ctl.api)
+    assert totals.nodes == n and totals.unchanged == n, totals
     peak = rss_peak_kb(os.getpid()) / 1024
     justified = sum(1 for r in reports if r.entries)
     assert justified == n, f"{justified} of {n} reports justify entries"
     print(goal(f"controller memory with {len(reports)} nodes' statuses (fed in process "
-               f"through the watch's decoding and cache; {before / 1024:.0f} MB before)",
+               f"through the watch's decoding, the reports' and the fleet view's caches; "
+               f"{before / 1024:.0f} MB before the first)",
                peak, GOAL_MEMORY_MB, "MB"))  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
 
