@@ -424,7 +424,7 @@ class Controller:
         """Every node's report: from the watched cache when it holds them for ``bounds``,
         else listed (and, while watching, the cache rebuilt and watched from the list)."""
         cache = self._cache
-        current = cache.current(bounds) if cache is not None else None
+        current = cache.current(bounds) if cache is not None and self._watch_live() else None
         if current is not None:
             kept, self._uids = current
             self._reports = kept
@@ -581,10 +581,9 @@ class Controller:
 
     def _fleet_totals(self, view: FleetViewSettings) -> Totals:
         """The fleet view's totals: from the kept parts while the ``VGPUNodeState`` watch
-        runs (listed again when the document changed or a watch expired), else listed."""
+        streams (listed again when the document changed or a watch expired), else listed."""
         fleet = self._fleet
-        states = self._watches.get(nodestate.PLURAL)
-        if fleet is None or states is None or states.version is None:
+        if fleet is None or not self._watch_live():
             return fleet_totals(self.api, view.layouts, view.settings, self.wall(), view.max_age)
         document = view.layouts.document()
         if not fleet.ready_for(document):
@@ -674,6 +673,13 @@ class Controller:
     ) -> NodeReport:
         return summary(read_report(_for_report(obj), bounds), shared)
 
+    def _watch_live(self) -> bool:
+        """Whether the ``VGPUNodeState`` watch streams (an answer that a proxy holds
+        back until it ends, or a watch that keeps failing, does not): while it does not,
+        every interval's pass lists, as without a watch."""
+        watch = self._watches.get(nodestate.PLURAL)
+        return watch is not None and watch.live()
+
     def watch_check(self) -> Answer:
         """For ``/readyz``: not ready while a watch has failed for its bound."""
         for watch in list(self._watches.values()):
@@ -724,6 +730,8 @@ class Controller:
                             layout = self._layout_bounds()
                             if layout[0] is not None and not cache.holds(layout[0]):
                                 changed = True
+                            if not self._watch_live():
+                                changed = True  # no change can be seen: a pass lists
                     if self.leading and (changed or (next_pass is not None and now >= next_pass)):
                         next_pass = None
                         result = self._pass_now(layout)

@@ -173,6 +173,18 @@ class CollectionWatch(BackgroundLoop):
         self.streams = 0
         """Watch requests sent (each stream ends at the server's timeout, or breaks)."""
         self.events = 0
+        self._open = False
+        self._ended_well: float | None = None
+        """When (``time.monotonic``) the last stream ended at the server's timeout."""
+
+    def live(self, within: float = 5.0) -> bool:
+        """Whether a stream is open now (the server answered the watch), or the last one
+        ended well less than ``within`` seconds ago (the next is on its way)."""
+        with self._lock:
+            if self._open:
+                return True
+            ended = self._ended_well
+        return ended is not None and time.monotonic() - ended < within
 
     @property
     def version(self) -> str | None:
@@ -251,6 +263,8 @@ class CollectionWatch(BackgroundLoop):
                 response.release_conn()
                 return
             self._response = response
+            self._open = True
+            self._ended_well = None
         self.streams += 1
         self._failures = 0
         self.health.succeeded()
@@ -265,9 +279,12 @@ class CollectionWatch(BackgroundLoop):
                     with self._lock:
                         if self._version == current:
                             self._version = current = seen
+            with self._lock:
+                self._ended_well = time.monotonic()
         finally:
             with self._lock:
                 self._response = None
+                self._open = False
             response.release_conn()
 
     def _event(self, event: Mapping[str, Any]) -> str | None:
