@@ -118,12 +118,13 @@ class FleetCache:
     _document: ConfigDocument | None = None
     _ready: bool = False
     _decoder: SnapshotDecoder = field(default_factory=lambda: SnapshotDecoder(DECODER_BUDGET))
-    rebuilds: int = 0
 
     # what a view asks ------------------------------------------------------------------
     def ready_for(self, document: ConfigDocument) -> bool:
+        """Whether a view may add up the kept parts for ``document`` (no more than
+        :data:`MAX_REREAD` nodes to read again first)."""
         with self._lock:
-            return self._ready and self._document == document
+            return self._ready and self._document == document and len(self._marked) <= MAX_REREAD
 
     def invalidate(self, why: str) -> None:
         with self._lock:
@@ -181,7 +182,6 @@ class FleetCache:
             on_version=versions.append,
         ):
             del planned
-        self.rebuilds += 1
         return versions[0] if versions else "", versions[1] if len(versions) > 1 else ""
 
     # watched changes -------------------------------------------------------------------

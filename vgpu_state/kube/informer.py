@@ -170,8 +170,6 @@ class CollectionWatch(BackgroundLoop):
         self._version: str | None = None
         self._response: Any = None
         self._failures = 0
-        self.streams = 0
-        """Watch requests sent (each stream ends at the server's timeout, or breaks)."""
         self.events = 0
         self._open = False
         self._ended_well: float | None = None
@@ -265,7 +263,6 @@ class CollectionWatch(BackgroundLoop):
             self._response = response
             self._open = True
             self._ended_well = None
-        self.streams += 1
         self._failures = 0
         self.health.succeeded()
         current = version
