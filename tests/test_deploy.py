@@ -165,10 +165,13 @@ def test_the_controller_is_the_only_kubevirt_writer_and_elects_a_leader(
     assert rules_as_set(only(manifests, "ClusterRole", CONTROLLER)) == {
         ("vgpu-state.io", "vgpunodestates", "get"),
         ("vgpu-state.io", "vgpunodestates", "list"),
+        ("vgpu-state.io", "vgpunodestates", "watch"),  # listed once, then watched
         ("kubevirt.io", "kubevirts", "get"),
         ("kubevirt.io", "kubevirts", "list"),
+        ("kubevirt.io", "kubevirts", "watch"),
         ("kubevirt.io", "kubevirts", "patch"),
         ("", "nodes", "list"),  # the fleet view: each node's labels select its layout
+        ("", "nodes", "watch"),
         # A refused report: a Warning Event on the node's VGPUNodeState.
         *(("", "events", v) for v in ("get", "create", "patch")),
         # The layouts webhook's caBundle: that one object only (below).

@@ -251,7 +251,7 @@ def controller(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     stops: list[Callable[[], None]] = []
-    from vgpu_state.kube.apihealth import ApiServerHealth, ApiServerProbe
+    from vgpu_state.kube.apihealth import Answer, ApiServerHealth, ApiServerProbe
 
     # /readyz (both ports) fails while the API server or its storage does not answer.
     health = ApiServerHealth(api.server, on_change=ctl.metrics.apiserver_changed)
@@ -283,7 +283,11 @@ def controller(
         from vgpu_state.controller.metrics import MetricsServer
 
         host, port = parse_listen(listen)
-        server = MetricsServer(ctl.metrics, host, port, health.check).start()
+        def ready() -> Answer:
+            answer = health.check()
+            return ctl.watch_check() if answer.ok else answer
+
+        server = MetricsServer(ctl.metrics, host, port, ready).start()
         logging.getLogger(__name__).info(
             "serving /metrics, /healthz and /readyz on %s:%d", host, server.port
         )

@@ -88,6 +88,25 @@ class ControllerMetrics:
             "Warning Events written on VGPUNodeStates whose reports were refused.",
             registry=r,
         )
+        self.relists = Counter(
+            f"{c}_relists",
+            "Lists of every VGPUNodeState a watch starts from (the first pass, then after "
+            "an expired watch or a changed layouts document).",
+            registry=r,
+        )
+        self.watch_ok = Gauge(
+            f"{c}_watch_ok",
+            "1 while the watch of a resource works (vgpunodestates, kubevirts); 0 once it "
+            "has failed, without a success since, for its readiness bound.",
+            ["resource"],
+            registry=r,
+        )
+        self.watch_failures = Counter(
+            f"{c}_watch_failures",
+            "Watch requests that failed or broke off (each is resumed after a backoff).",
+            ["resource"],
+            registry=r,
+        )
         f = f"{PREFIX}_fleet"
         self.fleet_nodes = Gauge(
             f"{f}_nodes",

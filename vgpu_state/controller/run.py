@@ -41,25 +41,32 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from vgpu_state.catalog import Catalog
+from vgpu_state.controller import informers
 from vgpu_state.controller.bounds import LayoutBounds
 from vgpu_state.controller.desired import Decision, Missing, decide
+from vgpu_state.controller.fleetcache import FleetCache, fanout
 from vgpu_state.controller.fleetview import fleet_totals
 from vgpu_state.controller.metrics import ControllerMetrics
 from vgpu_state.controller.reports import NodeReport, read_report
 from vgpu_state.kube import events, fencing, kubevirt, lease, nodestate
-from vgpu_state.kube.api import JsonObject, KubeApi
+from vgpu_state.kube.api import JsonObject, KubeApi, path_of
+from vgpu_state.kube.apihealth import Answer
 from vgpu_state.kube.errors import ClusterError
 from vgpu_state.kube.fencing import DeposedError, Standing, Term
+from vgpu_state.kube.informer import CollectionWatch, WatchHealth
 from vgpu_state.kube.kubevirt import KubeVirtPlan, KubeVirtRef, WriteResult
 from vgpu_state.kube.permitted import PermittedEntry
 from vgpu_state.model.errors import ConfigError, TransientError, VgpuStateError
 from vgpu_state.model.status import EventType
 from vgpu_state.ports.config import ConfigSource
+from vgpu_state.reconcile.fleet import Totals
 from vgpu_state.reconcile.settings import Settings
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = lease.LEASE_NAME
+WATCH_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+"""``Accept`` of the Nodes' watch: their metadata only (the labels select a layout)."""
 DEFAULT_GRACE = 300.0
 """Seconds an owned entry stays after the last node stopped reporting its resource."""
 DEFAULT_INTERVAL = 10.0
@@ -69,6 +76,8 @@ DEFAULT_RENEW_DEADLINE = 20.0
 DEFAULT_REQUEST_TIMEOUT = 10.0
 """Seconds one API request may take (connect and answer); a CR write is sent only with
 at least this much of the renew deadline left."""
+DEFAULT_RESYNC = 300.0
+"""Seconds between two passes while nothing changes (from the watched caches: no list)."""
 DEFAULT_FLEET_INTERVAL = 60.0
 """Seconds between fleet views (each is a plan of every node)."""
 REFUSED_REASON = "ReportRefused"
@@ -143,6 +152,11 @@ class ControllerSettings:
     renew_deadline: float = DEFAULT_RENEW_DEADLINE
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     """The API client's limit per request (its timeouts are set from it)."""
+    resync: float = DEFAULT_RESYNC
+    """While watching (:meth:`Controller.run`): seconds between passes when nothing
+    changed; a change runs a pass within ``max_delay``."""
+    quiet: float = informers.DEFAULT_QUIET
+    max_delay: float = informers.DEFAULT_MAX_DELAY
 
     @property
     def bounding_layouts(self) -> ConfigSource | None:
@@ -208,9 +222,7 @@ class Controller:
     """Accepted KubeVirt CR writes since start."""
     metrics: ControllerMetrics = field(default_factory=ControllerMetrics)
     _last_view: float | None = None
-    _reports: dict[str, tuple[str, LayoutBounds, NodeReport]] = field(
-        default_factory=dict
-    )
+    _reports: dict[str, tuple[str, LayoutBounds, NodeReport]] = field(default_factory=dict)
     """Each node's last report (a :func:`summary`), with the ``resourceVersion`` and bounds it
     was read with: an unchanged status is not decoded and checked again while the document
     is unchanged."""
@@ -226,6 +238,17 @@ class Controller:
     _twin: bool = False
     """Another process of this identity took the Lease from this one: wait until its hold
     ends rather than take it back at once (no two processes taking it in turn)."""
+    _lease: JsonObject | None = None
+    """The Lease as this process last wrote it: the next renewal starts from it."""
+    _cache: informers.NodeStateCache | None = None
+    """While watching (:meth:`run`): every node's kept report, kept current by a watch."""
+    _watches: dict[str, CollectionWatch] = field(default_factory=dict)
+    _trigger: informers.Trigger | None = None
+    _ref: KubeVirtRef | None = None
+    """The KubeVirt CR found (while watching: found once, again after an error)."""
+    _fleet: FleetCache | None = None
+    """While watching with a fleet view: each node's part of its totals."""
+    _cr_version: str = ""
 
     def lead(self, after: int | None = None) -> bool:
         """Take or renew the Lease; ``True`` while this replica leads. ``after``: a term
@@ -246,8 +269,10 @@ class Controller:
                 now=self.wall(),
                 after=after,
                 take_own=not self._twin,
+                known=self._lease if self._cache is not None else None,
             )
         except (ClusterError, TransientError):
+            self._lease = None
             if self.leading and (
                 self._renewed is None or self.clock() - self._renewed > s.renew_deadline
             ):
@@ -275,6 +300,7 @@ class Controller:
             self._twin = True
         elif not state.held and self.leading:
             log.info("%s follows %s", s.identity, state.holder)
+        self._lease = state.lease
         if state.held:
             self.leading, self.term, self._renewed, self._twin = True, state.term, sent, False
             self.metrics.leader.set(1)
@@ -327,15 +353,18 @@ class Controller:
         term = self.term
         if term is None or not self.leading:
             raise DeposedError(f"{self.settings.identity} does not lead: it writes nothing")
-        ref = kubevirt.find(self.api, self.settings.kubevirt)
-        bounds, no_layouts = self._layout_bounds()
+        return self._sync(term, self._layout_bounds())
+
+    def _sync(self, term: Term, layout: tuple[LayoutBounds | None, str | None]) -> PassResult:
+        ref = self._ref or kubevirt.find(self.api, self.settings.kubevirt)
+        bounds, no_layouts = layout
         reports: tuple[NodeReport, ...] = ()
         if bounds is not None:  # without bounds no report can justify or stop anything
-            listed = nodestate.list_pages(self.api, lambda obj: self._listed(obj, bounds))
-            reports = tuple(self._reports_of(listed, bounds))
+            reports = self._current(bounds)
         decisions: list[Decision] = []
 
         def compute(cr: JsonObject) -> KubeVirtPlan:
+            self._cr_version = str((cr.get("metadata") or {}).get("resourceVersion") or "")
             seen = fencing.seen_token(cr)
             if fencing.standing(seen, term) is Standing.NEWER:
                 raise DeposedError(
@@ -366,7 +395,11 @@ class Controller:
             raise
         except (ClusterError, TransientError):
             self.metrics.kubevirt_in_step.set(0)
+            self._ref = None
             raise
+        if self._cache is not None:
+            self._ref = ref
+            self._watch_kubevirt(ref)
         decision = decisions[-1]
         self.missing = decision.missing
         self.writes += result.writes
@@ -386,6 +419,26 @@ class Controller:
                 log.info("node %s: %d vGPU(s) left out: %s", r.node, r.skipped.count, r.skipped)
         self._name_refusals(reports, decision)
         return PassResult(reports, decision, result)
+
+    def _current(self, bounds: LayoutBounds) -> tuple[NodeReport, ...]:
+        """Every node's report: from the watched cache when it holds them for ``bounds``,
+        else listed (and, while watching, the cache rebuilt and watched from the list)."""
+        cache = self._cache
+        current = cache.current(bounds) if cache is not None and self._watch_live() else None
+        if current is not None:
+            kept, self._uids = current
+            self._reports = kept
+            return tuple(kept[name][2] for name in sorted(kept))
+        versions: list[str] = []
+        listed = nodestate.list_pages(
+            self.api, lambda obj: self._listed(obj, bounds), on_version=versions.append
+        )
+        reports = tuple(self._reports_of(listed, bounds))
+        if cache is not None and versions and versions[0]:
+            cache.listed(self._reports, self._uids, bounds)
+            self._watch_nodestates().resume(versions[0])
+            self.metrics.relists.inc()
+        return reports
 
     def _layout_bounds(self) -> tuple[LayoutBounds | None, str | None]:
         """This pass's bounds, or why there are none (then the CR is left as it is)."""
@@ -518,7 +571,7 @@ class Controller:
             return False
         self._last_view = now
         try:
-            totals = fleet_totals(self.api, view.layouts, view.settings, self.wall(), view.max_age)
+            totals = self._fleet_totals(view)
         except (VgpuStateError, ClusterError, TransientError) as e:
             self.metrics.fleet_view_errors.inc()
             log.warning("fleet view failed (retried in %.0f s): %s", view.interval, e)
@@ -526,22 +579,198 @@ class Controller:
         self.metrics.fleet(totals, time.time())
         return True
 
-    def run(self, stop: threading.Event) -> None:
-        """Pass every ``interval`` seconds until ``stop``; errors are logged and retried."""
-        while not stop.is_set():
-            try:
-                self.run_once()
-                self.metrics.passes.labels("ok").inc()
-            except (TransientError, ClusterError) as e:
-                self.metrics.passes.labels("error").inc()
-                log.warning("pass failed, retried in %.0f s: %s", self.settings.interval, e)
-            if self.leading:
-                self.fleet_view()
-            stop.wait(self.settings.interval)
-        if self.leading:
-            lease.release(
+    def _fleet_totals(self, view: FleetViewSettings) -> Totals:
+        """The fleet view's totals: from the kept parts while the ``VGPUNodeState`` watch
+        streams (listed again when the document changed or a watch expired), else listed."""
+        fleet = self._fleet
+        if fleet is None or not self._watch_live():
+            return fleet_totals(self.api, view.layouts, view.settings, self.wall(), view.max_age)
+        document = view.layouts.document()
+        if not fleet.ready_for(document):
+            nodes, _ = fleet.rebuild(self.api, document)
+            self._watch_nodes().resume(nodes)
+        return fleet.totals(self.api)
+
+    def _watch_nodes(self) -> CollectionWatch:
+        watch = self._watches.get("nodes")
+        if watch is None:
+            fleet = self._fleet
+            assert fleet is not None
+            watch = self._watches["nodes"] = CollectionWatch(
                 self.api,
-                self.settings.identity,
-                namespace=self.settings.namespace,
-                name=self.settings.lease_name,
+                path_of("", "v1", "nodes"),
+                fleet.node_event,
+                fleet.invalidate,
+                what="nodes",
+                accept=WATCH_METADATA,
+                connect_timeout=self.api.timeout[0],
+                health=self._health("nodes"),
             )
+        return watch
+
+    # watching ------------------------------------------------------------------------
+    def _health(self, resource: str) -> WatchHealth:
+        m = self.metrics
+        m.watch_ok.labels(resource).set(1)
+
+        def changed(ok: bool) -> None:
+            m.watch_ok.labels(resource).set(1 if ok else 0)
+
+        return WatchHealth(
+            resource, on_change=changed, on_failure=m.watch_failures.labels(resource).inc
+        )
+
+    def _watch_nodestates(self) -> CollectionWatch:
+        watch = self._watches.get(nodestate.PLURAL)
+        if watch is None:
+            cache = self._cache
+            assert cache is not None
+            fleet = self._fleet
+            on_event = cache.event if fleet is None else fanout(cache.event, fleet.state_event)
+
+            def expired(why: str) -> None:
+                cache.invalidate(why)
+                if fleet is not None:
+                    fleet.invalidate(why)
+
+            watch = self._watches[nodestate.PLURAL] = CollectionWatch(
+                self.api,
+                nodestate.object_path(),
+                on_event,
+                expired,
+                what=nodestate.PLURAL,
+                connect_timeout=self.api.timeout[0],
+                health=self._health(nodestate.PLURAL),
+            )
+        return watch
+
+    def _watch_kubevirt(self, ref: KubeVirtRef) -> None:
+        """Watch the KubeVirt CR from the version this pass read (once; again after its
+        watch expired): a change by anyone runs a pass."""
+        trigger = self._trigger
+        if trigger is None or not self._cr_version:
+            return
+        watch = self._watches.get("kubevirts")
+        if watch is None:
+            watch = self._watches["kubevirts"] = CollectionWatch(
+                self.api,
+                path_of("kubevirt.io", "v1", "kubevirts", None, ref.namespace),
+                lambda kind, obj: trigger.changed(),
+                lambda why: trigger.changed(),
+                what="kubevirts",
+                field_selector=f"metadata.name={ref.name}",
+                connect_timeout=self.api.timeout[0],
+                health=self._health("kubevirts"),
+            )
+        if watch.version is None:
+            watch.resume(self._cr_version)
+
+    def _read_kept(
+        self,
+        obj: JsonObject,
+        bounds: LayoutBounds,
+        shared: dict[PermittedEntry, PermittedEntry],
+    ) -> NodeReport:
+        return summary(read_report(_for_report(obj), bounds), shared)
+
+    def _watch_live(self) -> bool:
+        """Whether the ``VGPUNodeState`` watch streams (an answer that a proxy holds
+        back until it ends, or a watch that keeps failing, does not): while it does not,
+        every interval's pass lists, as without a watch."""
+        watch = self._watches.get(nodestate.PLURAL)
+        return watch is not None and watch.live()
+
+    def watch_check(self) -> Answer:
+        """For ``/readyz``: not ready while a watch has failed for its bound."""
+        for watch in list(self._watches.values()):
+            answer = watch.health.check()
+            if not answer.ok:
+                return answer
+        return Answer(True, "ok")
+
+    def stop_watching(self) -> None:
+        for watch in list(self._watches.values()):
+            watch.stop(5)
+        self._watches.clear()
+        self._cache = None
+        self._fleet = None
+        self._trigger = None
+
+    def run(self, stop: threading.Event) -> None:
+        """Lead and pass until ``stop``: the Lease is renewed (or looked at, by a
+        follower) every ``interval`` seconds; the leader's first pass lists every
+        ``VGPUNodeState`` and watches them from that list (and the KubeVirt CR from its
+        read); after it, a pass runs when something changed (within ``max_delay`` of a
+        burst's first change), when a waiting removal's grace period ends, and every
+        ``resync`` seconds. Errors are logged and retried every ``interval``."""
+        s = self.settings
+        trigger = self._trigger = informers.Trigger(s.quiet, s.max_delay, self.clock)
+        cache = self._cache = informers.NodeStateCache(self._read_kept, trigger.changed)
+        if s.fleet is not None:
+            self._fleet = FleetCache(s.fleet.settings, s.fleet.max_age, self.wall)
+        next_lead = self.clock()
+        next_pass: float | None = self.clock()  # None: only when something changes
+        try:
+            while not stop.is_set():
+                now = self.clock()
+                changed = trigger.take()
+                leading_before = self.leading
+                try:
+                    layout = None
+                    if now >= next_lead:
+                        next_lead = now + s.interval
+                        self.lead()
+                        if not self.leading:
+                            self.metrics.passes.labels("ok").inc()
+                        else:
+                            if not leading_before:
+                                next_pass = now  # a new term: its first pass at once
+                            # The layouts document is read every interval (a mounted file):
+                            # a change makes the cached reports unusable, and a pass lists.
+                            layout = self._layout_bounds()
+                            if layout[0] is not None and not cache.holds(layout[0]):
+                                changed = True
+                            if not self._watch_live():
+                                changed = True  # no change can be seen: a pass lists
+                    if self.leading and (changed or (next_pass is not None and now >= next_pass)):
+                        next_pass = None
+                        result = self._pass_now(layout)
+                        self.metrics.passes.labels("ok").inc()
+                        # The next one at the resync, or when the first waiting removal's
+                        # grace period ends (no change need come for it).
+                        due = min((left for _, left in result.decision.waiting), default=None)
+                        after = s.resync if due is None else min(s.resync, max(due, 0.0) + 0.1)
+                        next_pass = self.clock() + after
+                except (TransientError, ClusterError) as e:
+                    self.metrics.passes.labels("error").inc()
+                    next_pass = self.clock() + s.interval
+                    log.warning("pass failed, retried in %.0f s: %s", s.interval, e)
+                if self.leading:
+                    self.fleet_view()
+                now = self.clock()
+                wake = min(next_lead, next_pass if next_pass is not None else next_lead)
+                due = trigger.when()
+                if due is not None:
+                    wake = min(wake, due)
+                wait = max(wake - now, 0.0)
+                if due is None:
+                    trigger.event.wait(min(wait, 1.0))  # a change wakes the loop at once
+                elif wait > 0:
+                    stop.wait(min(wait, 1.0))
+        finally:
+            self.stop_watching()
+            if self.leading:
+                lease.release(
+                    self.api,
+                    self.settings.identity,
+                    namespace=self.settings.namespace,
+                    name=self.settings.lease_name,
+                )
+
+    def _pass_now(self, layout: tuple[LayoutBounds | None, str | None] | None) -> PassResult:
+        """One pass of the leader with ``layout`` (read now when ``None``): a changed
+        document makes the cached reports unusable (the pass lists again)."""
+        term = self.term
+        if term is None:
+            raise DeposedError(f"{self.settings.identity} does not lead: it writes nothing")
+        return self._sync(term, layout or self._layout_bounds())

@@ -213,6 +213,25 @@ class KubeApi:
             else:
                 body.close()
 
+    def open_stream(
+        self,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        timeout: tuple[float, float],
+        accept: str = "application/json",
+    ) -> Any:
+        """GET ``path`` and hand back the open answer (urllib3's response: ``stream()`` it,
+        ``release_conn()`` it), for a watch, whose answer lasts up to ``timeout``'s read
+        seconds. Raises as :meth:`request` does."""
+        response, path = self._open(
+            "GET", path, None, "application/json", query, accept, timeout
+        )
+        status = int(response.status)
+        if not 200 <= status < 300:
+            raise _error("GET", path, status, _decode(response.read()))
+        return response.response
+
     def _open(
         self,
         method: str,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vgpu_state.kube.api import ConflictError, JsonObject, KubeApi, path_of
@@ -54,6 +54,9 @@ class LeaseState:
     expires: datetime.datetime | None
     term: Term | None = None
     """The term the Lease shows after the call (see :func:`hold_term`)."""
+    lease: JsonObject | None = field(default=None, compare=False, repr=False)
+    """The Lease as this call wrote it (``None`` when it wrote nothing): the next renewal
+    may start from it (``known``) instead of reading it again."""
 
 
 def format_time(moment: datetime.datetime) -> str:
@@ -232,6 +235,7 @@ def hold_term(
     now: datetime.datetime | None = None,
     after: int | None = None,
     take_own: bool = True,
+    known: JsonObject | None = None,
 ) -> LeaseState:
     """Renew the Lease in ``term`` (the one this process holds), or start a new term.
 
@@ -244,10 +248,43 @@ def hold_term(
     is not is followed by a new one numbered past it. ``held`` is ``False`` while
     another identity's hold has not ended, and after a lost race (a term is only
     ever this process's when its own write began it).
+
+    ``known``: the Lease as this process last wrote it (:attr:`LeaseState.lease`): the
+    renewal is decided on it and written with its ``resourceVersion``, without reading
+    the Lease first; when the Lease changed since (HTTP 409) or is gone, it is read and
+    decided on as without ``known``.
     """
+    if known is not None and term is not None:
+        try:
+            return _hold(
+                api, identity, term, namespace, name, duration, now, after, take_own, known
+            )
+        except NotFoundError:
+            pass  # deleted since: read it (and create it) below
+        except _Stale:
+            pass
+    return _hold(api, identity, term, namespace, name, duration, now, after, take_own, None)
+
+
+class _Stale(Exception):
+    """The Lease this process last wrote is not the one the server has."""
+
+
+def _hold(
+    api: KubeApi,
+    identity: str,
+    term: Term | None,
+    namespace: str,
+    name: str,
+    duration: int,
+    now: datetime.datetime | None,
+    after: int | None,
+    take_own: bool,
+    known: JsonObject | None,
+) -> LeaseState:
     moment = now or datetime.datetime.now(tz=datetime.UTC)
     leases = Leases(api, namespace, identity)
-    lease = leases.get(name)
+    lease = known if known is not None else leases.get(name)
     number = 0 if after is None else after + 1
     if lease is None:
         written = leases.create(name, duration, moment, number)
@@ -260,10 +297,12 @@ def hold_term(
             return LeaseState(False, identity, expiry(lease), shown)
         renewal = ours and term is not None and (after is None or term.number > after)
         written = leases.take(lease, duration, moment, new_term=not renewal, number=number)
+    if written is None and known is not None:
+        raise _Stale  # it changed since this process wrote it: read it
     if written is None:  # another replica wrote it since we read it
         state = _state(leases.get(name) or {}, identity)
         return LeaseState(False, state.holder, state.expires, state.term)
-    return LeaseState(True, identity, expiry(written), term_of(written))
+    return LeaseState(True, identity, expiry(written), term_of(written), written)
 
 
 def release(

@@ -146,12 +146,14 @@ def stream_pages(
     chunk_size: int,
     keep: Callable[[JsonObject], T],
     accept: str = "application/json",
+    on_version: Callable[[str], None] | None = None,
 ) -> Iterator[list[T]]:
     """The collection at ``path`` page by page (``chunk_size`` objects per request), each
     page as ``keep(obj)`` of its objects, called as each object is decoded; the object is
     dropped after, and the page's answer is read to its end before the page is handed
     on. Raises the API's errors; a continue token that expired while the list was read
-    (HTTP 410) says so."""
+    (HTTP 410) says so. ``on_version`` is told the list's ``resourceVersion`` (a watch
+    from it sees every change after the list) once the first page is read."""
     token = ""
     while True:
         pieces, reader = _request(api, path, chunk_size, token, accept)
@@ -159,6 +161,8 @@ def stream_pages(
             kept = [keep(obj) for obj in reader.objects()]
         finally:
             pieces.close()
+        if not token and on_version is not None:
+            on_version(str(reader.metadata.get("resourceVersion") or ""))
         token = str(reader.metadata.get("continue") or "")
         yield kept
         del kept

@@ -667,14 +667,17 @@ LIST_CHUNK = 100
 
 
 def list_pages(
-    api: KubeApi, keep: Callable[[JsonObject], T], chunk_size: int | None = None
+    api: KubeApi,
+    keep: Callable[[JsonObject], T],
+    chunk_size: int | None = None,
+    on_version: Callable[[str], None] | None = None,
 ) -> Iterator[list[T]]:
     """Every ``VGPUNodeState``, page by page, each page as ``keep(obj)`` of its objects:
     each object is decoded from the response as it arrives and dropped once ``keep`` has
     seen it, so a reader holds one object and what it keeps of ``chunk_size`` of them
     (:func:`~vgpu_state.kube.liststream.stream_pages`); ``chunk_size`` defaults to
-    :data:`LIST_CHUNK`."""
-    return stream_pages(api, object_path(), chunk_size or LIST_CHUNK, keep)
+    :data:`LIST_CHUNK`; ``on_version`` is told the list's ``resourceVersion``."""
+    return stream_pages(api, object_path(), chunk_size or LIST_CHUNK, keep, on_version=on_version)
 
 
 def ensure(api: KubeApi, node: str, node_uid: str | None = None) -> JsonObject:
