@@ -103,6 +103,22 @@ class _Kept:
     stale_at: dt.datetime | None
 
 
+def selection_keys(document: ConfigDocument, label_key: str) -> frozenset[str]:
+    """The label keys a node's config is selected by: the config label (and its state
+    label) and every key the document's node-selectors name. A Node's other labels are
+    not kept: whoever writes a Node's labels (its kubelet among them) cannot grow the
+    controller's memory with them."""
+    keys = {label_key, f"{label_key}.state"}
+    for selector in document.spec.node_selectors:
+        keys.update(selector.match_labels)
+        keys.update(expr.key for expr in selector.match_expressions)
+    return frozenset(keys)
+
+
+def _kept_labels(labels: dict[str, str], keys: frozenset[str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k in keys}
+
+
 @dataclass
 class FleetCache:
     """Each node's :class:`Part` and every Node's labels; thread-safe."""
@@ -116,6 +132,8 @@ class FleetCache:
     _parts: dict[Part, Part] = field(default_factory=dict)
     _marked: set[str] = field(default_factory=set)
     _document: ConfigDocument | None = None
+    _keys: frozenset[str] = frozenset()
+    """The label keys kept of each Node (:func:`selection_keys` of ``_document``)."""
     _ready: bool = False
     _decoder: SnapshotDecoder = field(default_factory=lambda: SnapshotDecoder(DECODER_BUDGET))
 
@@ -157,11 +175,15 @@ class FleetCache:
         ``VGPUNodeState`` list."""
         versions: list[str] = []
         labels: dict[str, dict[str, str]] = {}
+        keys = selection_keys(document, self.settings.label_key)
         for page in stream_pages(
             api,
             NODES,
             DEFAULT_CHUNK_SIZE,
-            lambda n: (str((n.get("metadata") or {}).get("name") or ""), labels_of(n)),
+            lambda n: (
+                str((n.get("metadata") or {}).get("name") or ""),
+                _kept_labels(labels_of(n), keys),
+            ),
             accept=METADATA_ONLY,
             on_version=versions.append,
         ):
@@ -169,6 +191,7 @@ class FleetCache:
         with self._lock:
             self._labels = labels
             self._document = document
+            self._keys = keys
             self._kept = {}
             self._parts = {}
             self._marked = set()
@@ -191,8 +214,10 @@ class FleetCache:
         if not isinstance(meta, dict):
             return
         name = str(meta.get("name") or "")
-        labels = labels_of(obj)
         with self._lock:
+            if self._document is None:
+                return  # nothing is kept before the first list, which reads every Node
+            labels = _kept_labels(labels_of(obj), self._keys)
             if kind == "DELETED":
                 changed = self._labels.pop(name, None) is not None
             else:
