@@ -150,8 +150,12 @@ def test_kubevirt_managing_mdevs_stops_the_agent_and_it_says_why(agent: Running)
         conditions = ((found or {}).get("status") or {}).get("conditions") or []
         return any(c["type"] == "Blocked" and c["status"] == "True" for c in conditions)
 
-    wait_for("the status", reported, proc)
-    assert agent.state() == "failed"
+    # The status and the state label are two writes: wait for both.
+    wait_for(
+        "the status and the state label",
+        lambda: reported() and agent.state() == "failed",
+        proc,
+    )
     time.sleep(1)  # a reconcile that would apply has had its chance
     assert scan(agent.root, catalog=CATALOG).fingerprint() == before, "nothing applied"
     conditions = {c["type"]: c for c in agent.nodestate()["conditions"]}
