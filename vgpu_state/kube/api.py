@@ -188,11 +188,9 @@ class KubeApi:
         they arrive (a caller that decodes as it reads never holds the whole body).
         Raises as :meth:`request` does; the connection is released when the pieces are
         read or the iterator is closed."""
-        response, path = self._open("GET", path, None, "application/json", query, accept)
-        status = int(response.status)
-        if not 200 <= status < 300:
-            raise _error("GET", path, status, _decode(response.read()))
-        body = response.response
+        body = self.open_stream(path, query=query, accept=accept)
+        if query:
+            path = f"{path}?{urlencode(dict(query))}"
         done = False
         try:
             while True:
@@ -218,12 +216,13 @@ class KubeApi:
         path: str,
         *,
         query: Mapping[str, str] | None = None,
-        timeout: tuple[float, float],
+        timeout: tuple[float, float] | None = None,
         accept: str = "application/json",
     ) -> Any:
         """GET ``path`` and hand back the open answer (urllib3's response: ``stream()`` it,
-        ``release_conn()`` it), for a watch, whose answer lasts up to ``timeout``'s read
-        seconds. Raises as :meth:`request` does."""
+        ``release_conn()`` it): a watch's, whose answer lasts up to ``timeout``'s read
+        seconds, or a list read in pieces (:meth:`get_chunks`; ``None``: the client's
+        timeout). Raises as :meth:`request` does."""
         response, path = self._open(
             "GET", path, None, "application/json", query, accept, timeout
         )
