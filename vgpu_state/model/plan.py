@@ -139,6 +139,21 @@ class ClusterAction(Frozen):
     """The entry as it is written."""
 
 
+class Move(Frozen):
+    """A VM that ``in-use: evacuate`` moves off a GPU so the GPU's switch can run."""
+
+    holder: str
+    """The holder as the in-use list names it (``pod ns/virt-launcher-x (VM ns/vm)``)."""
+    vm: str | None = None
+    """``namespace/name`` of the VM, when the holder is a KubeVirt virt-launcher pod;
+    ``None`` when it is not a VM (nothing can move it)."""
+    vgpu: str
+    """The key of the held vGPU (mdev UUID or VF address)."""
+    type_name: str | None = None
+    resource: str | None = None
+    """The extended resource the vGPU is offered as (what a target node needs free)."""
+
+
 class DeferredSwitch(Frozen):
     """A layout change a GPU cannot make yet, so it keeps its layout.
 
@@ -156,6 +171,8 @@ class DeferredSwitch(Frozen):
     """Free vGPUs kept instead of destroyed."""
     creates: int = 0
     """vGPUs the layout wants created on the GPU once the switch can run."""
+    moves: tuple[Move, ...] = Field(default=(), exclude_if=lambda v: not v)
+    """Under ``in-use: evacuate``: the holders in the way, to be moved by the controller."""
 
 
 class ClusterPart(Frozen):
@@ -189,6 +206,9 @@ class GpuPlan(Frozen):
     deferred_switch: DeferredSwitch | None = None
     """Set when the GPU's layout change waits for what is in its way (nothing is
     destroyed on the GPU meanwhile)."""
+    withheld: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
+    """Under ``in-use: evacuate``: keys of the GPU's free vGPUs of departing types that
+    are not offered (device plugin, DRA) while its switch is pending, sorted."""
 
 
 class Summary(Frozen):
@@ -256,6 +276,8 @@ class Capacity(Frozen):
     """Why (the first such create's code), ``None`` when nothing is blocked."""
     waits_for: tuple[str, ...] = ()
     """The holders those creates wait for, sorted (a deferred switch's)."""
+    withheld: int = Field(default=0, exclude_if=lambda v: not v)
+    """Of ``before``, free vGPUs not offered while a switch is pending (``in-use: evacuate``)."""
 
 
 class Holder(Frozen):

@@ -28,12 +28,15 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from pydantic import Field
+
 from vgpu_state.model.frozen import Frozen
 
 
 class InUsePolicy(StrEnum):
     PROTECT = "protect"
     IGNORE = "ignore"
+    EVACUATE = "evacuate"
 
 
 class SriovPolicy(StrEnum):
@@ -55,6 +58,25 @@ class MissingGpus(StrEnum):
     ERROR = "error"
 
 
+class Evacuation(Frozen):
+    """The limits of ``in-use: evacuate`` (the ``evacuation:`` block of a policy).
+
+    Under ``evacuate`` a held vGPU is protected as under ``protect``; in addition the
+    free vGPUs of the departing types of a GPU whose switch is pending are withheld
+    (not offered to the kubelet), and the controller moves the VMs in the way.
+    """
+
+    max_in_flight: int = 1
+    """VMs moving at once, fleet-wide (the top-level policy's value; 0: withhold, move none)."""
+    max_per_node: int = 1
+    """VMs moving off one node at once."""
+    timeout_seconds: int = 600
+    """A move not finished by then counts as failed (``timeout: 10m`` in the file)."""
+    restart: bool = False
+    """A VM that cannot live-migrate may be restarted elsewhere (its VMI deleted, so
+    KubeVirt starts it again where a vGPU of its type is free)."""
+
+
 class Policy(Frozen):
     in_use: InUsePolicy = InUsePolicy.PROTECT
     prune: bool = True
@@ -62,3 +84,5 @@ class Policy(Frozen):
     max_unavailable: int = 1
     publish: Publish = Publish.DEVICE_PLUGIN
     missing_gpus: MissingGpus = MissingGpus.SKIP
+    evacuation: Evacuation = Field(default=Evacuation(), exclude_if=lambda v: v == Evacuation())
+    """``in-use: evacuate``'s limits; left out of a plan's JSON while they are the defaults."""
