@@ -41,9 +41,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from vgpu_state.catalog import Catalog
+from vgpu_state.config.selection import DEFAULT_LABEL_KEY
 from vgpu_state.controller import informers
 from vgpu_state.controller.bounds import LayoutBounds
 from vgpu_state.controller.desired import Decision, Missing, decide
+from vgpu_state.controller.evacuator import Evacuator
 from vgpu_state.controller.fleetcache import FleetCache, fanout
 from vgpu_state.controller.fleetview import fleet_totals
 from vgpu_state.controller.metrics import ControllerMetrics
@@ -249,6 +251,7 @@ class Controller:
     _fleet: FleetCache | None = None
     """While watching with a fleet view: each node's part of its totals."""
     _cr_version: str = ""
+    _evacuator: Evacuator | None = None
 
     def lead(self, after: int | None = None) -> bool:
         """Take or renew the Lease; ``True`` while this replica leads. ``after``: a term
@@ -418,7 +421,40 @@ class Controller:
             if r.skipped:
                 log.info("node %s: %d vGPU(s) left out: %s", r.node, r.skipped.count, r.skipped)
         self._name_refusals(reports, decision)
+        if no_layouts is None:
+            self._evacuate(term)
         return PassResult(reports, decision, result)
+
+    @property
+    def evacuating(self) -> bool:
+        """The last pass found moves in flight or waiting: passes come every interval."""
+        return self._evacuator is not None and self._evacuator.active
+
+    def _evacuate(self, term: Term) -> None:
+        """The leader's evacuation step (:mod:`vgpu_state.controller.evacuator`): its writes
+        go out only in ``term``, renewed right before them."""
+        source = self.settings.bounding_layouts
+        if source is None:
+            return
+        document = source.document()
+        evacuator = self._evacuator
+        if evacuator is None:
+            fleet = self.settings.fleet
+            label_key = fleet.settings.label_key if fleet is not None else DEFAULT_LABEL_KEY
+            default = fleet.settings.default_config if fleet is not None else None
+            evacuator = self._evacuator = Evacuator(
+                self.api, self.settings.identity, self.metrics, label_key, default
+            )
+
+        def confirm() -> None:
+            s = self.settings
+            if not self.lead() or self.term != term:
+                raise DeposedError(f"{s.identity}: {term} ended before its evacuation writes")
+            assert self._renewed is not None
+            if s.renew_deadline - (self.clock() - self._renewed) < s.request_timeout:
+                raise TransientError("evacuation: nothing written, the Lease renewal took too long")
+
+        evacuator.step(document, self.wall(), confirm, term.token)
 
     def _current(self, bounds: LayoutBounds) -> tuple[NodeReport, ...]:
         """Every node's report: from the watched cache when it holds them for ``bounds``,
@@ -740,6 +776,8 @@ class Controller:
                         # grace period ends (no change need come for it).
                         due = min((left for _, left in result.decision.waiting), default=None)
                         after = s.resync if due is None else min(s.resync, max(due, 0.0) + 0.1)
+                        if self.evacuating:
+                            after = min(after, s.interval)  # moves in flight: look again soon
                         next_pass = self.clock() + after
                 except (TransientError, ClusterError) as e:
                     self.metrics.passes.labels("error").inc()
