@@ -52,6 +52,9 @@ NODE_LABEL = "vgpu-state.io/node"
 """On every migration the controller creates: the node the VM leaves."""
 RESOURCE_ANNOTATION = "vgpu-state.io/resource"
 """On every migration the controller creates: the held vGPU's resource."""
+LAYOUT_ANNOTATION = "vgpu-state.io/layout"
+"""On every migration the controller creates: the fingerprint of the source node's desired
+layout it was started under (its failure pauses the node only under that layout)."""
 OPT_OUT_ANNOTATION = "vgpu-state.io/evacuate"
 """``"never"`` on a VirtualMachine or VirtualMachineInstance: the controller never moves it."""
 PAUSE_ANNOTATION = "vgpu-state.io/evacuation-paused"
@@ -340,6 +343,7 @@ class Migration:
     phase: str
     created: dt.datetime | None
     uid: str = ""
+    layout: str = ""
 
     @property
     def vm(self) -> str:
@@ -372,6 +376,7 @@ def read_migration(obj: Mapping[str, Any]) -> Migration:
         phase=str(status.get("phase") or ""),
         created=created,
         uid=str(meta.get("uid") or ""),
+        layout=str((meta.get("annotations") or {}).get(LAYOUT_ANNOTATION) or ""),
     )
 
 
@@ -487,9 +492,13 @@ def decide(
     for m in migrations:
         config = configs.get(m.node)
         timeout = (config.limits if config is not None else top).timeout_seconds
-        if m.done:
-            out.finished.append(Finished(m, m.phase == "Succeeded", "" if m.phase == "Succeeded"
-                                         else "KubeVirt reports the migration Failed"))  # fmt: skip
+        current = config is not None and m.layout == config.fingerprint
+        if m.phase == "Succeeded":
+            out.finished.append(Finished(m, True, ""))
+        elif not current:
+            pass  # started under a layout the node no longer wants: its failure pauses nothing
+        elif m.done:
+            out.finished.append(Finished(m, False, "KubeVirt reports the migration Failed"))
         elif timed_out(m, timeout, now):
             out.finished.append(
                 Finished(m, False, f"the migration did not finish within {timeout} s")

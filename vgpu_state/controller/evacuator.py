@@ -287,6 +287,7 @@ class Evacuator:
                     "labels": {ev.EVACUATION_LABEL: "true", ev.NODE_LABEL: held.node},
                     "annotations": {
                         ev.RESOURCE_ANNOTATION: held.resource,
+                        ev.LAYOUT_ANNOTATION: config.fingerprint,
                         WRITER_TERM_ANNOTATION: token,
                     },
                 },
