@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster import CONTROLLER_USER, ControlPlane
+from tests.realcluster import CONTROLLER_SA, CONTROLLER_USER, ApiError, ControlPlane
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.controller.run import Controller, ControllerSettings
@@ -476,3 +476,43 @@ def test_five_nodes_with_a_budget_of_one_never_have_two_migrations_in_flight(
             flight -= 1
         most = max(most, flight)
     assert most == 1
+
+
+def test_only_labelled_steered_migrations_of_the_controller_and_no_pause_lifted_by_a_node(
+    fleet: ControlPlane,
+) -> None:
+    cluster = fleet
+    cluster.refusals_expected = True
+    two_nodes(cluster)
+    token = cluster.agent_token("control-node", service_account=CONTROLLER_SA)
+    path = f"/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachineinstancemigrations"
+
+    def migration(labels: dict[str, str], target: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstanceMigration",
+            "metadata": {"generateName": "m-", "labels": labels},
+            "spec": {"vmiName": "win-7", "addedNodeSelector": {"kubernetes.io/hostname": target}},
+        }
+
+    evac = {"vgpu-state.io/evacuation": "true"}
+    for labels, target in ((evac, "node-b"), ({**evac, NODE_LABEL: "node-a"}, "node-a")):
+        with pytest.raises(ApiError) as refused:
+            cluster.request("POST", path, migration(labels, target), token=token)
+        assert "vgpu-state controller migration must" in str(refused.value)
+    cluster.request("POST", path, migration({**evac, NODE_LABEL: "node-a"}, "node-b"), token=token)
+    # The agents' ServiceAccount moves no VM.
+    agent = cluster.agent_token("node-a")
+    with pytest.raises(ApiError) as refused:
+        cluster.request("POST", path, migration({**evac, NODE_LABEL: "node-a"}, "node-b"),
+                        token=agent)  # fmt: skip
+    assert refused.value.status == 403
+    # A node may not lift (or set) its own evacuation pause.
+    cluster.request("PATCH", f"/apis/{NODESTATES}/node-a",
+                    {"metadata": {"annotations": {PAUSE_ANNOTATION: "abc"}}},
+                    "application/merge-patch+json")  # fmt: skip
+    with pytest.raises(ApiError) as refused:
+        cluster.request("PATCH", f"/apis/{NODESTATES}/node-a",
+                        {"metadata": {"annotations": {PAUSE_ANNOTATION: None}}},
+                        "application/merge-patch+json", token=agent)  # fmt: skip
+    assert "evacuation-paused" in str(refused.value)
