@@ -37,8 +37,8 @@ from typing import Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.kubelet_harness import Harness, Unavailable, binary, running  # noqa: E402
-from tests.withhold_support import (  # noqa: E402
+from tests.kubelet_harness import Harness, Unavailable, binary, running
+from tests.withhold_support import (
     HELD_4C,
     KEEP,
     NODE,
@@ -51,11 +51,11 @@ from tests.withhold_support import (  # noqa: E402
     config,
     settings,
 )
-from vgpu_state.deviceplugin import DevicePluginManager  # noqa: E402
-from vgpu_state.model.plan import Plan  # noqa: E402
-from vgpu_state.reconcile import Mode, Ports, reconcile_once  # noqa: E402
-from vgpu_state.sim.host import SimHost  # noqa: E402
-from vgpu_state.testing import FakeCluster  # noqa: E402
+from vgpu_state.deviceplugin import DevicePluginManager
+from vgpu_state.model.plan import Plan
+from vgpu_state.reconcile import Mode, Ports, reconcile_once
+from vgpu_state.sim.host import SimHost
+from vgpu_state.testing import FakeCluster
 
 GOAL_S = 1.0
 POLL_S = 0.005
@@ -126,9 +126,7 @@ def run(runs: int) -> int:
                     _until(k, {R_4C: 1, R_4Q: 1, R_4A: 1})
                     sent.clear()
                     started = time.monotonic()
-                    worker = threading.Thread(
-                        target=reconcile, args=(SWITCH, "evacuate", no_slot)
-                    )
+                    worker = threading.Thread(target=reconcile, args=(SWITCH, "evacuate", no_slot))
                     worker.start()
                     seen = _until(k, after)
                     worker.join()

@@ -67,7 +67,9 @@ def base() -> Iterator[Path]:
 
 
 def _agent_api(cluster: ControlPlane, node: str, base: Path) -> KubeApi:
-    kubeconfig = cluster.write_kubeconfig(base / f"{node}-kubeconfig", token=cluster.agent_token(node))
+    kubeconfig = cluster.write_kubeconfig(
+        base / f"{node}-kubeconfig", token=cluster.agent_token(node)
+    )
     return KubeApi.connect(str(kubeconfig))
 
 
@@ -91,9 +93,7 @@ def test_the_status_names_the_pending_switch_what_it_withholds_and_the_vm_in_its
 
     def reconcile(layout: str) -> None:
         ports = Ports(host, agent, config(layout), sink, sink.dra_channel(None), processes=agent)
-        reconcile_once(
-            ports, settings(), mode=Mode.APPLY, config_name="a2", skip_blocked=True
-        )
+        reconcile_once(ports, settings(), mode=Mode.APPLY, config_name="a2", skip_blocked=True)
 
     try:
         reconcile(KEEP)
