@@ -45,6 +45,7 @@ from vgpu_state.model.errors import TransientError
 from vgpu_state.model.plan import Action, ActionKind, Blocked, GpuPlan, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import SharedParts
+from vgpu_state.reconcile.evacuation import document_evacuates, evacuation_lines
 from vgpu_state.reconcile.fleet import (
     FleetPlan,
     FleetSummary,
@@ -54,7 +55,6 @@ from vgpu_state.reconcile.fleet import (
     fleet_header,
     node_document,
 )
-from vgpu_state.reconcile.evacuation import document_evacuates, evacuation_lines
 from vgpu_state.reconcile.settings import Settings
 from vgpu_state.render.plan import before_after
 

@@ -405,6 +405,8 @@ def evacuation_lines(ev: FleetEvacuation) -> list[str]:
         )
     lines += [f"  warning: {line}" for line in short_text(ev)]
     if ev.withheld:
-        lines.append("Withheld during the change (free vGPUs not offered while a switch is pending):")
+        lines.append(
+            "Withheld during the change (free vGPUs not offered while a switch is pending):"
+        )
         lines += [f"  {withheld_text(w)}" for w in ev.withheld]
     return lines
