@@ -41,7 +41,6 @@ from tests.withhold_support import (
     VM_HOLDER,
     a2_host,
     config,
-    plans_withhold,
     settings,
 )
 from vgpu_state.agent.cluster import AgentCluster, ClusterSink
@@ -80,9 +79,8 @@ def _status(cluster: ControlPlane, node: str) -> dict[str, Any]:
 
 
 def test_the_status_names_the_pending_switch_what_it_withholds_and_the_vm_in_its_way(
-    cluster: ControlPlane, base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: ControlPlane, base: Path, tmp_path: Path
 ) -> None:
-    plans_withhold(monkeypatch)
     host = SimHost(a2_host(tmp_path))
     api = _agent_api(cluster, NODE, base)
     agent = AgentCluster(
@@ -201,16 +199,15 @@ vgpu-configs:
 
 
 def test_withheld_vgpus_leave_the_resourceslices_and_come_back(
-    cluster: ControlPlane, base: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: ControlPlane, base: Path
 ) -> None:
-    plans_withhold(monkeypatch)
     host = SimHost(SIM / "l40s-pair.yaml")
     api = _agent_api(cluster, DRA_NODE, base)
     dra = DraNode(api, DRA_NODE, dra_paths(base, host.root), resync_seconds=3600, catalog=CATALOG)
     node = FakeCluster(DRA_NODE)
 
     def reconcile(layout: str) -> Any:
-        text = DRA_LAYOUT.format(policy="protect", layout=layout)
+        text = DRA_LAYOUT.format(policy="evacuate", layout=layout)
         source = StaticConfigSource(load_text(text, "layouts.yaml", catalog=CATALOG))
         ports = Ports(host, node, source, RecordingDevicePlugin(), dra)
         return reconcile_once(

@@ -34,7 +34,6 @@ from tests.withhold_support import (
     VM_HOLDER,
     a2_host,
     config,
-    plans_withhold,
     settings,
 )
 from vgpu_state.deviceplugin import DevicePluginManager
@@ -75,10 +74,9 @@ def _allocate_by_id(manager: DevicePluginManager, resource: str, key: str) -> gr
 
 
 def test_withheld_vgpus_leave_the_kubelets_allocatable_and_come_back_after_a_revert(
-    tmp_path: Path, short_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, short_dir: Path
 ) -> None:
     require_harness()
-    plans_withhold(monkeypatch)
     host = SimHost(a2_host(tmp_path))
     cluster = FakeCluster(NODE, in_use={HELD_4C: VM_HOLDER})
     plugin_dir = short_dir / "device-plugins"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import pytest
-
 from tests.withhold_support import (
     FREE_4A,
     FREE_4Q,
@@ -23,7 +21,6 @@ from tests.withhold_support import (
     VM_HOLDER,
     a2_host,
     config,
-    plans_withhold,
     settings,
 )
 from vgpu_state.model.plan import Plan
@@ -35,16 +32,15 @@ from vgpu_state.testing import FakeCluster, RecordingDevicePlugin
 
 
 def _ports(
-    host: SimHost, cluster: FakeCluster, layout: str
+    host: SimHost, cluster: FakeCluster, layout: str, policy: str = "evacuate"
 ) -> tuple[Ports, RecordingDevicePlugin, RecordingDevicePlugin]:
     plugin, dra = RecordingDevicePlugin(), RecordingDevicePlugin()
-    return Ports(host, cluster, config(layout), plugin, dra), plugin, dra
+    return Ports(host, cluster, config(layout, policy), plugin, dra), plugin, dra
 
 
 def test_the_plugin_and_dra_learn_what_is_withheld_before_the_rollout_gate(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path
 ) -> None:
-    plans_withhold(monkeypatch)
     host = SimHost(a2_host(tmp_path))
     cluster = FakeCluster(NODE)
     ports, plugin, dra = _ports(host, cluster, SWITCH)
@@ -76,7 +72,7 @@ def test_under_protect_a_deferred_switch_is_reported_and_nothing_is_withheld(
 ) -> None:
     host = SimHost(a2_host(tmp_path))
     cluster = FakeCluster(NODE, in_use={HELD_4C: VM_HOLDER})
-    ports, plugin, dra = _ports(host, cluster, SWITCH)
+    ports, plugin, dra = _ports(host, cluster, SWITCH, "protect")
     try:
         reconcile_once(ports, settings(), mode=Mode.APPLY, config_name="a2", skip_blocked=True)
         assert set(plugin.withheld) == {frozenset()} and set(dra.withheld) == {frozenset()}
@@ -89,7 +85,7 @@ def test_under_protect_a_deferred_switch_is_reported_and_nothing_is_withheld(
             VM_HOLDER in switch.message and "nothing is moved (in-use: protect)" in switch.message
         )
 
-        ports, plugin, dra = _ports(host, cluster, KEEP)
+        ports, plugin, dra = _ports(host, cluster, KEEP, "protect")
         reconcile_once(ports, settings(), mode=Mode.APPLY, config_name="a2", skip_blocked=True)
         assert cluster.last_status is not None and cluster.last_status.switches == ()
     finally:
@@ -97,9 +93,8 @@ def test_under_protect_a_deferred_switch_is_reported_and_nothing_is_withheld(
 
 
 def test_a_plan_only_report_withholds_nothing_and_names_no_switch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path
 ) -> None:
-    plans_withhold(monkeypatch)
     host = SimHost(a2_host(tmp_path))
     cluster = FakeCluster(NODE, in_use={HELD_4C: VM_HOLDER})
     ports, plugin, dra = _ports(host, cluster, SWITCH)
@@ -126,9 +121,8 @@ def _retyped(snapshot: NodeSnapshot, key: str, type_name: str) -> NodeSnapshot:
 
 
 def test_a_key_reused_by_a_vgpu_of_another_type_is_not_withheld_after_the_switch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path
 ) -> None:
-    plans_withhold(monkeypatch)
     host = SimHost(a2_host(tmp_path))
     cluster = FakeCluster(NODE, in_use={HELD_4C: VM_HOLDER})
     ports, _, _ = _ports(host, cluster, SWITCH)

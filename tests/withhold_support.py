@@ -1,17 +1,13 @@
-"""What the withheld-capacity tests share: a simulated A2 whose layout switches, the configs
-that switch and revert it, and how the plans withhold its vGPUs."""
+"""What the withheld-capacity tests share: a simulated A2 whose layout switches, and the
+configs (``in-use: evacuate`` unless told otherwise) that switch and revert it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import StaticConfigSource, load_text
-from vgpu_state.model.plan import ActionKind, Plan
-from vgpu_state.reconcile import Inputs, Settings
-from vgpu_state.reconcile import once as reconcile_once_module
+from vgpu_state.reconcile import Settings
 
 CATALOG = default_catalog()
 SIM = Path(__file__).resolve().parent.parent / "configs" / "sim"
@@ -49,7 +45,7 @@ def a2_host(tmp_path: Path) -> Path:
     return spec
 
 
-def config(layout: str, policy: str = "protect") -> StaticConfigSource:
+def config(layout: str, policy: str = "evacuate") -> StaticConfigSource:
     return StaticConfigSource(
         load_text(_LAYOUT.format(policy=policy, layout=layout), "layouts.yaml", catalog=CATALOG)
     )
@@ -57,33 +53,3 @@ def config(layout: str, policy: str = "protect") -> StaticConfigSource:
 
 def settings() -> Settings:
     return Settings(catalog=CATALOG)
-
-
-def evacuate_withholds(plan: Plan, inputs: Inputs) -> Plan:
-    """``plan`` with each pending switch's free vGPUs of departing types withheld, as
-    ``in-use: evacuate`` plans them (a switch is pending on a GPU that defers it or
-    whose vGPUs the plan destroys)."""
-    gpus = []
-    for g in plan.gpus:
-        destroys = any(a.kind is ActionKind.DESTROY for a in plan.gpu_actions(g.address))
-        live = inputs.snapshot.gpu(g.address)
-        wanted = next((d for d in inputs.desired.gpus if d.address == g.address), None)
-        if live is None or wanted is None or not (destroys or g.deferred_switch is not None):
-            gpus.append(g)
-            continue
-        keep = {name for name, count in wanted.types if count}
-        keys = sorted(
-            v.key for v in live.vgpus if v.key not in inputs.in_use and v.type_name not in keep
-        )
-        gpus.append(g.model_copy(update={"withheld": tuple(keys)}))
-    return plan.model_copy(update={"gpus": tuple(gpus)})
-
-
-def plans_withhold(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make every plan of this test withhold as ``in-use: evacuate`` does."""
-    plan_inputs = reconcile_once_module.plan_inputs
-
-    def withholding(inputs: Inputs, s: Settings) -> Plan:
-        return evacuate_withholds(plan_inputs(inputs, s), inputs)
-
-    monkeypatch.setattr(reconcile_once_module, "plan_inputs", withholding)

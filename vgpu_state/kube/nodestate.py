@@ -34,6 +34,7 @@ from vgpu_state.kube.errors import ClusterError, ContendedWriteError, NotFoundEr
 from vgpu_state.kube.liststream import stream_pages
 from vgpu_state.model import bounded
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.inuse import holder_vm
 from vgpu_state.model.lenient import known_fields
 from vgpu_state.model.resources import ResourceNameError, resource_name
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
@@ -580,19 +581,6 @@ class VGPUNodeStateStatus(_Model):
         return frozenset(c.resource_name for c in self.capacity if c.total > 0)
 
 
-_VM_OF_HOLDER = re.compile(
-    r"\(VM (?P<vm>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)\)$"
-)
-"""The VM a holder names (``pod ns/virt-launcher-x-abcde (VM ns/x)``, as the kubelet's
-pod-resources holders are written)."""
-
-
-def holder_vm(holder: str | None) -> str | None:
-    """``namespace/name`` of the VM ``holder`` names, or ``None``."""
-    found = _VM_OF_HOLDER.search(holder) if holder else None
-    return found.group("vm") if found else None
-
-
 def layout_status(
     snapshot: NodeSnapshot,
     in_use: Mapping[str, str] | None = None,
@@ -663,7 +651,7 @@ def _layout_status(
                     type=name,
                     resource_name=resource,
                     holder=holder,
-                    vm=holder_vm(holder),
+                    vm=holder_vm(holder) if holder else None,
                 )
             )
             if resource is not None:
