@@ -20,16 +20,21 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, event, given, settings
 
+from tests.builders import desired
+from tests.test_deferred_switch import node_and_targets
 from tests.test_fleet_markdown import _status
 from vgpu_state.catalog import default_catalog
 from vgpu_state.cli.main import cli
 from vgpu_state.config import StaticConfigSource, load_text
 from vgpu_state.kube.podresources.client import PodHolder
+from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.inuse import InUse, holder_vm
-from vgpu_state.model.plan import Capacity, Move, Plan
-from vgpu_state.model.policy import InUsePolicy
+from vgpu_state.model.plan import ActionKind, Capacity, Move, Plan
+from vgpu_state.model.policy import InUsePolicy, Policy
 from vgpu_state.model.snapshot import NodeSnapshot
+from vgpu_state.planner import plan as plan_of
 from vgpu_state.planner.evacuation import NodeEvacuation, NodeMove, node_evacuation
 from vgpu_state.ports import MemoryCluster
 from vgpu_state.reconcile import Ports, Settings
@@ -448,6 +453,44 @@ def test_room_after_a_plan_leaves_out_held_and_withheld_vgpus() -> None:
     ev = node_evacuation(p, snapshot)
     assert ev.room == ()  # 3 A2-4Q: 1 held, 2 withheld
     assert ev.withheld == (("nvidia.com/NVIDIA_A2-4Q", "NVIDIA A2-4Q", 2),)
-    with pytest.raises(ValueError, match="needs its scan"):
-        node_evacuation(p)
+    # Without the scan: no room either (every withheld vGPU counts as staying withheld).
+    assert node_evacuation(p).room == ()
     assert isinstance(p.capacity[0], Capacity)
+
+
+# the property ----------------------------------------------------------------------------------
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(node_and_targets())
+def test_evacuate_plans_the_steps_of_protect_and_withholds_only_free_departing_vgpus(
+    data: tuple[NodeSnapshot, dict[str, dict[str, int]], dict[str, str], Policy],
+) -> None:
+    """Over random layouts, holders and targets: the same steps and blocked items as
+    ``protect``; moves are the holders in a deferred switch's way; withheld are free
+    vGPUs the switch destroys (or keeps, deferred), counted per resource."""
+    snapshot, targets, in_use, policy = data
+    protect = policy.model_copy(update={"in_use": InUsePolicy.PROTECT})
+    evacuate = policy.model_copy(update={"in_use": InUsePolicy.EVACUATE})
+    p = plan_of(desired(targets, snapshot, protect), snapshot, in_use, catalog=CATALOG)
+    e = plan_of(desired(targets, snapshot, evacuate), snapshot, in_use, catalog=CATALOG)
+    assert e.actions == p.actions
+    assert [(b.address, b.kind, b.code, b.holder) for b in e.blocked] == [
+        (b.address, b.kind, b.code, b.holder) for b in p.blocked
+    ]
+    assert e.summary == p.summary
+    assert [c.model_copy(update={"withheld": 0}) for c in e.capacity] == list(p.capacity)
+    assert all(not g.withheld for g in p.gpus)
+    for h in e.gpus:
+        destroyed = {a.vgpu_key for a in e.gpu_actions(h.address) if a.kind is ActionKind.DESTROY}
+        kept = {
+            b.address.rsplit("[", 1)[-1].rstrip("]")
+            for b in e.gpu_blocked(h.address)
+            if b.code is BlockedReason.SWITCH_DEFERRED and b.kind is ActionKind.DESTROY
+        }
+        assert set(h.withheld) == destroyed | kept
+        assert not set(h.withheld) & set(in_use)
+        d = h.deferred_switch
+        if d is not None:
+            event("a switch deferred under evacuate")
+            assert [m.vgpu for m in d.moves] == [k for k in d.in_the_way if k in in_use]
+            assert all(m.holder == in_use[m.vgpu] for m in d.moves)
+    assert sum(c.withheld for c in e.capacity) == sum(len(h.withheld) for h in e.gpus)
