@@ -46,52 +46,6 @@ def layouts(in_use: str = "evacuate", evacuation: str = "") -> str:
     )
 
 
-# the statuses' contract fields ----------------------------------------------------------------
-CONTRACT_FIELDS = {
-    "switch": {
-        "type": "object",
-        "properties": {
-            "state": {"type": "string", "enum": ["deferred", "planned"]},
-            "policy": {"type": "string", "enum": ["protect", "ignore", "evacuate"]},
-            "departing": {
-                "type": "array",
-                "maxItems": 64,
-                "items": {"type": "string", "maxLength": 64},
-            },
-            "withheld": {"type": "integer", "minimum": 0},
-            "message": {"type": "string", "maxLength": 1024},
-        },
-    },
-    "vm": {"type": "string", "maxLength": 317},
-    "withheld": {"type": "integer", "minimum": 0},
-}
-
-
-def contract_schema(cluster: ControlPlane) -> None:
-    """The ``VGPUNodeState`` fields the evacuation reads (``gpus[].switch``,
-    ``gpus[].vgpus[].vm``, ``capacity[].withheld``), added to the installed CRD when the
-    shipped one lacks them (the agents' side writes them; these tests write statuses
-    directly)."""
-    crd = cluster.request(
-        "GET",
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/vgpunodestates.vgpu-state.io",
-    )
-    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
-    gpu = status["properties"]["gpus"]["items"]["properties"]
-    vgpu = gpu["vgpus"]["items"]["properties"]
-    capacity = status["properties"]["capacity"]["items"]["properties"]
-    if "switch" in gpu and "vm" in vgpu and "withheld" in capacity:
-        return
-    gpu.setdefault("switch", CONTRACT_FIELDS["switch"])
-    vgpu.setdefault("vm", CONTRACT_FIELDS["vm"])
-    capacity.setdefault("withheld", CONTRACT_FIELDS["withheld"])
-    cluster.request(
-        "PUT",
-        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}",
-        crd,
-    )
-
-
 # the simulated fleet ---------------------------------------------------------------------------
 def vgpu(node: str, i: int, vm: str | None = None) -> dict[str, Any]:
     v: dict[str, Any] = {
@@ -237,7 +191,6 @@ def controller(
 @pytest.fixture
 def fleet(kubevirt_vms: ControlPlane) -> ControlPlane:
     cluster = kubevirt_vms
-    contract_schema(cluster)
     cluster.write("kubevirt.io/v1/kubevirts", "kubevirt", {"spec": {}}, "kubevirt")
     cluster.refusals_expected = False
     return cluster

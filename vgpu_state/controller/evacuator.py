@@ -256,6 +256,10 @@ class Evacuator:
                                 EventType.WARNING, now, budget)  # fmt: skip
         for start in decision.starts:
             self._start(start, configs, token, now, nodes, budget)
+        # What is no longer found is forgotten: memory follows the cluster, and a reason
+        # that comes back is named again.
+        self._named &= {(i.vm, i.reason) for i in decision.impossible}
+        self._finished &= {f.migration.uid or f.migration.name for f in decision.finished}
         for imp in decision.impossible:
             if (imp.vm, imp.reason) in self._named:
                 continue
