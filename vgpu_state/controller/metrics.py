@@ -126,6 +126,12 @@ class ControllerMetrics:
             "EvacuationImpossible Event).",
             registry=r,
         )
+        self.evacuation_errors = Counter(
+            f"{c}_evacuation_errors",
+            "Evacuation steps that failed (retried on the next pass): KubeVirt's CRDs "
+            "missing, a refused request, a lost term.",
+            registry=r,
+        )
         self.evacuation_paused = Gauge(
             f"{c}_evacuation_paused_nodes",
             "Nodes whose evacuation is paused after a failed move, until their layout changes.",

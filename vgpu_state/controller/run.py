@@ -436,7 +436,10 @@ class Controller:
         source = self.settings.bounding_layouts
         if source is None:
             return
-        document = source.document()
+        try:
+            document = source.document()
+        except ConfigError:
+            return  # the pass named it already (its bounds)
         evacuator = self._evacuator
         if evacuator is None:
             fleet = self.settings.fleet
@@ -454,7 +457,13 @@ class Controller:
             if s.renew_deadline - (self.clock() - self._renewed) < s.request_timeout:
                 raise TransientError("evacuation: nothing written, the Lease renewal took too long")
 
-        evacuator.step(document, self.wall(), confirm, term.token)
+        try:
+            evacuator.step(document, self.wall(), confirm, term.token)
+        except (ClusterError, TransientError) as e:
+            # The KubeVirt CR's part of the pass stands; the evacuation is tried again on
+            # the next pass (KubeVirt's CRDs missing, a refused request, a lost term).
+            self.metrics.evacuation_errors.inc()
+            log.warning("evacuation step failed (retried next pass): %s", e)
 
     def _current(self, bounds: LayoutBounds) -> tuple[NodeReport, ...]:
         """Every node's report: from the watched cache when it holds them for ``bounds``,
