@@ -50,9 +50,10 @@ REPO = Path(__file__).resolve().parent.parent
 HACK = REPO / "hack" / "k8s"
 BIN = Path(os.environ.get("VGPU_STATE_K8S_BIN") or HACK / "bin")
 KUBEVIRT_OPENAPI = Path("/work/shared/reference/kubevirt-cr.openapi.json")  # as tests/apiserver.py
-KUBEVIRT_SWAGGER = Path(
-    os.environ.get("VGPU_STATE_KUBEVIRT_BIN") or REPO / "hack" / "kubevirt" / "bin"
-) / "swagger.json"
+KUBEVIRT_SWAGGER = (
+    Path(os.environ.get("VGPU_STATE_KUBEVIRT_BIN") or REPO / "hack" / "kubevirt" / "bin")
+    / "swagger.json"
+)
 """KubeVirt's own OpenAPI document (``hack/kubevirt/fetch.sh``): the VM, VMI and migration
 CRDs' schemas."""
 NAMESPACE = "vgpu-state"

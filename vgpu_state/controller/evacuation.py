@@ -512,9 +512,12 @@ def decide(
     for left in restarting.values():
         in_flight[left] = in_flight.get(left, 0) + 1
     for f in out.finished:
-        config = configs.get(f.migration.node)
-        if not f.ok and config is not None and config.evacuate:
-            out.pause[f.migration.node] = config.fingerprint
+        config, node_now = configs.get(f.migration.node), by_name.get(f.migration.node)
+        if f.ok or config is None or not config.evacuate:
+            continue
+        if node_now is not None and node_now.paused == config.fingerprint:
+            continue  # paused for it already (the annotation is written once)
+        out.pause[f.migration.node] = config.fingerprint
     total = sum(in_flight.values())
     out.in_flight = total
     fleet_left = max(top.max_in_flight - total, 0)
