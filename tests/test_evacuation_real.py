@@ -361,6 +361,7 @@ def test_a_failed_or_timed_out_migration_pauses_the_node_until_its_layout_change
     report(cluster, "node-a", status("node-a", [f"{NS}/win-7", f"{NS}/win-8"], switch=True))
     report(cluster, "node-b", status("node-b", [], switch=False))
     clock = Clock()
+    mark = cluster.audit_mark()
     ctl = controller(cluster, tmp_path, layouts(), clock)
     ctl.run_once()
     assert len(migrations(cluster)) == 1
@@ -394,6 +395,12 @@ def test_a_failed_or_timed_out_migration_pauses_the_node_until_its_layout_change
     clock.offset += dt.timedelta(minutes=1)
     assert controller(cluster, tmp_path, other, clock, "controller-2").run_once() is not None
     assert len(migrations(cluster)) == 2
+    pauses = [
+        e
+        for e in cluster.audit(mark, CONTROLLER_USER)
+        if e["verb"] == "patch" and e["objectRef"].get("resource") == "vgpunodestates"
+    ]
+    assert len(pauses) == 1, "the pause is written once"
 
 
 def test_five_nodes_with_a_budget_of_one_never_have_two_migrations_in_flight(
