@@ -424,9 +424,11 @@ def test_five_nodes_with_a_budget_of_one_never_have_two_migrations_in_flight(
         stand_in.step()
     assert len(stand_in.moved) == 5, "every VM left its node, one at a time"
     # In flight, as the API server saw it: the controller's creates, the stand-in's ends.
-    flight, most = 0, 0
+    flight, most, reads_in_flight = 0, 0, 0
     for e in cluster.audit(mark):
         ref = e.get("objectRef", {})
+        if ref.get("resource") == "virtualmachineinstances" and flight:
+            reads_in_flight += e["user"]["username"] == CONTROLLER_USER
         if ref.get("resource") != "virtualmachineinstancemigrations":
             continue
         code = e.get("responseStatus", {}).get("code", 0)
@@ -436,6 +438,7 @@ def test_five_nodes_with_a_budget_of_one_never_have_two_migrations_in_flight(
             flight -= 1
         most = max(most, flight)
     assert most == 1
+    assert reads_in_flight == 0, "with the budget spent no VM is read"
 
 
 def test_only_labelled_steered_migrations_of_the_controller_and_no_pause_lifted_by_a_node(

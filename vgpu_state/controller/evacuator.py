@@ -110,7 +110,12 @@ class Evacuator:
         ]
         self._forget_restarts(now, configs)
         restarting = {vm: node for vm, (node, _) in self._restarting.items()}
-        wanted = ev.candidates(nodes, configs, migrations, restarting)
+        top = top_policy(document).evacuation
+        moving = sum(not m.done for m in migrations) + len(restarting)
+        # With the fleet's budget spent nothing can start: no VM is read (a pass every
+        # interval while migrations run costs two lists, not a read per waiting VM).
+        full = moving >= top.max_in_flight
+        wanted = [] if full else ev.candidates(nodes, configs, migrations, restarting)
         vmis: dict[str, ev.Vmi | None] = {}
         vms: dict[str, ev.Vm | None] = {}
         pdbs: dict[str, list[ev.Pdb]] = {}
@@ -125,17 +130,17 @@ class Evacuator:
                         path_of("policy", "v1", "poddisruptionbudgets", None, namespace)
                     )
                 ]
-        top = top_policy(document).evacuation
         decision = ev.decide(nodes, configs, top, migrations, vmis, vms, pdbs, now, restarting)
         by_name = {n.name: n for n in nodes}
         if decision.starts or decision.pause:
             confirm()
-        self._write(decision, by_name, configs, token, now)
+        self._write(decision, by_name, configs, token, now, evaluated=not full)
         self.active = bool(decision.in_flight or decision.waiting or decision.starts
                            or self._restarting)  # fmt: skip
         m = self.metrics
         m.evacuation_in_flight.set(decision.in_flight + len(decision.starts))
-        m.evacuation_impossible.set(len(decision.impossible))
+        if not full:
+            m.evacuation_impossible.set(len(decision.impossible))
         m.evacuation_paused.set(len(decision.paused) + len(decision.pause))
         return decision
 
@@ -213,7 +218,10 @@ class Evacuator:
         configs: dict[str, ev.NodeConfig],
         token: str,
         now: dt.datetime,
+        evaluated: bool = True,
     ) -> None:
+        """``evaluated``: this step looked at the VMs (the budget was not spent), so the
+        moves it found impossible are all there are."""
         budget = [MAX_EVENTS]
         for node, print_ in sorted(decision.pause.items()):
             self._pause(node, print_)
@@ -258,7 +266,8 @@ class Evacuator:
             self._start(start, configs, token, now, nodes, budget)
         # What is no longer found is forgotten: memory follows the cluster, and a reason
         # that comes back is named again.
-        self._named &= {(i.vm, i.reason) for i in decision.impossible}
+        if evaluated:
+            self._named &= {(i.vm, i.reason) for i in decision.impossible}
         self._finished &= {f.migration.uid or f.migration.name for f in decision.finished}
         for imp in decision.impossible:
             if (imp.vm, imp.reason) in self._named:
