@@ -479,3 +479,44 @@ def test_only_labelled_steered_migrations_of_the_controller_and_no_pause_lifted_
                         {"metadata": {"annotations": {PAUSE_ANNOTATION: None}}},
                         "application/merge-patch+json", token=agent)  # fmt: skip
     assert "evacuation-paused" in str(refused.value)
+
+
+def test_the_watching_controller_moves_the_vm_from_its_watched_statuses(
+    fleet: ControlPlane, tmp_path: Path
+) -> None:
+    """The controller's own loop (watches, passes every interval while a move is in flight):
+    the VM moves, and the statuses come from the watched cache, not a list per pass."""
+    import threading
+    import time
+
+    cluster = fleet
+    two_nodes(cluster)
+    api = KubeApi.connect(str(cluster.controller_kubeconfig(tmp_path / "controller")))
+    source = StaticConfigSource(load_text(layouts(), "layouts.yaml", catalog=default_catalog()))
+    settings = ControllerSettings(identity="controller-0", layouts=source,
+                                  catalog=default_catalog(), interval=0.5)  # fmt: skip
+    ctl = Controller(api, settings)
+    mark = cluster.audit_mark()
+    stop = threading.Event()
+    thread = threading.Thread(target=ctl.run, args=(stop,), daemon=True)
+    thread.start()
+    stand_in = StandInMigrations(cluster)
+    try:
+        deadline = time.monotonic() + 30
+        while not stand_in.step():
+            assert time.monotonic() < deadline, "no migration within 30 s"
+            time.sleep(0.2)
+        while not events(cluster, "EvacuationSucceeded"):
+            assert time.monotonic() < deadline, "its success not named within 30 s"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert cluster.get(VMIS, "win-7", NS)["status"]["nodeName"] == "node-b"
+    lists = [
+        e
+        for e in cluster.audit(mark, CONTROLLER_USER)
+        if e["verb"] == "list" and e["objectRef"].get("resource") == "vgpunodestates"
+    ]
+    passes = ctl.metrics.passes.labels("ok")._value.get()
+    assert passes >= 2 and len(lists) == 1, (passes, len(lists))  # the watch's first list

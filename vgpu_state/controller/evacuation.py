@@ -62,6 +62,10 @@ PAUSE_ANNOTATION = "vgpu-state.io/evacuation-paused"
 that node failed; evacuation of the node waits until its layout changes."""
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
+MAX_HELD = 64
+"""Held vGPUs of one node kept (a VM moves off a node at most ``max-per-node`` at a time; a
+node claiming more is read again after its first ones moved): what the controller keeps
+between passes stays small, whatever a node reports."""
 MAX_CANDIDATES = 64
 """VMs one pass looks at (read their VMI, VM and budgets) at most; the rest on later passes."""
 MAX_VM_KEY = 317
@@ -201,6 +205,11 @@ def read_node(obj: Mapping[str, Any], max_gpus: int = 32, max_vgpus: int = 64) -
                 problems.append(
                     f"GPU {address}: vGPU vm {str(v.get('vm'))[:80]!r} is not namespace/name"
                 )
+                continue
+            if len(held) >= MAX_HELD:
+                said = f"more than {MAX_HELD} held vGPUs in the way; the first {MAX_HELD} are read"
+                if said not in problems:
+                    problems.append(said)
                 continue
             held.append(Held(name, address, _text(v.get("id"), 64) or "?", type_name,
                              resource, vm))  # fmt: skip

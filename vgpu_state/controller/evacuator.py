@@ -18,7 +18,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -94,12 +94,15 @@ class Evacuator:
         now: dt.datetime,
         confirm: Callable[[], None],
         token: str,
+        statuses: Mapping[str, ev.NodeStatus] | None = None,
     ) -> ev.Decision | None:
-        """One evacuation step (``None``: no config evacuates; nothing was read)."""
+        """One evacuation step (``None``: no config evacuates; nothing was read).
+        ``statuses``: every node's, as the pass read them (listed, or the watched cache);
+        ``None``: listed here."""
         if not evacuating(document):
             self.active = False
             return None
-        nodes = self._nodes()
+        nodes = list(statuses.values()) if statuses is not None else self._nodes()
         labels = self._labels()
         configs = self._configs(document, nodes, labels)
         migrations = [

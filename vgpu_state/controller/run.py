@@ -45,6 +45,7 @@ from vgpu_state.config.selection import DEFAULT_LABEL_KEY
 from vgpu_state.controller import informers
 from vgpu_state.controller.bounds import LayoutBounds
 from vgpu_state.controller.desired import Decision, Missing, decide
+from vgpu_state.controller.evacuation import NodeStatus, read_node
 from vgpu_state.controller.evacuator import Evacuator
 from vgpu_state.controller.fleetcache import FleetCache, fanout
 from vgpu_state.controller.fleetview import fleet_totals
@@ -252,6 +253,10 @@ class Controller:
     """While watching with a fleet view: each node's part of its totals."""
     _cr_version: str = ""
     _evacuator: Evacuator | None = None
+    _statuses: dict[str, NodeStatus] | None = None
+    """Each node's status as the evacuation believes it, from the pass's list (``None``
+    when the pass read the watched cache: it holds them)."""
+    _listing: dict[str, NodeStatus] = field(default_factory=dict)
 
     def lead(self, after: int | None = None) -> bool:
         """Take or renew the Lease; ``True`` while this replica leads. ``after``: a term
@@ -457,8 +462,11 @@ class Controller:
             if s.renew_deadline - (self.clock() - self._renewed) < s.request_timeout:
                 raise TransientError("evacuation: nothing written, the Lease renewal took too long")
 
+        statuses = self._statuses
+        if statuses is None and self._cache is not None:
+            statuses = self._cache.statuses()
         try:
-            evacuator.step(document, self.wall(), confirm, term.token)
+            evacuator.step(document, self.wall(), confirm, term.token, statuses)
         except (ClusterError, TransientError) as e:
             # The KubeVirt CR's part of the pass stands; the evacuation is tried again on
             # the next pass (KubeVirt's CRDs missing, a refused request, a lost term).
@@ -473,14 +481,17 @@ class Controller:
         if current is not None:
             kept, self._uids = current
             self._reports = kept
+            self._statuses = None
             return tuple(kept[name][2] for name in sorted(kept))
         versions: list[str] = []
+        self._listing = {}
         listed = nodestate.list_pages(
             self.api, lambda obj: self._listed(obj, bounds), on_version=versions.append
         )
         reports = tuple(self._reports_of(listed, bounds))
+        self._statuses, self._listing = self._listing, {}
         if cache is not None and versions and versions[0]:
-            cache.listed(self._reports, self._uids, bounds)
+            cache.listed(self._reports, self._uids, bounds, self._statuses)
             self._watch_nodestates().resume(versions[0])
             self.metrics.relists.inc()
         return reports
@@ -521,6 +532,7 @@ class Controller:
         name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
         if meta.get("uid"):
             self._uids[name] = str(meta["uid"])
+        self._listing[name] = read_node(obj)
         kept = self._reports.get(name)
         if kept is not None and version and kept[0] == version and kept[1] is bounds:
             return name, version, kept[2]
