@@ -2,10 +2,10 @@
 
 Run once per pass by the leader only, after its KubeVirt CR write, and only when the
 layouts document has a config with ``in-use: evacuate`` (otherwise it sends no request).
-One step lists every ``VGPUNodeState`` (page by page, each bounded by
-:func:`~vgpu_state.controller.evacuation.read_node`, the scan dropped), every Node's
-labels (metadata only: they select each node's config) and the controller's migrations
-(by label); it reads the VMI and the VM of each VM that may move (at most
+One step takes every node's status as the pass read it (its list, or the watched
+cache; each bounded by :func:`~vgpu_state.controller.evacuation.read_node`, the scan
+dropped), lists every Node's labels (metadata only: they select each node's config) and
+the controller's migrations (by label); it reads the VMI and the VM of each VM that may move (at most
 :data:`~vgpu_state.controller.evacuation.MAX_CANDIDATES`) and the PodDisruptionBudgets of
 their namespaces. Before it writes, the Lease is renewed (the caller's ``confirm``): a
 replica that lost its term writes nothing. Every migration carries the writer term's token.
