@@ -5,9 +5,9 @@ layouts document has a config with ``in-use: evacuate`` (otherwise it sends no r
 One step takes every node's status as the pass read it (its list, or the watched
 cache; each bounded by :func:`~vgpu_state.controller.evacuation.read_node`, the scan
 dropped), lists every Node's labels (metadata only: they select each node's config) and
-the controller's migrations (by label); it reads the VMI and the VM of each VM that may move (at most
-:data:`~vgpu_state.controller.evacuation.MAX_CANDIDATES`) and the PodDisruptionBudgets of
-their namespaces. Before it writes, the Lease is renewed (the caller's ``confirm``): a
+the controller's migrations (by label); it reads the VMI and the VM of each VM that may
+move (at most :data:`~vgpu_state.controller.evacuation.MAX_CANDIDATES`) and the
+PodDisruptionBudgets of their namespaces. Before it writes, the Lease is renewed (the caller's ``confirm``): a
 replica that lost its term writes nothing. Every migration carries the writer term's token.
 """
 
@@ -66,8 +66,10 @@ def fingerprint(document: ConfigDocument, config: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def migration_name(vmi: str, uid: str, node: str, print_: str) -> str:
-    digest = hashlib.sha256(f"{uid}/{node}/{print_}".encode()).hexdigest()[:8]
+def migration_name(vmi: str, uid: str, node: str, print_: str, before: int) -> str:
+    """The same for every replica deciding the same move (a second create is refused, 409),
+    another for the VMI's next move (``before``: its migrations in the cluster)."""
+    digest = hashlib.sha256(f"{uid}/{node}/{print_}/{before}".encode()).hexdigest()[:8]
     return f"vgpu-state-{vmi}"[:52].rstrip("-.") + f"-{digest}"
 
 
@@ -85,6 +87,8 @@ class Evacuator:
     _paused_named: set[tuple[str, str]] = field(default_factory=set)
     _restarting: dict[str, tuple[str, dt.datetime]] = field(default_factory=dict)
     """VM → (node it left, when) of the restarts started and not running again."""
+    _migrations: list[ev.Migration] = field(default_factory=list)
+    """The controller's migrations as this step listed them."""
     active: bool = False
     """The last step found moves in flight or waiting: the loop passes again soon."""
 
@@ -111,6 +115,7 @@ class Evacuator:
                 path_of(*KUBEVIRT, MIGRATIONS), label_selector=f"{ev.EVACUATION_LABEL}=true"
             )
         ]
+        self._migrations = migrations
         self._forget_restarts(now, configs)
         restarting = {vm: node for vm, (node, _) in self._restarting.items()}
         top = top_policy(document).evacuation
@@ -298,7 +303,13 @@ class Evacuator:
                 "apiVersion": "kubevirt.io/v1",
                 "kind": "VirtualMachineInstanceMigration",
                 "metadata": {
-                    "name": migration_name(name, start.vmi_uid, held.node, config.fingerprint),
+                    "name": migration_name(
+                        name,
+                        start.vmi_uid,
+                        held.node,
+                        config.fingerprint,
+                        sum(m.vm == held.vm for m in self._migrations),
+                    ),
                     "namespace": namespace,
                     "labels": {ev.EVACUATION_LABEL: "true", ev.NODE_LABEL: held.node},
                     "annotations": {
