@@ -7,8 +7,9 @@ cache; each bounded by :func:`~vgpu_state.controller.evacuation.read_node`, the 
 dropped), lists every Node's labels (metadata only: they select each node's config) and
 the controller's migrations (by label); it reads the VMI and the VM of each VM that may
 move (at most :data:`~vgpu_state.controller.evacuation.MAX_CANDIDATES`) and the
-PodDisruptionBudgets of their namespaces. Before it writes, the Lease is renewed (the caller's ``confirm``): a
-replica that lost its term writes nothing. Every migration carries the writer term's token.
+PodDisruptionBudgets of their namespaces. Before it writes, the Lease is renewed (the
+caller's ``confirm``): a replica that lost its term writes nothing. Every migration
+carries the writer term's token.
 """
 
 from __future__ import annotations
