@@ -106,10 +106,7 @@ def main() -> None:
             print(f"pass, {label}: {took * 1000:.0f} ms, {sum(by.values())} requests")
             print(f"  {dict(sorted(by.items()))}")
 
-        nodes = [
-            ev.read_node(obj)
-            for obj in plane.list("vgpu-state.io/v1alpha1/vgpunodestates")
-        ]
+        nodes = [ev.read_node(obj) for obj in plane.list("vgpu-state.io/v1alpha1/vgpunodestates")]
         configs = {
             n.name: ev.NodeConfig(n.name < names[args.evacuating], Evacuation(), "fp")
             for n in nodes
