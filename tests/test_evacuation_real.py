@@ -263,6 +263,10 @@ def test_a_held_vm_is_migrated_to_the_node_with_room_only_under_evacuate(
     a = cluster.get(NODESTATES, "node-a")["status"]["gpus"][0]
     assert a["switch"]["state"] == "planned" and not any("vm" in v for v in a["vgpus"])
     assert len(migrations(cluster)) == 1, "nothing left to move"
+    moves = ctl.metrics.evacuation_moves
+    assert moves.labels("migrate", "started")._value.get() == 1
+    assert moves.labels("migrate", "succeeded")._value.get() == 1
+    assert ctl.metrics.evacuation_in_flight._value.get() == 0
 
 
 def test_no_room_elsewhere_moves_nothing_and_names_the_reason_once(
