@@ -318,8 +318,7 @@ def test_fleet_plan_lists_each_move_with_the_nodes_that_have_room(tmp_path: Path
     )
     assert lines[start + 1 : start + 6] == [
         "  vms/win-7 leaves node-a: A2-4Q free on node-b, node-c",
-        f"  {JOB} on node-d cannot be moved: not a KubeVirt VM; GPU {GPU} switches once it "
-        "lets go",
+        f"  {JOB} on node-d cannot be moved: not a KubeVirt VM; GPU {GPU} switches once it lets go",
         "Withheld during the change (free vGPUs not offered while a switch is pending):",
         "  nvidia.com/NVIDIA_A2-4Q: 4 on 2 node(s)",
         "Fleet: 4 node(s): 2 with changes, 2 unchanged, 0 unknown, 0 error(s). 0 to create, "
