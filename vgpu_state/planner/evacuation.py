@@ -96,14 +96,16 @@ def node_evacuation(plan: Plan, snapshot: NodeSnapshot | None = None) -> NodeEva
     Room per resource is ``after - held``, less the vGPUs that stay withheld after the
     plan: those of GPUs whose switch is deferred (a switch that runs destroys what it
     withholds, so ``after`` lacks them already). Telling which resource those are needs
-    the scan the plan was made from (``snapshot``); a plan that withholds nothing needs
-    none.
+    the scan the plan was made from (``snapshot``); without it every withheld vGPU
+    counts as staying withheld (less room, never more). A plan that withholds nothing
+    needs none.
     """
     kept_withheld: Counter[tuple[str, Publish]] = Counter()
     deferred = [g for g in plan.gpus if g.deferred_switch is not None and g.withheld]
-    if deferred:
-        if snapshot is None:
-            raise ValueError("a plan that withholds vGPUs of a deferred switch needs its scan")
+    if deferred and snapshot is None:
+        for c in plan.capacity:
+            kept_withheld[(c.resource or "", c.publish)] += c.withheld
+    elif deferred and snapshot is not None:
         for header in deferred:
             g = snapshot.gpu(header.address)
             if g is None:
