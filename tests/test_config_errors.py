@@ -475,7 +475,7 @@ CASES: list[tuple[str, str, list[str]]] = [
         "policy_in_use",
         "version: v1\npolicy: {in-use: protekt}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
         [
-            "2:18: in-use must be one of protect, ignore, found 'protekt'; did you mean protect? (policy.in-use)"
+            "2:18: in-use must be one of protect, ignore, evacuate, found 'protekt'; did you mean protect? (policy.in-use)"
         ],
     ),
     (
@@ -493,6 +493,63 @@ CASES: list[tuple[str, str, list[str]]] = [
         "version: v1\nvgpu-configs:\n  a10:\n    policy: {sriov: false}\n    entries:\n      - devices: all\n        vgpu-devices: {A10-4Q: 1}\n",
         [
             "4:21: sriov must be one of auto, off, found false (a boolean); did you mean off? (vgpu-configs.a10.policy.sriov)"
+        ],
+    ),
+    (
+        "evacuation_in_flight_over",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {max-in-flight: 1001}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:31: max-in-flight must be a whole number from 0 to 1000, found 1001 (policy.evacuation.max-in-flight)"],
+    ),
+    (
+        "evacuation_in_flight_negative",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {max-in-flight: -1}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:31: max-in-flight must be a whole number from 0 to 1000, found -1 (policy.evacuation.max-in-flight)"],
+    ),
+    (
+        "evacuation_per_node_zero",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {max-per-node: 0}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:30: max-per-node must be a whole number from 1 to 1000, found 0 (policy.evacuation.max-per-node)"],
+    ),
+    (
+        "evacuation_per_node_text",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {max-per-node: two}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:30: max-per-node must be a whole number from 1 to 1000, found 'two' (policy.evacuation.max-per-node)"],
+    ),
+    (
+        "evacuation_timeout_short",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {timeout: 9s}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:25: timeout must be from 10s to 24h, found '9s' (policy.evacuation.timeout)"],
+    ),
+    (
+        "evacuation_timeout_long",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {timeout: 1441m}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:25: timeout must be from 10s to 24h, found '1441m' (policy.evacuation.timeout)"],
+    ),
+    (
+        "evacuation_timeout_number",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {timeout: 600}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:25: timeout must be a duration such as 90s, 10m or 1h (a whole number with s, m or h), found 600; did you mean 600s? (policy.evacuation.timeout)"],
+    ),
+    (
+        "evacuation_timeout_unit",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {timeout: 10min}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:25: timeout must be a duration such as 90s, 10m or 1h (a whole number with s, m or h), found '10min' (policy.evacuation.timeout)"],
+    ),
+    (
+        "evacuation_restart_text",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {restart: 'yes'}\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:25: restart must be true or false, found 'yes' (policy.evacuation.restart)"],
+    ),
+    (
+        "evacuation_not_mapping",
+        "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: true\nvgpu-configs:\n  a10:\n    - devices: all\n      vgpu-devices: {A10-4Q: 1}\n",
+        ["4:15: evacuation must be a mapping with max-in-flight, max-per-node, timeout or restart, found true (a boolean) (policy.evacuation)"],
+    ),
+    (
+        "evacuation_in_flight_per_config",
+        "version: v1\npolicy: {in-use: evacuate}\nvgpu-configs:\n  a10:\n    policy:\n      evacuation: {max-in-flight: 2, timeout: 5m}\n    entries:\n      - devices: all\n        vgpu-devices: {A10-4Q: 1}\n",
+        [
+            "6:35: max-in-flight (found 2) counts VMs moving at once across the whole fleet, so only the top-level policy sets it; move it to policy.evacuation at the top of the file (vgpu-configs.a10.policy.evacuation.max-in-flight)"
         ],
     ),
     (

@@ -14,6 +14,7 @@ from ruamel.yaml import YAML
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import ConfigDocument, dump, load_text
 from vgpu_state.model import ConfigError, InUsePolicy, Policy, SriovPolicy
+from vgpu_state.model.policy import Evacuation
 
 CATALOG = default_catalog()
 
@@ -51,6 +52,19 @@ H = "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n      vgpu-devices: "
             "    entries:\n      - devices: all\n        vgpu-devices: {A10-4Q: 6}\n",
             lambda d: d.policy_for("c")
             == Policy(in_use=InUsePolicy.IGNORE, prune=True, sriov=SriovPolicy.AUTO),
+        ),
+        (
+            "version: v1\npolicy:\n  in-use: evacuate\n  evacuation: {max-in-flight: 0, "
+            "max-per-node: 2, timeout: 90s}\nvgpu-configs:\n  c:\n    policy:\n"
+            "      evacuation: {timeout: 1h, restart: true}\n    entries:\n"
+            "      - devices: all\n        vgpu-devices: {A10-4Q: 6}\n",
+            lambda d: d.policy_for("c")
+            == Policy(
+                in_use=InUsePolicy.EVACUATE,
+                evacuation=Evacuation(
+                    max_in_flight=0, max_per_node=2, timeout_seconds=3600, restart=True
+                ),
+            ),
         ),
         (
             "version: v1\npolicy: {sriov: 'off', prune: true}\nvgpu-configs:\n  c:\n"

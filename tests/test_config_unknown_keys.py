@@ -47,7 +47,7 @@ SECTIONS = [
         "      vgpu-devices: {}\n",
         "policy",
         "policy.KEY",
-        ("in-use", "prune", "sriov", "max-unavailable", "publish", "missing-gpus"),
+        ("in-use", "prune", "sriov", "max-unavailable", "publish", "missing-gpus", "evacuation"),
     ),
     (
         "config policy",
@@ -55,7 +55,15 @@ SECTIONS = [
         "      - devices: all\n        vgpu-devices: {}\n",
         "policy",
         "vgpu-configs.c.policy.KEY",
-        ("in-use", "prune", "sriov", "max-unavailable", "publish", "missing-gpus"),
+        ("in-use", "prune", "sriov", "max-unavailable", "publish", "missing-gpus", "evacuation"),
+    ),
+    (
+        "evacuation",
+        "version: v1\npolicy:\n  evacuation:\n    KEY: 1\nvgpu-configs:\n  c:\n"
+        "    - devices: all\n      vgpu-devices: {}\n",
+        "evacuation",
+        "policy.evacuation.KEY",
+        ("max-in-flight", "max-per-node", "timeout", "restart"),
     ),
     (
         "node-selector",

@@ -45,6 +45,7 @@ from vgpu_state.model.errors import TransientError
 from vgpu_state.model.plan import Action, ActionKind, Blocked, GpuPlan, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import SharedParts
+from vgpu_state.reconcile.evacuation import document_evacuates, evacuation_lines
 from vgpu_state.reconcile.fleet import (
     FleetPlan,
     FleetSummary,
@@ -186,7 +187,7 @@ def plan_cmd(
         writer = MarkdownWriter(source.description)
     else:
         writer = JsonWriter() if output == "json" else TableWriter(colour)
-    summary = FleetSummary()
+    summary = FleetSummary(document_evacuates(document))
     try:
         with gc_paused():
             try:
@@ -637,6 +638,8 @@ class TableWriter:
             FLEET_HEADERS, [r for _, r in rows], right=frozenset({3, 4, 5, 6}), colour=self.colour
         )
         lines += ["", *fleet_capacity_lines(result)]
+        moves = evacuation_lines(result.totals.evacuation) if result.totals.evacuation else []
+        lines += ["", *moves] if moves else []
         lines += [_paint(totals_line(result), "bold", self.colour)]
         write(("".join(f"\n{line}" for line in lines) + "\n").encode())
 
@@ -753,7 +756,7 @@ def plan_page(page: Page) -> tuple[FleetSummary, list[Rendered]]:
 
     work = _WORK
     assert work is not None
-    summary = FleetSummary()
+    summary = FleetSummary(document_evacuates(work.document))
     out: list[Rendered] = []
     with SharedParts.remembering():
         for node in reported_nodes(page, work.labels, work.decoder):

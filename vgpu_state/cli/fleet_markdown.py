@@ -23,6 +23,7 @@ from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import ActionKind, Blocked, Disruption, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.timestamps import rfc3339
+from vgpu_state.reconcile.evacuation import FleetEvacuation, summary_text, withheld_text
 from vgpu_state.reconcile.fleet import FleetTotals, NodeOutcome, NodePlan
 from vgpu_state.render.plan import before_after
 
@@ -246,7 +247,7 @@ def decode(data: bytes) -> MarkdownNode:
 
 
 # the comment -----------------------------------------------------------------------------------
-SHARES = {"problems": 0.15, "attention": 0.25, "warnings": 0.08}
+SHARES = {"problems": 0.15, "attention": 0.25, "warnings": 0.08, "moves": 0.15}
 """The largest part of :data:`COMMENT_LIMIT` each of these sections may take."""
 UNCHANGED_RESERVE = 3_000
 """Characters kept for the list of unchanged nodes while the changes are added."""
@@ -358,6 +359,9 @@ class MarkdownWriter:
         c.add(self._summary(result, config_file))
         if result.totals.capacity:
             c.add(self._capacity(result))
+        ev = result.totals.evacuation
+        if ev is not None and (ev.total or ev.withheld):
+            c.add(moves_section(ev, min(c.left, int(self.limit * SHARES["moves"]))))
         problems = [m for m in nodes if m.outcome in (NodeOutcome.ERROR, NodeOutcome.UNKNOWN)]
         if problems:
             c.add(self._problems(problems, int(self.limit * SHARES["problems"])))
@@ -518,3 +522,39 @@ class MarkdownWriter:
         if len(listed) < len(names):
             text += f" and {_n(len(names) - len(listed))} more"
         return f"{heading}\n\n" + _details("the nodes", text, len(names) <= OPEN_ROWS)
+
+
+def moves_section(ev: FleetEvacuation, budget: int) -> str:
+    """The moves of ``in-use: evacuate``: each VM that would move and where there is room,
+    the moves that cannot happen and why, and the capacity withheld meanwhile."""
+    parts = [f"#### Moves (in-use: evacuate): {_esc(summary_text(ev))}"]
+    rows = []
+    for m in ev.moves:
+        who = _code(m.vm) if m.vm is not None else _esc(m.holder)
+        if m.possible:
+            more = f" and {_n(m.more_targets)} more" if m.more_targets else ""
+            where = ", ".join(_code(t) for t in m.targets) + more
+        else:
+            where = f"**cannot move**: {_esc(m.reason)}"
+        rows.append([who, _code(m.node), _code(m.gpu), _esc(m.type_label), where])
+    if rows:
+        headers = ["VM or holder", "leaves", "GPU", "vGPU type", "free on"]
+        body = _fitted(headers, rows, max(budget - 1_000, 500), "moves")
+        if ev.left_out:
+            body += f"\n\n{_plural(ev.left_out, 'more move')} not listed."
+        parts.append(_details("the moves", body, len(rows) <= OPEN_ROWS))
+    for r in ev.resources:
+        if r.moving > r.free:
+            parts.append(
+                f"**{_esc(r.type_name)}**: {_plural(r.moving, 'VM')} would move, "
+                f"{_plural(r.free, 'free vGPU')} of {_code(r.resource)} after the plans: "
+                "some wait until more is free."
+            )
+    if ev.withheld:
+        listed = "; ".join(_esc(withheld_text(w)) for w in ev.withheld[:OPEN_ROWS])
+        hidden = len(ev.withheld) - OPEN_ROWS
+        parts.append(
+            "**Withheld during the change** (free vGPUs not offered while a switch is "
+            f"pending): {listed}" + (f" and {_n(hidden)} more" if hidden > 0 else "") + "."
+        )
+    return "\n\n".join(parts)

@@ -18,7 +18,14 @@ from pydantic_core import CoreSchema
 
 from vgpu_state.model.errors import ConfigIssue
 from vgpu_state.model.frozen import Frozen
-from vgpu_state.model.policy import InUsePolicy, MissingGpus, Policy, Publish, SriovPolicy
+from vgpu_state.model.policy import (
+    Evacuation,
+    InUsePolicy,
+    MissingGpus,
+    Policy,
+    Publish,
+    SriovPolicy,
+)
 
 DEVICE_FILTER_PATTERN = r"^0[xX][0-9a-fA-F]{8}(:0[xX][0-9a-fA-F]{8})?$"
 PCI_ADDRESS_PATTERN = r"^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$"
@@ -38,6 +45,76 @@ PUBLISH_DESCRIPTION = (
 )
 
 
+DURATION_PATTERN = r"^[0-9]{1,6}[smh]$"
+"""A duration of the config file: a whole number of seconds, minutes or hours (``90s``,
+``10m``, ``1h``)."""
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+MIN_EVACUATION_TIMEOUT = 10
+MAX_EVACUATION_TIMEOUT = 24 * 3600
+MAX_EVACUATION_MOVES = 1000
+"""The highest ``max-in-flight`` and ``max-per-node``."""
+
+
+def duration_seconds(text: str) -> int:
+    """The seconds of a duration matching :data:`DURATION_PATTERN` (``10m`` -> 600)."""
+    return int(text[:-1]) * DURATION_UNITS[text[-1]]
+
+
+class EvacuationSpec(_Model):
+    """The limits of in-use: evacuate in a config's policy; a key left out inherits the
+    top-level value, then the default."""
+
+    max_per_node: int | None = Field(
+        default=None,
+        alias="max-per-node",
+        ge=1,
+        le=MAX_EVACUATION_MOVES,
+        description="1 (default): VMs moving off one node at once.",
+    )
+    timeout: str | None = Field(
+        default=None,
+        pattern=DURATION_PATTERN,
+        description="10m (default): a move not finished by then has failed (a duration: "
+        "90s, 10m, 1h; from 10s to 24h).",
+    )
+    restart: bool | None = Field(
+        default=None,
+        description="false (default): a VM that cannot live-migrate stays; true: it may be "
+        "restarted elsewhere.",
+    )
+
+    def apply_to(self, base: Evacuation) -> Evacuation:
+        """``base`` with every key this spec sets replaced."""
+        return Evacuation(
+            max_in_flight=base.max_in_flight,
+            max_per_node=self.max_per_node if self.max_per_node is not None else base.max_per_node,
+            timeout_seconds=(
+                duration_seconds(self.timeout) if self.timeout is not None else base.timeout_seconds
+            ),
+            restart=self.restart if self.restart is not None else base.restart,
+        )
+
+
+class TopEvacuationSpec(EvacuationSpec):
+    """The limits of in-use: evacuate in the top-level policy, which alone sets
+    max-in-flight; a key left out takes its default."""
+
+    max_in_flight: int | None = Field(
+        default=None,
+        alias="max-in-flight",
+        ge=0,
+        le=MAX_EVACUATION_MOVES,
+        description="1 (default): VMs moving at once, fleet-wide; 0: withhold the capacity "
+        "a switch needs but move no VM. Only at the top level.",
+    )
+
+    def apply_to(self, base: Evacuation) -> Evacuation:
+        merged = super().apply_to(base)
+        if self.max_in_flight is None:
+            return merged
+        return merged.model_copy(update={"max_in_flight": self.max_in_flight})
+
+
 class PolicySpec(_Model):
     """Policy knobs; a key left out inherits the top-level value, then the default."""
 
@@ -45,7 +122,8 @@ class PolicySpec(_Model):
         default=None,
         alias="in-use",
         description="protect (default): never destroy a vGPU a pod or VM holds; "
-        "ignore: plan as if nothing were in use.",
+        "ignore: plan as if nothing were in use; evacuate: as protect, and withhold the "
+        "free vGPUs a pending switch drops and move the VMs in its way.",
     )
     prune: bool | None = Field(
         default=None,
@@ -79,6 +157,11 @@ class PolicySpec(_Model):
         "error (as --strict makes it).",
     )
 
+    evacuation: EvacuationSpec | None = Field(
+        default=None,
+        description="The limits of in-use: evacuate (max-per-node, timeout, restart).",
+    )
+
     def apply_to(self, base: Policy) -> Policy:
         """``base`` with every key this spec sets replaced."""
         return Policy(
@@ -94,7 +177,22 @@ class PolicySpec(_Model):
             missing_gpus=(
                 self.missing_gpus if self.missing_gpus is not None else base.missing_gpus
             ),
+            evacuation=(
+                self.evacuation.apply_to(base.evacuation)
+                if self.evacuation is not None
+                else base.evacuation
+            ),
         )
+
+
+class TopPolicySpec(PolicySpec):
+    """Policy knobs of every config; a config's own policy overrides them key by key."""
+
+    evacuation: TopEvacuationSpec | None = Field(
+        default=None,
+        description="The limits of in-use: evacuate (max-in-flight, max-per-node, timeout, "
+        "restart).",
+    )
 
 
 _DEVICES_SCHEMA: dict[str, Any] = {
@@ -216,7 +314,7 @@ class ConfigFile(_Model):
     default: str | None = Field(
         default=None, description="The config of nodes no label or node-selector picks."
     )
-    policy: PolicySpec | None = None
+    policy: TopPolicySpec | None = None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from vgpu_state.catalog import Catalog
 from vgpu_state.config.document import ConfigDocument, ConfigFile
 from vgpu_state.config.sections.configs import configs
 from vgpu_state.config.sections.context import LoadContext, known_keys
-from vgpu_state.config.sections.policy import policy
+from vgpu_state.config.sections.policy import top_policy
 from vgpu_state.config.sections.selectors import config_ref, selectors
 from vgpu_state.config.yamlnodes import (
     Issues,
@@ -107,7 +107,7 @@ def _document(ctx: LoadContext, root: Node | None) -> ConfigDocument | None:
     names = ctx.declared if named is not None else None
     node_selectors = selectors(ctx, values.get("node-selectors"), names)
     default = config_ref(ctx, values.get("default"), "default", names)
-    top_policy = policy(ctx, values["policy"], "policy") if "policy" in values else None
+    top = top_policy(ctx, values["policy"], "policy") if "policy" in values else None
     if ctx.issues.items or named is None or version is None:
         return None
     spec = ConfigFile(
@@ -115,7 +115,7 @@ def _document(ctx: LoadContext, root: Node | None) -> ConfigDocument | None:
         vgpu_configs=named,
         node_selectors=tuple(node_selectors),
         default=default,
-        policy=top_policy,
+        policy=top,
     )
     return ConfigDocument(spec=spec, file=ctx.issues.file, positions=ctx.positions)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import TypeVar, overload
 
@@ -53,3 +54,31 @@ class InUse(Mapping[str, str]):
     def merged(self, other: Mapping[str, str]) -> InUse:
         """These holders and ``other``'s; ``other`` wins for a key both name."""
         return InUse({**self._held, **other})
+
+
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_SUBDOMAIN = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
+_VM_HOLDER = re.compile(
+    rf"^pod (?P<ns>{_DNS_LABEL})/virt-launcher-(?P<launcher>{_DNS_SUBDOMAIN})-[a-z0-9]{{5}} "
+    rf"\(VM (?P=ns)/(?P<vm>{_DNS_SUBDOMAIN})\)$"
+)
+MAX_HOLDER_TEXT = 1024
+"""A holder text longer than this is not read as a VM (names are at most 317 characters)."""
+
+
+def holder_vm(holder: str) -> str | None:
+    """``namespace/name`` of the KubeVirt VM a holder text names, else ``None``.
+
+    The kubelet's pod-resources list names a holder ``pod <ns>/<pod>``, and a
+    virt-launcher pod ``pod <ns>/virt-launcher-<vm>-<5 chars> (VM <ns>/<vm>)``. Only
+    that second form, with the VM's name the one in the pod's name and both names
+    Kubernetes names (a DNS label for the namespace, a DNS subdomain of at most 253
+    characters for the VM), is a VM; anything else (a plain pod, a process, free text
+    given on the command line) is not.
+    """
+    if len(holder) > MAX_HOLDER_TEXT:
+        return None
+    m = _VM_HOLDER.match(holder)
+    if m is None or m.group("launcher") != m.group("vm") or len(m.group("vm")) > 253:
+        return None
+    return f"{m.group('ns')}/{m.group('vm')}"

@@ -123,6 +123,8 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
     before: Counter[_Key] = Counter()
     after: Counter[_Key] = Counter()
     held: Counter[_Key] = Counter()
+    withheld: Counter[_Key] = Counter()
+    withheld_of = {h.address: h.withheld for h in plan.gpus if h.withheld}
     by_gpu: dict[str, list[Action]] = {}
     for a in plan.actions:
         by_gpu.setdefault(a.gpu, []).append(a)
@@ -142,6 +144,9 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             if in_use and v.key in in_use:
                 held[key] += 1
         after.update(keys.values())
+        for k in withheld_of.get(g.address, ()):
+            if k in keys:
+                withheld[keys[k]] += 1
         # A create's resource follows from its type (its name on the GPU is the first
         # create's of that type id; without an id, the GPU's prefix and the type's
         # name): worked out once per type.
@@ -182,6 +187,7 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             blocked[key],
             codes.get(key),
             tuple(sorted(waits.get(key, ()))),
+            withheld[key],
         )
         for key in sorted(
             set(before) | set(after) | set(blocked), key=lambda k: (k[0] or "~", k[1], k[2])
@@ -200,6 +206,7 @@ def _capacity(
     blocked: int,
     code: BlockedReason | None,
     waits_for: tuple[str, ...],
+    withheld: int = 0,
 ) -> Capacity:
     """One frozen value for equal rows (a fleet's nodes of one pool share theirs)."""
     return Capacity(
@@ -212,6 +219,7 @@ def _capacity(
         blocked=blocked,
         blocked_code=code,
         waits_for=waits_for,
+        withheld=withheld,
     )
 
 

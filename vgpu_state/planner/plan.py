@@ -26,6 +26,7 @@ from vgpu_state.model.plan import (
     Blocked,
     DeferredSwitch,
     GpuPlan,
+    Move,
     Plan,
     Selection,
     Summary,
@@ -41,6 +42,7 @@ from vgpu_state.model.snapshot import (
     Vgpu,
 )
 from vgpu_state.planner.blast import with_blast_radius
+from vgpu_state.planner.evacuation import held_moves
 from vgpu_state.planner.identity import free_uuids
 from vgpu_state.planner.support import host_modes
 
@@ -280,6 +282,8 @@ class _Planner:
             for name in sorted(target)
             for _ in range(target[name] - sum(1 for v in kept if v.type_name == name))
         ]
+        # Free vGPUs the switch destroys (or, deferred, keeps instead): not offered meanwhile.
+        departing = self.withheld(work)
         deferred = False
         switch = None
         if creates:
@@ -296,8 +300,16 @@ class _Planner:
             deferred,
             dg.publish,
             switch,
+            departing,
         )
         return header, work
+
+    def withheld(self, work: _GpuWork) -> tuple[str, ...]:
+        """Under ``in-use: evacuate``: the keys of the free vGPUs the GPU's switch destroys
+        (its destroy steps so far; a held vGPU is never one), sorted; else none."""
+        if self.policy.in_use is not InUsePolicy.EVACUATE:
+            return ()
+        return tuple(sorted(a.vgpu_key for a in work.actions if a.kind is ActionKind.DESTROY))
 
     def defer_switch(self, g: Gpu, creates: list[str], work: _GpuWork) -> DeferredSwitch | None:
         """Keep the GPU's layout when its destroys would buy nothing.
@@ -355,11 +367,15 @@ class _Planner:
             blocked.append(b)
         work.blocked = blocked + deferred
         work.actions.clear()
+        moves: tuple[Move, ...] = ()
+        if self.policy.in_use is InUsePolicy.EVACUATE:
+            moves = held_moves(self.snapshot, g, work.in_the_way, self.in_use)
         return DeferredSwitch(
             waits_for=tuple(waits_for),
             in_the_way=tuple(v.key for v in work.in_the_way),
             kept=len(destroys),
             creates=len(creates),
+            moves=moves,
         )
 
     def split_existing(self, g: Gpu, target: Mapping[str, int]) -> tuple[list[Vgpu], list[Vgpu]]:
@@ -406,7 +422,7 @@ class _Planner:
                         type_name=v.type_name,
                         holder=holder,
                         code=BlockedReason.IN_USE,
-                        reason=f"in use by {holder} (policy in-use: protect)",
+                        reason=f"in use by {holder} (policy in-use: {self.policy.in_use.value})",
                     )
                 )
                 remaining.append(v)
@@ -716,6 +732,7 @@ def _gpu_plan(
     deferred: bool,
     publish: Publish,
     switch: DeferredSwitch | None,
+    withheld: tuple[str, ...] = (),
 ) -> GpuPlan:
     """A GPU's header: one frozen value for equal ones (the GPUs of a fleet's pool have
     equal headers, so a fleet plan makes each once)."""
@@ -730,6 +747,7 @@ def _gpu_plan(
         deferred=deferred,
         publish=publish,
         deferred_switch=switch,
+        withheld=withheld,
     )
 
 

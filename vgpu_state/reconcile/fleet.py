@@ -26,7 +26,13 @@ from vgpu_state.model.plan import Disruption, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.model.timestamps import rfc3339
+from vgpu_state.planner.evacuation import NodeEvacuation, evacuates, node_evacuation
 from vgpu_state.ports import MemoryCluster
+from vgpu_state.reconcile.evacuation import (
+    EvacuationSummary,
+    FleetEvacuation,
+    evacuation_document,
+)
 from vgpu_state.reconcile.once import Ports, read_and_plan
 from vgpu_state.reconcile.report import QuietReporter
 from vgpu_state.reconcile.settings import Settings
@@ -111,6 +117,8 @@ class NodePlan:
     reported_config: str | None = None
     """The config the node's agent last selected (before this config file)."""
     reported_state: str | None = None
+    evacuation: NodeEvacuation | None = None
+    """Under ``in-use: evacuate``: the plan's moves and room, read with its scan."""
 
 
 @dataclass(frozen=True)
@@ -141,12 +149,16 @@ class Totals:
     capacity: tuple[FleetCapacity, ...] = ()
     disruption: tuple[tuple[Disruption, int], ...] = ()
     """Planned nodes per disruption level, every level listed (``none`` first)."""
+    evacuation: FleetEvacuation | None = None
+    """The moves (``in-use: evacuate``); ``None`` when no config of the file evacuates."""
 
 
 class FleetSummary:
     """The totals of a fleet plan, added up one node at a time (a node's plan is not kept)."""
 
-    def __init__(self) -> None:
+    def __init__(self, evacuation: bool = False) -> None:
+        """``evacuation``: some config uses ``in-use: evacuate``: also add up the moves."""
+        self.evacuation = EvacuationSummary() if evacuation else None
         self.nodes = 0
         self.count = {o: 0 for o in NodeOutcome}
         self.create = self.destroy = self.sriov = self.blocked = 0
@@ -156,6 +168,8 @@ class FleetSummary:
     def add(self, n: NodePlan) -> None:
         self.nodes += 1
         self.count[n.outcome] += 1
+        if self.evacuation is not None:
+            self.evacuation.add(n)
         p = n.plan
         if p is None:
             return
@@ -180,6 +194,10 @@ class FleetSummary:
     def merge(self, other: FleetSummary) -> None:
         """Add what ``other`` counted (another part of the same fleet)."""
         self.nodes += other.nodes
+        if other.evacuation is not None:
+            if self.evacuation is None:
+                self.evacuation = EvacuationSummary()
+            self.evacuation.merge(other.evacuation)
         for o, n in other.count.items():
             self.count[o] += n
         self.create += other.create
@@ -209,6 +227,7 @@ class FleetSummary:
             blocked=self.blocked,
             capacity=tuple(FleetCapacity(k[0] or None, k[1], k[2], *row) for k, row in ordered),
             disruption=tuple(self.levels.items()),
+            evacuation=self.evacuation.result() if self.evacuation is not None else None,
         )
 
 
@@ -241,7 +260,7 @@ class FleetPlan:
     totals: Totals = field(init=False)
 
     def __post_init__(self) -> None:
-        summary = FleetSummary()
+        summary = FleetSummary(any(n.plan is not None and evacuates(n.plan) for n in self.nodes))
         for n in self.nodes:
             summary.add(n)
         object.__setattr__(self, "totals", summary.totals())
@@ -330,6 +349,8 @@ def plan_node(
             "here as destroyed may be held, and its agent will then block that destroy"
         )
     outcome = NodeOutcome.NO_CHANGES if plan.is_converged else NodeOutcome.CHANGES
+    if evacuates(plan):
+        common["evacuation"] = node_evacuation(plan, snapshot)
     return NodePlan(node.name, outcome, plan=plan, warnings=tuple(warnings), **common)
 
 
@@ -362,7 +383,7 @@ def fleet_document(fleet: FleetPlan, config_file: str) -> dict[str, Any]:
 def fleet_header(fleet: FleetTotals, config_file: str) -> dict[str, Any]:
     """The fleet plan's JSON document up to its ``nodes`` (which come last)."""
     t = fleet.totals
-    return {
+    header: dict[str, Any] = {
         "kind": FLEET_PLAN_KIND,
         "format_version": FLEET_FORMAT_VERSION,
         "config_file": config_file,
@@ -396,6 +417,9 @@ def fleet_header(fleet: FleetTotals, config_file: str) -> dict[str, Any]:
             ],
         },
     }
+    if t.evacuation is not None:
+        header["evacuation"] = evacuation_document(t.evacuation)
+    return header
 
 
 def node_document(n: NodePlan, *, plan_as_model: bool = False) -> dict[str, Any]:

@@ -15,9 +15,10 @@ from vgpu_state.model.plan import (
     Disruption,
     GpuPlan,
     Holder,
+    Move,
     Plan,
 )
-from vgpu_state.model.policy import Publish
+from vgpu_state.model.policy import InUsePolicy, Publish
 
 SYMBOLS = {
     ActionKind.CREATE: ("+", "create"),
@@ -141,6 +142,7 @@ def render_text(plan: Plan) -> str:
         lines.append(_gpu_header(g))
         if g.deferred_switch is not None:
             lines.append(_deferred_line(g.deferred_switch))
+            lines.extend(move_line(g.address, m) for m in g.deferred_switch.moves)
         for a in plan.gpu_actions(g.address):
             lines.extend(_action_lines(a))
         lines.extend(_blocked_lines(plan.gpu_blocked(g.address)))
@@ -182,6 +184,8 @@ def capacity_lines(capacity: tuple[Capacity, ...]) -> list[str]:
             notes.append("DRA")
         if c.held:
             notes.append(f"{c.held} held")
+        if c.withheld:
+            notes.append(f"{c.withheld} withheld: switch pending")
         if c.after == 0 and c.before > 0:
             notes.append("none left: VMs asking for it cannot start here")
         if c.blocked:
@@ -240,8 +244,52 @@ def blast_lines(plan: Plan) -> list[str]:
             f"{_holders(plan.affected)}"
         )
     if plan.protected:
-        lines.append(f"Protected (policy in-use: protect): {_holders(plan.protected)}")
+        policy = plan.policy.in_use
+        name = policy.value if policy is not InUsePolicy.IGNORE else InUsePolicy.PROTECT.value
+        lines.append(f"Protected (policy in-use: {name}): {_holders(plan.protected)}")
+    lines.extend(_moves_lines(plan))
     return lines
+
+
+def move_line(gpu: str, m: Move) -> str:
+    """``# vms/win-7 would move off GPU … (in-use: evacuate): it holds A2-4Q, …``; a holder
+    that is not a VM is named as one that cannot be moved."""
+    held = m.type_name or "a vGPU of unknown type"
+    if m.vm is not None:
+        return (
+            f"  # {m.vm} would move off GPU {gpu} (in-use: evacuate): it holds {held}, "
+            "which the new layout drops"
+        )
+    return (
+        f"  # {m.holder} cannot be moved off GPU {gpu} (in-use: evacuate): it is not a "
+        f"KubeVirt VM; the switch waits until it releases {held}"
+    )
+
+
+def _moves_lines(plan: Plan) -> list[str]:
+    """``Would move (policy in-use: evacuate): vms/win-7 (1 vGPU)`` and the holders that
+    cannot be moved; nothing without moves."""
+    vms: list[str] = []
+    others: list[str] = []
+    for g in plan.gpus:
+        for m in g.deferred_switch.moves if g.deferred_switch is not None else ():
+            if m.vm is not None:
+                vms.append(m.vm)
+            else:
+                others.append(m.holder)
+    lines = []
+    if vms:
+        lines.append(f"Would move (policy in-use: evacuate): {_counted(vms)}")
+    if others:
+        lines.append(f"Cannot be moved (not a KubeVirt VM): {_counted(others)}")
+    return lines
+
+
+def _counted(names: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{n} ({_plural(k, 'vGPU')})" for n, k in sorted(counts.items()))
 
 
 def _cluster_lines(c: ClusterAction) -> str:
