@@ -185,6 +185,8 @@ def in_use_from_file(path: str) -> InUseSource:
 class PluginSink(Protocol):
     def refresh(self, snapshot: NodeSnapshot) -> None: ...
 
+    def withhold(self, keys: frozenset[str]) -> None: ...
+
 
 class ClusterSink:
     """The device-plugin channel (``Ports.device_plugin``): the device plugin and the status.
@@ -209,10 +211,23 @@ class ClusterSink:
         if self.plugin is not None:
             self._refresh_plugin(self.plugin, snapshot)
 
-    def _refresh_plugin(self, plugin: PluginSink, snapshot: NodeSnapshot) -> None:
+    def withhold(self, keys: frozenset[str]) -> None:
+        """The device plugin offers none of ``keys`` (their GPU's switch is pending)."""
+        if self.plugin is not None:
+            self._refresh_plugin(self.plugin, None, keys)
+
+    def _refresh_plugin(
+        self,
+        plugin: PluginSink,
+        snapshot: NodeSnapshot | None,
+        withheld: frozenset[str] | None = None,
+    ) -> None:
         """A device plugin that cannot serve never stops the status and the KubeVirt CR."""
         try:
-            plugin.refresh(snapshot)
+            if snapshot is not None:
+                plugin.refresh(snapshot)
+            if withheld is not None:
+                plugin.withhold(withheld)
         except (RuntimeError, OSError) as e:
             message = f"the device plugin could not advertise the node's vGPUs: {e}"
             if self._plugin_failed != message:
@@ -245,3 +260,7 @@ class _DraChannel:
         if self.inner is not None:
             self.inner.refresh(snapshot)
         self._sink._dra_refreshed(snapshot)
+
+    def withhold(self, keys: frozenset[str]) -> None:
+        if self.inner is not None:
+            self.inner.withhold(keys)

@@ -3,10 +3,13 @@
 :class:`DraNode` is fed the DRA channel of each reconcile (``Ports.dra``, a
 ``DevicePluginSink``): it rebuilds the node's pool, publishes the
 ResourceSlices and hands the same devices to the kubelet plugin, which
-prepares only what is published. A kubelet (re-)registration triggers an
-immediate resync, so slices the kubelet wiped at its start come back at once;
-a periodic resync catches the rest. :class:`ClaimsHoldVgpus` wraps the cluster
-port so that vGPUs allocated to ResourceClaims count as held.
+prepares only what is published. vGPUs withheld while their GPU's layout
+switch is pending (:meth:`DraNode.withhold`) are left out of the slices (so
+no claim is allocated them) until they are no longer withheld. A kubelet
+(re-)registration triggers an immediate resync, so slices the kubelet wiped
+at its start come back at once; a periodic resync catches the rest.
+:class:`ClaimsHoldVgpus` wraps the cluster port so that vGPUs allocated to
+ResourceClaims count as held.
 
 Stopping leaves the slices in place, as the kubelet's contract for DRA drivers
 expects: a restart or a rollout of the agent is a short absence, and the
@@ -63,6 +66,8 @@ class DraNode:
         self.publisher = SlicePublisher(api, node, driver=driver, version=version)
         self.claims = KubeClaims(api, version=self.publisher.version)
         self._pool: PoolSpec | None = None
+        self._snapshot: NodeSnapshot | None = None
+        self._withheld: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self.preparer = Preparer(
             node=node, claims=self.claims, inventory=self.devices, paths=paths, driver=driver
@@ -77,7 +82,31 @@ class DraNode:
 
     def refresh(self, snapshot: NodeSnapshot) -> None:
         """The DRA side of a fresh scan: rebuild the pool and publish it."""
-        pool = build_pool(snapshot, node=self.node, driver=self.driver, catalog=self.catalog)
+        with self._lock:
+            self._snapshot = snapshot
+            withheld = self._withheld
+        self._publish(snapshot, withheld)
+
+    def withhold(self, keys: frozenset[str]) -> None:
+        """Publish none of ``keys`` (their GPU's layout switch is pending), and every other
+        vGPU of the last scan; the set replaces the previous one."""
+        keys = frozenset(keys)
+        with self._lock:
+            if keys == self._withheld:
+                return
+            self._withheld = keys
+            snapshot = self._snapshot
+        if snapshot is not None:
+            self._publish(snapshot, keys)
+
+    def _publish(self, snapshot: NodeSnapshot, withheld: frozenset[str]) -> None:
+        pool = build_pool(
+            snapshot,
+            node=self.node,
+            driver=self.driver,
+            catalog=self.catalog,
+            selected=lambda g, v: v.key not in withheld,
+        )
         for problem in pool.problems:
             log.warning("%s", problem)
         with self._lock:

@@ -65,6 +65,7 @@ from vgpu_state.reconcile import (
     publish_failure,
     read_holders,
     reconcile_once,
+    withhold,
 )
 from vgpu_state.reconcile import node_status as status_of
 from vgpu_state.reconcile.status import degraded_status, unselected_status
@@ -425,12 +426,14 @@ class NodeReconciler:
         there) and the vGPUs that exist are advertised, as plan-only does; no state label."""
         snapshot = self.ports.host.scan()
         self.ports.device_plugin.refresh(snapshot)
+        withhold(self.ports, frozenset())  # no plan: nothing is pending
         cluster = self.ports.cluster
         cluster.report_status(unselected_status(cluster.node_name(), error))
 
     def _report_plan_only(self, report: Report) -> None:
-        """Plan-only mode: the status says what enforce would do; the plugin gets the scan."""
-        publish(self.ports, report)
+        """Plan-only mode: the status says what enforce would do; the plugin gets the scan,
+        and nothing is withheld (no switch runs)."""
+        publish(self.ports, report, enforcing=False)
 
     def _observe(self, report: Report) -> None:
         held = report.inputs.in_use

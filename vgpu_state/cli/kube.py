@@ -169,6 +169,9 @@ class FinalScan:
     def refresh(self, snapshot: NodeSnapshot) -> None:
         self.cluster.final = snapshot
 
+    def withhold(self, keys: frozenset[str]) -> None:
+        return None  # no device plugin here: the node's agent withholds them
+
 
 def kube_ports(
     base: Ports,

@@ -130,7 +130,10 @@ def scan(
     """Show the node's NVIDIA GPUs, their vGPU layout, its vGPUs and which pod, VM or
     process holds each, and how many more vGPUs of each type still fit.
 
-    Reads sysfs (and /proc for holders) only; changes nothing.
+    Reads sysfs (and /proc for holders) only; changes nothing. It reads no config, so
+    it cannot tell which free vGPUs a pending layout switch withholds (in-use:
+    evacuate): `vgpu-state plan` shows them, and the node's VGPUNodeState status
+    (capacity[].withheld, gpus[].switch).
 
     \b
     Examples:

@@ -39,15 +39,35 @@ class ContainerAllocation:
     """Host paths, mapped to the same path in the container with ``mrw``."""
 
 
-def allocate(inv: ResourceInventory, ids: Sequence[str], *, iommufd: bool) -> ContainerAllocation:
+class WithheldDevicesError(AllocationError):
+    def __init__(self, resource: str, ids: Sequence[str]) -> None:
+        self.ids = tuple(ids)
+        super().__init__(
+            f"{resource}: device(s) {', '.join(self.ids)} are withheld: the layout of their "
+            "GPU is about to change (in-use: evacuate), so they are not offered until the "
+            "switch has run or the layout change is reverted"
+        )
+
+
+def allocate(
+    inv: ResourceInventory,
+    ids: Sequence[str],
+    *,
+    iommufd: bool,
+    withheld: frozenset[str] = frozenset(),
+) -> ContainerAllocation:
     """The env vars and device nodes for one container's device IDs.
 
     ``iommufd``: the host has ``/dev/iommu``; then a vGPU with a VFIO cdev also
-    gets ``/dev/iommu`` and ``/dev/vfio/devices/vfio<N>``.
+    gets ``/dev/iommu`` and ``/dev/vfio/devices/vfio<N>``. ``withheld``: IDs not
+    offered now (a pending layout switch); asking for one is refused.
     """
     unknown = [i for i in ids if i not in inv.by_id]
     if unknown:
         raise UnknownDevicesError(inv.resource, unknown)
+    held_back = [i for i in ids if i in withheld]
+    if held_back:
+        raise WithheldDevicesError(inv.resource, held_back)
     devices = [inv.by_id[i] for i in ids]
     no_group = [d.id for d in devices if d.iommu_group is None]
     if no_group:

@@ -7,6 +7,11 @@ A supervisor thread re-registers when the plugin's socket is deleted, when
 ``kubelet.sock`` is recreated (a kubelet restart) and when the kubelet ends the
 ``ListAndWatch`` stream; it retries a failed registration with backoff, and
 marks a device Unhealthy when it disappears from sysfs between refreshes.
+
+:meth:`DevicePluginManager.withhold` names the vGPUs not to offer while their
+GPU's layout switch is pending (``in-use: evacuate``): they leave every list at
+once (the kubelet drops them from the Node's allocatable) and ``Allocate``
+refuses them; they come back when a later call no longer names them.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ class ResourceStatus:
     devices: tuple[str, ...]
     unhealthy: tuple[str, ...]
     registrations: int
+    withheld: tuple[str, ...] = ()
+    """Devices left out of the list while their GPU's layout switch is pending."""
 
 
 class _Plugin:
@@ -124,6 +131,7 @@ class DevicePluginManager:
         self.problems: tuple[str, ...] = ()
         self._lock = threading.RLock()
         self._plugins: dict[str, _Plugin] = {}
+        self._withheld: frozenset[str] = frozenset()
         self._supervisor = _Supervisor(self)
         self._next_health = time.monotonic() + health_interval
         self._kubelet_seen: FileIdentity | None = None
@@ -152,20 +160,53 @@ class DevicePluginManager:
                 plugin = self._plugins.get(name)
                 if plugin is None:
                     self._plugins[name] = self._open(res)
-                elif plugin.server.update(res):
-                    log.info("%s: advertising %d device(s)", name, len(res.devices))
+                elif plugin.server.update(res, withheld=self._withheld):
+                    log.info("%s: advertising %d device(s)", name, plugin.server.offered)
             self._supervisor.start()
         self._supervisor.wake()
         self._changed()
 
+    def withhold(self, keys: frozenset[str]) -> None:
+        """Offer none of ``keys`` (mdev UUIDs, VF addresses) from now on, and every other
+        device again: the set replaces the previous one. The open streams get the new
+        lists at once; a key of no advertised device is remembered for the next
+        :meth:`refresh`."""
+        keys = frozenset(keys)
+        changed = False
+        with self._lock:
+            if keys == self._withheld:
+                return
+            self._withheld = keys
+            for name, plugin in sorted(self._plugins.items()):
+                if plugin.closed:
+                    continue
+                before = plugin.server.withheld
+                if plugin.server.set_withheld(keys):
+                    changed = True
+                    now = plugin.server.withheld
+                    if now - before:
+                        log.info(
+                            "%s: withholding %s while the GPU's layout switch is pending",
+                            name,
+                            ", ".join(sorted(now - before)),
+                        )
+                    if before - now:
+                        log.info("%s: offering %s again", name, ", ".join(sorted(before - now)))
+        if changed:
+            self._changed()
+
+    @property
+    def withheld(self) -> frozenset[str]:
+        """The keys :meth:`withhold` was last given."""
+        with self._lock:
+            return self._withheld
+
     def advertised(self) -> dict[str, int]:
-        """Healthy devices per resource, as the kubelet was last told them."""
+        """Healthy devices per resource, as the kubelet was last told them (withheld ones
+        are not told)."""
         with self._lock:
             plugins = [p for p in self._plugins.values() if not p.closed]
-        return {
-            p.server.resource: len(p.server.inventory.devices) - len(p.server.unhealthy)
-            for p in plugins
-        }
+        return {p.server.resource: p.server.offered for p in plugins}
 
     def registrations(self) -> dict[str, int]:
         """Successful registrations with the kubelet per resource served now."""
@@ -220,6 +261,7 @@ class DevicePluginManager:
                 devices=tuple(d.id for d in p.server.inventory.devices),
                 unhealthy=tuple(sorted(p.server.unhealthy)),
                 registrations=p.registrations,
+                withheld=tuple(sorted(p.server.withheld)),
             )
             for name, p in sorted(plugins.items())
         }
@@ -228,9 +270,15 @@ class DevicePluginManager:
     def _open(self, res: ResourceInventory) -> _Plugin:
         os.makedirs(self.plugin_dir, exist_ok=True)
         path = os.path.join(self.plugin_dir, socket_name(res.resource, self.plugin_dir))
-        server = ResourceServer(res, path, iommufd=self.iommufd, on_stream_end=self._stream_ended)
+        server = ResourceServer(
+            res,
+            path,
+            iommufd=self.iommufd,
+            on_stream_end=self._stream_ended,
+            withheld=self._withheld,
+        )
         server.start()
-        log.info("%s: serving %d device(s) on %s", res.resource, len(res.devices), path)
+        log.info("%s: serving %d device(s) on %s", res.resource, server.offered, path)
         return _Plugin(server)
 
     def _close(self, plugin: _Plugin, why: str) -> None:

@@ -52,9 +52,14 @@ def file_identity(path: str) -> FileIdentity | None:
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
-def device_list(inv: ResourceInventory, unhealthy: frozenset[str]) -> pb.ListAndWatchResponse:
+def device_list(
+    inv: ResourceInventory, unhealthy: frozenset[str], withheld: frozenset[str] = frozenset()
+) -> pb.ListAndWatchResponse:
+    """Every device of ``inv`` but the ``withheld`` ones, each Healthy or Unhealthy."""
     devices = []
     for d in inv.devices:
+        if d.id in withheld:
+            continue
         topology = (
             pb.TopologyInfo(nodes=[pb.NUMANode(ID=d.numa_node)])
             if d.numa_node is not None
@@ -69,7 +74,12 @@ def device_list(inv: ResourceInventory, unhealthy: frozenset[str]) -> pb.ListAnd
 
 
 class ResourceServer:
-    """Serves one resource; ``update`` and ``set_unhealthy`` push a new list to open streams."""
+    """Serves one resource; ``update``, ``set_unhealthy`` and ``set_withheld`` push a new
+    list to open streams.
+
+    A withheld device (its GPU's layout switch is pending) stays in the inventory but
+    is left out of the list, and ``Allocate`` refuses it, naming why.
+    """
 
     def __init__(
         self,
@@ -78,6 +88,7 @@ class ResourceServer:
         *,
         iommufd: bool,
         on_stream_end: Callable[[ResourceServer], None],
+        withheld: frozenset[str] = frozenset(),
     ) -> None:
         self.resource = inv.resource
         self.socket_path = socket_path
@@ -86,6 +97,7 @@ class ResourceServer:
         self._cond = threading.Condition()
         self._inv = inv
         self._unhealthy: frozenset[str] = frozenset()
+        self._withheld: frozenset[str] = withheld & inv.by_id.keys()
         self._version = 0
         self._sent: dict[int, int] = {}
         self._stream_seq = 0
@@ -107,19 +119,44 @@ class ResourceServer:
         with self._cond:
             return self._unhealthy
 
-    def update(self, inv: ResourceInventory, unhealthy: frozenset[str] = frozenset()) -> bool:
-        """Replace the device list; push it when it changed. True when it changed."""
+    @property
+    def withheld(self) -> frozenset[str]:
+        with self._cond:
+            return self._withheld
+
+    @property
+    def offered(self) -> int:
+        """Healthy devices in the list the kubelet gets (withheld ones are not in it)."""
+        with self._cond:
+            shown = self._inv.by_id.keys() - self._withheld
+            return len(shown - self._unhealthy)
+
+    def update(
+        self,
+        inv: ResourceInventory,
+        unhealthy: frozenset[str] = frozenset(),
+        withheld: frozenset[str] | None = None,
+    ) -> bool:
+        """Replace the device list (``withheld``: ``None`` keeps the current set); push it
+        when it changed. True when it changed."""
         with self._cond:
             unhealthy = unhealthy & inv.by_id.keys()
-            if inv == self._inv and unhealthy == self._unhealthy:
+            withheld = (self._withheld if withheld is None else withheld) & inv.by_id.keys()
+            if inv == self._inv and unhealthy == self._unhealthy and withheld == self._withheld:
                 return False
-            self._inv, self._unhealthy = inv, unhealthy
+            self._inv, self._unhealthy, self._withheld = inv, unhealthy, withheld
             self._version += 1
             self._cond.notify_all()
             return True
 
     def set_unhealthy(self, unhealthy: frozenset[str]) -> bool:
         return self.update(self.inventory, unhealthy)
+
+    def set_withheld(self, withheld: frozenset[str]) -> bool:
+        """Leave ``withheld`` out of the list (and refuse them in ``Allocate``)."""
+        with self._cond:
+            inv, unhealthy = self._inv, self._unhealthy
+        return self.update(inv, unhealthy, withheld)
 
     # lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -151,6 +188,7 @@ class ResourceServer:
             if send_empty:
                 self._inv = ResourceInventory(self.resource, ())
                 self._unhealthy = frozenset()
+                self._withheld = frozenset()
             self._version += 1
             target = self._version
             self._cond.notify_all()
@@ -200,7 +238,7 @@ class ResourceServer:
                     if self._closing and (self._version == seen or not self._send_empty):
                         return
                     seen = self._version
-                    message = device_list(self._inv, self._unhealthy)
+                    message = device_list(self._inv, self._unhealthy, self._withheld)
                     closing = self._closing
                 yield message
                 with self._cond:
@@ -240,11 +278,12 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self, request: pb.PreferredAllocationRequest, context: Any
     ) -> pb.PreferredAllocationResponse:
         inv = self.plugin.inventory
+        withheld = self.plugin.withheld
         responses = [
             pb.ContainerPreferredAllocationResponse(
                 deviceIDs=preferred(
                     inv,
-                    list(r.available_deviceIDs),
+                    [i for i in r.available_deviceIDs if i not in withheld],
                     list(r.must_include_deviceIDs),
                     r.allocation_size,
                 )
@@ -255,10 +294,13 @@ class _Servicer(pb_grpc.DevicePluginServicer):
 
     def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         inv = self.plugin.inventory
+        withheld = self.plugin.withheld
         responses = []
         for r in request.container_requests:
             try:
-                got = allocate(inv, list(r.devices_ids), iommufd=self.plugin.iommufd)
+                got = allocate(
+                    inv, list(r.devices_ids), iommufd=self.plugin.iommufd, withheld=withheld
+                )
             except UnknownDevicesError as e:
                 log.warning("Allocate refused: %s", e)
                 context.abort(grpc.StatusCode.NOT_FOUND, str(e))

@@ -32,7 +32,14 @@ from vgpu_state.model.errors import BlockedReason, VgpuStateError
 from vgpu_state.model.inuse import InUse
 from vgpu_state.model.plan import ActionKind, Blocked, ClusterPart
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.model.status import ConditionType, ConfigState, EventType, NodeEvent, NodeStatus
+from vgpu_state.model.status import (
+    ConditionType,
+    ConfigState,
+    EventType,
+    NodeEvent,
+    NodeStatus,
+    PendingSwitch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,7 @@ class StatusFields(TypedDict, total=False):
     snapshot: NodeSnapshot | None
     last_apply: LastApply | None
     blocked: int | None
+    switches: tuple[PendingSwitch, ...] | None
 
 
 class KubeCluster:
@@ -109,6 +117,7 @@ class KubeCluster:
         self._selected: SelectedConfig | None = None
         self._last_apply: LastApply | None = None
         self._blocked = 0
+        self._switches: tuple[PendingSwitch, ...] = ()
 
     @classmethod
     def connect(
@@ -181,7 +190,11 @@ class KubeCluster:
             )
         try:
             self.write_status(
-                state=state, selected=selected, conditions=conditions, snapshot=self._snapshot
+                state=state,
+                selected=selected,
+                conditions=conditions,
+                snapshot=self._snapshot,
+                switches=status.switches,
             )
         except VgpuStateError:
             if state is ConfigState.SUCCESS:
@@ -297,8 +310,14 @@ class KubeCluster:
         snapshot: NodeSnapshot | None = None,
         last_apply: LastApply | None = None,
         blocked: int | None = None,
+        switches: tuple[PendingSwitch, ...] | None = None,
     ) -> VGPUNodeStateStatus:
-        """Write the node's ``VGPUNodeState`` status; conditions keep their transition times."""
+        """Write the node's ``VGPUNodeState`` status; conditions keep their transition times.
+
+        ``switches``: the GPUs whose layout switch is pending; ``None`` keeps the last ones
+        given (a failed reconcile does not know them, and the vGPUs stay withheld)."""
+        if switches is not None:
+            self._switches = switches
         snap = snapshot or self._snapshot
         scanned_at = self._snapshot_at if snap is self._snapshot else None
         if snap is not None and snap.node != self.node:
@@ -316,7 +335,9 @@ class KubeCluster:
                 found = nodestate.follow_node(self.api, found, uid)
                 log.info("VGPUNodeState %s: owned by the Node's UID %s now", self.node, uid)
         previous = nodestate.status_of(found)
-        gpus, capacity = nodestate.layout_status(snap, self._in_use) if snap else ((), ())
+        gpus, capacity = (
+            nodestate.layout_status(snap, self._in_use, self._switches) if snap else ((), ())
+        )
         wanted = list(conditions or [])
         if snap is not None and not any(k == "Degraded" for k, *_ in wanted):
             problems = [*snap.problems, *(p for g in snap.gpus for p in g.problems)]

@@ -34,10 +34,11 @@ from vgpu_state.kube.errors import ClusterError, ContendedWriteError, NotFoundEr
 from vgpu_state.kube.liststream import stream_pages
 from vgpu_state.model import bounded
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.inuse import holder_vm
 from vgpu_state.model.lenient import known_fields
 from vgpu_state.model.resources import ResourceNameError, resource_name
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
-from vgpu_state.model.status import ConfigState
+from vgpu_state.model.status import ConfigState, PendingSwitch
 from vgpu_state.model.timestamps import rfc3339
 
 T = TypeVar("T")
@@ -86,6 +87,12 @@ SHORT_LENGTH = 128
 """Codes, hashes, times, plan ids, GPU models."""
 MESSAGE_LENGTH = 4096
 """Free text (condition messages, the selection's reason); longer text is shortened."""
+SWITCH_MESSAGE_LENGTH = 1024
+"""A pending switch's message; longer text is shortened."""
+VM_LENGTH = 63 + 1 + NAME_LENGTH
+"""``namespace/name`` of a VirtualMachine: a namespace (a DNS label) and an object name."""
+MAX_DEPARTING = 64
+"""Types a pending switch names as departing (a GPU offers at most 43)."""
 MAX_SNAPSHOT_DATA = 256 * 1024
 """``snapshot.data`` (gzip, base64) characters. A scan of 16 GPUs with 48 VFs, each
 listing 43 creatable types, is 44 KiB of it."""
@@ -108,6 +115,9 @@ Name = Annotated[str, Field(max_length=NAME_LENGTH)]
 Short = Annotated[str, Field(max_length=SHORT_LENGTH)]
 Message = Annotated[str, _clipped(MESSAGE_LENGTH), Field(max_length=MESSAGE_LENGTH)]
 Holder = Annotated[str, _clipped(NAME_LENGTH), Field(max_length=NAME_LENGTH)]
+SwitchMessage = Annotated[
+    str, _clipped(SWITCH_MESSAGE_LENGTH), Field(max_length=SWITCH_MESSAGE_LENGTH)
+]
 
 
 class StatusBoundError(ClusterError):
@@ -145,6 +155,33 @@ class VgpuStatus(_Model):
         default=None, description="The extended resource the device plugin advertises it as."
     )
     holder: Holder | None = Field(default=None, description="The pod or VM holding it, if any.")
+    vm: Annotated[str, Field(max_length=VM_LENGTH)] | None = Field(
+        default=None,
+        description="namespace/name of the VM whose virt-launcher pod holds it, when known.",
+    )
+
+
+class SwitchStatus(_Model):
+    """A GPU's pending layout switch."""
+
+    state: Literal["deferred", "planned"] = Field(
+        description="deferred: something is in its way; planned: the plan destroys vGPUs "
+        "on the GPU and has not run yet (e.g. waiting for a rollout slot)."
+    )
+    policy: Literal["protect", "ignore", "evacuate"] = Field(
+        description="The in-use policy the switch runs under."
+    )
+    departing: tuple[TypeName, ...] = Field(
+        default=(), max_length=MAX_DEPARTING, description="The vGPU types leaving the GPU."
+    )
+    withheld: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_VGPUS_PER_GPU,
+        description="Free vGPUs of departing types not offered while the switch is pending "
+        "(in-use: evacuate); absent when none.",
+    )
+    message: SwitchMessage = Field(default="", description="What the switch waits for.")
 
 
 class GpuStatus(_Model):
@@ -154,12 +191,38 @@ class GpuStatus(_Model):
     vgpus: tuple[VgpuStatus, ...] = Field(
         default=(), max_length=MAX_VGPUS_PER_GPU, description="The GPU's live vGPUs."
     )
+    switch: SwitchStatus | None = Field(
+        default=None, description="Present while the GPU's layout switch is pending."
+    )
 
 
 class ResourceCapacity(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.withheld) || self.withheld <= self.free",
+                    "message": "withheld vGPUs are free vGPUs: at most free",
+                }
+            ]
+        }
+    )
+
     resource_name: Name
     total: int = Field(ge=0, description="vGPUs of this resource on the node.")
     free: int = Field(ge=0, description="Of those, the ones no pod or VM holds.")
+    withheld: int | None = Field(
+        default=None,
+        ge=0,
+        description="Of the free ones, those not offered while their GPU's layout switch is "
+        "pending (in-use: evacuate); absent when none.",
+    )
+
+    @model_validator(mode="after")
+    def _withheld_free(self) -> ResourceCapacity:
+        if self.withheld is not None and self.withheld > self.free:
+            raise ValueError(f"withheld {self.withheld} is more than free {self.free}")
+        return self
 
 
 class Condition(_Model):
@@ -519,16 +582,20 @@ class VGPUNodeStateStatus(_Model):
 
 
 def layout_status(
-    snapshot: NodeSnapshot, in_use: Mapping[str, str] | None = None
+    snapshot: NodeSnapshot,
+    in_use: Mapping[str, str] | None = None,
+    switches: Iterable[PendingSwitch] = (),
 ) -> tuple[tuple[GpuStatus, ...], tuple[ResourceCapacity, ...]]:
-    """Each GPU's live layout and the capacity per resource, from a scan.
+    """Each GPU's live layout and the capacity per resource, from a scan; ``switches``:
+    the GPUs whose layout switch is pending (their withheld vGPUs count in the
+    capacity's ``withheld``).
 
     Raises :class:`StatusBoundError` naming the bound when the host has more than a
     status may describe (:data:`MAX_GPUS`, :data:`MAX_VGPUS_PER_GPU`, :data:`MAX_VGPUS`,
     :data:`MAX_RESOURCES`, the names' lengths)."""
     _check_bounds(snapshot)
     try:
-        return _layout_status(snapshot, in_use)
+        return _layout_status(snapshot, in_use, switches)
     except ValidationError as e:
         problem = e.errors()[0]
         where = ".".join(str(p) for p in problem["loc"])
@@ -558,13 +625,19 @@ def _check_bounds(snapshot: NodeSnapshot) -> None:
 
 
 def _layout_status(
-    snapshot: NodeSnapshot, in_use: Mapping[str, str] | None = None
+    snapshot: NodeSnapshot,
+    in_use: Mapping[str, str] | None = None,
+    switches: Iterable[PendingSwitch] = (),
 ) -> tuple[tuple[GpuStatus, ...], tuple[ResourceCapacity, ...]]:
     held = dict(in_use or {})
+    pending = {s.gpu: s for s in switches}
     totals: dict[str, list[int]] = {}
     gpus: list[GpuStatus] = []
     for g in snapshot.gpus:
         vgpus: list[VgpuStatus] = []
+        switch = pending.get(g.address)
+        withheld = set(switch.withheld) if switch is not None else set()
+        counted = 0
         for v in g.vgpus:
             name = v.type_sysfs_name or v.type_name or (f"nvidia-{v.type_id}" if v.type_id else "")
             try:
@@ -572,13 +645,30 @@ def _layout_status(
             except ResourceNameError:
                 resource = None
             holder = held.get(v.key)
-            vgpus.append(VgpuStatus(id=v.key, type=name, resource_name=resource, holder=holder))
+            vgpus.append(
+                VgpuStatus(
+                    id=v.key,
+                    type=name,
+                    resource_name=resource,
+                    holder=holder,
+                    vm=holder_vm(holder) if holder else None,
+                )
+            )
             if resource is not None:
-                count = totals.setdefault(resource, [0, 0])
+                count = totals.setdefault(resource, [0, 0, 0])
                 count[0] += 1
                 count[1] += 0 if holder else 1
+                if not holder and v.key in withheld:
+                    count[2] += 1
+                    counted += 1
         gpus.append(
-            GpuStatus(address=g.address, model=g.model, layout=g.layout.value, vgpus=tuple(vgpus))
+            GpuStatus(
+                address=g.address,
+                model=g.model,
+                layout=g.layout.value,
+                vgpus=tuple(vgpus),
+                switch=_switch_status(switch, counted) if switch is not None else None,
+            )
         )
     if len(totals) > MAX_RESOURCES:
         raise StatusBoundError(
@@ -586,9 +676,25 @@ def _layout_status(
             f"status counts at most {MAX_RESOURCES}"
         )
     capacity = tuple(
-        ResourceCapacity(resource_name=r, total=t, free=f) for r, (t, f) in sorted(totals.items())
+        ResourceCapacity(resource_name=r, total=t, free=f, withheld=w or None)
+        for r, (t, f, w) in sorted(totals.items())
     )
     return tuple(gpus), capacity
+
+
+def _switch_status(switch: PendingSwitch, withheld: int) -> SwitchStatus:
+    """The status of a pending switch; ``withheld``: its withheld vGPUs the scan shows free."""
+    policy: Literal["protect", "ignore", "evacuate"] = (
+        "evacuate" if switch.policy == "evacuate" else "ignore" if switch.policy == "ignore"
+        else "protect"
+    )  # fmt: skip
+    return SwitchStatus(
+        state=switch.state,
+        policy=policy,
+        departing=tuple(t[:TYPE_LENGTH] for t in switch.departing[:MAX_DEPARTING]),
+        withheld=withheld or None,
+        message=switch.message,
+    )
 
 
 def merge_conditions(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from vgpu_state.model.frozen import Frozen
 
@@ -36,6 +37,21 @@ class Condition(Frozen):
     message: str = ""
 
 
+class PendingSwitch(Frozen):
+    """A GPU whose layout switch is pending: deferred (something in its way) or planned
+    (the plan destroys vGPUs on it, possibly waiting for a rollout slot)."""
+
+    gpu: str
+    state: Literal["deferred", "planned"]
+    policy: str
+    """The plan's ``in-use`` policy (``protect``, ``ignore`` or ``evacuate``)."""
+    departing: tuple[str, ...] = ()
+    """The vGPU types leaving the GPU, sorted."""
+    withheld: tuple[str, ...] = ()
+    """Keys of the GPU's free vGPUs not offered meanwhile (``in-use: evacuate``), sorted."""
+    message: str = ""
+
+
 class NodeStatus(Frozen):
     """One reconcile's outcome for one node, as the cluster sees it."""
 
@@ -52,6 +68,9 @@ class NodeStatus(Frozen):
     ``default-config``, ``flag``); ``""`` when not known."""
     selected_detail: str = ""
     """That selection in words (the label and its value, the rule's place in the file)."""
+    switches: tuple[PendingSwitch, ...] | None = None
+    """The GPUs whose layout switch is pending (empty: none); ``None`` when this status
+    does not know (a failed reconcile): the last ones known stand."""
 
     def condition(self, kind: ConditionType) -> Condition | None:
         for c in self.conditions:

@@ -21,10 +21,11 @@ from vgpu_state.reconcile.once import (
     read_holders,
     reconcile_once,
     stale_changes,
+    withhold,
 )
 from vgpu_state.reconcile.report import Inputs, QuietReporter, Report, Reporter
 from vgpu_state.reconcile.settings import Settings
-from vgpu_state.reconcile.status import node_status
+from vgpu_state.reconcile.status import node_status, pending_switches, withheld_keys
 
 __all__ = [
     "Gate",
@@ -41,6 +42,7 @@ __all__ = [
     "deferred_replanner",
     "gather",
     "node_status",
+    "pending_switches",
     "plan_inputs",
     "publish",
     "publish_failure",
@@ -48,4 +50,6 @@ __all__ = [
     "reconcile_once",
     "replan_deferred",
     "stale_changes",
+    "withheld_keys",
+    "withhold",
 ]

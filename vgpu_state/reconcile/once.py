@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -44,7 +45,14 @@ from vgpu_state.ports import (
 from vgpu_state.reconcile.deferred import deferred_replanner
 from vgpu_state.reconcile.report import Inputs, QuietReporter, Report, Reporter
 from vgpu_state.reconcile.settings import Settings
-from vgpu_state.reconcile.status import applied_events, failed_event, failed_status, node_status
+from vgpu_state.reconcile.status import (
+    applied_events,
+    failed_event,
+    failed_status,
+    node_status,
+    still_withheld,
+    withheld_keys,
+)
 from vgpu_state.statefiles import HostLock, Journal
 
 log = logging.getLogger(__name__)
@@ -274,6 +282,12 @@ def reconcile_once(
     with a fresh scan compared with the desired layout; the cluster port gets
     the status and Events, the device plugin the fresh snapshot.
 
+    In :attr:`Mode.APPLY` the device plugin and DRA are told the vGPUs the plan
+    withholds (:attr:`GpuPlan.withheld <vgpu_state.model.plan.GpuPlan.withheld>`, a
+    pending switch's free vGPUs of departing types under ``in-use: evacuate``) as
+    soon as it is made, before the gate is asked and before any change; a plan
+    the gate declines still reports its status when it withholds anything.
+
     Raises the errors of :mod:`vgpu_state.model.errors` (after reporting a
     failed status to the cluster port when the node is known).
     """
@@ -287,6 +301,8 @@ def reconcile_once(
             document = ports.config.document()
         with lock:
             inputs, plan = read_and_plan(ports, settings, hear, config_name, document)
+            if mode is Mode.APPLY:
+                withhold(ports, withheld_keys(plan))
             warning = str(ports.config.error) if ports.config.error else None
             if mode is Mode.PLAN:
                 report = Report(
@@ -313,15 +329,34 @@ def reconcile_once(
         publish(ports, report)
         for event in applied_events(report):
             ports.cluster.emit_event(event)
+    elif withheld_keys(report.plan):
+        # Waiting for a rollout slot with capacity withheld: the status says so meanwhile.
+        waiting = dataclasses.replace(
+            report, differences=differences(report.inputs.desired, report.final)
+        )
+        ports.cluster.report_status(node_status(waiting))
     return report
 
 
-def publish(ports: Ports, report: Report) -> None:
+def withhold(ports: Ports, keys: frozenset[str]) -> None:
+    """The device plugin and DRA offer none of ``keys`` from now on (every other vGPU again)."""
+    ports.device_plugin.withhold(keys)
+    ports.dra.withhold(keys)
+
+
+def publish(ports: Ports, report: Report, *, enforcing: bool = True) -> None:
     """Tell what the node has now: the device plugin and DRA get the vGPUs of their
-    channel, the cluster the node's status (:func:`~vgpu_state.reconcile.status.node_status`)."""
+    channel, the cluster the node's status (:func:`~vgpu_state.reconcile.status.node_status`).
+
+    ``enforcing``: the report's plan is to be carried out (an apply, not plan-only):
+    the vGPUs its pending switches withhold (those still on the host as the plan saw
+    them) stay withheld, and the status names the switches. Otherwise nothing is
+    withheld.
+    """
     ports.device_plugin.refresh(report.advertised)
     ports.dra.refresh(report.channels.dra)
-    ports.cluster.report_status(node_status(report))
+    withhold(ports, still_withheld(report) if enforcing else frozenset())
+    ports.cluster.report_status(node_status(report, enforcing=enforcing))
 
 
 def publish_failure(cluster: ClusterPort, status: NodeStatus, error: VgpuStateError) -> None:

@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from vgpu_state.model.desired import SkippedEntry
 from vgpu_state.model.errors import Reason, VgpuStateError
-from vgpu_state.model.plan import Blocked
+from vgpu_state.model.plan import ActionKind, Blocked, GpuPlan, Plan
+from vgpu_state.model.snapshot import NodeSnapshot, Vgpu
 from vgpu_state.model.status import (
     Condition,
     ConditionType,
@@ -14,15 +15,126 @@ from vgpu_state.model.status import (
     EventType,
     NodeEvent,
     NodeStatus,
+    PendingSwitch,
 )
 from vgpu_state.reconcile.report import Report
 
 
-def node_status(report: Report) -> NodeStatus:
+def withheld_keys(plan: Plan) -> frozenset[str]:
+    """The vGPUs ``plan`` withholds: every GPU's :attr:`~vgpu_state.model.plan.GpuPlan.withheld`
+    (free vGPUs of departing types while the GPU's switch is pending, ``in-use: evacuate``)."""
+    return frozenset(k for g in plan.gpus for k in g.withheld)
+
+
+def _by_key(snapshot: NodeSnapshot) -> dict[str, Vgpu]:
+    return {v.key: v for g in snapshot.gpus for v in g.vgpus}
+
+
+def still_withheld(report: Report) -> frozenset[str]:
+    """Of the plan's withheld vGPUs, those the final scan still shows as the plan saw them
+    (same key, same type). A switch that ran destroyed them; a vGPU created since under a
+    reused key (mdev UUIDs are derived from the GPU's slots) is a new one, offered."""
+    keys = withheld_keys(report.plan)
+    if not keys:
+        return keys
+    before, after = _by_key(report.inputs.snapshot), _by_key(report.final)
+    kept = set()
+    for key in keys:
+        old, new = before.get(key), after.get(key)
+        if old is None or new is None:
+            continue
+        if (old.type_id, old.type_name) == (new.type_id, new.type_name):
+            kept.add(key)
+    return frozenset(kept)
+
+
+SWITCH_NAMED = 3
+"""How many holders a pending switch's message names; the rest are counted."""
+
+
+def _departing(report: Report, g: GpuPlan) -> tuple[str, ...]:
+    """The vGPU types leaving ``g``: those of its destroys, and those on it now that its
+    layout no longer names (a deferred switch destroys nothing yet)."""
+    plan = report.plan
+    names = {a.type_label for a in plan.gpu_actions(g.address) if a.kind is ActionKind.DESTROY}
+    gpu = report.inputs.snapshot.gpu(g.address)
+    wanted = next((d for d in report.inputs.desired.gpus if d.address == g.address), None)
+    if gpu is not None and wanted is not None:
+        keep = {name for name, count in wanted.types if count > 0}
+        names |= {v.type_label for v in gpu.vgpus if v.type_name not in keep}
+    if not names and gpu is not None and g.deferred_switch is not None:
+        in_the_way = set(g.deferred_switch.in_the_way)
+        names = {v.type_label for v in gpu.vgpus if v.key in in_the_way}
+    return tuple(sorted(names))
+
+
+def _holders_text(holders: tuple[str, ...]) -> str:
+    named = ", ".join(holders[:SWITCH_NAMED])
+    more = len(holders) - SWITCH_NAMED
+    return named + (f" and {more} more" if more > 0 else "")
+
+
+def pending_switches(report: Report, *, enforcing: bool = True) -> tuple[PendingSwitch, ...]:
+    """The GPUs whose layout switch is still pending after ``report``: deferred ones, and
+    (while nothing ran: a plan waiting for a rollout slot) those whose vGPUs the plan
+    destroys. ``enforcing`` false (plan-only: nothing is carried out): none."""
+    if not enforcing:
+        return ()
+    plan = report.plan
+    policy = plan.policy.in_use.value
+    ran = report.applied is not None
+    withheld = still_withheld(report)
+    out: list[PendingSwitch] = []
+    for g in plan.gpus:
+        keys = tuple(sorted(k for k in g.withheld if k in withheld))
+        destroys = sum(1 for a in plan.gpu_actions(g.address) if a.kind is ActionKind.DESTROY)
+        parts: list[str] = []
+        d = g.deferred_switch
+        if d is not None:
+            state = "deferred"
+            way = len(d.in_the_way)
+            parts.append(
+                f"{d.creates} vGPU(s) of the new layout wait for {way} vGPU(s) in the way"
+                if d.creates
+                else f"waits for {way} vGPU(s) in the way"
+            )
+            if d.waits_for:
+                parts.append(f"held by {_holders_text(d.waits_for)}")
+            if d.moves:
+                moving = tuple(m.vm or m.holder for m in d.moves)
+                parts.append(f"to be moved (in-use: evacuate): {_holders_text(moving)}")
+            elif policy != "evacuate":
+                parts.append(f"nothing is moved (in-use: {policy})")
+        elif destroys and not ran:
+            state = "planned"
+            parts.append(f"the plan destroys {destroys} vGPU(s)")
+            if report.declined:
+                parts.append("waiting for a rollout slot")
+            elif plan.cluster_blocked:
+                parts.append(f"nothing is applied: {plan.cluster_blocked[0].reason}")
+        else:
+            continue
+        if keys:
+            parts.append(f"{len(keys)} free vGPU(s) of departing types withheld")
+        out.append(
+            PendingSwitch(
+                gpu=g.address,
+                state=state,
+                policy=policy,
+                departing=_departing(report, g),
+                withheld=keys,
+                message="; ".join(parts),
+            )
+        )
+    return tuple(out)
+
+
+def node_status(report: Report, *, enforcing: bool = True) -> NodeStatus:
     """Synced / Ready / Blocked conditions with reason codes, and the state label's value.
 
     A blocked item of the cluster (KubeVirt managing mdevs itself) makes the
-    state ``failed`` and, when the plan had changes, ``Synced`` names it.
+    state ``failed`` and, when the plan had changes, ``Synced`` names it. The
+    GPUs whose layout switch is pending are listed (:func:`pending_switches`).
     """
     plan = report.plan
     blocked = plan.blocked
@@ -80,6 +192,7 @@ def node_status(report: Report) -> NodeStatus:
         vgpus=report.live_layout(),
         selected_by=report.inputs.source,
         selected_detail=report.inputs.detail,
+        switches=pending_switches(report, enforcing=enforcing),
     )
 
 
@@ -151,6 +264,7 @@ def unselected_status(node: str, error: VgpuStateError) -> NodeStatus:
             ),
             Condition(type=ConditionType.READY, status=True, reason=reason, message=str(error)),
         ),
+        switches=(),
     )
 
 

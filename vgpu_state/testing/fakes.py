@@ -113,9 +113,14 @@ class RecordingDevicePlugin:
 
     def __init__(self) -> None:
         self.snapshots: list[NodeSnapshot] = []
+        self.withheld: list[frozenset[str]] = []
+        """Every set :meth:`withhold` was given, in order."""
 
     def refresh(self, snapshot: NodeSnapshot) -> None:
         self.snapshots.append(snapshot)
+
+    def withhold(self, keys: frozenset[str]) -> None:
+        self.withheld.append(frozenset(keys))
 
 
 class MemoryClaims:
