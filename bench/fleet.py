@@ -258,7 +258,8 @@ def fleet_items(
         held: dict[str, str] = {}
         if i % 4 == 0:
             first = snapshot.gpus[0].vgpus[0]
-            held[first.key] = f"pod vms/virt-launcher-vm-{i}-abcde"
+            # As the agent names a virt-launcher pod's holder (PodHolder).
+            held[first.key] = f"pod vms/virt-launcher-vm-{i}-abcde (VM vms/vm-{i})"
         gpu_status, capacity = layout_status(snapshot, held)
         status = VGPUNodeStateStatus(
             state=ConfigState.SUCCESS,
@@ -539,6 +540,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--keep", type=Path, help="keep the built fleets in this directory and reuse them"
     )
     parser.add_argument(
+        "--in-use",
+        choices=("protect", "evacuate"),
+        default="protect",
+        help="the config's in-use policy (evacuate: fleet plan also lists the moves)",
+    )
+    parser.add_argument(
         "--jobs",
         help="--jobs values of fleet plan to measure, separated by commas (default: the "
         "command's own default)",
@@ -574,7 +581,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="vgpu-fleet-") as tmp:
         root = Path(tmp)
         config = root / "fleet.yaml"
-        config.write_text(CONFIG)
+        config.write_text(CONFIG.replace("in-use: protect", f"in-use: {args.in_use}"))
         for count in counts:
             directory = fleet_dir(root, count, args.keep)
             server = subprocess.Popen(

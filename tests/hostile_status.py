@@ -128,8 +128,9 @@ def _text(length: int, seed: str) -> str:
 
 def maximal_status(node: str) -> dict[str, Any]:
     """A status at every bound of the CRD: 32 GPUs, 1,024 vGPUs (64 on each of 16 GPUs),
-    every string as long as admitted, 64 capacity rows, every condition with the longest
-    message, and the longest scan (:func:`maximal_snapshot`)."""
+    every string as long as admitted, every GPU with a pending switch naming 64 departing
+    types, 64 capacity rows, every condition with the longest message, and the longest
+    scan (:func:`maximal_snapshot`)."""
     gpus = []
     for g in range(ns.MAX_GPUS):
         vgpus = [
@@ -138,6 +139,7 @@ def maximal_status(node: str) -> dict[str, Any]:
                 "type": _text(ns.TYPE_LENGTH, "T"),
                 "resourceName": _text(ns.NAME_LENGTH, "r"),
                 "holder": _text(ns.NAME_LENGTH, "h"),
+                "vm": _text(ns.VM_LENGTH, "v"),
             }
             for v in range(ns.MAX_VGPUS_PER_GPU if g < ns.MAX_VGPUS // ns.MAX_VGPUS_PER_GPU else 0)
         ]
@@ -147,6 +149,15 @@ def maximal_status(node: str) -> dict[str, Any]:
                 "model": _text(ns.SHORT_LENGTH, "m"),
                 "layout": _text(ns.SHORT_LENGTH, "l"),
                 "vgpus": vgpus,
+                "switch": {
+                    "state": "deferred",
+                    "policy": "evacuate",
+                    "departing": [
+                        _text(ns.TYPE_LENGTH - 2, "d") + f"{i:02d}" for i in range(ns.MAX_DEPARTING)
+                    ],
+                    "withheld": ns.MAX_VGPUS_PER_GPU,
+                    "message": _text(ns.SWITCH_MESSAGE_LENGTH, "w"),
+                },
             }
         )
     message = _text(ns.MESSAGE_LENGTH, "x")
@@ -161,7 +172,12 @@ def maximal_status(node: str) -> dict[str, Any]:
         },
         "gpus": gpus,
         "capacity": [
-            {"resourceName": _text(ns.NAME_LENGTH - 2, "c") + f"{i:02d}", "total": 1, "free": 1}
+            {
+                "resourceName": _text(ns.NAME_LENGTH - 2, "c") + f"{i:02d}",
+                "total": 1,
+                "free": 1,
+                "withheld": 1,
+            }
             for i in range(ns.MAX_RESOURCES)
         ],
         "vgpuCount": ns.MAX_VGPUS,

@@ -127,6 +127,34 @@ def test_only_a_virt_launcher_pod_holder_is_a_vm(holder: str, vm: str | None) ->
     assert holder_vm(holder) == vm
 
 
+# the config file -------------------------------------------------------------------------------
+def test_validate_accepts_evacuate_and_refuses_a_per_config_max_in_flight(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        CONFIG.format(policy="evacuate").replace(
+            "  in-use: evacuate\n",
+            "  in-use: evacuate\n  evacuation: {max-in-flight: 3, max-per-node: 2, timeout: 15m}\n",
+        )
+    )
+    code, out = run("validate", "-f", str(good))
+    assert code == 0, out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        CONFIG.format(policy="evacuate").replace(
+            "  a2-2g:\n    - devices: all\n      vgpu-devices: {A2-2Q: 8}\n",
+            "  a2-2g:\n    policy:\n      evacuation: {max-in-flight: 3, timeout: 2d}\n"
+            "    entries:\n      - devices: all\n        vgpu-devices: {A2-2Q: 8}\n",
+        )
+    )
+    result = CliRunner().invoke(cli, ["validate", "-f", str(bad)])
+    assert result.exit_code == 1
+    assert f"{bad}:10:35: max-in-flight (found 3) counts VMs moving at once" in result.output
+    assert (
+        f"{bad}:10:47: timeout must be a duration such as 90s, 10m or 1h (a whole number with "
+        "s, m or h), found '2d' (vgpu-configs.a2-2g.policy.evacuation.timeout)"
+    ) in result.output
+
+
 # one node's plan -----------------------------------------------------------------------------
 def test_evacuate_takes_the_steps_of_protect_and_names_the_vm_and_the_withheld_vgpus() -> None:
     protect, evacuate = planned("protect"), planned("evacuate")
@@ -318,8 +346,7 @@ def test_fleet_plan_lists_each_move_with_the_nodes_that_have_room(tmp_path: Path
     )
     assert lines[start + 1 : start + 6] == [
         "  vms/win-7 leaves node-a: A2-4Q free on node-b, node-c",
-        f"  {JOB} on node-d cannot be moved: not a KubeVirt VM; GPU {GPU} switches once it "
-        "lets go",
+        f"  {JOB} on node-d cannot be moved: not a KubeVirt VM; GPU {GPU} switches once it lets go",
         "Withheld during the change (free vGPUs not offered while a switch is pending):",
         "  nvidia.com/NVIDIA_A2-4Q: 4 on 2 node(s)",
         "Fleet: 4 node(s): 2 with changes, 2 unchanged, 0 unknown, 0 error(s). 0 to create, "

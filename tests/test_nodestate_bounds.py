@@ -65,7 +65,7 @@ def _write(cluster: ControlPlane, token: str, status: dict[str, Any], node: str 
 def test_a_status_at_every_bound_is_accepted(cluster: ControlPlane, agent_token: str) -> None:
     status = maximal_status(NODE)
     size = len(json.dumps(status, separators=(",", ":")))
-    assert size > 1_000_000, "the largest status admitted is about 1 MB"
+    assert 1_500_000 < size < 1_572_864, "the largest status admitted is about 1.53 MB"
     written = _write(cluster, agent_token, status)
     stored = written["status"]
     assert len(stored["gpus"]) == nodestate.MAX_GPUS

@@ -8,9 +8,12 @@ manager and the real API server.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from pathlib import Path
+from typing import Any
 
 from tests.withhold_support import (
+    CATALOG,
     FREE_4A,
     FREE_4Q,
     GPU,
@@ -23,12 +26,18 @@ from tests.withhold_support import (
     config,
     settings,
 )
+from vgpu_state.controller.bounds import LayoutBounds
+from vgpu_state.controller.reports import read_report
+from vgpu_state.kube import nodestate
+from vgpu_state.kube.nodestate import VGPUNodeStateStatus, encode_snapshot, layout_status
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import Mode, Ports, Report, publish, reconcile_once
-from vgpu_state.reconcile.status import still_withheld
+from vgpu_state.reconcile.status import pending_switches, still_withheld
 from vgpu_state.sim.host import SimHost
 from vgpu_state.testing import FakeCluster, RecordingDevicePlugin
+
+NOW = datetime.datetime(2026, 11, 29, 0, 0, tzinfo=datetime.UTC)
 
 
 def _ports(
@@ -38,9 +47,7 @@ def _ports(
     return Ports(host, cluster, config(layout, policy), plugin, dra), plugin, dra
 
 
-def test_the_plugin_and_dra_learn_what_is_withheld_before_the_rollout_gate(
-    tmp_path: Path
-) -> None:
+def test_the_plugin_and_dra_learn_what_is_withheld_before_the_rollout_gate(tmp_path: Path) -> None:
     host = SimHost(a2_host(tmp_path))
     cluster = FakeCluster(NODE)
     ports, plugin, dra = _ports(host, cluster, SWITCH)
@@ -92,9 +99,7 @@ def test_under_protect_a_deferred_switch_is_reported_and_nothing_is_withheld(
         host.close()
 
 
-def test_a_plan_only_report_withholds_nothing_and_names_no_switch(
-    tmp_path: Path
-) -> None:
+def test_a_plan_only_report_withholds_nothing_and_names_no_switch(tmp_path: Path) -> None:
     host = SimHost(a2_host(tmp_path))
     cluster = FakeCluster(NODE, in_use={HELD_4C: VM_HOLDER})
     ports, plugin, dra = _ports(host, cluster, SWITCH)
@@ -121,7 +126,7 @@ def _retyped(snapshot: NodeSnapshot, key: str, type_name: str) -> NodeSnapshot:
 
 
 def test_a_key_reused_by_a_vgpu_of_another_type_is_not_withheld_after_the_switch(
-    tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     host = SimHost(a2_host(tmp_path))
     cluster = FakeCluster(NODE, in_use={HELD_4C: VM_HOLDER})
@@ -134,3 +139,44 @@ def test_a_key_reused_by_a_vgpu_of_another_type_is_not_withheld_after_the_switch
         assert still_withheld(after) == {FREE_4A}
     finally:
         host.close()
+
+
+def test_the_controller_reads_a_report_with_a_pending_switch_as_one_without(
+    tmp_path: Path,
+) -> None:
+    """The status fields of a pending switch add nothing the controller must trust or refuse:
+    the KubeVirt CR entries a report justifies stay those of its scan."""
+    host = SimHost(a2_host(tmp_path))
+    cluster = FakeCluster(NODE, in_use={HELD_4C: VM_HOLDER})
+    ports, _, _ = _ports(host, cluster, SWITCH)
+    try:
+        report = reconcile_once(ports, settings(), mode=Mode.PLAN, config_name="a2")
+    finally:
+        host.close()
+    switches = pending_switches(report)
+    assert switches and switches[0].withheld == (FREE_4A, FREE_4Q)
+    bounds = LayoutBounds(frozenset({"A2-4A", "A2-4C", "A2-4Q"}), CATALOG)
+
+    def state(with_switch: bool) -> dict[str, Any]:
+        snapshot = report.inputs.snapshot
+        gpus, capacity = layout_status(
+            snapshot, report.inputs.in_use, switches if with_switch else ()
+        )
+        status = VGPUNodeStateStatus(
+            gpus=gpus, capacity=capacity, snapshot=encode_snapshot(snapshot, NOW)
+        )
+        return {
+            "apiVersion": nodestate.API_VERSION,
+            "kind": nodestate.KIND,
+            "metadata": {"name": NODE},
+            "spec": {"nodeName": NODE},
+            "status": status.to_json(),
+        }
+
+    with_switch = state(True)
+    assert with_switch["status"]["gpus"][0]["switch"]["withheld"] == 2
+    assert with_switch["status"]["gpus"][0]["vgpus"][0]["vm"] == "default/win-1"
+    read = read_report(with_switch, bounds)
+    assert read.refused is None and read.unreadable is None
+    assert read == read_report(state(False), bounds)
+    assert nodestate.status_of(with_switch) is not None  # the agent reads its own back

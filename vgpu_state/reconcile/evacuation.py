@@ -12,6 +12,7 @@ uses ``in-use: evacuate`` (:func:`document_evacuates`).
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -216,7 +217,8 @@ class EvacuationSummary:
         listed = pending[:MAX_MOVES]
         dropped = self.dropped + len(pending) - len(listed)
         room = {key: sorted(rows) for key, rows in self.room.items()}
-        moves = tuple(_placed(p, room) for p in listed)
+        members = {key: {node for node, _ in rows} for key, rows in room.items()}
+        moves = tuple(_placed(p, room, members) for p in listed)
         # Counted over every move, listed or not: a VM whose resource is known can move
         # when a node other than its own has room for it.
         possible = 0
@@ -258,7 +260,9 @@ def _node(plan: Plan) -> NodeEvacuation:
     return node_evacuation(plan)
 
 
-def _placed(p: _Pending, room: dict[_Room, list[tuple[str, int]]]) -> FleetMove:
+def _placed(
+    p: _Pending, room: dict[_Room, list[tuple[str, int]]], members: dict[_Room, set[str]]
+) -> FleetMove:
     """``p`` with the nodes that have room for it, or why it cannot move."""
     base: dict[str, Any] = {
         "node": p.node,
@@ -276,7 +280,10 @@ def _placed(p: _Pending, room: dict[_Room, list[tuple[str, int]]]) -> FleetMove:
         return FleetMove(
             **base, reason="the resource of its vGPU is not known: no node can be chosen"
         )
-    targets = [node for node, _ in room.get((p.resource, p.publish), ()) if node != p.node]
+    rows = room.get((p.resource, p.publish), ())
+    # The first few other nodes, and how many there are (a node has one row per resource).
+    targets = list(itertools.islice((node for node, _ in rows if node != p.node), MAX_TARGETS))
+    others = len(rows) - (p.node in members.get((p.resource, p.publish), ())) if targets else 0
     if not targets:
         channel = " through DRA" if p.publish is Publish.DRA else ""
         return FleetMove(
@@ -284,11 +291,7 @@ def _placed(p: _Pending, room: dict[_Room, list[tuple[str, int]]]) -> FleetMove:
             reason=f"no room elsewhere: no other node offers a free {p.type_name or p.resource}"
             f"{channel} after its plan",
         )
-    return FleetMove(
-        **base,
-        targets=tuple(targets[:MAX_TARGETS]),
-        more_targets=max(len(targets) - MAX_TARGETS, 0),
-    )
+    return FleetMove(**base, targets=tuple(targets), more_targets=others - len(targets))
 
 
 # output ---------------------------------------------------------------------------------------
@@ -358,8 +361,7 @@ def budget_text(ev: FleetEvacuation) -> str:
     """How many move at once (``max-in-flight``)."""
     if ev.max_in_flight == 0:
         return (
-            "max-in-flight is 0: no VM is moved; the capacity stays withheld until the "
-            "holders go"
+            "max-in-flight is 0: no VM is moved; the capacity stays withheld until the holders go"
         )
     if ev.max_in_flight is None:
         return ""

@@ -110,6 +110,8 @@ def pending_switches(report: Report, *, enforcing: bool = True) -> tuple[Pending
             parts.append(f"the plan destroys {destroys} vGPU(s)")
             if report.declined:
                 parts.append("waiting for a rollout slot")
+            elif plan.cluster_blocked:
+                parts.append(f"nothing is applied: {plan.cluster_blocked[0].reason}")
         else:
             continue
         if keys:
