@@ -56,6 +56,7 @@ from vgpu_state.reconcile.fleet import (
 )
 from vgpu_state.reconcile.settings import Settings
 from vgpu_state.render.plan import before_after
+from vgpu_state.render.sharedjson import SharedJson
 
 DEFAULT_MAX_AGE = "30m"
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
@@ -653,10 +654,13 @@ class JsonWriter:
 
     def __init__(self) -> None:
         self.spool = Spool()
+        # The parts many nodes' plans share (GPU headers, capacity rows, a pool's
+        # vendor-VFIO steps) are serialised once: the same bytes as to_json of each.
+        self.json = SharedJson()
 
     def render(self, n: NodePlan) -> Rendered:
-        text = to_json(node_document(n, plan_as_model=True), indent=2)
-        return n.node, None, b"    " + text.replace(b"\n", b"\n    ")
+        text = self.json.document(node_document(n, plan_as_model=True), "plan", 2)
+        return n.node, None, b"    " + text
 
     def store(self, rendered: Rendered) -> None:
         name, _, piece = rendered
