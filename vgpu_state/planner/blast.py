@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import Action, ActionKind, Capacity, Holder, Plan, plan_disruption
@@ -24,7 +25,7 @@ from vgpu_state.model.resources import (
     name_prefix,
     resource_name,
 )
-from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SharedParts, Vgpu
 
 _Key = tuple[str, str, Publish]
 """(resource or "", type name, channel)."""
@@ -221,6 +222,30 @@ def _holders(names: list[str]) -> tuple[Holder, ...]:
 
 def with_blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> Plan:
     """``plan`` with its disruption, capacity and affected/protected holders filled in."""
+    return _copy_with(plan, blast_radius(plan, snapshot, in_use))
+
+
+def blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> dict[str, Any]:
+    """``plan``'s disruption, capacity and affected and protected holders, by field name.
+
+    They depend on the plan's GPU headers, steps and blocked items, the scan's GPUs
+    and the holders only: the nodes of a fleet's pool whose plans are made of the same
+    (shared) parts have the same blast radius, worked out once (see ``SharedParts``).
+    """
+    parts = (*snapshot.gpus, *plan.gpus, *plan.actions, *plan.blocked)
+    key = (
+        "blast radius",
+        len(snapshot.gpus),
+        len(plan.gpus),
+        len(plan.actions),
+        len(plan.blocked),
+        plan.policy.publish,
+        *in_use.items(),
+    )
+    return SharedParts.get(parts, key, lambda: _blast_radius(plan, snapshot, in_use))
+
+
+def _blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> dict[str, Any]:
     destroyed = [
         in_use[a.vgpu_key]
         for a in plan.actions
@@ -231,11 +256,22 @@ def with_blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, s
     protected = [
         b.holder for b in plan.blocked if b.kind is ActionKind.DESTROY and b.holder is not None
     ]
-    return plan.model_copy(
-        update={
-            "disruption": plan_disruption(plan.actions, frozenset(in_use)),
-            "capacity": capacity(plan, snapshot, in_use),
-            "affected": _holders(destroyed),
-            "protected": _holders(protected),
-        }
+    return {
+        "disruption": plan_disruption(plan.actions, frozenset(in_use)),
+        "capacity": capacity(plan, snapshot, in_use),
+        "affected": _holders(destroyed),
+        "protected": _holders(protected),
+    }
+
+
+def _copy_with(plan: Plan, update: dict[str, Any]) -> Plan:
+    """``plan.model_copy(update=update)`` without pydantic's general copy (the values are
+    of their fields' types: made here)."""
+    copied = plan.__class__.__new__(plan.__class__)
+    object.__setattr__(copied, "__dict__", {**plan.__dict__, **update})
+    object.__setattr__(copied, "__pydantic_extra__", None)
+    object.__setattr__(
+        copied, "__pydantic_fields_set__", plan.__pydantic_fields_set__ | set(update)
     )
+    object.__setattr__(copied, "__pydantic_private__", None)
+    return copied

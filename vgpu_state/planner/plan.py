@@ -682,7 +682,10 @@ class _Planner:
         if self.errors:
             raise PlanningError("\n".join(self.errors))
         counts = Counter(a.kind for a in actions)
-        summary = Summary(
+        # Every value below is the planner's own or taken from validated models: the plan
+        # is built from them without validating them again (a fleet's plans are many).
+        summary = built(
+            Summary,
             create=counts[ActionKind.CREATE],
             destroy=counts[ActionKind.DESTROY],
             sriov=counts[ActionKind.ENABLE_SRIOV],
@@ -690,9 +693,12 @@ class _Planner:
             kept=sum(h.kept for h in headers if h.managed),
             switches_deferred=sum(h.deferred_switch is not None for h in headers),
         )
-        p = Plan(
+        p = built(
+            Plan,
             node=self.node,
-            selection=Selection(config=self.desired.config, source=self.desired.selection_source),
+            selection=built(
+                Selection, config=self.desired.config, source=self.desired.selection_source
+            ),
             policy=self.policy,
             snapshot_fingerprint=self.snapshot.fingerprint(),
             gpus=tuple(headers),

@@ -52,19 +52,34 @@ def _plain_fields(cls: type[BaseModel]) -> tuple[tuple[str, bytes], ...] | None:
 
 class SharedJson:
     """Writes plans (and documents holding them) as ``to_json(value, indent=2)`` would,
-    remembering the text of each model value it wrote, by identity, at most
-    :attr:`LIMIT` of them: a value seen again (a part many plans share) is not
-    serialised again. A model whose fields are all hashable (a plan's summary, its
-    selection) is also remembered by its class and field values."""
+    remembering the text of the model values it wrote, by identity: a value seen again
+    (a part many plans share) is not serialised again, nor is a list of such values.
+    A model whose fields are all hashable (a plan's summary, its selection) is
+    remembered by its class and field values. What is remembered is bounded
+    (:attr:`BUDGET` bytes of text, :attr:`LIMIT` values): past either, it is forgotten."""
 
+    BUDGET = 8 * 1024 * 1024
     LIMIT = 16384
 
     def __init__(self) -> None:
         self._kept: dict[tuple[int, int], tuple[BaseModel, bytes]] = {}
         self._by_value: dict[tuple[Any, ...], bytes] = {}
         self._seen: dict[int, Any] = {}
-        """Items of lists written whole, by identity (kept alive while here)."""
+        """Items of lists written whole, by identity (kept alive while here): their text
+        is remembered when they are met again."""
         self._lists: dict[tuple[int, ...], tuple[tuple[Any, ...], bytes]] = {}
+        self._held = 0
+
+    def _hold(self, size: int) -> None:
+        """Count ``size`` bytes of text about to be remembered; forget everything first
+        when the budget would be exceeded."""
+        if self._held + size > self.BUDGET or len(self._kept) + len(self._seen) >= self.LIMIT:
+            self._kept.clear()
+            self._by_value.clear()
+            self._seen.clear()
+            self._lists.clear()
+            self._held = 0
+        self._held += size
 
     def model(self, value: BaseModel, level: int) -> bytes:
         """``value`` written at ``level`` (its first line where the writer is, each other
@@ -88,31 +103,23 @@ class SharedJson:
         text = to_json(value, indent=2)
         if level:
             text = text.replace(b"\n", b"\n" + _INDENT * level)
+        self._hold(len(text))
         if key:
-            if len(self._by_value) >= self.LIMIT:
-                self._by_value.clear()
             self._by_value[key] = text
         else:
-            kept = self._kept
-            if len(kept) >= self.LIMIT:
-                kept.clear()
-            kept[(id(value), level)] = (value, text)
+            self._kept[(id(value), level)] = (value, text)
         return text
 
     def value(self, value: Any, level: int) -> bytes:
         """Any value of a plan's field at ``level``: a model (remembered), a tuple of
-        models (remembered whole, by the identity of its items, and each item), else
-        serialised as it is."""
+        models (each remembered, and the whole when all were), else serialised as it
+        is."""
         if type(value) is tuple and value and isinstance(value[0], BaseModel):
             key = (level, *map(id, value))
             found = self._lists.get(key)
             if found is not None and all(map(operator.is_, found[0], value)):
                 return found[1]
-            text = self._list(value, level)
-            if len(self._lists) >= self.LIMIT:
-                self._lists.clear()
-            self._lists[key] = (value, text)
-            return text
+            return self._list(key, value, level)
         if isinstance(value, BaseModel):
             return self.model(value, level)
         text = to_json(value, indent=2)
@@ -120,19 +127,19 @@ class SharedJson:
             text = text.replace(b"\n", b"\n" + _INDENT * level)
         return text
 
-    def _list(self, value: tuple[Any, ...], level: int) -> bytes:
+    def _list(self, key: tuple[int, ...], value: tuple[Any, ...], level: int) -> bytes:
         kept = self._kept
         found = [kept.get((id(item), level + 1)) for item in value]
         known = [
             f[1] if f is not None and f[0] is item else None
             for f, item in zip(found, value, strict=True)
         ]
+        missing = known.count(None)
         seen = self._seen
-        if known.count(None) * 2 > len(known) and not any(id(item) in seen for item in value):
+        if missing * 2 > len(known) and not any(id(item) in seen for item in value):
             # Mostly new to this writer (a node's own steps, named by its mdev UUIDs): in
             # one call. Each item's text is remembered when it is met again.
-            if len(seen) >= self.LIMIT:
-                seen.clear()
+            self._hold(0)
             for item in value:
                 seen[id(item)] = item
             text = to_json(value, indent=2)
@@ -146,7 +153,12 @@ class SharedJson:
             else:
                 texts.append(self.value(item, level + 1))
         inner = b"\n" + _INDENT * (level + 1)
-        return b"".join((b"[", inner, (b"," + inner).join(texts), b"\n", _INDENT * level, b"]"))
+        text = b"".join((b"[", inner, (b"," + inner).join(texts), b"\n", _INDENT * level, b"]"))
+        if not missing:
+            # Made of values met before: a list that other plans share, likely.
+            self._hold(len(text))
+            self._lists[key] = (value, text)
+        return text
 
     def plan(self, value: BaseModel, level: int) -> bytes:
         """A model whose fields are written one by one (each remembered as
