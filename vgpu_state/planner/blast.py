@@ -121,9 +121,10 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
     names = _Names(snapshot)
     publish = {g.address: g.publish for g in plan.gpus}
     default = plan.policy.publish
-    before: Counter[_Key] = Counter()
-    after: Counter[_Key] = Counter()
-    held: Counter[_Key] = Counter()
+    # Plain dicts, not Counters: counted for every vGPU of every node of a fleet.
+    before: dict[_Key, int] = {}
+    after: dict[_Key, int] = {}
+    held: dict[_Key, int] = {}
     by_gpu: dict[str, list[Action]] = {}
     for a in plan.actions:
         by_gpu.setdefault(a.gpu, []).append(a)
@@ -138,11 +139,13 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             key = key_of.get(kind)
             if key is None:
                 key = key_of[kind] = _key(names.of_vgpu(g, v), v.type_label, channel)
-            keys[v.key] = key
-            before[key] += 1
-            if in_use and v.key in in_use:
-                held[key] += 1
-        after.update(keys.values())
+            vgpu = v.key
+            keys[vgpu] = key
+            before[key] = before.get(key, 0) + 1
+            if in_use and vgpu in in_use:
+                held[key] = held.get(key, 0) + 1
+        for key in keys.values():
+            after[key] = after.get(key, 0) + 1
         # A create's resource follows from its type (its name on the GPU is the first
         # create's of that type id; without an id, the GPU's prefix and the type's
         # name): worked out once per type.
@@ -151,14 +154,14 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             if a.kind is ActionKind.DESTROY:
                 gone = keys.get(a.vgpu_key)
                 if gone is not None:
-                    after[gone] -= 1
+                    after[gone] = after.get(gone, 0) - 1
             elif a.kind is ActionKind.CREATE:
                 made = (a.type_id, a.type_name)
                 key = created.get(made)
                 if key is None:
                     key = created[made] = _key(names.of_create(g, a), a.type_label, channel)
-                after[key] += 1
-    blocked: Counter[_Key] = Counter()
+                after[key] = after.get(key, 0) + 1
+    blocked: dict[_Key, int] = {}
     codes: dict[_Key, BlockedReason] = {}
     waits: dict[_Key, set[str]] = {}
     gpus: dict[str, Gpu] = {g.address: g for g in snapshot.gpus}
@@ -168,7 +171,7 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             continue
         channel = publish.get(on.address, default)
         key = _key(names.of_type(on, b.type_name), b.type_name, channel)
-        blocked[key] += 1
+        blocked[key] = blocked.get(key, 0) + 1
         codes.setdefault(key, b.code)
         if b.code is BlockedReason.SWITCH_DEFERRED and b.holder is not None:
             waits.setdefault(key, set()).add(b.holder)
@@ -177,10 +180,10 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             key[0] or None,
             key[1],
             key[2],
-            before[key],
-            after[key],
-            held[key],
-            blocked[key],
+            before.get(key, 0),
+            after.get(key, 0),
+            held.get(key, 0),
+            blocked.get(key, 0),
             codes.get(key),
             tuple(sorted(waits.get(key, ()))),
         )

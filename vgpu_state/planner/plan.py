@@ -40,7 +40,7 @@ from vgpu_state.model.snapshot import (
     SysfsInterface,
     Vgpu,
 )
-from vgpu_state.planner.blast import with_blast_radius
+from vgpu_state.planner.blast import _copy_with, with_blast_radius
 from vgpu_state.planner.identity import free_uuids
 from vgpu_state.planner.support import host_modes
 
@@ -273,7 +273,12 @@ class _Planner:
     def plan_gpu(self, g: Gpu, dg: DesiredGpu) -> tuple[GpuPlan, _GpuWork]:
         work = _GpuWork()
         target = {n: c for n, c in dg.types if c > 0}
-        kept, unwanted = self.split_existing(g, target)
+        unwanted: list[Vgpu] = []
+        if _holds_exactly(g.vgpus, target):
+            # The layout the GPU has (most GPUs of a fleet): every vGPU stays.
+            kept = sorted(g.vgpus, key=lambda v: v.key)
+        else:
+            kept, unwanted = self.split_existing(g, target)
         remaining = self.plan_destroys(g, unwanted, work)
         creates = [
             name
@@ -645,6 +650,35 @@ class _Planner:
 
     # whole node -----------------------------------------------------------
     def run(self) -> Plan:
+        """The node's plan.
+
+        A node whose GPUs are all vendor-VFIO GPUs with their VFs on is planned
+        without its name: its steps name VFs by their PCI addresses and create no
+        mdev (no UUID derived from the node's name). Its plan is the same, but for
+        ``node``, for every node with the same (shared) GPUs, layout, policy and
+        holders: remembered (see ``SharedParts``), as each such GPU's plan is.
+        """
+        gpus = self.snapshot.gpus
+        if not gpus or not all(
+            g.layout is SysfsInterface.VENDOR_VFIO and g.sriov_numvfs for g in gpus
+        ):
+            return self._run()
+        desired = self.desired
+        parts = (self.catalog, self.policy, *desired.gpus, *gpus)
+        key = (
+            "node plan",
+            len(desired.gpus),
+            desired.config,
+            desired.selection_source,
+            desired.skipped,
+            *self.in_use.items(),
+        )
+        found = SharedParts.get(parts, key, self._run)
+        if found.node == self.node:
+            return found
+        return _copy_with(found, {"node": self.node})
+
+    def _run(self) -> Plan:
         wanted = {dg.address: dg for dg in self.desired.gpus}
         for address in sorted(wanted):
             if self.snapshot.gpu(address) is None:
@@ -708,6 +742,18 @@ class _Planner:
             skipped=self.desired.skipped,
         )
         return with_blast_radius(p, self.snapshot, self.in_use)
+
+
+def _holds_exactly(vgpus: tuple[Vgpu, ...], target: Mapping[str, int]) -> bool:
+    """The vGPUs are of the wanted types, as many of each as wanted (none of unknown
+    type): :meth:`_Planner.split_existing` would keep them all, and no create is left."""
+    counts: dict[str, int] = {}
+    for v in vgpus:
+        name = v.type_name
+        if name is None:
+            return False
+        counts[name] = counts.get(name, 0) + 1
+    return counts == target
 
 
 @functools.lru_cache(maxsize=4096, typed=True)
