@@ -233,3 +233,76 @@ def test_repeated_addresses_are_found_whichever_scans_were_checked_before() -> N
                 problem = scan_problem(scan.node, twice)
                 assert problem is not None and problem.startswith("its scan repeats PCI addresses")
                 assert (scan_problem(scan.node, moved) is None) == (len(scan.gpus) == 1)
+
+
+def _page(items: list[Any]) -> bytes:
+    return json.dumps(
+        {"kind": "VGPUNodeStateList", "apiVersion": "v1", "metadata": {}, "items": items}
+    ).encode()
+
+
+def test_a_page_s_statuses_validated_from_its_text_give_what_each_object_gives() -> None:
+    """A list page's statuses are validated straight from the response's text; every
+    kind of status (none, empty, not an object, a newer agent's, an invalid one, a good
+    one) gives the node the per-object reading gives, with the same reason."""
+    from vgpu_state.kube.fleet import _checked_page, reported_nodes
+
+    items: list[Any] = []
+    labels: dict[str, dict[str, str]] = {}
+    for i, (name, node_labels, state) in enumerate(_states()):
+        item = copy.deepcopy(state)
+        labels[name] = node_labels
+        status = item["status"]
+        if i == 1:
+            item["status"] = {}
+        elif i == 2:
+            item["status"] = None
+        elif i == 3:
+            del item["status"]
+        elif i == 4:
+            item["status"] = ["not", "an", "object"]
+        elif i == 5:
+            status["placementHints"] = {"numa": [0, 1]}  # a newer agent's
+        elif i == 6:
+            status["vgpuCount"] = "many"
+        elif i == 7:
+            status["snapshot"]["data"] = "not base64!"
+        elif i == 8:
+            status["gpus"][0]["vgpus"][0]["holder"] = "pod vms/virt-launcher-x"
+        elif i == 9:
+            item["metadata"]["name"] = ""
+        elif i == 10:
+            del labels[name]
+        items.append(item)
+    page = _page(items)
+    checked = _checked_page(page)
+    assert checked is not None and len(checked) == len(items)  # read from the text
+    by_object = [
+        reported_node(obj["metadata"]["name"], obj, labels.get(obj["metadata"]["name"]))
+        for obj in page_items(page)
+        if obj["metadata"]["name"]
+    ]
+    with SharedParts.remembering():
+        from_text = list(reported_nodes(page, labels, SnapshotDecoder()))
+    assert from_text == by_object
+    reasons = {n.name: n.unknown.reason for n in from_text if n.unknown is not None}
+    assert reasons[items[1]["metadata"]["name"]] is UnknownReason.NO_STATUS
+    assert reasons[items[4]["metadata"]["name"]] is UnknownReason.NO_STATUS
+    assert reasons[items[6]["metadata"]["name"]] is UnknownReason.STATUS_UNREADABLE
+    assert reasons[items[7]["metadata"]["name"]] is UnknownReason.SNAPSHOT_UNREADABLE
+    assert reasons[items[10]["metadata"]["name"]] is UnknownReason.NODE_MISSING
+    assert items[5]["metadata"]["name"] not in reasons
+    held = next(n for n in from_text if n.name == items[8]["metadata"]["name"])
+    assert "pod vms/virt-launcher-x" in held.in_use.values()
+
+
+def test_a_page_whose_items_do_not_read_as_objects_is_read_object_by_object() -> None:
+    """An item or metadata that is not an object: the page is read as before (such
+    items skipped), with the same nodes."""
+    from vgpu_state.kube.fleet import _checked_page, reported_nodes
+
+    (name, node_labels, state), *_ = _states(2)
+    page = _page([state, 7, {"metadata": None}, {"metadata": {"name": 5}, "status": {}}])
+    assert _checked_page(page) is None
+    nodes = list(reported_nodes(page, {name: node_labels}, SnapshotDecoder()))
+    assert nodes == [reported_node(name, state, node_labels)]
