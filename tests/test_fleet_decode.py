@@ -22,6 +22,7 @@ from tests.test_fleet_stream import BENCH, SCANNED
 from vgpu_state.kube.errors import ClusterError
 from vgpu_state.kube.fleet import page_items, reported_node
 from vgpu_state.kube.nodestate import (
+    SnapshotDecodeError,
     SnapshotDecoder,
     VGPUNodeStateStatus,
     decode_snapshot,
@@ -306,3 +307,35 @@ def test_a_page_whose_items_do_not_read_as_objects_is_read_object_by_object() ->
     assert _checked_page(page) is None
     nodes = list(reported_nodes(page, {name: node_labels}, SnapshotDecoder()))
     assert nodes == [reported_node(name, state, node_labels)]
+
+
+def test_a_scan_that_differs_from_one_decoded_only_by_its_node_s_name_decodes_as_alone() -> None:
+    """A scan without mdev UUIDs (VFs holding types) is decoded once per text but for the
+    node's name: another node's copy gets its own name, the same GPUs and fingerprint as
+    a decode of its own, and a wrong fingerprint is still refused."""
+    scan = NodeSnapshot.model_validate_json(
+        decode_snapshot(_reported(_vendor_state())).model_dump_json()
+    )
+    assert scan.gpus and all(v.uuid is None for g in scan.gpus for v in g.vgpus)
+    decoder = SnapshotDecoder()
+    first = decoder.decode(encode_snapshot(scan.model_copy(update={"node": "n-1"}), SCANNED))
+    for name in ("n-2", "nœud-3", 'n\\"4'):
+        alone = scan.model_copy(update={"node": name})
+        got = decoder.decode(encode_snapshot(alone, SCANNED))
+        assert got == decode_snapshot(encode_snapshot(alone, SCANNED)) == alone
+        assert got.node == name and got.fingerprint() == alone.fingerprint()
+    assert got.gpus == first.gpus
+    wrong = encode_snapshot(scan.model_copy(update={"node": "n-5"}), SCANNED)
+    wrong = wrong.model_copy(update={"fingerprint": "sha256:" + "0" * 64})
+    with pytest.raises(SnapshotDecodeError, match="fingerprint"):
+        decoder.decode(wrong)
+
+
+def _vendor_state() -> dict[str, Any]:
+    """The status of the benchmark fleet's first node whose vGPUs are VFs (no UUIDs)."""
+    for _, _, state in _states():
+        if '"uuid"' not in json.dumps(state) and state["status"]["gpus"][0]["layout"] == (
+            "vendor-vfio"
+        ):
+            return state
+    raise AssertionError("no vendor-VFIO node")

@@ -333,6 +333,25 @@ def _gpu_starts(raw: bytes) -> list[int]:
     return starts
 
 
+_NODE_OPEN = b'{"node":"'
+
+
+def _named(raw: bytes) -> tuple[str, bytes | None]:
+    """The node's name a scan's text starts with, and the text after it; ``None`` for the
+    text when the scan names an mdev UUID, or does not start so, or the name holds an
+    escape: such a scan is not the same text on other nodes but for their names."""
+    if not raw.startswith(_NODE_OPEN) or _UUID in raw:
+        return "", None
+    end = raw.find(b'"', len(_NODE_OPEN))
+    name = raw[len(_NODE_OPEN) : end]
+    if end < 0 or b"\\" in name:
+        return "", None
+    try:
+        return name.decode(), raw[end:]
+    except UnicodeDecodeError:
+        return "", None
+
+
 _SCAN_CLOSE = b"]}"
 _VGPUS = b',"vgpus":'
 _UUID = b'"uuid":'
@@ -358,8 +377,12 @@ class SnapshotDecoder:
     computed once (the snapshot keeps it).
     """
 
+    SCANS = 64
+    """Scans without mdev UUIDs kept (by their text but for the node's name)."""
+
     def __init__(self, budget: int = 4 * 1024 * 1024) -> None:
         self._gpus: dict[bytes, Gpu] = {}
+        self._scans: dict[bytes, NodeSnapshot] = {}
         self._held = 0
         self._budget = budget
         self.shared = 0
@@ -369,6 +392,17 @@ class SnapshotDecoder:
         """The scan back from the status. Raises :class:`SnapshotDecodeError` saying what
         is wrong."""
         raw = inflate_snapshot(reported)
+        name, rest = _named(raw)
+        if rest is not None:
+            # A scan that names no mdev UUID (VFs holding types) is, but for the node's
+            # name, the text of every node of its model and layout: decoded once.
+            found = self._scans.get(rest)
+            if found is not None:
+                self.shared += len(found.gpus)
+                named = found.with_node(name)
+                if named.fingerprint() != reported.fingerprint:
+                    raise SnapshotDecodeError("snapshot does not match its fingerprint")
+                return named
         snapshot = self._by_gpu(raw)
         if snapshot is None:
             try:
@@ -389,6 +423,10 @@ class SnapshotDecoder:
                 ) from None
         if snapshot.fingerprint() != reported.fingerprint:
             raise SnapshotDecodeError("snapshot does not match its fingerprint")
+        if rest is not None and snapshot.node == name:
+            if len(self._scans) >= self.SCANS:
+                self._scans.clear()
+            self._scans[rest] = snapshot
         return snapshot
 
     def _by_gpu(self, raw: bytes) -> NodeSnapshot | None:
