@@ -276,9 +276,14 @@ def inflate_snapshot(reported: ReportedSnapshot) -> bytes:
     """The scan's JSON text from the status (base64, then gzip, at most
     :data:`MAX_SNAPSHOT_BYTES`). Raises :class:`SnapshotDecodeError`."""
     try:
-        packed = base64.b64decode(reported.data, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise SnapshotDecodeError(f"snapshot data is not base64: {e}") from None
+        # Strict base64 (only the alphabet, padding at the end) in one pass; what it
+        # refuses is read as before, which decides.
+        packed = binascii.a2b_base64(reported.data, strict_mode=True)
+    except (binascii.Error, ValueError):
+        try:
+            packed = base64.b64decode(reported.data, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise SnapshotDecodeError(f"snapshot data is not base64: {e}") from None
     inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     try:
         raw = inflate.decompress(packed, MAX_SNAPSHOT_BYTES + 1)
@@ -300,6 +305,8 @@ def _size_problem(raw: bytes) -> str | None:
     """Why the scan's JSON text is more than a reader decodes (``None``: it is not)."""
     if len(raw) > MAX_SNAPSHOT_BYTES:
         return f"snapshot is larger than {MAX_SNAPSHOT_BYTES // (1024 * 1024)} MiB decompressed"
+    if len(raw) <= MAX_SNAPSHOT_OBJECTS:
+        return None  # a byte per brace or comma: too short to exceed either count
     objects = raw.count(b"{")
     if objects > MAX_SNAPSHOT_OBJECTS:
         return f"snapshot has {objects} JSON objects; at most {MAX_SNAPSHOT_OBJECTS} are read"
