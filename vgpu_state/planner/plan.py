@@ -718,21 +718,18 @@ class _Planner:
         counts = Counter(a.kind for a in actions)
         # Every value below is the planner's own or taken from validated models: the plan
         # is built from them without validating them again (a fleet's plans are many).
-        summary = built(
-            Summary,
-            create=counts[ActionKind.CREATE],
-            destroy=counts[ActionKind.DESTROY],
-            sriov=counts[ActionKind.ENABLE_SRIOV],
-            blocked=len(blocked),
-            kept=sum(h.kept for h in headers if h.managed),
-            switches_deferred=sum(h.deferred_switch is not None for h in headers),
+        summary = _summary(
+            counts[ActionKind.CREATE],
+            counts[ActionKind.DESTROY],
+            counts[ActionKind.ENABLE_SRIOV],
+            len(blocked),
+            sum(h.kept for h in headers if h.managed),
+            sum(h.deferred_switch is not None for h in headers),
         )
         p = built(
             Plan,
             node=self.node,
-            selection=built(
-                Selection, config=self.desired.config, source=self.desired.selection_source
-            ),
+            selection=_selection(self.desired.config, self.desired.selection_source),
             policy=self.policy,
             snapshot_fingerprint=self.snapshot.fingerprint(),
             gpus=tuple(headers),
@@ -742,6 +739,27 @@ class _Planner:
             skipped=self.desired.skipped,
         )
         return with_blast_radius(p, self.snapshot, self.in_use)
+
+
+@functools.lru_cache(maxsize=1024)
+def _summary(
+    create: int, destroy: int, sriov: int, blocked: int, kept: int, switches_deferred: int
+) -> Summary:
+    """A plan's counts: one frozen value for equal ones (a fleet's plans share theirs)."""
+    return built(
+        Summary,
+        create=create,
+        destroy=destroy,
+        sriov=sriov,
+        blocked=blocked,
+        kept=kept,
+        switches_deferred=switches_deferred,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _selection(config: str, source: str) -> Selection:
+    return built(Selection, config=config, source=source)
 
 
 def _holds_exactly(vgpus: tuple[Vgpu, ...], target: Mapping[str, int]) -> bool:

@@ -122,6 +122,8 @@ class SharedJson:
             return self._list(key, value, level)
         if isinstance(value, BaseModel):
             return self.model(value, level)
+        if type(value) is tuple and not value:
+            return b"[]"
         text = to_json(value, indent=2)
         if level and b"\n" in text:
             text = text.replace(b"\n", b"\n" + _INDENT * level)
