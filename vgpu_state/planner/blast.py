@@ -25,7 +25,7 @@ from vgpu_state.model.resources import (
     name_prefix,
     resource_name,
 )
-from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SharedParts, Vgpu
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
 
 _Key = tuple[str, str, Publish]
 """(resource or "", type name, channel)."""
@@ -229,26 +229,7 @@ def with_blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, s
 
 
 def blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> dict[str, Any]:
-    """``plan``'s disruption, capacity and affected and protected holders, by field name.
-
-    They depend on the plan's GPU headers, steps and blocked items, the scan's GPUs
-    and the holders only: the nodes of a fleet's pool whose plans are made of the same
-    (shared) parts have the same blast radius, worked out once (see ``SharedParts``).
-    """
-    parts = (*snapshot.gpus, *plan.gpus, *plan.actions, *plan.blocked)
-    key = (
-        "blast radius",
-        len(snapshot.gpus),
-        len(plan.gpus),
-        len(plan.actions),
-        len(plan.blocked),
-        plan.policy.publish,
-        *in_use.items(),
-    )
-    return SharedParts.get(parts, key, lambda: _blast_radius(plan, snapshot, in_use))
-
-
-def _blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> dict[str, Any]:
+    """``plan``'s disruption, capacity and affected and protected holders, by field name."""
     destroyed = [
         in_use[a.vgpu_key]
         for a in plan.actions

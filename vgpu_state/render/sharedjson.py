@@ -58,8 +58,8 @@ class SharedJson:
     remembered by its class and field values. What is remembered is bounded
     (:attr:`BUDGET` bytes of text, :attr:`LIMIT` values): past either, it is forgotten."""
 
-    BUDGET = 8 * 1024 * 1024
-    LIMIT = 16384
+    BUDGET = 4 * 1024 * 1024
+    LIMIT = 4096
 
     def __init__(self) -> None:
         self._kept: dict[tuple[int, int], tuple[BaseModel, bytes]] = {}
