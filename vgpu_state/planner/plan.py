@@ -273,12 +273,23 @@ class _Planner:
     def plan_gpu(self, g: Gpu, dg: DesiredGpu) -> tuple[GpuPlan, _GpuWork]:
         work = _GpuWork()
         target = {n: c for n, c in dg.types if c > 0}
-        unwanted: list[Vgpu] = []
         if _holds_exactly(g.vgpus, target):
-            # The layout the GPU has (most GPUs of a fleet): every vGPU stays.
-            kept = sorted(g.vgpus, key=lambda v: v.key)
-        else:
-            kept, unwanted = self.split_existing(g, target)
+            # The layout the GPU has (most GPUs of a fleet): every vGPU stays, nothing is
+            # destroyed or created (what the steps below come to then).
+            header = _gpu_plan(
+                g.address,
+                g.index,
+                g.model,
+                g.layout,
+                True,
+                dg.entry,
+                len(g.vgpus),
+                False,
+                dg.publish,
+                None,
+            )
+            return header, work
+        kept, unwanted = self.split_existing(g, target)
         remaining = self.plan_destroys(g, unwanted, work)
         creates = [
             name
