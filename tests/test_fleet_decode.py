@@ -334,8 +334,32 @@ def test_a_scan_that_differs_from_one_decoded_only_by_its_node_s_name_decodes_as
 def _vendor_state() -> dict[str, Any]:
     """The status of the benchmark fleet's first node whose vGPUs are VFs (no UUIDs)."""
     for _, _, state in _states():
-        if '"uuid"' not in json.dumps(state) and state["status"]["gpus"][0]["layout"] == (
-            "vendor-vfio"
-        ):
+        if state["status"]["gpus"][0]["layout"] == "vendor-vfio":
             return state
     raise AssertionError("no vendor-VFIO node")
+
+
+def test_an_mdev_gpu_whose_text_differs_in_place_from_one_decoded_is_decoded_as_alone() -> None:
+    """What precedes an mdev GPU's vGPUs is found by its first bytes and length and then
+    compared whole: a GPU of the same length whose VFs differ further on (another IOMMU
+    group) is decoded as it is, not taken for the one decoded before."""
+    scan = next(
+        scan
+        for scan in (decode_snapshot(_reported(s)) for _, _, s in _states())
+        if any(g.vfs and g.vgpus and g.vgpus[0].uuid for g in scan.gpus)
+    )
+    gpu = next(g for g in scan.gpus if g.vfs and g.vgpus and g.vgpus[0].uuid)
+    vf = gpu.vfs[-1]
+    assert vf.iommu_group is not None
+    other_vf = vf.model_copy(update={"iommu_group": vf.iommu_group + 1})
+    if len(str(other_vf.iommu_group)) != len(str(vf.iommu_group)):
+        other_vf = vf.model_copy(update={"iommu_group": vf.iommu_group - 1})
+    other_gpu = gpu.model_copy(update={"vfs": (*gpu.vfs[:-1], other_vf)})
+    other = scan.model_copy(update={"gpus": tuple(other_gpu if g is gpu else g for g in scan.gpus)})
+    decoder = SnapshotDecoder()
+    first = decoder.decode(encode_snapshot(scan, SCANNED))
+    second = decoder.decode(encode_snapshot(other, SCANNED))
+    assert first == scan and second == other
+    assert second.gpu(gpu.address) == other_gpu != first.gpu(gpu.address)
+    again = decoder.decode(encode_snapshot(scan, SCANNED))
+    assert again == scan and decoder.shared > 0

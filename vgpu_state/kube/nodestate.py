@@ -359,6 +359,7 @@ def _named(raw: bytes) -> tuple[str, bytes | None]:
         return "", None
 
 
+_PREFIX_HEAD = 96
 _SCAN_CLOSE = b"]}"
 _VGPUS = b',"vgpus":'
 _UUID = b'"uuid":'
@@ -390,6 +391,9 @@ class SnapshotDecoder:
     def __init__(self, budget: int = 4 * 1024 * 1024) -> None:
         self._gpus: dict[bytes, Gpu] = {}
         self._scans: dict[bytes, NodeSnapshot] = {}
+        self._prefixes: dict[tuple[bytes, int], tuple[bytes, Gpu]] = {}
+        """What precedes an mdev GPU's ``vgpus`` (its first bytes and length as the key),
+        and the GPU decoded from it (a text also kept in ``_gpus``)."""
         self._held = 0
         self._budget = budget
         self.shared = 0
@@ -451,13 +455,34 @@ class SnapshotDecoder:
             for start, end in zip(starts, ends, strict=True):
                 if end < len(raw) - len(_SCAN_CLOSE) and raw[end] != 0x2C:  # ","
                     return None
-                gpus.append(self._gpu(raw[start:end]))
+                gpu = self._mdev_gpu(raw, start, end)
+                gpus.append(gpu if gpu is not None else self._gpu(raw[start:end]))
             head = NodeSnapshot.model_validate_json(raw[:first] + _SCAN_CLOSE)
         except ValueError:
             return None
         if head.gpus:
             return None
         return head.with_gpus(tuple(gpus))
+
+    def _mdev_gpu(self, raw: bytes, start: int, end: int) -> Gpu | None:
+        """The GPU at ``raw[start:end]`` when its ``vgpus`` name mdev UUIDs (its own on every
+        node) and what precedes them is a GPU decoded before: found by its first bytes and
+        length and compared in place, without copying or hashing the text (a GPU with
+        many VFs is tens of kilobytes); ``None`` when not (:meth:`_gpu` decodes it)."""
+        at = raw.find(_VGPUS, start, end)
+        if at < 0 or raw.find(_UUID, at, end) < 0:
+            return None
+        found = self._prefixes.get((raw[start : start + _PREFIX_HEAD], at - start))
+        if found is None or not raw.startswith(found[0], start):
+            return None
+        if raw.find(_VGPUS, at + 1, end) >= 0 or raw[end - 2 : end] != b"]}":
+            return None
+        try:
+            listed = _vgpu_list().validate_json(raw[at + len(_VGPUS) : end - 1])
+        except ValueError:
+            return None  # decoded as :meth:`_gpu` decodes it, with its errors
+        self.shared += 1
+        return found[1].with_vgpus(listed)
 
     def _gpu(self, text: bytes) -> Gpu:
         """A GPU from its JSON: what precedes ``vgpus`` shared, ``vgpus`` its own (and the
@@ -483,6 +508,10 @@ class SnapshotDecoder:
             self.shared += 1
         if vgpus is None:
             return gpu
+        if _UUID in vgpus and not gpu.vgpus:
+            # For :meth:`_mdev_gpu`: what precedes ``vgpus``, found by its first bytes.
+            prefix = base[:-1]
+            self._prefixes[(prefix[:_PREFIX_HEAD], len(prefix))] = (prefix, gpu)
         try:
             listed = _vgpu_list().validate_json(vgpus)
         except ValueError:
@@ -497,6 +526,7 @@ class SnapshotDecoder:
     def _keep(self, text: bytes, gpu: Gpu) -> None:
         if self._held + len(text) > self._budget:
             self._gpus.clear()
+            self._prefixes.clear()
             self._held = 0
         self._gpus[text] = gpu
         self._held += len(text)
