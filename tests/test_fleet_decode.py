@@ -22,6 +22,7 @@ from tests.test_fleet_stream import BENCH, SCANNED
 from vgpu_state.kube.errors import ClusterError
 from vgpu_state.kube.fleet import page_items, reported_node
 from vgpu_state.kube.nodestate import (
+    SnapshotDecodeError,
     SnapshotDecoder,
     VGPUNodeStateStatus,
     decode_snapshot,
@@ -233,3 +234,132 @@ def test_repeated_addresses_are_found_whichever_scans_were_checked_before() -> N
                 problem = scan_problem(scan.node, twice)
                 assert problem is not None and problem.startswith("its scan repeats PCI addresses")
                 assert (scan_problem(scan.node, moved) is None) == (len(scan.gpus) == 1)
+
+
+def _page(items: list[Any]) -> bytes:
+    return json.dumps(
+        {"kind": "VGPUNodeStateList", "apiVersion": "v1", "metadata": {}, "items": items}
+    ).encode()
+
+
+def test_a_page_s_statuses_validated_from_its_text_give_what_each_object_gives() -> None:
+    """A list page's statuses are validated straight from the response's text; every
+    kind of status (none, empty, not an object, a newer agent's, an invalid one, a good
+    one) gives the node the per-object reading gives, with the same reason."""
+    from vgpu_state.kube.fleet import _checked_page, reported_nodes
+
+    items: list[Any] = []
+    labels: dict[str, dict[str, str]] = {}
+    for i, (name, node_labels, state) in enumerate(_states()):
+        item = copy.deepcopy(state)
+        labels[name] = node_labels
+        status = item["status"]
+        if i == 1:
+            item["status"] = {}
+        elif i == 2:
+            item["status"] = None
+        elif i == 3:
+            del item["status"]
+        elif i == 4:
+            item["status"] = ["not", "an", "object"]
+        elif i == 5:
+            status["placementHints"] = {"numa": [0, 1]}  # a newer agent's
+        elif i == 6:
+            status["vgpuCount"] = "many"
+        elif i == 7:
+            status["snapshot"]["data"] = "not base64!"
+        elif i == 8:
+            status["gpus"][0]["vgpus"][0]["holder"] = "pod vms/virt-launcher-x"
+        elif i == 9:
+            item["metadata"]["name"] = ""
+        elif i == 10:
+            del labels[name]
+        items.append(item)
+    page = _page(items)
+    checked = _checked_page(page)
+    assert checked is not None and len(checked) == len(items)  # read from the text
+    by_object = [
+        reported_node(obj["metadata"]["name"], obj, labels.get(obj["metadata"]["name"]))
+        for obj in page_items(page)
+        if obj["metadata"]["name"]
+    ]
+    with SharedParts.remembering():
+        from_text = list(reported_nodes(page, labels, SnapshotDecoder()))
+    assert from_text == by_object
+    reasons = {n.name: n.unknown.reason for n in from_text if n.unknown is not None}
+    assert reasons[items[1]["metadata"]["name"]] is UnknownReason.NO_STATUS
+    assert reasons[items[4]["metadata"]["name"]] is UnknownReason.NO_STATUS
+    assert reasons[items[6]["metadata"]["name"]] is UnknownReason.STATUS_UNREADABLE
+    assert reasons[items[7]["metadata"]["name"]] is UnknownReason.SNAPSHOT_UNREADABLE
+    assert reasons[items[10]["metadata"]["name"]] is UnknownReason.NODE_MISSING
+    assert items[5]["metadata"]["name"] not in reasons
+    held = next(n for n in from_text if n.name == items[8]["metadata"]["name"])
+    assert "pod vms/virt-launcher-x" in held.in_use.values()
+
+
+def test_a_page_whose_items_do_not_read_as_objects_is_read_object_by_object() -> None:
+    """An item or metadata that is not an object: the page is read as before (such
+    items skipped), with the same nodes."""
+    from vgpu_state.kube.fleet import _checked_page, reported_nodes
+
+    (name, node_labels, state), *_ = _states(2)
+    page = _page([state, 7, {"metadata": None}, {"metadata": {"name": 5}, "status": {}}])
+    assert _checked_page(page) is None
+    nodes = list(reported_nodes(page, {name: node_labels}, SnapshotDecoder()))
+    assert nodes == [reported_node(name, state, node_labels)]
+
+
+def test_a_scan_that_differs_from_one_decoded_only_by_its_node_s_name_decodes_as_alone() -> None:
+    """A scan without mdev UUIDs (VFs holding types) is decoded once per text but for the
+    node's name: another node's copy gets its own name, the same GPUs and fingerprint as
+    a decode of its own, and a wrong fingerprint is still refused."""
+    scan = NodeSnapshot.model_validate_json(
+        decode_snapshot(_reported(_vendor_state())).model_dump_json()
+    )
+    assert scan.gpus and all(v.uuid is None for g in scan.gpus for v in g.vgpus)
+    decoder = SnapshotDecoder()
+    first = decoder.decode(encode_snapshot(scan.model_copy(update={"node": "n-1"}), SCANNED))
+    for name in ("n-2", "nœud-3", 'n\\"4'):
+        alone = scan.model_copy(update={"node": name})
+        got = decoder.decode(encode_snapshot(alone, SCANNED))
+        assert got == decode_snapshot(encode_snapshot(alone, SCANNED)) == alone
+        assert got.node == name and got.fingerprint() == alone.fingerprint()
+    assert got.gpus == first.gpus
+    wrong = encode_snapshot(scan.model_copy(update={"node": "n-5"}), SCANNED)
+    wrong = wrong.model_copy(update={"fingerprint": "sha256:" + "0" * 64})
+    with pytest.raises(SnapshotDecodeError, match="fingerprint"):
+        decoder.decode(wrong)
+
+
+def _vendor_state() -> dict[str, Any]:
+    """The status of the benchmark fleet's first node whose vGPUs are VFs (no UUIDs)."""
+    for _, _, state in _states():
+        if state["status"]["gpus"][0]["layout"] == "vendor-vfio":
+            return state
+    raise AssertionError("no vendor-VFIO node")
+
+
+def test_an_mdev_gpu_whose_text_differs_in_place_from_one_decoded_is_decoded_as_alone() -> None:
+    """What precedes an mdev GPU's vGPUs is found by its first bytes and length and then
+    compared whole: a GPU of the same length whose VFs differ further on (another IOMMU
+    group) is decoded as it is, not taken for the one decoded before."""
+    scan = next(
+        scan
+        for scan in (decode_snapshot(_reported(s)) for _, _, s in _states())
+        if any(g.vfs and g.vgpus and g.vgpus[0].uuid for g in scan.gpus)
+    )
+    gpu = next(g for g in scan.gpus if g.vfs and g.vgpus and g.vgpus[0].uuid)
+    vf = gpu.vfs[-1]
+    assert vf.iommu_group is not None
+    other_vf = vf.model_copy(update={"iommu_group": vf.iommu_group + 1})
+    if len(str(other_vf.iommu_group)) != len(str(vf.iommu_group)):
+        other_vf = vf.model_copy(update={"iommu_group": vf.iommu_group - 1})
+    other_gpu = gpu.model_copy(update={"vfs": (*gpu.vfs[:-1], other_vf)})
+    other = scan.model_copy(update={"gpus": tuple(other_gpu if g is gpu else g for g in scan.gpus)})
+    decoder = SnapshotDecoder()
+    first = decoder.decode(encode_snapshot(scan, SCANNED))
+    second = decoder.decode(encode_snapshot(other, SCANNED))
+    assert first == scan and second == other
+    assert second.gpu(gpu.address) == other_gpu != first.gpu(gpu.address)
+    again = decoder.decode(encode_snapshot(scan, SCANNED))
+    assert again == scan and decoder.shared > 0

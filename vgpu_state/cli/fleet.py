@@ -57,6 +57,7 @@ from vgpu_state.reconcile.fleet import (
 )
 from vgpu_state.reconcile.settings import Settings
 from vgpu_state.render.plan import before_after
+from vgpu_state.render.sharedjson import SharedJson
 
 DEFAULT_MAX_AGE = "30m"
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
@@ -532,6 +533,8 @@ class Spool:
         self._index: list[tuple[str, int, int, int]] = []
         """(node name, file, start, size) per piece."""
         self._end = 0
+        self._pending = bytearray()
+        """Pieces not written yet (written :data:`_BATCH` bytes at a time)."""
 
     def __len__(self) -> int:
         return len(self._index)
@@ -544,21 +547,41 @@ class Spool:
                 self._fds.append(os.open(data.path, os.O_RDONLY | os.O_CLOEXEC))
             self._index.append((name, f, data.start, data.size))
             return
-        # Unbuffered: a worker forked later inherits no pending bytes to write again.
-        written = 0
-        while written < len(data):
-            written += self._file.write(data[written:]) or 0
+        # The file is unbuffered and the pending bytes are written by this object alone:
+        # a worker forked later inherits no file buffer that would write them again.
+        self._pending += data
         self._index.append((name, 0, self._end, len(data)))
         self._end += len(data)
+        if len(self._pending) >= _BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        with memoryview(self._pending) as data:
+            written = 0
+            while written < len(data):
+                written += self._file.write(data[written:]) or 0
+        self._pending.clear()
 
     def pieces(self) -> Iterator[bytes]:
-        """Every piece, by node name (in the order added for equal names)."""
+        """Every piece, by node name (in the order added for equal names). Pieces that
+        follow each other in one file are read together, up to :data:`_BATCH` bytes."""
+        self._flush()
         index = self._index
         if any(a[0] > b[0] for a, b in itertools.pairwise(index)):
             index = sorted(index, key=lambda entry: entry[0])
         fds = self._fds
+        run: list[int] = []
+        run_file = run_start = run_end = 0
         for _, f, start, size in index:
-            yield os.pread(fds[f], size, start)
+            if run and (f != run_file or start != run_end or run_end - run_start >= _BATCH):
+                yield from _split(os.pread(fds[run_file], run_end - run_start, run_start), run)
+                run = []
+            if not run:
+                run_file, run_start, run_end = f, start, start
+            run.append(size)
+            run_end += size
+        if run:
+            yield from _split(os.pread(fds[run_file], run_end - run_start, run_start), run)
 
     def close(self) -> None:
         for fd in self._fds[1:]:
@@ -566,6 +589,18 @@ class Spool:
         del self._fds[1:]
         self._opened.clear()
         self._file.close()
+
+
+_BATCH = 1 << 20
+"""Bytes of output a :class:`Spool` writes, or reads back, at a time."""
+
+
+def _split(block: bytes, sizes: list[int]) -> Iterator[bytes]:
+    """``block`` cut into pieces of ``sizes``."""
+    at = 0
+    for size in sizes:
+        yield block[at : at + size]
+        at += size
 
 
 def _byte_writer(out: TextIO) -> Callable[[bytes], object]:
@@ -656,10 +691,13 @@ class JsonWriter:
 
     def __init__(self) -> None:
         self.spool = Spool()
+        # The parts many nodes' plans share (GPU headers, capacity rows, a pool's
+        # vendor-VFIO steps) are serialised once: the same bytes as to_json of each.
+        self.json = SharedJson()
 
     def render(self, n: NodePlan) -> Rendered:
-        text = to_json(node_document(n, plan_as_model=True), indent=2)
-        return n.node, None, b"    " + text.replace(b"\n", b"\n    ")
+        text = self.json.document(node_document(n, plan_as_model=True), "plan", 2)
+        return n.node, None, b"    " + text
 
     def store(self, rendered: Rendered) -> None:
         name, _, piece = rendered

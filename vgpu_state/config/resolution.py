@@ -26,6 +26,7 @@ from vgpu_state.config.semantics import candidate_models
 from vgpu_state.config.typenames import canonical_type_name
 from vgpu_state.model.desired import DesiredGpu, DesiredState, SkippedEntry
 from vgpu_state.model.errors import ConfigError, ConfigIssue, SelectionError
+from vgpu_state.model.frozen import built
 from vgpu_state.model.policy import MissingGpus
 from vgpu_state.model.snapshot import Gpu, SharedParts
 
@@ -139,7 +140,10 @@ def resolve(
             issues.append(issue)
     if issues:
         raise ConfigError(issues)
-    return DesiredState(
+    # From the document's and the scan's validated values: not validated again (a fleet
+    # plan resolves a layout per node).
+    return built(
+        DesiredState,
         node=node_name,
         config=config_name,
         selection_source=source,

@@ -14,11 +14,12 @@ raised.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal, overload
+from typing import Annotated, Any, Literal, overload
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import from_json
 
 from vgpu_state.kube import nodestate
@@ -233,10 +234,52 @@ def reported_nodes(
     decoder: SnapshotDecoder,
 ) -> Iterator[ReportedNode]:
     """Each ``VGPUNodeState`` of ``page`` as a :class:`ReportedNode`, one at a time."""
+    checked = _checked_page(page) if isinstance(page, bytes) else None
+    if checked is not None:
+        for item in checked:
+            name = item.metadata.name
+            if isinstance(name, str) and name:
+                yield _reported(name, item.status, labels.get(name), decoder)
+        return
     for obj in page_items(page):
         name = (obj.get("metadata") or {}).get("name")
         if isinstance(name, str) and name:
             yield reported_node(name, obj, labels.get(name), decoder)
+
+
+class _Metadata(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Any = None
+
+
+class _Item(BaseModel):
+    """A ``VGPUNodeState`` of a list: its name, and its status validated as
+    :func:`_status` first validates it (else as it is, for :func:`reported_node`)."""
+
+    model_config = ConfigDict(extra="ignore")
+    metadata: _Metadata = _Metadata()
+    status: Annotated[VGPUNodeStateStatus | Any, Field(union_mode="left_to_right")] = None
+
+
+class _List(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    items: list[_Item] | None = None
+
+
+@functools.cache
+def _list_adapter() -> TypeAdapter[_List]:
+    return TypeAdapter(_List)
+
+
+def _checked_page(raw: bytes) -> list[_Item] | None:
+    """The items of a list response, each status validated straight from the text (no
+    decoded JSON built and then validated); ``None`` when the page does not read so
+    (not JSON, an item or metadata that is not an object, …): it is then read as
+    :func:`page_items` reads it, with the same result."""
+    try:
+        return _list_adapter().validate_json(raw).items or []
+    except ValueError:
+        return None
 
 
 def stream_fleet(api: KubeApi, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[ReportedNode]:
@@ -263,20 +306,35 @@ def reported_node(
     """One node from its ``VGPUNodeState`` object and its Node's labels (``None``: no Node).
 
     ``decoder`` shares what is identical across the nodes it decodes."""
-    raw = obj.get("status")
-    if not isinstance(raw, dict) or not raw:
+    return _reported(name, obj.get("status"), labels, decoder)
+
+
+def _reported(
+    name: str,
+    raw: Any,
+    labels: Mapping[str, str] | None,
+    decoder: SnapshotDecoder | None,
+) -> ReportedNode:
+    """:func:`reported_node` of the status ``raw``: as the object holds it, or already
+    validated (a status of no field is one that is empty)."""
+    if isinstance(raw, VGPUNodeStateStatus):
+        if not raw.model_fields_set:
+            return _unknown(name, labels, UnknownReason.NO_STATUS, "the node has not reported yet")
+        status = raw
+    elif not isinstance(raw, dict) or not raw:
         return _unknown(name, labels, UnknownReason.NO_STATUS, "the node has not reported yet")
-    try:
-        status = _status(raw)
-    except ValidationError as e:
-        problem = e.errors()[0]
-        where = ".".join(str(p) for p in problem["loc"])
-        return _unknown(
-            name,
-            labels,
-            UnknownReason.STATUS_UNREADABLE,
-            f"status.{where}: {problem['msg']}" if where else f"status: {problem['msg']}",
-        )
+    else:
+        try:
+            status = _status(raw)
+        except ValidationError as e:
+            problem = e.errors()[0]
+            where = ".".join(str(p) for p in problem["loc"])
+            return _unknown(
+                name,
+                labels,
+                UnknownReason.STATUS_UNREADABLE,
+                f"status.{where}: {problem['msg']}" if where else f"status: {problem['msg']}",
+            )
     common: dict[str, Any] = {
         "reported_config": status.selected_config.name if status.selected_config else None,
         "reported_state": status.state.value if status.state else None,

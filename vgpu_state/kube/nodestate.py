@@ -339,9 +339,14 @@ def inflate_snapshot(reported: ReportedSnapshot) -> bytes:
     """The scan's JSON text from the status (base64, then gzip, at most
     :data:`MAX_SNAPSHOT_BYTES`). Raises :class:`SnapshotDecodeError`."""
     try:
-        packed = base64.b64decode(reported.data, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise SnapshotDecodeError(f"snapshot data is not base64: {e}") from None
+        # Strict base64 (only the alphabet, padding at the end) in one pass; what it
+        # refuses is read as before, which decides.
+        packed = binascii.a2b_base64(reported.data, strict_mode=True)
+    except (binascii.Error, ValueError):
+        try:
+            packed = base64.b64decode(reported.data, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise SnapshotDecodeError(f"snapshot data is not base64: {e}") from None
     inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     try:
         raw = inflate.decompress(packed, MAX_SNAPSHOT_BYTES + 1)
@@ -363,6 +368,8 @@ def _size_problem(raw: bytes) -> str | None:
     """Why the scan's JSON text is more than a reader decodes (``None``: it is not)."""
     if len(raw) > MAX_SNAPSHOT_BYTES:
         return f"snapshot is larger than {MAX_SNAPSHOT_BYTES // (1024 * 1024)} MiB decompressed"
+    if len(raw) <= MAX_SNAPSHOT_OBJECTS:
+        return None  # a byte per brace or comma: too short to exceed either count
     objects = raw.count(b"{")
     if objects > MAX_SNAPSHOT_OBJECTS:
         return f"snapshot has {objects} JSON objects; at most {MAX_SNAPSHOT_OBJECTS} are read"
@@ -396,6 +403,26 @@ def _gpu_starts(raw: bytes) -> list[int]:
     return starts
 
 
+_NODE_OPEN = b'{"node":"'
+
+
+def _named(raw: bytes) -> tuple[str, bytes | None]:
+    """The node's name a scan's text starts with, and the text after it; ``None`` for the
+    text when the scan names an mdev UUID, or does not start so, or the name holds an
+    escape: such a scan is not the same text on other nodes but for their names."""
+    if not raw.startswith(_NODE_OPEN) or _UUID in raw:
+        return "", None
+    end = raw.find(b'"', len(_NODE_OPEN))
+    name = raw[len(_NODE_OPEN) : end]
+    if end < 0 or b"\\" in name:
+        return "", None
+    try:
+        return name.decode(), raw[end:]
+    except UnicodeDecodeError:
+        return "", None
+
+
+_PREFIX_HEAD = 96
 _SCAN_CLOSE = b"]}"
 _VGPUS = b',"vgpus":'
 _UUID = b'"uuid":'
@@ -421,8 +448,15 @@ class SnapshotDecoder:
     computed once (the snapshot keeps it).
     """
 
+    SCANS = 64
+    """Scans without mdev UUIDs kept (by their text but for the node's name)."""
+
     def __init__(self, budget: int = 4 * 1024 * 1024) -> None:
         self._gpus: dict[bytes, Gpu] = {}
+        self._scans: dict[bytes, NodeSnapshot] = {}
+        self._prefixes: dict[tuple[bytes, int], tuple[bytes, Gpu]] = {}
+        """What precedes an mdev GPU's ``vgpus`` (its first bytes and length as the key),
+        and the GPU decoded from it (a text also kept in ``_gpus``)."""
         self._held = 0
         self._budget = budget
         self.shared = 0
@@ -432,6 +466,17 @@ class SnapshotDecoder:
         """The scan back from the status. Raises :class:`SnapshotDecodeError` saying what
         is wrong."""
         raw = inflate_snapshot(reported)
+        name, rest = _named(raw)
+        if rest is not None:
+            # A scan that names no mdev UUID (VFs holding types) is, but for the node's
+            # name, the text of every node of its model and layout: decoded once.
+            found = self._scans.get(rest)
+            if found is not None:
+                self.shared += len(found.gpus)
+                named = found.with_node(name)
+                if named.fingerprint() != reported.fingerprint:
+                    raise SnapshotDecodeError("snapshot does not match its fingerprint")
+                return named
         snapshot = self._by_gpu(raw)
         if snapshot is None:
             try:
@@ -452,6 +497,10 @@ class SnapshotDecoder:
                 ) from None
         if snapshot.fingerprint() != reported.fingerprint:
             raise SnapshotDecodeError("snapshot does not match its fingerprint")
+        if rest is not None and snapshot.node == name:
+            if len(self._scans) >= self.SCANS:
+                self._scans.clear()
+            self._scans[rest] = snapshot
         return snapshot
 
     def _by_gpu(self, raw: bytes) -> NodeSnapshot | None:
@@ -469,13 +518,34 @@ class SnapshotDecoder:
             for start, end in zip(starts, ends, strict=True):
                 if end < len(raw) - len(_SCAN_CLOSE) and raw[end] != 0x2C:  # ","
                     return None
-                gpus.append(self._gpu(raw[start:end]))
+                gpu = self._mdev_gpu(raw, start, end)
+                gpus.append(gpu if gpu is not None else self._gpu(raw[start:end]))
             head = NodeSnapshot.model_validate_json(raw[:first] + _SCAN_CLOSE)
         except ValueError:
             return None
         if head.gpus:
             return None
         return head.with_gpus(tuple(gpus))
+
+    def _mdev_gpu(self, raw: bytes, start: int, end: int) -> Gpu | None:
+        """The GPU at ``raw[start:end]`` when its ``vgpus`` name mdev UUIDs (its own on every
+        node) and what precedes them is a GPU decoded before: found by its first bytes and
+        length and compared in place, without copying or hashing the text (a GPU with
+        many VFs is tens of kilobytes); ``None`` when not (:meth:`_gpu` decodes it)."""
+        at = raw.find(_VGPUS, start, end)
+        if at < 0 or raw.find(_UUID, at, end) < 0:
+            return None
+        found = self._prefixes.get((raw[start : start + _PREFIX_HEAD], at - start))
+        if found is None or not raw.startswith(found[0], start):
+            return None
+        if raw.find(_VGPUS, at + 1, end) >= 0 or raw[end - 2 : end] != b"]}":
+            return None
+        try:
+            listed = _vgpu_list().validate_json(raw[at + len(_VGPUS) : end - 1])
+        except ValueError:
+            return None  # decoded as :meth:`_gpu` decodes it, with its errors
+        self.shared += 1
+        return found[1].with_vgpus(listed)
 
     def _gpu(self, text: bytes) -> Gpu:
         """A GPU from its JSON: what precedes ``vgpus`` shared, ``vgpus`` its own (and the
@@ -501,6 +571,10 @@ class SnapshotDecoder:
             self.shared += 1
         if vgpus is None:
             return gpu
+        if _UUID in vgpus and not gpu.vgpus:
+            # For :meth:`_mdev_gpu`: what precedes ``vgpus``, found by its first bytes.
+            prefix = base[:-1]
+            self._prefixes[(prefix[:_PREFIX_HEAD], len(prefix))] = (prefix, gpu)
         try:
             listed = _vgpu_list().validate_json(vgpus)
         except ValueError:
@@ -515,6 +589,7 @@ class SnapshotDecoder:
     def _keep(self, text: bytes, gpu: Gpu) -> None:
         if self._held + len(text) > self._budget:
             self._gpus.clear()
+            self._prefixes.clear()
             self._held = 0
         self._gpus[text] = gpu
         self._held += len(text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -250,7 +251,13 @@ def plan_disruption(
         if a.kind is ActionKind.DESTROY:
             destroyed += 1
             held_n += a.vgpu_key in held
-    return PlanDisruption(level=level, destroyed=destroyed, held=held_n, gpus=len(gpus))
+    return _plan_disruption(level, destroyed, held_n, len(gpus))
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _plan_disruption(level: Disruption, destroyed: int, held: int, gpus: int) -> PlanDisruption:
+    """One frozen value for equal ones (a fleet's plans share theirs)."""
+    return PlanDisruption(level=level, destroyed=destroyed, held=held, gpus=gpus)
 
 
 class Capacity(Frozen):

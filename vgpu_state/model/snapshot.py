@@ -163,6 +163,11 @@ class NodeSnapshot(Frozen):
         """This snapshot with ``gpus`` (``model_copy(update={"gpus": gpus})``, faster)."""
         return _copy_with(self, "gpus", gpus)
 
+    def with_node(self, node: str) -> NodeSnapshot:
+        """This snapshot of node ``node`` (``model_copy(update={"node": node})``, faster;
+        the fingerprint, which does not depend on the name, is kept)."""
+        return _copy_with(self, "node", node)
+
     def gpu(self, address: str) -> Gpu | None:
         for g in self.gpus:
             if g.address == address:

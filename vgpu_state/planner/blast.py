@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import Action, ActionKind, Capacity, Holder, Plan, plan_disruption
@@ -120,10 +121,11 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
     names = _Names(snapshot)
     publish = {g.address: g.publish for g in plan.gpus}
     default = plan.policy.publish
-    before: Counter[_Key] = Counter()
-    after: Counter[_Key] = Counter()
-    held: Counter[_Key] = Counter()
-    withheld: Counter[_Key] = Counter()
+    # Plain dicts, not Counters: counted for every vGPU of every node of a fleet.
+    before: dict[_Key, int] = {}
+    after: dict[_Key, int] = {}
+    held: dict[_Key, int] = {}
+    withheld: dict[_Key, int] = {}
     withheld_of = {h.address: h.withheld for h in plan.gpus if h.withheld}
     by_gpu: dict[str, list[Action]] = {}
     for a in plan.actions:
@@ -139,14 +141,16 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             key = key_of.get(kind)
             if key is None:
                 key = key_of[kind] = _key(names.of_vgpu(g, v), v.type_label, channel)
-            keys[v.key] = key
-            before[key] += 1
-            if in_use and v.key in in_use:
-                held[key] += 1
-        after.update(keys.values())
+            vgpu = v.key
+            keys[vgpu] = key
+            before[key] = before.get(key, 0) + 1
+            if in_use and vgpu in in_use:
+                held[key] = held.get(key, 0) + 1
+        for key in keys.values():
+            after[key] = after.get(key, 0) + 1
         for k in withheld_of.get(g.address, ()):
             if k in keys:
-                withheld[keys[k]] += 1
+                withheld[keys[k]] = withheld.get(keys[k], 0) + 1
         # A create's resource follows from its type (its name on the GPU is the first
         # create's of that type id; without an id, the GPU's prefix and the type's
         # name): worked out once per type.
@@ -155,14 +159,14 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             if a.kind is ActionKind.DESTROY:
                 gone = keys.get(a.vgpu_key)
                 if gone is not None:
-                    after[gone] -= 1
+                    after[gone] = after.get(gone, 0) - 1
             elif a.kind is ActionKind.CREATE:
                 made = (a.type_id, a.type_name)
                 key = created.get(made)
                 if key is None:
                     key = created[made] = _key(names.of_create(g, a), a.type_label, channel)
-                after[key] += 1
-    blocked: Counter[_Key] = Counter()
+                after[key] = after.get(key, 0) + 1
+    blocked: dict[_Key, int] = {}
     codes: dict[_Key, BlockedReason] = {}
     waits: dict[_Key, set[str]] = {}
     gpus: dict[str, Gpu] = {g.address: g for g in snapshot.gpus}
@@ -172,7 +176,7 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             continue
         channel = publish.get(on.address, default)
         key = _key(names.of_type(on, b.type_name), b.type_name, channel)
-        blocked[key] += 1
+        blocked[key] = blocked.get(key, 0) + 1
         codes.setdefault(key, b.code)
         if b.code is BlockedReason.SWITCH_DEFERRED and b.holder is not None:
             waits.setdefault(key, set()).add(b.holder)
@@ -181,13 +185,13 @@ def capacity(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> t
             key[0] or None,
             key[1],
             key[2],
-            before[key],
-            after[key],
-            held[key],
-            blocked[key],
+            before.get(key, 0),
+            after.get(key, 0),
+            held.get(key, 0),
+            blocked.get(key, 0),
             codes.get(key),
             tuple(sorted(waits.get(key, ()))),
-            withheld[key],
+            withheld.get(key, 0),
         )
         for key in sorted(
             set(before) | set(after) | set(blocked), key=lambda k: (k[0] or "~", k[1], k[2])
@@ -229,6 +233,11 @@ def _holders(names: list[str]) -> tuple[Holder, ...]:
 
 def with_blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> Plan:
     """``plan`` with its disruption, capacity and affected/protected holders filled in."""
+    return _copy_with(plan, blast_radius(plan, snapshot, in_use))
+
+
+def blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, str]) -> dict[str, Any]:
+    """``plan``'s disruption, capacity and affected and protected holders, by field name."""
     destroyed = [
         in_use[a.vgpu_key]
         for a in plan.actions
@@ -239,11 +248,22 @@ def with_blast_radius(plan: Plan, snapshot: NodeSnapshot, in_use: Mapping[str, s
     protected = [
         b.holder for b in plan.blocked if b.kind is ActionKind.DESTROY and b.holder is not None
     ]
-    return plan.model_copy(
-        update={
-            "disruption": plan_disruption(plan.actions, frozenset(in_use)),
-            "capacity": capacity(plan, snapshot, in_use),
-            "affected": _holders(destroyed),
-            "protected": _holders(protected),
-        }
+    return {
+        "disruption": plan_disruption(plan.actions, frozenset(in_use)),
+        "capacity": capacity(plan, snapshot, in_use),
+        "affected": _holders(destroyed),
+        "protected": _holders(protected),
+    }
+
+
+def _copy_with(plan: Plan, update: dict[str, Any]) -> Plan:
+    """``plan.model_copy(update=update)`` without pydantic's general copy (the values are
+    of their fields' types: made here)."""
+    copied = plan.__class__.__new__(plan.__class__)
+    object.__setattr__(copied, "__dict__", {**plan.__dict__, **update})
+    object.__setattr__(copied, "__pydantic_extra__", None)
+    object.__setattr__(
+        copied, "__pydantic_fields_set__", plan.__pydantic_fields_set__ | set(update)
     )
+    object.__setattr__(copied, "__pydantic_private__", None)
+    return copied

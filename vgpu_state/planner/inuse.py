@@ -24,6 +24,8 @@ def normalise_in_use(
     held: Mapping[str, str], snapshot: NodeSnapshot
 ) -> tuple[dict[str, str], list[str]]:
     """``held`` with normalised keys, and a warning for each key that matches no vGPU."""
+    if not held:
+        return {}, []
     keys = {v.key for g in snapshot.gpus for v in g.vgpus}
     out: dict[str, str] = {}
     warnings: list[str] = []

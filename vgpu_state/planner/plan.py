@@ -41,7 +41,7 @@ from vgpu_state.model.snapshot import (
     SysfsInterface,
     Vgpu,
 )
-from vgpu_state.planner.blast import with_blast_radius
+from vgpu_state.planner.blast import _copy_with, with_blast_radius
 from vgpu_state.planner.evacuation import held_moves
 from vgpu_state.planner.identity import free_uuids
 from vgpu_state.planner.support import host_modes
@@ -275,6 +275,22 @@ class _Planner:
     def plan_gpu(self, g: Gpu, dg: DesiredGpu) -> tuple[GpuPlan, _GpuWork]:
         work = _GpuWork()
         target = {n: c for n, c in dg.types if c > 0}
+        if _holds_exactly(g.vgpus, target):
+            # The layout the GPU has (most GPUs of a fleet): every vGPU stays, nothing is
+            # destroyed or created (what the steps below come to then).
+            header = _gpu_plan(
+                g.address,
+                g.index,
+                g.model,
+                g.layout,
+                True,
+                dg.entry,
+                len(g.vgpus),
+                False,
+                dg.publish,
+                None,
+            )
+            return header, work
         kept, unwanted = self.split_existing(g, target)
         remaining = self.plan_destroys(g, unwanted, work)
         creates = [
@@ -661,6 +677,35 @@ class _Planner:
 
     # whole node -----------------------------------------------------------
     def run(self) -> Plan:
+        """The node's plan.
+
+        A node whose GPUs are all vendor-VFIO GPUs with their VFs on is planned
+        without its name: its steps name VFs by their PCI addresses and create no
+        mdev (no UUID derived from the node's name). Its plan is the same, but for
+        ``node``, for every node with the same (shared) GPUs, layout, policy and
+        holders: remembered (see ``SharedParts``), as each such GPU's plan is.
+        """
+        gpus = self.snapshot.gpus
+        if not gpus or not all(
+            g.layout is SysfsInterface.VENDOR_VFIO and g.sriov_numvfs for g in gpus
+        ):
+            return self._run()
+        desired = self.desired
+        parts = (self.catalog, self.policy, *desired.gpus, *gpus)
+        key = (
+            "node plan",
+            len(desired.gpus),
+            desired.config,
+            desired.selection_source,
+            desired.skipped,
+            *self.in_use.items(),
+        )
+        found = SharedParts.get(parts, key, self._run)
+        if found.node == self.node:
+            return found
+        return _copy_with(found, {"node": self.node})
+
+    def _run(self) -> Plan:
         wanted = {dg.address: dg for dg in self.desired.gpus}
         for address in sorted(wanted):
             if self.snapshot.gpu(address) is None:
@@ -698,17 +743,20 @@ class _Planner:
         if self.errors:
             raise PlanningError("\n".join(self.errors))
         counts = Counter(a.kind for a in actions)
-        summary = Summary(
-            create=counts[ActionKind.CREATE],
-            destroy=counts[ActionKind.DESTROY],
-            sriov=counts[ActionKind.ENABLE_SRIOV],
-            blocked=len(blocked),
-            kept=sum(h.kept for h in headers if h.managed),
-            switches_deferred=sum(h.deferred_switch is not None for h in headers),
+        # Every value below is the planner's own or taken from validated models: the plan
+        # is built from them without validating them again (a fleet's plans are many).
+        summary = _summary(
+            counts[ActionKind.CREATE],
+            counts[ActionKind.DESTROY],
+            counts[ActionKind.ENABLE_SRIOV],
+            len(blocked),
+            sum(h.kept for h in headers if h.managed),
+            sum(h.deferred_switch is not None for h in headers),
         )
-        p = Plan(
+        p = built(
+            Plan,
             node=self.node,
-            selection=Selection(config=self.desired.config, source=self.desired.selection_source),
+            selection=_selection(self.desired.config, self.desired.selection_source),
             policy=self.policy,
             snapshot_fingerprint=self.snapshot.fingerprint(),
             gpus=tuple(headers),
@@ -718,6 +766,39 @@ class _Planner:
             skipped=self.desired.skipped,
         )
         return with_blast_radius(p, self.snapshot, self.in_use)
+
+
+@functools.lru_cache(maxsize=1024)
+def _summary(
+    create: int, destroy: int, sriov: int, blocked: int, kept: int, switches_deferred: int
+) -> Summary:
+    """A plan's counts: one frozen value for equal ones (a fleet's plans share theirs)."""
+    return built(
+        Summary,
+        create=create,
+        destroy=destroy,
+        sriov=sriov,
+        blocked=blocked,
+        kept=kept,
+        switches_deferred=switches_deferred,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _selection(config: str, source: str) -> Selection:
+    return built(Selection, config=config, source=source)
+
+
+def _holds_exactly(vgpus: tuple[Vgpu, ...], target: Mapping[str, int]) -> bool:
+    """The vGPUs are of the wanted types, as many of each as wanted (none of unknown
+    type): :meth:`_Planner.split_existing` would keep them all, and no create is left."""
+    counts: dict[str, int] = {}
+    for v in vgpus:
+        name = v.type_name
+        if name is None:
+            return False
+        counts[name] = counts.get(name, 0) + 1
+    return counts == target
 
 
 @functools.lru_cache(maxsize=4096, typed=True)
