@@ -132,4 +132,4 @@ bench: $(BIN)/.installed-test
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(LOWEST) .pytest_cache .mypy_cache .ruff_cache .cluster hack/k8s/bin hack/helm/bin hack/promtool/bin hack/actionlint/bin
+	rm -rf $(VENV) $(LOWEST) .pytest_cache .mypy_cache .ruff_cache .cluster hack/k8s/bin hack/helm/bin hack/promtool/bin hack/actionlint/bin hack/kubevirt/bin

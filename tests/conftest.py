@@ -157,6 +157,24 @@ def fleet_reader_kubeconfig(cluster: object, tmp_path: Path) -> Iterator[Path]:
         cluster.kubectl("delete", "--ignore-not-found", "-f", str(rbac))
 
 
+@pytest.fixture
+def kubevirt_vms(cluster: object) -> object:
+    """:func:`cluster` with KubeVirt's VirtualMachine, VirtualMachineInstance and
+    VirtualMachineInstanceMigration CRDs installed (schemas from KubeVirt's own OpenAPI,
+    ``hack/kubevirt/fetch.sh``). Without that document the test is skipped, saying why;
+    VGPU_STATE_REQUIRE_K8S=1 fails it instead."""
+    from tests.realcluster import ControlPlane, Unavailable
+
+    assert isinstance(cluster, ControlPlane)
+    try:
+        cluster.install_kubevirt_vms()
+    except Unavailable as e:
+        if os.environ.get("VGPU_STATE_REQUIRE_K8S") == "1":
+            pytest.fail(f"KubeVirt's CRDs are required (VGPU_STATE_REQUIRE_K8S=1): {e}")
+        pytest.skip(str(e))
+    return cluster
+
+
 def _per_test(plane: object) -> Iterator[object]:
     from tests.realcluster import ControlPlane
 
@@ -215,6 +233,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "  The release workflow's lint runs actionlint built with Go "
             "(hack/actionlint/build.sh, which `make test` runs when Go is there). "
             "VGPU_STATE_REQUIRE_K8S=1 makes it fail instead."
+        )
+    if any(reason.startswith("no KubeVirt OpenAPI") for reason in reasons):
+        terminalreporter.write_line(
+            "  The evacuation tests build KubeVirt's VM, VMI and migration CRDs from its "
+            "OpenAPI document (hack/kubevirt/fetch.sh, which `make test` runs). "
+            "VGPU_STATE_REQUIRE_K8S=1 makes them fail instead."
         )
     if any(reason.startswith("no promtool") for reason in reasons):
         terminalreporter.write_line(

@@ -50,6 +50,12 @@ REPO = Path(__file__).resolve().parent.parent
 HACK = REPO / "hack" / "k8s"
 BIN = Path(os.environ.get("VGPU_STATE_K8S_BIN") or HACK / "bin")
 KUBEVIRT_OPENAPI = Path("/work/shared/reference/kubevirt-cr.openapi.json")  # as tests/apiserver.py
+KUBEVIRT_SWAGGER = (
+    Path(os.environ.get("VGPU_STATE_KUBEVIRT_BIN") or REPO / "hack" / "kubevirt" / "bin")
+    / "swagger.json"
+)
+"""KubeVirt's own OpenAPI document (``hack/kubevirt/fetch.sh``): the VM, VMI and migration
+CRDs' schemas."""
 NAMESPACE = "vgpu-state"
 AGENT_SA = "vgpu-state-agent"
 CONTROLLER_SA = "vgpu-state-controller"
@@ -266,6 +272,55 @@ def kubevirt_crd(path: Path = KUBEVIRT_OPENAPI) -> dict[str, Any]:
     }
 
 
+VM_KINDS = (
+    ("VirtualMachine", "virtualmachines", ["vm", "vms"]),
+    ("VirtualMachineInstance", "virtualmachineinstances", ["vmi", "vmis"]),
+    ("VirtualMachineInstanceMigration", "virtualmachineinstancemigrations", ["vmim"]),
+)
+
+
+def kubevirt_vm_crds(path: Path = KUBEVIRT_SWAGGER) -> list[dict[str, Any]]:
+    """The CRDs of KubeVirt's ``VirtualMachine``, ``VirtualMachineInstance`` and
+    ``VirtualMachineInstanceMigration`` with the schemas of KubeVirt's own OpenAPI
+    (``hack/kubevirt/fetch.sh``); :class:`Unavailable` when it was not fetched."""
+    if not path.exists():
+        raise Unavailable(
+            f"no KubeVirt OpenAPI ({path}): hack/kubevirt/fetch.sh downloads it from the Go "
+            "module proxy (scripts/ensure-k8s runs it)"
+        )
+    definitions = json.loads(path.read_text())["definitions"]
+    quantity = "k8s.io.apimachinery.pkg.api.resource.Quantity"
+    if quantity in definitions:
+        definitions[quantity] = {"format": "int-or-string"}
+    crds = []
+    for kind, plural, short in VM_KINDS:
+        schema = structural(definitions, {"$ref": f"#/definitions/v1.{kind}"}, frozenset())
+        crds.append({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.kubevirt.io"},
+            "spec": {
+                "group": "kubevirt.io",
+                "names": {
+                    "kind": kind,
+                    "listKind": f"{kind}List",
+                    "plural": plural,
+                    "singular": kind.lower(),
+                    "shortNames": short,
+                },
+                "scope": "Namespaced",
+                "versions": [{
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                }],
+            },
+        })  # fmt: skip
+    return crds
+
+
 # paths ------------------------------------------------------------------------------------
 def api_path(kind: str, name: str | None = None, namespace: str | None = None) -> str:
     """``"v1/nodes"`` / ``"kubevirt.io/v1/kubevirts"`` (+ name, namespace) as a URL path."""
@@ -290,6 +345,7 @@ class ControlPlane:
         self.test_mark = 0  # where the running test's part of the audit log begins
         self._etcd_ports = (0, 0)
         self.etcd: subprocess.Popen[bytes] | None = None
+        self.vm_crds = False  # KubeVirt's VM, VMI and migration CRDs installed
 
     # lifecycle -----------------------------------------------------------------------------
     def start(self, timeout: float = 120) -> ControlPlane:
@@ -734,6 +790,27 @@ class ControlPlane:
                     raise RuntimeError(f"{kind}: storage not ready after 60 s")
                 time.sleep(0.2)
 
+    def install_kubevirt_vms(self) -> None:
+        """KubeVirt's VM, VMI and migration CRDs (:func:`kubevirt_vm_crds`), once; only the
+        tests that need them install them (the base harness starts without)."""
+        if self.vm_crds:
+            return
+        crds = kubevirt_vm_crds()
+        path = self.workdir / "kubevirt-vm-crds.json"
+        path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": crds}))
+        self.kubectl("apply", "--server-side", "-f", str(path))
+        self.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s",
+            *(f"crd/{c['metadata']['name']}" for c in crds),
+        )  # fmt: skip
+        for _, plural, _ in VM_KINDS:
+            deadline = time.monotonic() + 60
+            while self._status(api_path(f"kubevirt.io/v1/{plural}") + "?limit=1") == 429:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{plural}: storage not ready after 60 s")
+                time.sleep(0.2)
+        self.vm_crds = True
+
     # identities ---------------------------------------------------------------------------------
     def ensure_node(self, node: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
         return self.write("v1/nodes", node, {"metadata": {"labels": labels or {}}})
@@ -810,6 +887,12 @@ class ControlPlane:
             ("v1/events", [NAMESPACE, "default"]),
             ("resource.k8s.io/v1/resourceslices", [None]),
             ("resource.k8s.io/v1/resourceclaims", ["default", "vms"]),
+            ("policy/v1/poddisruptionbudgets", ["vms"]),
+            ("v1/events", ["vms"]),
+            *(
+                (f"kubevirt.io/v1/{plural}", ["vms"])
+                for _, plural, _ in (VM_KINDS if self.vm_crds else ())
+            ),
         ):
             for namespace in namespaces:
                 with contextlib.suppress(ApiError):
@@ -844,6 +927,8 @@ _KINDS = {
     "resourceslices": "ResourceSlice",
     "resourceclaims": "ResourceClaim",
     "deviceclasses": "DeviceClass",
+    "poddisruptionbudgets": "PodDisruptionBudget",
+    **{plural: kind for kind, plural, _ in VM_KINDS},
 }
 
 

@@ -97,3 +97,26 @@ def test_an_expression_error_in_a_shipped_policy_is_reported(
     index = len(broken["spec"]["validations"]) - 1
     assert [w["fieldRef"] for w in warnings] == [f"spec.validations[{index}].expression"]
     assert "undefined field 'noSuchField'" in warnings[0]["warning"]
+
+
+def test_the_controllers_migration_policy_type_checks_against_kubevirts_schema(
+    type_checker: ControlPlane, kubevirt_vms: ControlPlane
+) -> None:
+    """``vgpu-state-controller-migrations`` (shipped with the controller, deploy/controller.yaml)
+    against KubeVirt's own VirtualMachineInstanceMigration schema; a field it does not have is
+    reported (the check is real)."""
+    (policy,) = [
+        doc
+        for doc in yaml.safe_load_all((REPO / "deploy" / "controller.yaml").read_text())
+        if doc and doc["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    assert _warnings(_checked(type_checker, policy["metadata"]["name"])) == []
+    broken = copy.deepcopy(policy)
+    name = broken["metadata"]["name"] = "broken-controller-migrations"
+    broken["spec"]["validations"].append({"expression": "object.spec.noSuchField == 'x'"})
+    type_checker.request("POST", "/apis/" + POLICIES, broken)
+    try:
+        warnings = _warnings(_checked(type_checker, name))
+    finally:
+        type_checker.request("DELETE", f"/apis/{POLICIES}/{name}")
+    assert "undefined field 'noSuchField'" in warnings[0]["warning"]

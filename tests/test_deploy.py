@@ -166,6 +166,15 @@ def test_the_controller_is_the_only_kubevirt_writer_and_elects_a_leader(
         ("vgpu-state.io", "vgpunodestates", "get"),
         ("vgpu-state.io", "vgpunodestates", "list"),
         ("vgpu-state.io", "vgpunodestates", "watch"),  # listed once, then watched
+        ("vgpu-state.io", "vgpunodestates", "patch"),  # the evacuation pause annotation
+        # in-use: evacuate: read the VMs in the way, migrate them (or restart: delete the
+        # VMI), count the migrations in flight, respect PodDisruptionBudgets.
+        ("kubevirt.io", "virtualmachineinstances", "get"),
+        ("kubevirt.io", "virtualmachineinstances", "delete"),
+        ("kubevirt.io", "virtualmachines", "get"),
+        ("kubevirt.io", "virtualmachineinstancemigrations", "create"),
+        ("kubevirt.io", "virtualmachineinstancemigrations", "list"),
+        ("policy", "poddisruptionbudgets", "list"),
         ("kubevirt.io", "kubevirts", "get"),
         ("kubevirt.io", "kubevirts", "list"),
         ("kubevirt.io", "kubevirts", "watch"),
@@ -196,6 +205,17 @@ def test_the_controller_is_the_only_kubevirt_writer_and_elects_a_leader(
         if ("kubevirt.io", "kubevirts", "patch") in rules_as_set(r)
     ]
     assert writers == [CONTROLLER]
+    # Only the controller moves VMs: no other role creates migrations or deletes VMIs.
+    movers = [
+        r["metadata"]["name"]
+        for r in by_kind(manifests, "ClusterRole")
+        if {
+            ("kubevirt.io", "virtualmachineinstancemigrations", "create"),
+            ("kubevirt.io", "virtualmachineinstances", "delete"),
+        }
+        & rules_as_set(r)
+    ]
+    assert movers == [CONTROLLER]
 
 
 def test_daemonset_runs_the_agent_for_its_own_node(manifests: list[dict[str, Any]]) -> None:

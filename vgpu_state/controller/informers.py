@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from vgpu_state.controller import evacuation
 from vgpu_state.controller.bounds import LayoutBounds
 from vgpu_state.controller.reports import NodeReport
 from vgpu_state.kube.api import JsonObject
@@ -100,6 +101,8 @@ class NodeStateCache:
     _shared: dict[PermittedEntry, PermittedEntry] = field(default_factory=dict)
     _bounds: LayoutBounds | None = None
     _ready: bool = False
+    _statuses: dict[str, evacuation.NodeStatus] = field(default_factory=dict)
+    """Each node's status as the evacuation believes it (:func:`evacuation.read_node`)."""
     relists: int = 0
     """Lists the cache was (re)built from."""
 
@@ -109,6 +112,11 @@ class NodeStateCache:
             if not self._ready or self._bounds is not bounds:
                 return None
             return dict(self._kept), dict(self._uids)
+
+    def statuses(self) -> dict[str, evacuation.NodeStatus] | None:
+        """Every node's status for the evacuation, while the cache is current."""
+        with self._lock:
+            return dict(self._statuses) if self._ready else None
 
     def holds(self, bounds: LayoutBounds) -> bool:
         """Whether the cache holds every node's report for ``bounds``."""
@@ -124,10 +132,17 @@ class NodeStateCache:
             log.info("the VGPUNodeState cache is rebuilt from a list: %s", why)
             self.on_change()
 
-    def listed(self, kept: dict[str, Kept], uids: dict[str, str], bounds: LayoutBounds) -> None:
+    def listed(
+        self,
+        kept: dict[str, Kept],
+        uids: dict[str, str],
+        bounds: LayoutBounds,
+        statuses: dict[str, evacuation.NodeStatus] | None = None,
+    ) -> None:
         """A pass listed every ``VGPUNodeState``: the cache starts over from what it kept."""
         with self._lock:
             self._kept = dict(kept)
+            self._statuses = {n: st for n, st in (statuses or {}).items() if n in kept}
             self._uids = {n: uid for n, uid in uids.items() if n in kept}
             self._shared = {}
             for _, _, report in self._kept.values():
@@ -156,16 +171,19 @@ class NodeStateCache:
                 if self._bounds is bounds:
                     self._kept.pop(name, None)
                     self._uids.pop(name, None)
+                    self._statuses.pop(name, None)
             self.on_change()
             return
         if old is not None and old[0] == version:
             return
         report = self.read(obj, bounds, shared)  # outside the lock: decoding takes time
+        status = evacuation.read_node(obj)
         uid = meta.get("uid")
         with self._lock:
             if self._bounds is not bounds or not self._ready:
                 return
             self._kept[name] = (version, bounds, report)
+            self._statuses[name] = status
             if isinstance(uid, str) and uid:
                 self._uids[name] = uid
         self.on_change()

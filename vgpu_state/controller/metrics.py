@@ -107,6 +107,36 @@ class ControllerMetrics:
             ["resource"],
             registry=r,
         )
+        self.evacuation_moves = Counter(
+            f"{c}_evacuation_moves",
+            "VMs moved off nodes whose switch waits for them (in-use: evacuate), by kind "
+            "(migrate, restart) and result (started, succeeded, failed).",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.evacuation_in_flight = Gauge(
+            f"{c}_evacuation_in_flight",
+            "The controller's moves not yet finished (migrations not Succeeded or Failed, "
+            "restarts not running again).",
+            registry=r,
+        )
+        self.evacuation_impossible = Gauge(
+            f"{c}_evacuation_impossible",
+            "VMs in the way of a switch that the last pass could not move (reason in an "
+            "EvacuationImpossible Event).",
+            registry=r,
+        )
+        self.evacuation_errors = Counter(
+            f"{c}_evacuation_errors",
+            "Evacuation steps that failed (retried on the next pass): KubeVirt's CRDs "
+            "missing, a refused request, a lost term.",
+            registry=r,
+        )
+        self.evacuation_paused = Gauge(
+            f"{c}_evacuation_paused_nodes",
+            "Nodes whose evacuation is paused after a failed move, until their layout changes.",
+            registry=r,
+        )
         f = f"{PREFIX}_fleet"
         self.fleet_nodes = Gauge(
             f"{f}_nodes",

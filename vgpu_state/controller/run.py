@@ -41,9 +41,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from vgpu_state.catalog import Catalog
+from vgpu_state.config.selection import DEFAULT_LABEL_KEY
 from vgpu_state.controller import informers
 from vgpu_state.controller.bounds import LayoutBounds
 from vgpu_state.controller.desired import Decision, Missing, decide
+from vgpu_state.controller.evacuation import NodeStatus, read_node
+from vgpu_state.controller.evacuator import Evacuator
 from vgpu_state.controller.fleetcache import FleetCache, fanout
 from vgpu_state.controller.fleetview import fleet_totals
 from vgpu_state.controller.metrics import ControllerMetrics
@@ -249,6 +252,11 @@ class Controller:
     _fleet: FleetCache | None = None
     """While watching with a fleet view: each node's part of its totals."""
     _cr_version: str = ""
+    _evacuator: Evacuator | None = None
+    _statuses: dict[str, NodeStatus] | None = None
+    """Each node's status as the evacuation believes it, from the pass's list (``None``
+    when the pass read the watched cache: it holds them)."""
+    _listing: dict[str, NodeStatus] = field(default_factory=dict)
 
     def lead(self, after: int | None = None) -> bool:
         """Take or renew the Lease; ``True`` while this replica leads. ``after``: a term
@@ -418,7 +426,52 @@ class Controller:
             if r.skipped:
                 log.info("node %s: %d vGPU(s) left out: %s", r.node, r.skipped.count, r.skipped)
         self._name_refusals(reports, decision)
+        if no_layouts is None:
+            self._evacuate(term)
         return PassResult(reports, decision, result)
+
+    @property
+    def evacuating(self) -> bool:
+        """The last pass found moves in flight or waiting: passes come every interval."""
+        return self._evacuator is not None and self._evacuator.active
+
+    def _evacuate(self, term: Term) -> None:
+        """The leader's evacuation step (:mod:`vgpu_state.controller.evacuator`): its writes
+        go out only in ``term``, renewed right before them."""
+        source = self.settings.bounding_layouts
+        if source is None:
+            return
+        try:
+            document = source.document()
+        except ConfigError:
+            return  # the pass named it already (its bounds)
+        evacuator = self._evacuator
+        if evacuator is None:
+            fleet = self.settings.fleet
+            label_key = fleet.settings.label_key if fleet is not None else DEFAULT_LABEL_KEY
+            default = fleet.settings.default_config if fleet is not None else None
+            evacuator = self._evacuator = Evacuator(
+                self.api, self.settings.identity, self.metrics, label_key, default
+            )
+
+        def confirm() -> None:
+            s = self.settings
+            if not self.lead() or self.term != term:
+                raise DeposedError(f"{s.identity}: {term} ended before its evacuation writes")
+            assert self._renewed is not None
+            if s.renew_deadline - (self.clock() - self._renewed) < s.request_timeout:
+                raise TransientError("evacuation: nothing written, the Lease renewal took too long")
+
+        statuses = self._statuses
+        if statuses is None and self._cache is not None:
+            statuses = self._cache.statuses()
+        try:
+            evacuator.step(document, self.wall(), confirm, term.token, statuses)
+        except (ClusterError, TransientError) as e:
+            # The KubeVirt CR's part of the pass stands; the evacuation is tried again on
+            # the next pass (KubeVirt's CRDs missing, a refused request, a lost term).
+            self.metrics.evacuation_errors.inc()
+            log.warning("evacuation step failed (retried next pass): %s", e)
 
     def _current(self, bounds: LayoutBounds) -> tuple[NodeReport, ...]:
         """Every node's report: from the watched cache when it holds them for ``bounds``,
@@ -428,14 +481,17 @@ class Controller:
         if current is not None:
             kept, self._uids = current
             self._reports = kept
+            self._statuses = None
             return tuple(kept[name][2] for name in sorted(kept))
         versions: list[str] = []
+        self._listing = {}
         listed = nodestate.list_pages(
             self.api, lambda obj: self._listed(obj, bounds), on_version=versions.append
         )
         reports = tuple(self._reports_of(listed, bounds))
+        self._statuses, self._listing = self._listing, {}
         if cache is not None and versions and versions[0]:
-            cache.listed(self._reports, self._uids, bounds)
+            cache.listed(self._reports, self._uids, bounds, self._statuses)
             self._watch_nodestates().resume(versions[0])
             self.metrics.relists.inc()
         return reports
@@ -476,6 +532,7 @@ class Controller:
         name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
         if meta.get("uid"):
             self._uids[name] = str(meta["uid"])
+        self._listing[name] = read_node(obj)
         kept = self._reports.get(name)
         if kept is not None and version and kept[0] == version and kept[1] is bounds:
             return name, version, kept[2]
@@ -740,6 +797,8 @@ class Controller:
                         # grace period ends (no change need come for it).
                         due = min((left for _, left in result.decision.waiting), default=None)
                         after = s.resync if due is None else min(s.resync, max(due, 0.0) + 0.1)
+                        if self.evacuating:
+                            after = min(after, s.interval)  # moves in flight: look again soon
                         next_pass = self.clock() + after
                 except (TransientError, ClusterError) as e:
                     self.metrics.passes.labels("error").inc()
