@@ -39,7 +39,8 @@ print(json.dumps(sorted(sys.modules)))
 # of a JSON Patch (the controller's) uses, the official Kubernetes client and its HTTP
 # library (the agent's requests go through kube/transport.py, its kubeconfig or
 # service account read by kube/credentials.py), and Prometheus's client library (the
-# agent writes its /metrics page with agent/promtext.py).
+# agent writes its /metrics page with agent/promtext.py, and serves it without
+# http.server).
 NEVER = (
     "vgpu_state.dra",
     "vgpu_state.agent.dra",
@@ -53,6 +54,7 @@ NEVER = (
     "kubernetes",
     "urllib3",
     "prometheus_client",
+    "http.server",
 )
 
 
