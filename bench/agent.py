@@ -10,8 +10,9 @@ Prints
   the goal is stated for 10 minutes: pass ``--idle 600``) of that agent (enforce,
   ``--sim``);
 * the RSS of an agent started as the shipped DaemonSet starts it (deploy/ and the
-  Helm chart's defaults): plan-only, sysfs (the simulated A2 host served through
-  FUSE at ``--sysfs-root``, the simulator in a process of its own), the device
+  Helm chart's defaults, with the container's environment variables): plan-only,
+  sysfs (the simulated A2 host served through FUSE at ``--sysfs-root``, the
+  simulator in a process of its own), the device
   plugin on, DRA off, the KubeVirt CR read, the kubelet's pod-resources API (a
   stand-in); only the credentials differ (a kubeconfig, not the in-cluster service
   account). With it, where the memory goes: the process's mappings by file;
@@ -255,6 +256,7 @@ def shipped_rss(
             proc = subprocess.Popen(
                 [sys.executable, "-m", "vgpu_state.cli.main", *args],
                 cwd=REPO,
+                env={**os.environ, **daemonset_env()},
                 stdout=subprocess.DEVNULL,
                 stderr=(root / "agent.log").open("w"),
             )
@@ -271,6 +273,17 @@ def shipped_rss(
         kubelet.stop()
         subprocess.run(["fusermount3", "-u", str(mount)], check=False)
     return rss, where
+
+
+def daemonset_env() -> dict[str, str]:
+    """The environment variables deploy/daemonset.yaml gives the agent's container as
+    plain values (not those taken from the pod: the node's name, the namespace)."""
+    from ruamel.yaml import YAML
+
+    daemonset = YAML(typ="safe").load((REPO / "deploy" / "daemonset.yaml").read_text())
+    containers = daemonset["spec"]["template"]["spec"]["containers"]
+    agent = next(c for c in containers if c["name"] == "agent")
+    return {e["name"]: str(e["value"]) for e in agent.get("env") or () if "value" in e}
 
 
 def _rss_mb(pid: int) -> float:
