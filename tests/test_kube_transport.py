@@ -256,16 +256,30 @@ class _ClosesIdle(BaseHTTPRequestHandler):
     do_GET = do_PATCH = _answer
 
 
+class _Closing(ThreadingHTTPServer):
+    closed = threading.Event()
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        self.closed.set()
+
+
 def test_a_kept_connection_the_server_closed_is_replaced() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ClosesIdle)
+    handler = type("Handler", (_ClosesIdle,), {"served": []})
+    server = _Closing(("127.0.0.1", 0), handler)
+    closed = server.closed = threading.Event()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         api = KubeApi(Transport(Endpoint(server=url)), url, (2.0, 2.0))
         for _ in range(3):
             assert api.get("/api/v1/nodes/n") == {"kind": "Status"}
+            assert closed.wait(5)  # the kept connection is closed now
+            closed.clear()
             assert api.patch("/api/v1/nodes/n", {"metadata": {}}, "merge") == {"kind": "Status"}
-        assert _ClosesIdle.served == ["GET", "PATCH"] * 3
+            assert closed.wait(5)
+            closed.clear()
+        assert handler.served == ["GET", "PATCH"] * 3
     finally:
         server.shutdown()
         server.server_close()

@@ -9,9 +9,9 @@ changes, as a projected service-account token is rotated; or one asked of a
 callable; or user and password), an HTTP proxy (``CONNECT`` for HTTPS; from the
 kubeconfig's ``proxy-url`` or ``HTTPS_PROXY``/``HTTP_PROXY`` with ``NO_PROXY``),
 connect and read timeouts, and answers read whole, in pieces, or as a stream
-(a watch). A request whose connection fails before anything was sent is tried
-once more on a new connection; so is an idempotent one whose kept connection the
-server had closed meanwhile.
+(a watch). A request whose connection fails before it was sent, or whose kept
+connection the server had closed, is tried once more on a new connection; one
+the server closed as it went out, only when the method is idempotent.
 
 Every failure is an ``OSError`` or an ``http.client.HTTPException``;
 :class:`~vgpu_state.kube.api.KubeApi` maps them to its errors.
@@ -168,12 +168,21 @@ class Transport:
                 assert conn.sock is not None
                 conn.sock.settimeout(read_timeout)
                 conn.request(method, url, body=body, headers=sent)
+            except _STALE:
+                conn.close()
+                if attempt or not kept:
+                    raise
+                continue  # the server had closed the kept connection: nothing was read
+            except BaseException:
+                conn.close()
+                raise
+            try:
                 response = conn.getresponse()
             except _STALE:
                 conn.close()
                 if attempt or not kept or method not in _IDEMPOTENT:
                     raise
-                continue  # the server closed the kept connection meanwhile
+                continue  # closed as the request went out: again only if idempotent
             except BaseException:
                 conn.close()
                 raise
