@@ -223,7 +223,11 @@ class Response:
     def read(self, amt: int | None = None) -> bytes:
         """The rest of the body (``amt``: at most that many bytes; ``b""`` at the end).
         A body read to its end hands its connection back."""
-        data = self._raw.read() if amt is None else self._raw.read(amt)
+        try:
+            data = self._raw.read() if amt is None else self._raw.read(amt)
+        except BaseException:
+            self.close()  # broken off: the connection is not reused
+            raise
         if amt is None or not data:
             self.release_conn()
         return data
