@@ -292,3 +292,44 @@ def test_a_refusal_keeps_its_status_and_reason(cluster: ControlPlane) -> None:
         api.list(f"/api/v1/namespaces/{NAMESPACE}/secrets")
     assert (refused.value.status, refused.value.api_reason) == (403, "Forbidden")
     assert "the credentials lack permission" in str(refused.value)
+
+
+def test_a_kubeconfigs_paths_are_read_from_its_directory(tmp_path: Path) -> None:
+    (tmp_path / "creds").mkdir()
+    (tmp_path / "creds" / "token").write_text("from-the-file\n")
+    config = _kubeconfig(
+        tmp_path / "kubeconfig",
+        {"server": "https://10.0.0.1:6443", "certificate-authority": "creds/ca.crt"},
+        {"token": "inline", "tokenFile": "creds/token"},
+    )
+    endpoint = credentials.from_kubeconfig(str(config), None)
+    assert endpoint.ca_file == str(tmp_path / "creds" / "ca.crt")
+    assert endpoint.token_file == str(tmp_path / "creds" / "token")
+    # As the official client does: the token file, not the inline token.
+    assert endpoint.token is None
+    endpoint = Endpoint(server="http://10.0.0.1:8080", token_file=endpoint.token_file)
+    assert Transport(endpoint).authorization() == "Bearer from-the-file"
+    with pytest.raises(credentials.CredentialsError, match=f"{config}: no context named 'other'"):
+        credentials.from_kubeconfig(str(config), "other")
+
+
+def test_several_kubeconfigs_are_merged_by_the_clients_loader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _kubeconfig(tmp_path / "first", {"server": "https://10.0.0.1:6443"}, {"token": "a"})
+    second = tmp_path / "second"
+    second.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "d", "cluster": {"server": "https://10.0.0.2:6443"}}],
+                "users": [{"name": "v", "user": {"token": "b"}}],
+                "contexts": [{"name": "y", "context": {"cluster": "d", "user": "v"}}],
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", f"{first}{os.pathsep}{second}")
+    endpoint = credentials.from_kubeconfig(None, "y")
+    assert endpoint.server == "https://10.0.0.2:6443"
+    assert Transport(endpoint).authorization() == "Bearer b"

@@ -54,8 +54,8 @@ def from_kubeconfig(path: str | None, context: str | None) -> Endpoint:
     (``None``: ``$KUBECONFIG``, else ``~/.kube/config``)."""
     if path is None:
         path = os.environ.get("KUBECONFIG") or "~/.kube/config"
-        if os.pathsep in path:
-            return _via_client(path, context)
+    if os.pathsep in path:  # several files to merge
+        return _via_client(path, context)
     file = Path(path).expanduser()
     try:
         text = file.read_text(encoding="utf-8")
@@ -98,7 +98,7 @@ def from_kubeconfig(path: str | None, context: str | None) -> Endpoint:
             raise CredentialsError(f"{file}: {what} is not base64") from None
 
     ca_data = data_of(cluster.get("certificate-authority-data"), "certificate-authority-data")
-    token = user.get("token")
+    token = None if user.get("tokenFile") else user.get("token")  # the file first
     return Endpoint(
         server=server,
         ca_file=None if ca_data else file_of(cluster.get("certificate-authority")),
@@ -111,7 +111,7 @@ def from_kubeconfig(path: str | None, context: str | None) -> Endpoint:
         cert_data=data_of(user.get("client-certificate-data"), "client-certificate-data"),
         key_data=data_of(user.get("client-key-data"), "client-key-data"),
         token=str(token) if token else None,
-        token_file=None if token else file_of(user.get("tokenFile")),
+        token_file=file_of(user.get("tokenFile")),
         username=str(user["username"]) if user.get("username") else None,
         password=str(user["password"]) if user.get("password") else None,
     )
