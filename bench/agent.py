@@ -10,11 +10,14 @@ Prints
   the goal is stated for 10 minutes: pass ``--idle 600``) of that agent (enforce,
   ``--sim``);
 * the RSS of an agent started as the shipped DaemonSet starts it (deploy/ and the
-  Helm chart's defaults): plan-only, sysfs (the simulated A2 host served through
-  FUSE at ``--sysfs-root``, the simulator in a process of its own), the device
+  Helm chart's defaults, with the container's environment variables): plan-only,
+  sysfs (the simulated A2 host served through FUSE at ``--sysfs-root``, the
+  simulator in a process of its own), the device
   plugin on, DRA off, the KubeVirt CR read, the kubelet's pod-resources API (a
   stand-in); only the credentials differ (a kubeconfig, not the in-cluster service
-  account). With it, where the memory goes: the process's mappings by file;
+  account). It is started twice: the first start compiles the bytecode of what it
+  imports, as the image has it compiled (build/bench-pycache); the second is
+  measured. With it, where the memory goes: the process's mappings by file;
   without FUSE this part is skipped;
 * threads, file descriptors and sockets after 100 and after 1,000 reconciles
   (resync every 20 ms), which must not grow (the host lock's descriptor, open
@@ -63,6 +66,7 @@ vgpu-configs:
 LATENCY_GOAL = 1.0  # seconds, plus driver time
 RSS_GOAL_MB = 60.0
 SHIPPED_SETTLE_S = 20.0  # seconds before the shipped agent is measured
+WARM_UP_S = 8.0  # the shipped agent's first start, which compiles its modules
 A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
 
 
@@ -252,25 +256,55 @@ def shipped_rss(
                 "--kubeconfig",
                 str(kube.write_kubeconfig(root / "kubeconfig")),
             ]
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "vgpu_state.cli.main", *args],
-                cwd=REPO,
-                stdout=subprocess.DEVNULL,
-                stderr=(root / "agent.log").open("w"),
-            )
-            try:
-                time.sleep(settle)
-                if proc.poll() is not None:
-                    raise SystemExit(f"bench failed: the shipped agent exited ({root}/agent.log)")
-                rss = _rss_mb(proc.pid)
-                where = mappings_mb(proc.pid)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(30)
+            # A first start writes the bytecode of every module it imports (as the image
+            # has it compiled); the second is measured.
+            for run, wait in (("warm-up", min(settle, WARM_UP_S)), ("measured", settle)):
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "vgpu_state.cli.main", *args],
+                    cwd=REPO,
+                    env=shipped_env(),
+                    stdout=subprocess.DEVNULL,
+                    stderr=(root / f"agent-{run}.log").open("w"),
+                )
+                try:
+                    time.sleep(wait)
+                    if proc.poll() is not None:
+                        raise SystemExit(
+                            f"bench failed: the shipped agent exited ({root}/agent-{run}.log)"
+                        )
+                    rss = _rss_mb(proc.pid)
+                    where = mappings_mb(proc.pid)
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(30)
     finally:
         kubelet.stop()
         subprocess.run(["fusermount3", "-u", str(mount)], check=False)
     return rss, where
+
+
+def shipped_env() -> dict[str, str]:
+    """The shipped agent's environment: the DaemonSet's values, and the bytecode of
+    every module compiled as the image has it (deploy/Dockerfile: ``-OO`` bytecode
+    without column tables, ``PYTHONNODEBUGRANGES``), kept in build/bench-pycache
+    (``PYTHONPYCACHEPREFIX``), whatever this machine's interpreter has compiled."""
+    env = {**os.environ, **daemonset_env()}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(REPO / "build" / "bench-pycache")
+    if env.get("PYTHONOPTIMIZE") == "2":
+        env["PYTHONNODEBUGRANGES"] = "1"
+    return env
+
+
+def daemonset_env() -> dict[str, str]:
+    """The environment variables deploy/daemonset.yaml gives the agent's container as
+    plain values (not those taken from the pod: the node's name, the namespace)."""
+    from ruamel.yaml import YAML
+
+    daemonset = YAML(typ="safe").load((REPO / "deploy" / "daemonset.yaml").read_text())
+    containers = daemonset["spec"]["template"]["spec"]["containers"]
+    agent = next(c for c in containers if c["name"] == "agent")
+    return {e["name"]: str(e["value"]) for e in agent.get("env") or () if "value" in e}
 
 
 def _rss_mb(pid: int) -> float:

@@ -26,7 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kubernetes.client import ApiClient, Configuration
 
 from tests.dra_apiserver import NODES, RunningDraApiServer, claims
 from vgpu_state.catalog import default_catalog
@@ -37,6 +36,7 @@ from vgpu_state.dra.prepare import Preparer
 from vgpu_state.dra.slices import DRIVER, PoolSpec, build_pool
 from vgpu_state.kube.api import KubeApi
 from vgpu_state.kube.dra import KubeClaims, SlicePublisher
+from vgpu_state.kube.transport import Endpoint, Transport
 from vgpu_state.reconcile import Mode, Ports, Settings, reconcile_once
 from vgpu_state.sim.host import SimHost
 from vgpu_state.sim.spec import parse_spec
@@ -82,9 +82,7 @@ def apply_layout(host: SimHost, type_name: str, count: int) -> None:
 
 
 def client(url: str) -> KubeApi:
-    cfg = Configuration()
-    cfg.host = url
-    return KubeApi(ApiClient(cfg), url, (5.0, 10.0))
+    return KubeApi(Transport(Endpoint(server=url)), url, (5.0, 10.0))
 
 
 def apply_to_slices(vgpus: int) -> tuple[float, float, float, PoolSpec, SimHost]:

@@ -449,6 +449,7 @@ def memory_child(n: int) -> None:
     from vgpu_state.controller.run import Controller, ControllerSettings
     from vgpu_state.kube import informer, nodestate
     from vgpu_state.kube.api import KubeApi
+    from vgpu_state.kube.transport import Endpoint, Transport
     from vgpu_state.reconcile.settings import Settings
 
     full, _ = snapshots()
@@ -457,7 +458,7 @@ def memory_child(n: int) -> None:
     layouts.write_text(LAYOUTS.format(slots=1))
     catalog = default_catalog()
     ctl = Controller(
-        KubeApi(None, "memory", (1.0, 1.0)),
+        KubeApi(Transport(Endpoint(server="http://127.0.0.1:9")), "memory", (1.0, 1.0)),
         ControllerSettings("m", layouts=FileConfigSource(layouts, catalog), catalog=catalog),
     )
     bounds, _ = ctl._layout_bounds()

@@ -549,10 +549,10 @@ class RunningApiServer:
         self.server.validators[kind] = check
 
     def api_client(self) -> Any:
-        """The official client's ``ApiClient`` for this server."""
-        import kubernetes
+        """The product's transport to this server."""
+        from vgpu_state.kube.transport import Endpoint, Transport
 
-        return kubernetes.client.ApiClient(kubernetes.client.Configuration(host=self.url))
+        return Transport(Endpoint(server=self.url))
 
     def kube_api(self) -> Any:
         """The product's :class:`~vgpu_state.kube.api.KubeApi` for this server."""

@@ -431,7 +431,7 @@ class ControlPlane:
         log = self.workdir / f"{name}.log"
         ready = {
             "garbage-collector-controller": "Proceeding to collect garbage",
-            "daemonset-controller": 'Caches are synced',
+            "daemonset-controller": "Caches are synced",
         }.get(controller, "Started controller")
 
         def synced() -> bool:
@@ -568,23 +568,23 @@ class ControlPlane:
         """Whether the API server answers its own ``/readyz`` with 200 now."""
         return self._status("/readyz") == 200
 
-    def configuration(self, token: str | None = None) -> Any:
-        import kubernetes
+    def endpoint(self, token: str | None = None) -> Any:
+        from vgpu_state.kube.transport import Endpoint
 
-        config = kubernetes.client.Configuration(host=self.url)
-        config.ssl_ca_cert = str(self.pki / "ca.crt")
         if token is None:
-            config.cert_file = str(self.pki / "admin.crt")
-            config.key_file = str(self.pki / "admin.key")
-        else:
-            config.api_key = {"authorization": f"Bearer {token}"}
-        return config
+            return Endpoint(
+                server=self.url,
+                ca_file=str(self.pki / "ca.crt"),
+                cert_file=str(self.pki / "admin.crt"),
+                key_file=str(self.pki / "admin.key"),
+            )
+        return Endpoint(server=self.url, ca_file=str(self.pki / "ca.crt"), token=token)
 
     def api_client(self, token: str | None = None) -> Any:
-        """A ``kubernetes`` ApiClient: the admin (``system:masters``), or ``token``'s bearer."""
-        import kubernetes
+        """The product's transport: the admin (``system:masters``), or ``token``'s bearer."""
+        from vgpu_state.kube.transport import Transport
 
-        return kubernetes.client.ApiClient(self.configuration(token))
+        return Transport(self.endpoint(token))
 
     def write_kubeconfig(
         self,

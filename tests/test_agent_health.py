@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -115,3 +116,32 @@ def test_parse_listen(value: str, expected: tuple[str, int]) -> None:
 def test_parse_listen_rejects_bad_values(value: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_listen(value)
+
+
+def _raw(url: str, request: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(request)
+        answer = b""
+        while piece := conn.recv(65536):
+            answer += piece
+    return answer
+
+
+def test_only_get_and_head_of_well_formed_requests_are_answered(
+    served: tuple[HealthState, AgentMetrics, str, Clock],
+) -> None:
+    _, _, url, _ = served
+    head = _raw(url, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+    assert b"Content-Length: " in head
+    assert _raw(url, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").startswith(
+        b"HTTP/1.0 405 "
+    )
+    long_header = b"X-Long: " + b"a" * 9000 + b"\r\n"
+    assert _raw(url, b"GET /metrics HTTP/1.1\r\n" + long_header + b"\r\n").startswith(
+        b"HTTP/1.0 400 "
+    )
+    many = b"".join(b"X-%d: 1\r\n" % i for i in range(200))
+    assert _raw(url, b"GET /metrics HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.0 400 ")
+    assert _raw(url, b"nonsense\r\n\r\n").startswith(b"HTTP/1.0 400 ")

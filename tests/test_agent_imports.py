@@ -35,9 +35,12 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 # Never needed by the DaemonSet's agent (deploy/daemonset.yaml: plan-only or enforce,
-# device plugin on, DRA off): other commands' parts, the simulator, the client's
-# generated API classes and models, and what only a write of a JSON Patch (the
-# controller's) or a request with ``async_req`` uses.
+# device plugin on, DRA off): other commands' parts, the simulator, what only a write
+# of a JSON Patch (the controller's) uses, the official Kubernetes client and its HTTP
+# library (the agent's requests go through kube/transport.py, its kubeconfig or
+# service account read by kube/credentials.py), and Prometheus's client library (the
+# agent writes its /metrics page with agent/promtext.py, and serves it without
+# http.server).
 NEVER = (
     "vgpu_state.dra",
     "vgpu_state.agent.dra",
@@ -48,11 +51,10 @@ NEVER = (
     "rich",
     "jsonpatch",
     "multiprocessing.pool",
-    "kubernetes.client.api",
-    "kubernetes.client.models.v1_node",
-    "kubernetes.dynamic",
-    "kubernetes.watch",
-    "kubernetes.stream",
+    "kubernetes",
+    "urllib3",
+    "prometheus_client",
+    "http.server",
 )
 
 

@@ -1,9 +1,10 @@
 """What ``vgpu_state.kube`` takes for granted about the installed ``kubernetes`` client.
 
-:mod:`vgpu_state.kube.clientimport` imports single modules of the client with the
-``__init__`` of its packages deferred, and stands in for two modules those imports
-name; :mod:`vgpu_state.kube.api` sends every request through the ``ApiClient``'s
-``param_serialize`` and ``call_api``. Both rest on the client's internal layout,
+Only a kubeconfig that needs the client's loader (a credential plugin, an auth
+provider, merged files) loads the client: :mod:`vgpu_state.kube.clientimport` imports
+single modules of it with the ``__init__`` of its packages deferred, and stands in
+for two modules those imports name; :mod:`vgpu_state.kube.credentials` reads the
+loaded ``Configuration``. Both rest on the client's internal layout,
 which the majors of the client change: each assumption is checked here against the
 installed client (the newest in ``make test``, the oldest ``pyproject.toml`` allows
 in ``make test-lowest``), and a failure names the installed version and what moved.
@@ -115,21 +116,24 @@ def test_the_kubeconfig_loader_imports_the_oauth_package_deferred() -> None:
     assert spec is not None and spec.submodule_search_locations is not None
 
 
-def test_the_api_client_sends_requests_the_way_kube_api_calls_it() -> None:
-    """KubeApi serializes a request with ``param_serialize`` and sends it with
-    ``call_api`` (the client's generator since kubernetes 37; older clients have only
-    another ``call_api``)."""
-    api_client = importlib.import_module("kubernetes.client.api_client").ApiClient
-    serialize = getattr(api_client, "param_serialize", None)
-    assert serialize is not None, (
-        f"{_where()}: ApiClient has no param_serialize; vgpu_state.kube.api sends every "
-        "request through it"
-    )
-    used = {"method", "resource_path", "header_params", "body", "auth_settings"}
-    missing = used - set(inspect.signature(serialize).parameters)
-    assert not missing, f"{_where()}: ApiClient.param_serialize lacks {sorted(missing)}"
-    call = inspect.signature(api_client.call_api).parameters
-    assert "_request_timeout" in call, f"{_where()}: ApiClient.call_api lacks _request_timeout"
+def test_the_configuration_has_what_credentials_read_of_it() -> None:
+    """A kubeconfig the client's loader reads (a credential plugin, an auth provider,
+    merged files) fills a ``Configuration``; ``credentials.from_configuration`` reads
+    these of it."""
     configuration = importlib.import_module("kubernetes.client.configuration").Configuration()
-    for attribute in ("host", "retries", "connection_pool_maxsize", "api_key"):
+    for attribute in (
+        "host",
+        "ssl_ca_cert",
+        "verify_ssl",
+        "cert_file",
+        "key_file",
+        "username",
+        "password",
+        "api_key",
+        "refresh_api_key_hook",
+    ):
         assert hasattr(configuration, attribute), f"{_where()}: Configuration has no {attribute}"
+    value = inspect.signature(configuration.get_api_key_with_prefix).parameters
+    assert {"identifier", "alias"} <= set(value), (
+        f"{_where()}: Configuration.get_api_key_with_prefix takes {sorted(value)}"
+    )

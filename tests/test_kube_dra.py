@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient, Configuration
 
 from tests.dra_apiserver import NODES, RunningDraApiServer, slices
 from vgpu_state.catalog import default_catalog
@@ -25,6 +24,7 @@ from vgpu_state.kube.dra import (
     SlicePublisher,
     resource_api_version,
 )
+from vgpu_state.kube.transport import Endpoint, Transport
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.host import SimHost
 
@@ -35,9 +35,7 @@ NODE = "gpu-node-1"
 
 
 def _client(url: str) -> KubeApi:
-    cfg = Configuration()
-    cfg.host = url
-    return KubeApi(ApiClient(cfg), url, (5.0, 10.0))
+    return KubeApi(Transport(Endpoint(server=url)), url, (5.0, 10.0))
 
 
 @pytest.fixture

@@ -63,42 +63,87 @@ def test_importing_the_cluster_package_loads_no_client() -> None:
     assert "grpc" not in names
 
 
-def test_connecting_loads_the_client() -> None:
-    """The check above is not vacuous: using the adapter does import ``kubernetes``."""
-    names = _imported(
-        [
-            "-c",
-            "from vgpu_state.kube.api import KubeApi\n"
-            "try:\n    KubeApi.connect('/nonexistent')\nexcept Exception:\n    pass",
-        ]
+def _plain_kubeconfig(tmp_path: Path) -> Path:
+    kubeconfig = tmp_path / "plain"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "x",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+            }
+        )
     )
-    assert "kubernetes" in names
+    return kubeconfig
 
 
-def test_connecting_loads_only_the_client_parts_it_uses() -> None:
-    """Not the dynamic client (jsonschema), streams (websocket), informer or leader election,
-    nor the date parser of the generated models (dateutil); for a kubeconfig not its OAuth
-    support (requests), which refreshes OIDC tokens only; for the in-cluster service account
-    not the kubeconfig loader (OAuth, YAML, requests)."""
-    probe = (
-        "from vgpu_state.kube.api import KubeApi\n"
-        "try:\n    KubeApi.connect({kubeconfig!r}, in_cluster={in_cluster})\n"
-        "except Exception as e:\n    assert 'cannot load Kubernetes credentials' in str(e), e"
+def _plugin_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig whose user is an OIDC auth provider with a valid token (read by the
+    client's loader; no request to the provider)."""
+    kubeconfig = tmp_path / "plugin"
+    provider = {"client-id": "x", "id-token": FRESH, "idp-issuer-url": "http://127.0.0.1:9"}
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "x",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "users": [
+                    {"name": "u", "user": {"auth-provider": {"name": "oidc", "config": provider}}}
+                ],
+            }
+        )
     )
+    return kubeconfig
+
+
+CONNECT = (
+    "from vgpu_state.kube.api import KubeApi\n"
+    "try:\n    KubeApi.connect({kubeconfig!r}, in_cluster={in_cluster})\n"
+    "except Exception as e:\n    assert 'cannot load Kubernetes credentials' in str(e), e"
+)
+
+
+def test_the_service_account_or_a_plain_kubeconfig_loads_no_client(tmp_path: Path) -> None:
+    """The in-cluster service account and a kubeconfig with a token or certificates are
+    read without the official client (nor ``urllib3``, its HTTP library)."""
+    for kubeconfig, in_cluster in (
+        (str(_plain_kubeconfig(tmp_path)), None),
+        (str(tmp_path / "missing"), None),
+        (None, True),
+    ):
+        names = _imported(["-c", CONNECT.format(kubeconfig=kubeconfig, in_cluster=in_cluster)])
+        assert "vgpu_state" in names
+        assert not {"kubernetes", "urllib3", "yaml"} & names, (kubeconfig, in_cluster)
+
+
+def test_a_kubeconfig_with_a_credential_plugin_loads_only_the_client_parts_it_uses(
+    tmp_path: Path,
+) -> None:
+    """The client's kubeconfig loader reads what the product does not (here an auth
+    provider). Not the dynamic client (jsonschema), streams (websocket), informer or
+    leader election, nor the date parser of the generated models (dateutil), nor its
+    OAuth support (requests), which refreshes expired OIDC tokens only."""
     heavy = {"kubernetes_validate", "jsonschema", "websocket", "referencing", "dateutil"}
-    kubeconfig = _imported(["-c", probe.format(kubeconfig="/nonexistent", in_cluster=None)])
-    assert {"kubernetes", "yaml"} <= kubeconfig
-    assert not (heavy | {"requests_oauthlib", "requests"}) & kubeconfig
-    in_cluster = _imported(["-c", probe.format(kubeconfig=None, in_cluster=True)])
-    assert "kubernetes" in in_cluster
-    assert not (heavy | {"requests_oauthlib", "oauthlib", "requests", "yaml"}) & in_cluster
+    probe = CONNECT.format(kubeconfig=str(_plugin_kubeconfig(tmp_path)), in_cluster=None)
+    names = _imported(["-c", probe])
+    assert {"kubernetes", "yaml"} <= names
+    assert not (heavy | {"requests_oauthlib", "requests"}) & names
 
 
-def test_the_kubernetes_package_is_whole_for_other_code_after_connecting() -> None:
+def test_the_kubernetes_package_is_whole_for_other_code_after_connecting(
+    tmp_path: Path,
+) -> None:
     probe = (
         "import sys\n"
         "from vgpu_state.kube.api import KubeApi\n"
-        "try:\n    KubeApi.connect('/nonexistent')\nexcept Exception:\n    pass\n"
+        f"KubeApi.connect({str(_plugin_kubeconfig(tmp_path))!r})\n"
+        "assert 'kubernetes.client.configuration' in sys.modules\n"
         "assert 'kubernetes.dynamic' not in sys.modules\n"
         "import kubernetes\n"
         "from kubernetes import dynamic, config, utils\n"
@@ -217,7 +262,7 @@ def _oidc_credentials(tmp_path: Path, issuer: str, id_token: str) -> tuple[str, 
         "os.environ['OAUTHLIB_INSECURE_TRANSPORT'] = '1'  # the provider speaks plain HTTP\n"
         "from vgpu_state.kube.api import KubeApi\n"
         f"api = KubeApi.connect({str(kubeconfig)!r})\n"
-        "print(json.dumps([api.client.configuration.api_key['BearerToken'],\n"
+        "print(json.dumps([api.client.authorization(),\n"
         "                  'requests_oauthlib' in sys.modules]))\n"
     )
     done = subprocess.run(

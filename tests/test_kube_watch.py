@@ -145,11 +145,10 @@ def test_a_server_that_keeps_answering_410_is_not_hammered(
 
 
 def test_an_unreachable_server_is_retried_with_backoff_until_stopped() -> None:
-    import kubernetes
+    from vgpu_state.kube.transport import Endpoint, Transport
 
     errors: list[Exception] = []
-    client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
-    client.configuration.retries = 0
+    client = Transport(Endpoint(server="http://127.0.0.1:9"))
     w = NodeWatch(
         client, "gpu-1", lambda labels: None, backoff=Backoff(0.01, 0.05), on_error=errors.append
     ).start()

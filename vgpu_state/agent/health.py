@@ -1,5 +1,11 @@
 """``/healthz``, ``/readyz`` and ``/metrics`` over plain HTTP (one small server thread).
 
+The server answers ``GET`` (and ``HEAD``) of these three paths, one request per
+connection (HTTP/1.0), on ``socketserver`` alone: ``http.server`` would cost the
+agent most of a megabyte for what a probe and a scrape need. A request line or
+header longer than 8 KiB, more than 100 headers, or a client silent for 10 s
+ends the connection.
+
 Liveness: the worker is alive and no single reconcile has run longer than
 ``stuck_after``. Readiness: the Kubernetes API server and its storage answer
 (:mod:`vgpu_state.kube.apihealth`: a probe succeeded within its bound), the
@@ -11,11 +17,13 @@ server: restarting the agent would not bring it back.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from vgpu_state.agent.metrics import AgentMetrics
 from vgpu_state.kube.apihealth import ApiServerHealth
@@ -93,8 +101,7 @@ class HealthServer:
 
     def __init__(self, state: HealthState, metrics: AgentMetrics, host: str, port: int) -> None:
         handler = _handler_for(state, metrics)
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="vgpu-state-http", daemon=True
         )
@@ -121,29 +128,85 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def _handler_for(state: HealthState, metrics: AgentMetrics) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "vgpu-state"
+MAX_LINE = 8192
+MAX_HEADERS = 100
+CLIENT_TIMEOUT = 10.0
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
+
+class _Server(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+
+def _handler_for(state: HealthState, metrics: AgentMetrics) -> type[_Handler]:
+    class Handler(_Handler):
+        def answer(self, path: str) -> tuple[int, bytes, str]:
             if path == "/metrics":
-                self._send(200, metrics.render(), CONTENT_TYPE_METRICS)
-            elif path in ("/healthz", "/readyz"):
+                return 200, metrics.render(), CONTENT_TYPE_METRICS
+            if path in ("/healthz", "/readyz"):
                 probe = state.liveness() if path == "/healthz" else state.readiness()
                 body = (probe.reason + "\n").encode()
-                self._send(200 if probe.ok else 503, body, "text/plain; charset=utf-8")
-            else:
-                self._send(404, b"not found\n", "text/plain; charset=utf-8")
-
-        def _send(self, code: int, body: bytes, content_type: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            """Probes every few seconds would flood the log; stay quiet."""
+                return 200 if probe.ok else 503, body, "text/plain; charset=utf-8"
+            return 404, b"not found\n", "text/plain; charset=utf-8"
 
     return Handler
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    """One request: its line and headers (bounded), then the answer, then close."""
+
+    timeout = CLIENT_TIMEOUT
+
+    def answer(self, path: str) -> tuple[int, bytes, str]:
+        raise NotImplementedError
+
+    def handle(self) -> None:
+        try:
+            line = self.rfile.readline(MAX_LINE + 1)
+            for _ in range(MAX_HEADERS + 1):
+                header = self.rfile.readline(MAX_LINE + 1)
+                if header in (b"\r\n", b"\n", b"") or len(header) > MAX_LINE:
+                    break
+            else:
+                header = b"x" * (MAX_LINE + 1)  # too many headers
+        except OSError:  # the client went silent or away
+            return
+        parts = line.decode("latin-1").split()
+        if not line or len(line) > MAX_LINE or len(header) > MAX_LINE or len(parts) != 3:
+            self._send(400, b"bad request\n", "text/plain; charset=utf-8", head=False)
+            self._drain()
+            return
+        method, target, _ = parts
+        if method not in ("GET", "HEAD"):
+            self._send(405, b"method not allowed\n", "text/plain; charset=utf-8", head=False)
+            return
+        code, body, content_type = self.answer(target.split("?", 1)[0])
+        self._send(code, body, content_type, head=method == "HEAD")
+
+    def _drain(self) -> None:
+        """Read a little of what the client still sends, so that closing does not reset
+        the connection before it reads the answer."""
+        with contextlib.suppress(OSError):
+            self.connection.settimeout(0.2)
+            self.connection.shutdown(socket.SHUT_WR)
+            for _ in range(16):
+                if not self.connection.recv(65536):
+                    break
+
+    def _send(self, code: int, body: bytes, content_type: str, *, head: bool) -> None:
+        lines = (
+            f"HTTP/1.0 {code} {_REASONS[code]}",
+            "Server: vgpu-state",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+        )
+        with contextlib.suppress(OSError):  # the client went away
+            self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode() + (b"" if head else body))

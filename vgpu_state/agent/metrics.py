@@ -1,11 +1,11 @@
-"""The agent's Prometheus metrics, in a registry of its own (no process-global state)."""
+"""The agent's Prometheus metrics, in a registry of its own (no process-global state),
+written by :mod:`vgpu_state.agent.promtext`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
+from vgpu_state.agent.promtext import Counter, Gauge, Histogram, Registry
 from vgpu_state.agent.triggers import Trigger
 from vgpu_state.kube.apihealth import OUTAGES_METRIC, REACHABLE_METRIC
 
@@ -16,7 +16,7 @@ class AgentMetrics:
     """What an operator graphs and alerts on for one node's agent."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = Registry()
         self.reconcile_duration = Histogram(
             f"{PREFIX}_reconcile_duration_seconds",
             "Time of one reconcile (read, plan, apply, report).",
@@ -127,14 +127,11 @@ class AgentMetrics:
         """Keep the since-time of GPUs still deferred, start it at ``now`` for newly
         deferred ones, and drop the series of the GPUs no longer deferred."""
         wanted = set(gpus)
-        known: dict[str, float] = {}
-        for metric in self.switch_deferred_since.collect():
-            for sample in metric.samples:
-                known[sample.labels["gpu"]] = sample.value
+        known = {key[0]: value for key, value in self.switch_deferred_since.values().items()}
         for gpu in known.keys() - wanted:
             self.switch_deferred_since.remove(gpu)
         for gpu in sorted(wanted - known.keys()):
             self.switch_deferred_since.labels(gpu=gpu).set(now)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.registry.render()

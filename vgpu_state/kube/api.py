@@ -1,24 +1,25 @@
-"""JSON requests to the Kubernetes API through the official ``kubernetes`` client.
+"""JSON requests to the Kubernetes API.
 
-The ``kubernetes`` package is imported only inside :meth:`KubeApi.connect`, so
-importing this module (or any of ``vgpu_state.kube``) costs nothing until a
-command actually talks to a cluster; even then only the parts used are loaded
-(:mod:`vgpu_state.kube.clientimport`). The client's ``ApiClient`` does the
-kubeconfig and in-cluster loading, authentication, TLS and connection pooling;
-this class sends and receives plain JSON documents, the shape every adapter in
-this package works with (no generated model classes, which cost more than a
-second to import and refuse partial bodies such as patches).
+:meth:`KubeApi.connect` reads the credentials (:mod:`vgpu_state.kube.credentials`:
+the in-cluster service account or a kubeconfig) and sends through a
+:class:`~vgpu_state.kube.transport.Transport` (``http.client`` and ``ssl``: TLS,
+authentication, a small connection pool). This class sends and receives plain
+JSON documents, the shape every adapter in this package works with. The official
+``kubernetes`` client is loaded only for a kubeconfig that needs its loader (a
+credential plugin, an auth provider, several files to merge).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlencode
 
-from vgpu_state.kube.clientimport import client_parts, kubeconfig_loader
+from vgpu_state.kube import credentials
 from vgpu_state.kube.errors import ClusterError, ClusterUnreachableError, NotFoundError
+from vgpu_state.kube.transport import Response, Transport
 from vgpu_state.model import bounded
 
 log = logging.getLogger(__name__)
@@ -78,15 +79,15 @@ class KubeApi:
     or :class:`ClusterUnreachableError` (no answer at all).
     """
 
-    def __init__(self, api_client: Any, server: str, timeout: tuple[float, float]) -> None:
-        self._client = api_client
+    def __init__(self, transport: Transport, server: str, timeout: tuple[float, float]) -> None:
+        self._client = transport
         self.server = server
         self.timeout = timeout
         self.requests = 0
 
     @property
-    def client(self) -> Any:
-        """The ``kubernetes`` ``ApiClient`` (for the Node watch, which streams)."""
+    def client(self) -> Transport:
+        """The :class:`Transport` (for the Node watch, which streams)."""
         return self._client
 
     @classmethod
@@ -105,40 +106,27 @@ class KubeApi:
         account when running in a pod, else the client's default kubeconfig
         (``$KUBECONFIG`` or ``~/.kube/config``); ``in_cluster`` forces either way.
         """
-        try:
-            client = client_parts()
-        except ImportError as e:  # pragma: no cover - a declared dependency
-            raise ClusterUnreachableError(f"the kubernetes client is not installed: {e}") from e
-
-        configuration = client.configuration()
         where = kubeconfig or "the default kubeconfig"
-        source = ""
+        endpoint = None
         try:
             if in_cluster or (in_cluster is None and kubeconfig is None):
                 try:
-                    client.load_incluster_config(client_configuration=configuration)
-                    source = "in-cluster service account"
-                except client.config_exception:
+                    endpoint = credentials.in_cluster()
+                    where = "in-cluster service account"
+                except credentials.CredentialsError:
                     if in_cluster:
                         where = "the in-cluster service account"
                         raise
                     # Not in a pod: the default kubeconfig below.
-            if not source:
-                kubeconfig_loader()(
-                    config_file=kubeconfig,
-                    context=context,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-                source = where
-        except Exception as e:  # ConfigException, OSError, YAML errors: all unreadable config
+            if endpoint is None:
+                endpoint = credentials.from_kubeconfig(kubeconfig, context)
+            transport = Transport(endpoint, pool_size)
+        except Exception as e:  # unreadable files, YAML, the client loader's errors, bad TLS
             raise ClusterUnreachableError(
                 f"cannot load Kubernetes credentials from {where}: {e}"
             ) from e
-        configuration.retries = 1
-        configuration.connection_pool_maxsize = pool_size
-        log.debug("Kubernetes API %s (from %s)", configuration.host, source)
-        return cls(client.api_client(configuration), str(configuration.host), timeout)
+        log.debug("Kubernetes API %s (from %s)", endpoint.server, where)
+        return cls(transport, endpoint.server, timeout)
 
     # requests ------------------------------------------------------------------
     def request(
@@ -196,7 +184,7 @@ class KubeApi:
             while True:
                 try:
                     piece = body.read(chunk_size)
-                except Exception as e:  # urllib3's read errors: the answer broke off
+                except Exception as e:  # socket and HTTP read errors: the answer broke off
                     raise ClusterUnreachableError(
                         f"Kubernetes API server {self.server} broke off its answer "
                         f"(GET {path}): {_short(e)}"
@@ -218,18 +206,16 @@ class KubeApi:
         query: Mapping[str, str] | None = None,
         timeout: tuple[float, float] | None = None,
         accept: str = "application/json",
-    ) -> Any:
-        """GET ``path`` and hand back the open answer (urllib3's response: ``stream()`` it,
-        ``release_conn()`` it): a watch's, whose answer lasts up to ``timeout``'s read
+    ) -> Response:
+        """GET ``path`` and hand back the open answer (``stream()`` it, ``release_conn()``
+        it): a watch's, whose answer lasts up to ``timeout``'s read
         seconds, or a list read in pieces (:meth:`get_chunks`; ``None``: the client's
         timeout). Raises as :meth:`request` does."""
-        response, path = self._open(
-            "GET", path, None, "application/json", query, accept, timeout
-        )
+        response, path = self._open("GET", path, None, "application/json", query, accept, timeout)
         status = int(response.status)
         if not 200 <= status < 300:
             raise _error("GET", path, status, _decode(response.read()))
-        return response.response
+        return response
 
     def _open(
         self,
@@ -240,26 +226,18 @@ class KubeApi:
         query: Mapping[str, str] | None,
         accept: str,
         timeout: tuple[float, float] | None = None,
-    ) -> tuple[Any, str]:
-        """Send the request: the client's response, its body not read yet, and the path
-        as sent (with its query)."""
+    ) -> tuple[Response, str]:
+        """Send the request: the response, its body not read yet, and the path as sent
+        (with its query)."""
         if query:
             path = f"{path}?{urlencode(dict(query))}"
         headers = {"Accept": accept, "Content-Type": content_type}
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         try:
-            serialized = self._client.param_serialize(
-                method=method,
-                resource_path=path,
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self._client.call_api(
-                *serialized, _request_timeout=timeout or self.timeout
-            )
+            response = self._client.open(method, path, headers, data, timeout or self.timeout)
         except ClusterError:
             raise
-        except Exception as e:  # urllib3 and the client raise many types; all mean "no answer"
+        except Exception as e:  # socket, TLS, HTTP and credential errors: all mean "no answer"
             raise self._unreachable(method, path, e) from e
         self.requests += 1
         for warning in _warnings(response):
@@ -318,18 +296,12 @@ class KubeApi:
         return self.request("DELETE", path)
 
     def close(self) -> None:
-        close = getattr(self._client, "close", None)
-        if callable(close):
-            close()
+        self._client.close()
 
 
-def _warnings(response: Any) -> list[str]:
+def _warnings(response: Response) -> list[str]:
     """The texts of the response's ``Warning`` headers (RFC 7234: ``299 - "text"``)."""
-    headers = getattr(response, "headers", None)
-    if headers is None:
-        return []
-    getlist = getattr(headers, "getlist", None)
-    values = getlist("Warning") if callable(getlist) else [headers.get("Warning")]
+    values = response.headers.get_all("Warning") or []
     texts = []
     for value in values:
         if not isinstance(value, str) or not value:
@@ -378,7 +350,7 @@ def _error(method: str, path: str, status: int, data: JsonObject) -> Exception:
 
 
 def _short(e: BaseException) -> str:
-    """The innermost reason of a urllib3 error chain, on one line."""
+    """The reason of a socket, TLS or HTTP error, on one line."""
     reason = getattr(e, "reason", None)
     text = str(reason) if reason is not None else str(e)
     return text.splitlines()[0][:300] if text else type(e).__name__

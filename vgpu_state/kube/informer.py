@@ -223,7 +223,7 @@ class CollectionWatch(BackgroundLoop):
                 self._expire(str(e))
                 return None
             return self._failed(e)
-        except Exception as e:  # urllib3, socket and decode errors: the stream broke
+        except Exception as e:  # HTTP, socket and decode errors: the stream broke
             if self.stopping.is_set():
                 return None
             return self._failed(e)

@@ -14,21 +14,20 @@ change is missed or replayed; when the server answers 410 Gone (the version
 was compacted away), list again. Errors wait an exponential, jittered backoff
 that resets after a successful list or event.
 
-``kubernetes`` is imported lazily by the caller that builds the ``ApiClient``;
-this module talks JSON through it and never loads the generated models.
+The requests go through the agent's :class:`~vgpu_state.kube.transport.Transport`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from vgpu_state.background import BackgroundLoop, Backoff
+from vgpu_state.kube.transport import Response, Transport, shutdown
 from vgpu_state.model import bounded
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ WATCH_BACKOFF = Backoff(0.5, 30.0)
 class NodeWatch(BackgroundLoop):
     """Call ``on_labels(labels)`` from a daemon thread: once at start, then on every change.
 
-    ``api_client``: a ``kubernetes.client.ApiClient``. ``server_timeout``: the
+    ``api_client``: the API server's :class:`Transport`. ``server_timeout``: the
     watch's ``timeoutSeconds`` (the server ends the stream after it; the watch
     then resumes). ``read_timeout``: a silent connection is dropped after this
     long and resumed. ``on_error``: told about every failure (for logs and
@@ -66,7 +65,7 @@ class NodeWatch(BackgroundLoop):
 
     def __init__(
         self,
-        api_client: Any,
+        api_client: Transport,
         node: str,
         on_labels: Callable[[Mapping[str, str]], None],
         *,
@@ -88,7 +87,7 @@ class NodeWatch(BackgroundLoop):
         self.backoff = backoff
         self._failures = 0
         self._on_error = on_error
-        self._response: Any = None
+        self._response: Response | None = None
         self._lock = threading.Lock()
         self.resource_version: str | None = None
         self.labels: dict[str, str] | None = None
@@ -100,7 +99,7 @@ class NodeWatch(BackgroundLoop):
         with self._lock:
             response = self._response
         if response is not None:
-            _shutdown(response)
+            shutdown(response)
         super().stop(timeout)
 
     # the loop ------------------------------------------------------------------------
@@ -119,7 +118,7 @@ class NodeWatch(BackgroundLoop):
             self._gone_in_a_row += 1
             # Expired again at once: do not spin.
             return self._next_delay() if self._gone_in_a_row > 1 else 0.0
-        except Exception as exc:  # urllib3, socket and JSON errors: retry them all
+        except Exception as exc:  # socket, HTTP and JSON errors: retry them all
             if self.stopping.is_set():
                 return 0.0
             return self._failed(exc)
@@ -164,14 +163,14 @@ class NodeWatch(BackgroundLoop):
         with self._lock:
             self._response = response
         try:
-            for event in _events(response.response):
+            for event in _events(response):
                 if self.stopping.is_set():
                     return
                 self._event(event)
         finally:
             with self._lock:
                 self._response = None
-            response.response.release_conn()
+            response.release_conn()
 
     def _event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -219,15 +218,14 @@ class NodeWatch(BackgroundLoop):
     def _selector(self) -> str:
         return f"metadata.name={self.node}"
 
-    def _get(self, path: str, query: Mapping[str, str]) -> Any:
-        serialized = self._client.param_serialize(
-            method="GET",
-            resource_path=path,
-            query_params=list(query.items()),
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
+    def _get(self, path: str, query: Mapping[str, str]) -> Response:
+        response = self._client.open(
+            "GET",
+            f"{path}?{urlencode(dict(query))}",
+            {"Accept": "application/json"},
+            None,
+            (5.0, self._read_timeout),
         )
-        response = self._client.call_api(*serialized, _request_timeout=(5.0, self._read_timeout))
         if not 200 <= int(response.status) < 300:
             raw = response.read()
             try:
@@ -238,7 +236,7 @@ class NodeWatch(BackgroundLoop):
         return response
 
 
-def _events(response: Any) -> Iterator[dict[str, Any]]:
+def _events(response: Response) -> Iterator[dict[str, Any]]:
     """The JSON events of a watch stream, one per line."""
     buffer = b""
     for chunk in response.stream(amt=None, decode_content=False):
@@ -249,15 +247,6 @@ def _events(response: Any) -> Iterator[dict[str, Any]]:
                 event = bounded.loads(line, "a watch event")
                 if isinstance(event, dict):
                     yield event
-
-
-def _shutdown(response: Any) -> None:
-    """Unblock a thread reading the stream (close alone does not wake a blocked recv)."""
-    raw = getattr(response, "response", response)
-    sock = getattr(getattr(raw, "connection", None), "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
 
 
 class NodeStateWatch(NodeWatch):
@@ -275,7 +264,7 @@ class NodeStateWatch(NodeWatch):
     THREAD = "vgpu-state-nodestatewatch"
 
     def __init__(
-        self, api_client: Any, node: str, on_gone: Callable[[], None], **options: Any
+        self, api_client: Transport, node: str, on_gone: Callable[[], None], **options: Any
     ) -> None:
         super().__init__(api_client, node, lambda labels: None, **options)
         self._on_gone = on_gone
