@@ -111,11 +111,12 @@ def main() -> None:
             n.name: ev.NodeConfig(n.name < names[args.evacuating], Evacuation(), "fp")
             for n in nodes
         }
-        vmis = {
-            f"{NS}/vm-{i}": ev.read_vmi(plane.get("kubevirt.io/v1/virtualmachineinstances",
-                                                  f"vm-{i}", NS))
-            for i in range(args.evacuating)
-        }  # fmt: skip
+        vmis = {}
+        for i in range(args.evacuating):
+            vmi = plane.get("kubevirt.io/v1/virtualmachineinstances", f"vm-{i}", NS)
+            if vmi is None:
+                raise SystemExit(f"VMI {NS}/vm-{i} was not created")
+            vmis[f"{NS}/vm-{i}"] = ev.read_vmi(vmi)
         now = dt.datetime.now(dt.UTC)
         times = []
         for _ in range(20):

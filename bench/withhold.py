@@ -121,7 +121,7 @@ def run(runs: int) -> int:
         return False
 
     results: dict[str, tuple[list[float], list[float]]] = {}
-    cases = (
+    cases: tuple[tuple[str, dict[str, str], dict[str, int]], ...] = (
         ("deferred (a VM holds the A2-4C)", {HELD_4C: VM_HOLDER}, {R_4C: 1}),
         ("planned, waiting for a rollout slot", {}, {}),
     )
@@ -206,7 +206,7 @@ def agent_process(runs: int) -> None:
                     api.patch(
                         f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {label: want}}}, "merge"
                     )
-                    bench_agent.wait_for(lambda c=count: offered(c, c))  # type: ignore[misc]
+                    bench_agent.wait_for(lambda c=count: offered(c, c))
                     into.append(time.perf_counter() - start)
         finally:
             agent.stop()

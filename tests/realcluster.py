@@ -272,7 +272,7 @@ def kubevirt_crd(path: Path = KUBEVIRT_OPENAPI) -> dict[str, Any]:
     }
 
 
-VM_KINDS = (
+VM_KINDS: tuple[tuple[str, str, list[str]], ...] = (
     ("VirtualMachine", "virtualmachines", ["vm", "vms"]),
     ("VirtualMachineInstance", "virtualmachineinstances", ["vmi", "vmis"]),
     ("VirtualMachineInstanceMigration", "virtualmachineinstancemigrations", ["vmim"]),
@@ -891,7 +891,7 @@ class ControlPlane:
             ("v1/events", ["vms"]),
             *(
                 (f"kubevirt.io/v1/{plural}", ["vms"])
-                for _, plural, _ in (VM_KINDS if self.vm_crds else ())
+                for _, plural, _ in (VM_KINDS if self.vm_crds else VM_KINDS[:0])
             ),
         ):
             for namespace in namespaces:

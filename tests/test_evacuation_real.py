@@ -37,6 +37,12 @@ NODE_LABEL = "vgpu-state.io/node"
 PAUSE_ANNOTATION = "vgpu-state.io/evacuation-paused"
 
 
+def present(obj: dict[str, Any] | None) -> dict[str, Any]:
+    """An object the test knows exists (``ControlPlane.get`` gives ``None`` for a 404)."""
+    assert obj is not None
+    return obj
+
+
 def layouts(in_use: str = "evacuate", evacuation: str = "") -> str:
     block = f"  evacuation:\n{evacuation}" if evacuation else ""
     return (
@@ -259,8 +265,8 @@ def test_a_held_vm_is_migrated_to_the_node_with_room_only_under_evacuate(
     assert stand_in.step() == 1
     ctl.run_once()
     assert len(events(cluster, "EvacuationSucceeded")) == 2
-    assert cluster.get(VMIS, "win-7", NS)["status"]["nodeName"] == "node-b"
-    a = cluster.get(NODESTATES, "node-a")["status"]["gpus"][0]
+    assert present(cluster.get(VMIS, "win-7", NS))["status"]["nodeName"] == "node-b"
+    a = present(cluster.get(NODESTATES, "node-a"))["status"]["gpus"][0]
     assert a["switch"]["state"] == "planned" and not any("vm" in v for v in a["vgpus"])
     assert len(migrations(cluster)) == 1, "nothing left to move"
     moves = ctl.metrics.evacuation_moves
@@ -380,7 +386,7 @@ def test_a_failed_or_timed_out_migration_pauses_the_node_until_its_layout_change
     assert all("vms/win-7" in e["message"] and "paused" in e["message"] for e in failed)
     if outcome == "Running":
         assert "did not finish within 600 s" in failed[0]["message"]
-    state = cluster.get(NODESTATES, "node-a")
+    state = present(cluster.get(NODESTATES, "node-a"))
     assert state["metadata"]["annotations"][PAUSE_ANNOTATION]
     ctl.run_once()
     assert len(migrations(cluster)) == 1, "win-8 stays: the node is paused"
@@ -516,7 +522,7 @@ def test_the_watching_controller_moves_the_vm_from_its_watched_statuses(
     finally:
         stop.set()
         thread.join(30)
-    assert cluster.get(VMIS, "win-7", NS)["status"]["nodeName"] == "node-b"
+    assert present(cluster.get(VMIS, "win-7", NS))["status"]["nodeName"] == "node-b"
     lists = [
         e
         for e in cluster.audit(mark, CONTROLLER_USER)
