@@ -878,7 +878,7 @@ class ControlPlane:
     # between tests ------------------------------------------------------------------------------
     def reset(self) -> None:
         """Delete what tests create (nodes, node states, KubeVirt CRs, leases, pods, events)."""
-        for kind, namespaces in (
+        kinds: tuple[tuple[str, list[str | None]], ...] = (
             ("v1/nodes", [None]),
             ("vgpu-state.io/v1alpha1/vgpunodestates", [None]),
             ("kubevirt.io/v1/kubevirts", ["kubevirt", "other"]),
@@ -890,10 +890,11 @@ class ControlPlane:
             ("policy/v1/poddisruptionbudgets", ["vms"]),
             ("v1/events", ["vms"]),
             *(
-                (f"kubevirt.io/v1/{plural}", ["vms"])
+                (f"kubevirt.io/v1/{plural}", list[str | None](["vms"]))
                 for _, plural, _ in (VM_KINDS if self.vm_crds else VM_KINDS[:0])
             ),
-        ):
+        )
+        for kind, namespaces in kinds:
             for namespace in namespaces:
                 with contextlib.suppress(ApiError):
                     self.request(
