@@ -260,7 +260,7 @@ def shipped_rss(
             # has it compiled); the second is measured.
             for run, wait in (("warm-up", min(settle, WARM_UP_S)), ("measured", settle)):
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "vgpu_state.cli.main", *args],
+                    [sys.executable, *daemonset_flags(), "-m", "vgpu_state.cli.main", *args],
                     cwd=REPO,
                     env=shipped_env(),
                     stdout=subprocess.DEVNULL,
@@ -286,24 +286,36 @@ def shipped_rss(
 def shipped_env() -> dict[str, str]:
     """The shipped agent's environment: the DaemonSet's values, and the bytecode of
     every module compiled as the image has it (deploy/Dockerfile: ``-OO`` bytecode
-    without column tables, ``PYTHONNODEBUGRANGES``), kept in build/bench-pycache
-    (``PYTHONPYCACHEPREFIX``), whatever this machine's interpreter has compiled."""
+    without column tables), kept in build/bench-pycache (``PYTHONPYCACHEPREFIX``),
+    whatever this machine's interpreter has compiled."""
     env = {**os.environ, **daemonset_env()}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(REPO / "build" / "bench-pycache")
-    if env.get("PYTHONOPTIMIZE") == "2":
-        env["PYTHONNODEBUGRANGES"] = "1"
     return env
+
+
+def _agent_container() -> dict[str, Any]:
+    from ruamel.yaml import YAML
+
+    daemonset = YAML(typ="safe").load((REPO / "deploy" / "daemonset.yaml").read_text())
+    containers = daemonset["spec"]["template"]["spec"]["containers"]
+    agent: dict[str, Any] = next(c for c in containers if c["name"] == "agent")
+    return agent
+
+
+def daemonset_flags() -> list[str]:
+    """The interpreter's flags of the DaemonSet's ``command`` (``-OO -X no_debug_ranges``):
+    what stands between the interpreter and ``-m``."""
+    command = [str(c) for c in _agent_container().get("command") or ()]
+    if "-m" not in command:
+        return []
+    return command[1 : command.index("-m")]
 
 
 def daemonset_env() -> dict[str, str]:
     """The environment variables deploy/daemonset.yaml gives the agent's container as
     plain values (not those taken from the pod: the node's name, the namespace)."""
-    from ruamel.yaml import YAML
-
-    daemonset = YAML(typ="safe").load((REPO / "deploy" / "daemonset.yaml").read_text())
-    containers = daemonset["spec"]["template"]["spec"]["containers"]
-    agent = next(c for c in containers if c["name"] == "agent")
+    agent = _agent_container()
     return {e["name"]: str(e["value"]) for e in agent.get("env") or () if "value" in e}
 
 

@@ -274,6 +274,36 @@ def test_daemonset_passes_the_hosts_proc_and_sriov_manage(
     assert {"--proc-root", "--sriov-manage"} <= flags
 
 
+def test_the_agents_process_runs_with_oo_and_commands_in_its_container_keep_their_help(
+    manifests: list[dict[str, Any]],
+) -> None:
+    """The agent's process is started with ``-OO`` (its ``command``); the container's
+    environment does not optimize every process, so ``kubectl exec … vgpu-state plan
+    --help`` still shows the command's description."""
+    pod = only(manifests, "DaemonSet", AGENT)["spec"]["template"]["spec"]
+    [agent] = [c for c in pod["containers"] if c["name"] == "agent"]
+    command = agent["command"]
+    assert command[0] == "/opt/vgpu-state/bin/python"  # the image's venv (deploy/Dockerfile)
+    assert "/opt/vgpu-state" in (REPO / "deploy" / "Dockerfile").read_text()
+    assert "-OO" in command and command[-2:] == ["-m", "vgpu_state.cli.main"]
+    assert agent["args"][0] == "agent"
+    env = {e["name"] for e in agent.get("env") or ()}
+    assert "PYTHONOPTIMIZE" not in env and "PYTHONOPTIMIZE" not in str(agent)
+    import sys
+
+    flags = command[1 : command.index("-m")]
+    ran = subprocess.run(
+        [sys.executable, *flags, "-m", "vgpu_state.cli.main", "agent", "--help"],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    plain = subprocess.run(
+        [sys.executable, "-m", "vgpu_state.cli.main", "plan", "--help"],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert plain.returncode == 0 and "Examples:" in plain.stdout, plain.stdout
+
+
 def test_only_the_agent_container_is_privileged(manifests: list[dict[str, Any]]) -> None:
     pod = only(manifests, "DaemonSet", AGENT)["spec"]["template"]["spec"]
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")

@@ -108,6 +108,15 @@ def test_the_images_entrypoint_runs_as_root_and_as_the_controllers_user(
     assert "agent" in proc.stdout and "controller" in proc.stdout
 
 
+def agent_command() -> list[str]:
+    """The DaemonSet's ``command`` of the agent's container (the interpreter with ``-OO``
+    and the package's main module), as the image runs it."""
+    daemonset = YAML(typ="safe").load((REPO / "deploy" / "daemonset.yaml").read_text())
+    [agent] = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "agent"]  # fmt: skip
+    return [str(part) for part in agent["command"]]
+
+
 def kubeconfig_for_the_chroot(kube: ControlPlane, token: str, path: Path) -> None:
     """The agent's kubeconfig with the CA inline: the test's PKI is outside the chroot."""
     kube.write_kubeconfig(path, token=token)
@@ -136,7 +145,7 @@ def test_the_images_agent_converges_a_simulated_node(rootfs: Path, cluster: Cont
     kubeconfig_for_the_chroot(kube, kube.agent_token(NODE), work / "kubeconfig")
     log = work / "agent.log"
     args = [
-        "/opt/vgpu-state/bin/vgpu-state", "agent", "--node", NODE, "--mode", "plan-only",
+        *agent_command(), "agent", "--node", NODE, "--mode", "plan-only",
         "--config", "/work/config/config.yaml", "--kubeconfig", "/work/kubeconfig",
         "--sim", "/work/node.yaml", "--state-dir", "/work/state",
         "--in-use-file", "/work/in-use.json", "--no-device-plugin", "--no-kubevirt",
