@@ -91,7 +91,8 @@ class WithheldRecord(Frozen):
         if type(version) is not int or version != FORMAT_VERSION:
             raise WithheldFileError(f"format_version {version!r} is not {FORMAT_VERSION}")
         try:
-            return cls.model_validate(data, strict=True)
+            # The text's shape was checked above; JSON mode reads arrays as tuples.
+            return cls.model_validate_json(text, strict=True)
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "the record"
