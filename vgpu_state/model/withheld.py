@@ -71,10 +71,6 @@ class WithheldRecord(Frozen):
     """The fingerprint of the scan the agent planned from."""
     vgpus: tuple[WithheldVgpu, ...] = Field(default=(), max_length=MAX_WITHHELD_VGPUS)
 
-    def same_set(self, other: WithheldRecord | None) -> bool:
-        """``other`` withholds the same vGPUs for the same reasons (time and scan aside)."""
-        return other is not None and other.vgpus == self.vgpus
-
     def dumps(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
