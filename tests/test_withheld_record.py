@@ -105,9 +105,9 @@ def test_a_deferred_switch_records_the_withheld_vgpus_with_why_and_a_revert_remo
             (FREE_4A, GPU, "A2-4A", "a2"),
             (FREE_4Q, GPU, "A2-4Q", "a2"),
         ]
-        assert {v.reason for v in record.vgpus} == {
-            f"{WAITS}; to be moved: default/win-1"
-        }, record.vgpus[0].reason
+        assert {v.reason for v in record.vgpus} == {f"{WAITS}; to be moved: default/win-1"}, (
+            record.vgpus[0].reason
+        )
         # The file holds what the device plugin was told, no more, no less.
         assert plugin.withheld[-1] == {v.key for v in record.vgpus}
 
@@ -243,11 +243,15 @@ def test_scan_marks_the_recorded_withheld_vgpus_with_why(tmp_path: Path) -> None
     data = json.loads(out)
     marks = {v["uuid"]: v.get("withheld") for v in data["gpus"][0]["vgpus"]}
     assert marks[HELD_4C] is None
-    assert marks[FREE_4Q] == marks[FREE_4A] == {
-        "reason": f"{WAITS}; to be moved: default/win-1",
-        "config": "a2",
-        "recorded_at": "2026-11-29T00:31:00Z",
-    }
+    assert (
+        marks[FREE_4Q]
+        == marks[FREE_4A]
+        == {
+            "reason": f"{WAITS}; to be moved: default/win-1",
+            "config": "a2",
+            "recorded_at": "2026-11-29T00:31:00Z",
+        }
+    )
     assert data["withheld"]["types"] == {"A2-4A": 1, "A2-4Q": 1}
     assert data["withheld"]["recorded_at"] == "2026-11-29T00:31:00Z"
     assert data["withheld"]["snapshot_fingerprint"]
