@@ -187,6 +187,27 @@ def test_a_record_path_that_is_a_symlink_is_left_alone_with_one_warning(tmp_path
     assert len(warnings) == 1 and "is a symlink; refusing to replace it" in warnings[0]
 
 
+def test_a_holder_named_with_control_characters_or_at_length_is_recorded_fitted(
+    tmp_path: Path,
+) -> None:
+    """A holder's name comes from the kubelet, a claim or a process's ``/proc`` entry: what
+    the record says of it is fitted to the record's bounds, never a failed reconcile."""
+    path = tmp_path / "withheld.json"
+    warnings: list[str] = []
+    host = SimHost(a2_host(tmp_path))
+    holder = "process 4242 (\x1b[31mqemu" + "x" * 5000 + ")"
+    try:
+        _reconcile(
+            host, FakeCluster(NODE, in_use={HELD_4C: holder}), SWITCH, _recorder(path, warnings)
+        )
+    finally:
+        host.close()
+    (reason,) = {v.reason for v in _read(path).vgpus}
+    assert reason.startswith("switch deferred: waits for process 4242 (?[31mqemuxxx")
+    assert len(reason) == 4096 and reason.endswith("…")
+    assert warnings == []
+
+
 # scan's half --------------------------------------------------------------------------
 
 
@@ -312,6 +333,11 @@ def _many(path: Path) -> None:
     path.write_text(json.dumps({"format_version": 1, "written": "now", "vgpus": [entry] * 5000}))
 
 
+def _escape(path: Path) -> None:
+    entry = {"key": FREE_4Q, "gpu": GPU, "type": "A2-4Q", "reason": "\x1b[2J\x1b[31mgone"}
+    path.write_text(json.dumps({"format_version": 1, "written": "now", "vgpus": [entry]}))
+
+
 def _not_json(path: Path) -> None:
     path.write_bytes(b"\xff\xfe not json")
 
@@ -338,6 +364,7 @@ def _fifo(path: Path) -> None:
         (_wrong_types, "written: Input should be a valid string"),
         (_unknown_field, "run: Extra inputs are not permitted"),
         (_many, "vgpus: Tuple should have at most 4096 items"),
+        (_escape, "vgpus.0.reason: String should match pattern"),
         (_not_json, "not valid JSON (not UTF-8)"),
         (_symlink, "is a symlink"),
         (_directory, "is a directory"),

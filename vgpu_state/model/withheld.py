@@ -8,12 +8,13 @@ vGPUs it still finds on the host with the same type. Pure values and their text;
 file is :mod:`vgpu_state.statefiles.withheld`.
 
 The text is read as untrusted: nesting and value count bounded before it is parsed,
-each field's type and length checked, unknown fields refused.
+each field's type and length checked, control characters and unknown fields refused.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 
 from pydantic import Field, ValidationError
@@ -33,6 +34,10 @@ _MAX_VALUES = 16 * MAX_WITHHELD_VGPUS
 """JSON values one record's text may build (each vGPU has 5 fields)."""
 
 
+_TEXT = r"^[^\x00-\x1f\x7f-\x9f]*$"
+"""No control characters: ``scan`` prints these strings on a terminal."""
+
+
 class WithheldFileError(ValueError):
     """The text is not a withheld record; the message says where and what."""
 
@@ -40,15 +45,15 @@ class WithheldFileError(ValueError):
 class WithheldVgpu(Frozen):
     """One free vGPU not offered while its GPU's layout switch is pending."""
 
-    key: str = Field(min_length=1, max_length=256)
+    key: str = Field(min_length=1, max_length=256, pattern=_TEXT)
     """The vGPU's key (mdev UUID or VF address)."""
-    gpu: str = Field(min_length=1, max_length=64)
+    gpu: str = Field(min_length=1, max_length=64, pattern=_TEXT)
     """Its GPU's PCI address."""
-    type: str = Field(min_length=1, max_length=128)
+    type: str = Field(min_length=1, max_length=128, pattern=_TEXT)
     """Its type as the agent's scan named it (:attr:`Vgpu.type_label`)."""
-    reason: str = Field(min_length=1, max_length=MAX_REASON)
+    reason: str = Field(min_length=1, max_length=MAX_REASON, pattern=_TEXT)
     """Why: ``switch deferred: waits for <holders>`` or ``switch planned``."""
-    config: str = Field(default="", max_length=MAX_CONFIG)
+    config: str = Field(default="", max_length=MAX_CONFIG, pattern=_TEXT)
     """The config whose layout switch is pending."""
 
     def matches(self, gpu: str, vgpu: Vgpu) -> bool:
@@ -56,8 +61,13 @@ class WithheldVgpu(Frozen):
         return vgpu.key == self.key and gpu == self.gpu and vgpu.type_label == self.type
 
 
-def clipped(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters (the last one ``…`` when cut)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def fitted(text: str, limit: int) -> str:
+    """``text`` as a record field: control characters as ``?``, cut to ``limit``
+    characters (the last one ``…`` when cut)."""
+    text = _CONTROL.sub("?", text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -65,9 +75,9 @@ class WithheldRecord(Frozen):
     """The set an agent withholds, when it recorded it, and of which scan."""
 
     format_version: int = FORMAT_VERSION
-    written: str = Field(max_length=64)
+    written: str = Field(max_length=64, pattern=_TEXT)
     """When the agent wrote the record (ISO 8601, UTC)."""
-    snapshot_fingerprint: str | None = Field(default=None, max_length=128)
+    snapshot_fingerprint: str | None = Field(default=None, max_length=128, pattern=_TEXT)
     """The fingerprint of the scan the agent planned from."""
     vgpus: tuple[WithheldVgpu, ...] = Field(default=(), max_length=MAX_WITHHELD_VGPUS)
 

@@ -17,7 +17,7 @@ from vgpu_state.model.status import (
     NodeStatus,
     PendingSwitch,
 )
-from vgpu_state.model.withheld import MAX_CONFIG, MAX_REASON, WithheldVgpu, clipped
+from vgpu_state.model.withheld import MAX_CONFIG, MAX_REASON, WithheldVgpu, fitted
 from vgpu_state.reconcile.report import Report
 
 
@@ -81,9 +81,9 @@ def withheld_vgpus(
             WithheldVgpu(
                 key=k,
                 gpu=str(g.address),
-                type=clipped(types.get(k, "unknown"), 128),
-                reason=clipped(reason, MAX_REASON),
-                config=clipped(plan.selection.config, MAX_CONFIG),
+                type=fitted(types.get(k, "unknown"), 128),
+                reason=fitted(reason, MAX_REASON),
+                config=fitted(plan.selection.config, MAX_CONFIG),
             )
             for k in mine
         )
