@@ -208,6 +208,9 @@ def test_agent_dra_flag_wires_the_dra_node_into_the_reconcile(
     )
     plain = build(AgentFlags(**common))  # type: ignore[arg-type]
     assert plain.parts.ports.dra.inner is None  # type: ignore[attr-defined]
+    # What the agent withholds is recorded in its state directory, for `vgpu-state scan`.
+    recorder = plain.parts.ports.withheld
+    assert recorder.file.path == base / "state" / "withheld.json"  # type: ignore[attr-defined]
     assert not isinstance(plain.parts.ports.cluster, ClaimsHoldVgpus)
 
     flags = AgentFlags(

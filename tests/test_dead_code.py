@@ -91,6 +91,7 @@ ALLOWED: dict[str, str] = {
     "kube/nodestate.py:observed_generation": "a VGPUNodeState field, written by model_dump",
     "kube/nodestate.py:vgpu_count": "a VGPUNodeState status field, written by model_dump",
     "model/plan.py:format_version": "a field of the plan's JSON, written by model_dump",
+    "model/withheld.py:format_version": "a field of withheld.json, written by model_dump",
     "sim/fuse.py:mounted": "the simulator mounted for a block, for tests and benchmarks",
     "sim/tree.py:creatable_text": "the simulated creatable_vgpu_types text, its tests read it",
     # Unused since `fleet plan` streams pages (kube.fleet.fleet_pages); kept while the

@@ -9,14 +9,18 @@ the CDI directory is the one container runtimes read.
 from __future__ import annotations
 
 STATE_DIR = "/var/lib/vgpu-state"
-"""A node's state directory: the journal, the host lock and the driver's type lists
-(the agent's ``--state-dir``; ``vgpu-state apply`` on the node uses the same files)."""
+"""A node's state directory: the journal, the host lock, the driver's type lists and
+the vGPUs the agent withholds (the agent's ``--state-dir``; ``vgpu-state apply`` on the
+node uses the same files)."""
 JOURNAL_FILE = "journal.jsonl"
 """The apply journal's name in a state directory."""
 LOCK_FILE = "apply.lock"
 """The host lock's name in a state directory."""
 DRIVER_TYPES_FILE = "driver-types.json"
 """The name, in a state directory, of the vGPU types the driver listed."""
+WITHHELD_FILE = "withheld.json"
+"""The name, in a state directory, of the free vGPUs the agent withholds while a layout
+switch is pending (``in-use: evacuate``), which ``vgpu-state scan`` reads."""
 
 SYSFS_ROOT = "/sys"
 """Where sysfs is mounted (``--sysfs-root``; the DaemonSet mounts the host's)."""

@@ -35,7 +35,7 @@ from vgpu_state.ports import (
     NoClusterPlan,
 )
 from vgpu_state.reconcile import Ports, Settings
-from vgpu_state.statefiles import StateDir
+from vgpu_state.statefiles import StateDir, WithheldFile, WithheldRecorder
 from vgpu_state.wellknown import (
     CDI_DIR,
     KUBELET_DEVICE_PLUGIN_DIR,
@@ -183,6 +183,10 @@ def build(flags: AgentFlags) -> Agent:
         dra,
         processes=cluster,
         kubevirt=cluster if flags.manage_kubevirt else NoClusterPlan(),
+        # What the device plugin and DRA withhold, for `vgpu-state scan` on the node.
+        withheld=WithheldRecorder(
+            WithheldFile(state.withheld), lambda message: log.warning("%s", message)
+        ),
     )
     slots = RolloutSlots(api, flags.namespace, flags.node, lease_seconds=flags.lease_seconds)
     if node.sim is not None:

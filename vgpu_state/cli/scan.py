@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,8 +30,32 @@ from vgpu_state.cli.session import warn
 from vgpu_state.compose import NodeSettings, open_node
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
+from vgpu_state.model.withheld import WithheldRecord, WithheldVgpu, still_on_host
 from vgpu_state.planner.fits import still_fits
 from vgpu_state.reconcile.once import holders
+from vgpu_state.statefiles import WithheldFile
+
+
+class Withheld:
+    """The vGPUs the node's agent recorded as withheld that the scan still shows with the
+    same type (:func:`~vgpu_state.model.withheld.still_on_host`), and when it recorded them."""
+
+    def __init__(self, record: WithheldRecord | None, snapshot: NodeSnapshot) -> None:
+        self.record = record
+        self.vgpus: Mapping[str, WithheldVgpu] = (
+            still_on_host(record, snapshot) if record is not None else {}
+        )
+
+    def why(self, key: str) -> str | None:
+        """``withheld (<reason>; config <name>; recorded by the agent at <time>)``."""
+        w = self.vgpus.get(key)
+        if w is None or self.record is None:
+            return None
+        config = f"; config {w.config}" if w.config else ""
+        return f"withheld ({w.reason}{config}; recorded by the agent at {self.record.written})"
+
+    def per_type(self) -> dict[str, int]:
+        return dict(sorted(Counter(w.type for w in self.vgpus.values()).items()))
 
 
 def _fits_rows(gpu: Gpu, catalog: Catalog) -> str:
@@ -59,9 +84,12 @@ def print_snapshot(
     console: Console,
     held: Mapping[str, str] | None = None,
     catalog: Catalog | None = None,
+    withheld: Withheld | None = None,
 ) -> None:
-    """The snapshot as one table per GPU; ``held``: vGPU key → holder."""
+    """The snapshot as one table per GPU; ``held``: vGPU key → holder; ``withheld``: what
+    the node's agent recorded as not offered."""
     held = held or {}
+    withheld = withheld or Withheld(None, snapshot)
     catalog = catalog or default_catalog()
     title = f"node {snapshot.node or '(unnamed)'} — sysfs {snapshot.sysfs_root}"
     if not snapshot.gpus:
@@ -88,10 +116,21 @@ def print_snapshot(
             free = len(gpu.vgpus) - len(holding)
             holding.append(f"{free} free" if holding else f"none of {len(gpu.vgpus)}")
             table.add_row("held", "\n".join(holding))
+            marked = [(v.key, withheld.why(v.key)) for v in gpu.vgpus]
+            lines = [f"{key}: {why}" for key, why in marked if why is not None]
+            if lines:
+                table.add_row("withheld", "\n".join(lines))
         table.add_row("still fits", _fits_rows(gpu, catalog))
         if gpu.problems:
             table.add_row("problems", "\n".join(gpu.problems), style="yellow")
         console.print(table)
+    counts = withheld.per_type()
+    if counts and withheld.record is not None:
+        listed = ", ".join(f"{name} ×{n}" for name, n in counts.items())
+        console.print(
+            f"withheld: {listed} (free, not offered by the device plugin or DRA while the "
+            f"layout switch is pending; recorded by the agent at {withheld.record.written})"
+        )
     for problem in snapshot.problems:
         line = Text("problem:", style="yellow")
         line.append(f" {problem}")
@@ -130,10 +169,12 @@ def scan(
     """Show the node's NVIDIA GPUs, their vGPU layout, its vGPUs and which pod, VM or
     process holds each, and how many more vGPUs of each type still fit.
 
-    Reads sysfs (and /proc for holders) only; changes nothing. It reads no config, so
-    it cannot tell which free vGPUs a pending layout switch withholds (in-use:
-    evacuate): `vgpu-state plan` shows them, and the node's VGPUNodeState status
-    (capacity[].withheld, gpus[].switch).
+    Reads sysfs (and /proc for holders) and the node's state directory only; changes
+    nothing. The free vGPUs the node's agent withholds while a layout switch is pending
+    (in-use: evacuate) are marked "withheld" with why, from what the agent recorded
+    (withheld.json in the state directory); a vGPU gone since, or now of another type,
+    is not. `vgpu-state plan` and the node's VGPUNodeState status (capacity[].withheld,
+    gpus[].switch) say the same from the config.
 
     \b
     Examples:
@@ -148,6 +189,7 @@ def scan(
     try:
         given = parse_in_use(in_use, in_use_file)
         catalog = default_catalog()
+        files = session_state_dir(sim_spec, directory=state_dir)
         # What the driver listed before names the vGPUs of a full GPU (docs/apply.md).
         opened = open_node(
             NodeSettings(
@@ -155,7 +197,7 @@ def scan(
                 sim_spec=sim_spec,
                 sysfs_root=sysfs_root,
                 name=node or "",
-                driver_types=session_state_dir(sim_spec, directory=state_dir).driver_types,
+                driver_types=files.driver_types,
                 proc_root=proc_root,
             ),
             warn,
@@ -172,25 +214,55 @@ def scan(
             opened.close()
     except VgpuStateError as e:
         report(e.reason.value, e.kind.value, str(e))
+    record, problem = WithheldFile(files.withheld).load()
+    if problem is not None:
+        warnings.append(problem)
+    withheld = Withheld(record, snapshot)
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     if output == "json":
-        click.echo(json.dumps(scan_json(snapshot, held, catalog), indent=2))
+        click.echo(json.dumps(scan_json(snapshot, held, catalog, withheld), indent=2))
     else:
-        # Names and values come from sysfs and spec files: print them as text, never markup.
-        print_snapshot(snapshot, make_console(markup=False, soft_wrap=False), held, catalog)
+        # Names and values come from sysfs, spec and state files: print them as text, never
+        # markup.
+        console = make_console(markup=False, soft_wrap=False)
+        print_snapshot(snapshot, console, held, catalog, withheld)
     if snapshot.error is not None:
         # The snapshot (on stdout) says what was read; the exit code says it is incomplete.
         click.echo(f"error: {snapshot.error}", err=True)
         sys.exit(1)
 
 
-def scan_json(snapshot: NodeSnapshot, held: Mapping[str, str], catalog: Catalog) -> dict[str, Any]:
+def scan_json(
+    snapshot: NodeSnapshot,
+    held: Mapping[str, str],
+    catalog: Catalog,
+    withheld: Withheld | None = None,
+) -> dict[str, Any]:
     """The snapshot as JSON, each vGPU with ``held_by`` (its holder, or null) and each GPU
-    with ``still_fits`` (per type: how many more fit now, each count alone)."""
+    with ``still_fits`` (per type: how many more fit now, each count alone).
+
+    When the node's agent recorded withheld vGPUs the scan still shows: each of them has
+    ``withheld`` (``reason``, ``config``, ``recorded_at``) and the snapshot ``withheld``
+    (``recorded_at``, ``snapshot_fingerprint``, ``types``: count per type); absent
+    otherwise."""
     data: dict[str, Any] = json.loads(snapshot.model_dump_json())
+    marked = withheld.vgpus if withheld is not None else {}
     for gpu, out in zip(snapshot.gpus, data["gpus"], strict=True):
         out["still_fits"] = [f.model_dump(exclude_none=True) for f in still_fits(gpu, catalog)]
         for v, vout in zip(gpu.vgpus, out["vgpus"], strict=True):
             vout["held_by"] = held.get(v.key)
+            w = marked.get(v.key)
+            if w is not None and withheld is not None and withheld.record is not None:
+                vout["withheld"] = {
+                    "reason": w.reason,
+                    "config": w.config,
+                    "recorded_at": withheld.record.written,
+                }
+    if marked and withheld is not None and withheld.record is not None:
+        data["withheld"] = {
+            "recorded_at": withheld.record.written,
+            "snapshot_fingerprint": withheld.record.snapshot_fingerprint,
+            "types": withheld.per_type(),
+        }
     return data

@@ -7,6 +7,7 @@
 * :class:`DevicePluginSink` — what learns the node's vGPUs after each apply.
 * :class:`ProcessHolders` — which vGPUs the node's processes hold open (``/proc``).
 * :class:`ClusterPlanner` — the cluster's part of a plan and its blockers (the KubeVirt CR).
+* :class:`WithheldSink` — where an agent records the vGPUs it withholds (for ``scan``).
 
 Each is a ``Protocol``: an implementation needs no import from here.
 ``vgpu_state.testing`` has recording fakes of each for tests.
@@ -18,6 +19,7 @@ from vgpu_state.ports.config import ConfigSource
 from vgpu_state.ports.deviceplugin import DevicePluginSink, NoDevicePlugin
 from vgpu_state.ports.host import HostPort
 from vgpu_state.ports.processes import NoProcesses, ProcessHolders
+from vgpu_state.ports.withheld import NoWithheldRecord, WithheldSink
 
 __all__ = [
     "ClusterPlanner",
@@ -29,5 +31,7 @@ __all__ = [
     "NoClusterPlan",
     "NoDevicePlugin",
     "NoProcesses",
+    "NoWithheldRecord",
     "ProcessHolders",
+    "WithheldSink",
 ]

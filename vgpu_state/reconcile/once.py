@@ -42,6 +42,7 @@ from vgpu_state.ports import (
     NoProcesses,
     ProcessHolders,
 )
+from vgpu_state.ports.withheld import NoWithheldRecord, WithheldSink
 from vgpu_state.reconcile.deferred import deferred_replanner
 from vgpu_state.reconcile.report import Inputs, QuietReporter, Report, Reporter
 from vgpu_state.reconcile.settings import Settings
@@ -52,6 +53,7 @@ from vgpu_state.reconcile.status import (
     node_status,
     still_withheld,
     withheld_keys,
+    withheld_vgpus,
 )
 from vgpu_state.statefiles import HostLock, Journal
 
@@ -79,6 +81,9 @@ class Ports:
     """The node's processes holding a vGPU open (``/proc``), read on every reconcile."""
     kubevirt: ClusterPlanner = field(default_factory=NoClusterPlan)
     """The plan's cluster part: the KubeVirt CR entries it implies, and the CR's blockers."""
+    withheld: WithheldSink = field(default_factory=NoWithheldRecord)
+    """Records what the device plugin and DRA are told to withhold, with why (the
+    agent's ``withheld.json``, which ``vgpu-state scan`` reads)."""
 
 
 class NoConfigSelectedError(SelectionError):
@@ -302,7 +307,7 @@ def reconcile_once(
         with lock:
             inputs, plan = read_and_plan(ports, settings, hear, config_name, document)
             if mode is Mode.APPLY:
-                withhold(ports, withheld_keys(plan))
+                withhold(ports, withheld_keys(plan), plan, inputs.snapshot)
             warning = str(ports.config.error) if ports.config.error else None
             if mode is Mode.PLAN:
                 report = Report(
@@ -329,8 +334,12 @@ def reconcile_once(
         publish(ports, report)
         for event in applied_events(report):
             ports.cluster.emit_event(event)
-    elif withheld_keys(report.plan):
+    elif keys := withheld_keys(report.plan):
         # Waiting for a rollout slot with capacity withheld: the status says so meanwhile.
+        ports.withheld.record(
+            withheld_vgpus(report.plan, report.inputs.snapshot, keys, declined=True),
+            report.plan.snapshot_fingerprint,
+        )
         waiting = dataclasses.replace(
             report, differences=differences(report.inputs.desired, report.final)
         )
@@ -338,10 +347,21 @@ def reconcile_once(
     return report
 
 
-def withhold(ports: Ports, keys: frozenset[str]) -> None:
-    """The device plugin and DRA offer none of ``keys`` from now on (every other vGPU again)."""
+def withhold(
+    ports: Ports,
+    keys: frozenset[str],
+    plan: Plan | None = None,
+    snapshot: NodeSnapshot | None = None,
+) -> None:
+    """The device plugin and DRA offer none of ``keys`` from now on (every other vGPU
+    again); ``ports.withheld`` records them with why (from ``plan`` and the types in
+    ``snapshot``; without a plan, nothing is withheld)."""
     ports.device_plugin.withhold(keys)
     ports.dra.withhold(keys)
+    if plan is None or snapshot is None:
+        ports.withheld.record((), None)
+    else:
+        ports.withheld.record(withheld_vgpus(plan, snapshot, keys), plan.snapshot_fingerprint)
 
 
 def publish(ports: Ports, report: Report, *, enforcing: bool = True) -> None:
@@ -355,7 +375,8 @@ def publish(ports: Ports, report: Report, *, enforcing: bool = True) -> None:
     """
     ports.device_plugin.refresh(report.advertised)
     ports.dra.refresh(report.channels.dra)
-    withhold(ports, still_withheld(report) if enforcing else frozenset())
+    withheld = still_withheld(report) if enforcing else frozenset()
+    withhold(ports, withheld, report.plan, report.final)
     ports.cluster.report_status(node_status(report, enforcing=enforcing))
 
 

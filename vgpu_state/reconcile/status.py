@@ -17,6 +17,7 @@ from vgpu_state.model.status import (
     NodeStatus,
     PendingSwitch,
 )
+from vgpu_state.model.withheld import MAX_CONFIG, MAX_REASON, WithheldVgpu, fitted
 from vgpu_state.reconcile.report import Report
 
 
@@ -50,6 +51,43 @@ def still_withheld(report: Report) -> frozenset[str]:
 
 SWITCH_NAMED = 3
 """How many holders a pending switch's message names; the rest are counted."""
+
+
+def withheld_vgpus(
+    plan: Plan, snapshot: NodeSnapshot, keys: frozenset[str], *, declined: bool = False
+) -> tuple[WithheldVgpu, ...]:
+    """``keys`` (of :func:`withheld_keys`) as the agent records them for ``scan``: each
+    with its GPU, its type in ``snapshot`` and why (``switch deferred: waits for
+    <holders>``, or ``switch planned``; ``declined``: the plan waits for a rollout slot).
+    Sorted by GPU and key."""
+    if not keys:
+        return ()
+    types = {v.key: v.type_label for g in snapshot.gpus for v in g.vgpus}
+    out: list[WithheldVgpu] = []
+    for g in plan.gpus:
+        mine = sorted(k for k in g.withheld if k in keys)
+        if not mine:
+            continue
+        d = g.deferred_switch
+        if d is not None:
+            waits = _holders_text(d.waits_for) if d.waits_for else f"{len(d.in_the_way)} vGPU(s)"
+            reason = f"switch deferred: waits for {waits}"
+            if d.moves:
+                moving = tuple(m.vm or m.holder for m in d.moves)
+                reason += f"; to be moved: {_holders_text(moving)}"
+        else:
+            reason = "switch planned" + ("; waiting for a rollout slot" if declined else "")
+        out.extend(
+            WithheldVgpu(
+                key=k,
+                gpu=str(g.address),
+                type=fitted(types.get(k, "unknown"), 128),
+                reason=fitted(reason, MAX_REASON),
+                config=fitted(plan.selection.config, MAX_CONFIG),
+            )
+            for k in mine
+        )
+    return tuple(out)
 
 
 def _departing(report: Report, g: GpuPlan) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""A node's state files: the journal, the host lock and the driver's type lists.
+"""A node's state files: the journal, the host lock, the driver's type lists and what the
+agent withholds.
 
 Every file vgpu-state keeps between runs lives here, named by one
 :class:`StateDir` and opened by one rule (:mod:`~vgpu_state.statefiles.safeopen`:
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from vgpu_state.statefiles.lock import HostLock, LockTimeoutError
     from vgpu_state.statefiles.safeopen import StateFileError
     from vgpu_state.statefiles.statedir import DEFAULT_STATE_DIR, StateDir
+    from vgpu_state.statefiles.withheld import WithheldFile, WithheldRecorder
 
 _MODULES = {
     "DEFAULT_STATE_DIR": "vgpu_state.statefiles.statedir",
@@ -30,6 +32,8 @@ _MODULES = {
     "StateDir": "vgpu_state.statefiles.statedir",
     "StateFileError": "vgpu_state.statefiles.safeopen",
     "UnfinishedPlan": "vgpu_state.statefiles.journal",
+    "WithheldFile": "vgpu_state.statefiles.withheld",
+    "WithheldRecorder": "vgpu_state.statefiles.withheld",
 }
 
 __all__ = [
@@ -44,6 +48,8 @@ __all__ = [
     "StateDir",
     "StateFileError",
     "UnfinishedPlan",
+    "WithheldFile",
+    "WithheldRecorder",
 ]
 
 
