@@ -91,7 +91,6 @@ class ClientParts:
 
     api_client: Any
     configuration: Any
-    config_exception: type[Exception]
     load_incluster_config: Callable[..., None]
 
 
@@ -105,7 +104,6 @@ def client_parts() -> ClientParts:
             {"dateutil.parser": "parse", "multiprocessing.pool": "ThreadPool"},
         ).ApiClient,
         configuration=_import("kubernetes.client.configuration").Configuration,
-        config_exception=_import("kubernetes.config.config_exception").ConfigException,
         load_incluster_config=_import("kubernetes.config.incluster_config").load_incluster_config,
     )
 

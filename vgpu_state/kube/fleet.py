@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal, overload
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_core import from_json
 
 from vgpu_state.kube import nodestate
@@ -35,6 +35,7 @@ from vgpu_state.kube.nodestate import (
 )
 from vgpu_state.model import bounded
 from vgpu_state.model.fleet import ReportedNode, Unknown, UnknownReason
+from vgpu_state.model.frozen import Tolerant
 from vgpu_state.model.snapshot import scan_problem
 
 DEFAULT_CHUNK_SIZE = 500
@@ -247,22 +248,19 @@ def reported_nodes(
             yield reported_node(name, obj, labels.get(name), decoder)
 
 
-class _Metadata(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Metadata(Tolerant):
     name: Any = None
 
 
-class _Item(BaseModel):
+class _Item(Tolerant):
     """A ``VGPUNodeState`` of a list: its name, and its status validated as
     :func:`_status` first validates it (else as it is, for :func:`reported_node`)."""
 
-    model_config = ConfigDict(extra="ignore")
     metadata: _Metadata = _Metadata()
     status: Annotated[VGPUNodeStateStatus | Any, Field(union_mode="left_to_right")] = None
 
 
-class _List(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _List(Tolerant):
     items: list[_Item] | None = None
 
 

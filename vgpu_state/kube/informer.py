@@ -312,7 +312,7 @@ def events(response: Any, name: str, limit: int = MAX_EVENT_BYTES) -> Iterator[J
     """The JSON events of a watch stream, one per line, each line refused past ``limit``
     bytes before it is decoded and decoded with its nesting bounded."""
     buffer = bytearray()
-    for chunk in response.stream(amt=None, decode_content=False):
+    for chunk in response.stream(amt=None):
         buffer += chunk
         start = 0
         while (end := buffer.find(b"\n", start)) >= 0:

@@ -232,7 +232,7 @@ class Response:
             self.release_conn()
         return data
 
-    def stream(self, amt: int | None = None, decode_content: bool = False) -> Iterator[bytes]:
+    def stream(self, amt: int | None = None) -> Iterator[bytes]:
         """The body's bytes as they arrive (each piece at most ``amt`` or 64 KiB)."""
         size = amt or _PIECE
         while True:

@@ -239,7 +239,7 @@ class NodeWatch(BackgroundLoop):
 def _events(response: Response) -> Iterator[dict[str, Any]]:
     """The JSON events of a watch stream, one per line."""
     buffer = b""
-    for chunk in response.stream(amt=None, decode_content=False):
+    for chunk in response.stream(amt=None):
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:

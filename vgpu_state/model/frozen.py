@@ -20,6 +20,14 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class Tolerant(BaseModel):
+    """A model of an envelope read from the API server (a list page, an item's metadata):
+    keys it does not know are dropped, not errors. Only for the wrapping; what is
+    believed of a node's report is validated by the :class:`Frozen` models inside."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
 M = TypeVar("M", bound=Frozen)
 
 _set = object.__setattr__
