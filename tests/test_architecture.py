@@ -171,11 +171,16 @@ def test_the_simulator_starts_without_the_cli() -> None:
 def test_nothing_below_the_shells_reads_the_environment_or_argv() -> None:
     """Settings are passed down: only the CLI and the agent read flags and environment.
 
-    The Kubernetes adapter may look for the in-cluster service environment when
-    it loads the official client's configuration, as that client itself does.
+    The Kubernetes adapter may read what the official client and kubectl read when
+    they load credentials and connect: the in-cluster service environment and
+    ``KUBECONFIG`` (kube/credentials.py) and the proxy variables
+    ``HTTPS_PROXY``/``NO_PROXY`` (kube/transport.py).
     """
     shells = {"cli", "agent"}
-    allowed = {"kube/api.py: os.environ"}
+    allowed = {
+        "kube/credentials.py: os.environ",
+        "kube/transport.py: os.environ",
+    }
     offenders = []
     for path in sorted((REPO / "vgpu_state").rglob("*.py")):
         rel = path.relative_to(REPO / "vgpu_state")
