@@ -18,11 +18,9 @@ directory at its path is left alone and reported.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +28,7 @@ from pathlib import Path
 from vgpu_state.inputfiles import MiB
 from vgpu_state.model.drivertypes import DriverTypes, DriverTypesError
 from vgpu_state.model.snapshot import NodeSnapshot
-from vgpu_state.statefiles.safeopen import StateFileError, open_state_file
+from vgpu_state.statefiles.safeopen import StateFileError, open_state_file, replace_atomically
 
 MAX_DRIVER_TYPES_BYTES = 1 * MiB
 _WHAT = "driver-types file"
@@ -116,23 +114,7 @@ class DriverTypesFile:
                     f"{self.path}: the {_WHAT} is {kind}; refusing to replace it "
                     "(remove it or name another state directory)"
                 )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
-        )
-        try:
-            os.write(fd, table.dumps().encode())
-            os.fsync(fd)
-            os.fchmod(fd, 0o644)
-            os.close(fd)
-            fd = -1
-            os.replace(tmp, self.path)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_atomically(self.path, table.dumps())
 
     def memory(self, warn: Callable[[str], None], *, record: bool = True) -> DriverTypeMemory:
         """A node's memory starting from this file; a file that cannot be used is passed

@@ -9,9 +9,11 @@ check and the open is refused too.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from vgpu_state.inputfiles import file_kind
@@ -53,3 +55,23 @@ def open_state_file(path: Path, flags: int, what: str, mode: int = 0o644) -> int
         os.close(fd)
         raise StateFileError(f"{path}: the {what} is {_kind(st.st_mode)}; refusing to use it")
     return fd
+
+
+def replace_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` (fsynced, mode 0644) and rename
+    it over ``path``: a reader sees the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+        os.fchmod(fd, 0o644)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -19,14 +19,13 @@ import datetime
 import errno
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from vgpu_state.inputfiles import MiB
 from vgpu_state.model.withheld import WithheldFileError, WithheldRecord, WithheldVgpu
-from vgpu_state.statefiles.safeopen import StateFileError, open_state_file
+from vgpu_state.statefiles.safeopen import StateFileError, open_state_file, replace_atomically
 
 MAX_WITHHELD_BYTES = 1 * MiB
 _WHAT = "withheld record"
@@ -83,23 +82,7 @@ class WithheldFile:
     def save(self, record: WithheldRecord) -> None:
         """Replace the file with ``record``; raises :class:`StateFileError` or ``OSError``."""
         _refuse_other_kinds(self.path, "replace")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
-        )
-        try:
-            os.write(fd, record.dumps().encode())
-            os.fsync(fd)
-            os.fchmod(fd, 0o644)
-            os.close(fd)
-            fd = -1
-            os.replace(tmp, self.path)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_atomically(self.path, record.dumps())
 
     def remove(self) -> None:
         """Remove the file (nothing is withheld); raises :class:`StateFileError` or
