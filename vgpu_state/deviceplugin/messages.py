@@ -1,7 +1,7 @@
 """The device plugin API's messages (``v1beta1``, v1beta1/api.proto), written and read by
 :mod:`vgpu_state.protowire`: what the plugin sends the kubelet and the requests it reads.
 
-The field numbers are api.proto's; tests/test_deviceplugin_messages.py reads every
+The field numbers are api.proto's; tests/test_protowire.py reads every
 message back with the generated classes (and writes the requests with them).
 """
 
@@ -89,15 +89,7 @@ def allocate_response(containers: list[ContainerAllocation]) -> bytes:
     """``AllocateResponse``."""
     out = []
     for c in containers:
-        specs = b"".join(
-            w.message(
-                3,
-                w.string(1, d.container_path)
-                + w.string(2, d.host_path)
-                + w.string(3, d.permissions),
-            )
-            for d in c.devices
-        )
+        specs = b"".join(w.message(3, _device_spec(d)) for d in c.devices)
         out.append(w.message(1, w.string_map(1, c.envs) + specs))
     return b"".join(out)
 

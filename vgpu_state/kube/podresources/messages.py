@@ -3,7 +3,7 @@
 allocated, by resource. The rest of the answer (CPUs, memory, dynamic resources)
 is skipped unread.
 
-The field numbers are api.proto's; tests/test_kube_podresources_messages.py
+The field numbers are api.proto's; tests/test_protowire.py
 writes the answers with the generated classes and reads them here.
 """
 
