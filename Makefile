@@ -61,7 +61,7 @@ test: lint
 # tests of the code that calls those packages: the Kubernetes adapters, the controller
 # and `fleet plan` against the real API server (kubernetes), the device plugin and DRA
 # (grpcio, protobuf), the config loader (ruamel.yaml, pydantic), the commands (click,
-# rich), the agent's config watch (watchfiles), metrics (prometheus-client) and the
+# rich), metrics (prometheus-client) and the
 # webhook's certificates (cryptography). About 3 minutes on 2 cores (bench/RESULTS.md).
 LOWEST     := .venv-lowest
 LOWEST_BIN := $(LOWEST)/bin
@@ -72,7 +72,7 @@ LOWEST_TESTS := \
 	tests/test_dra_plugin.py tests/test_dra_protos.py tests/test_kubelet_dra.py \
 	tests/test_protos.py \
 	tests/test_config_*.py tests/test_cli_*.py \
-	tests/test_agent_configwatch.py tests/test_agent_health.py tests/test_agent_device_plugin.py \
+	tests/test_agent_health.py tests/test_agent_device_plugin.py \
 	tests/test_controller_real.py tests/test_fleet_plan.py tests/test_webhook.py
 
 $(LOWEST_BIN)/.installed: pyproject.toml

@@ -56,7 +56,7 @@ def test_the_package_keeps_every_contract() -> None:
         ("statefiles/drivertypes.py", "import click", "state files stand on the model"),
         ("planner/plan.py", "import vgpu_state.host", "Layers point down"),
         ("planner/plan.py", "import pathlib", "No file or process I/O in model"),
-        ("config/loader.py", "import watchfiles", "Pure core never imports I/O libraries"),
+        ("config/loader.py", "import jsonpatch", "Pure core never imports I/O libraries"),
         ("statefiles/journal.py", "import kubernetes", "only in their adapter packages"),
         ("config/selection.py", "import vgpu_state.testing", "never imports the test fakes"),
         ("dra/slices.py", "import grpc", "DRA pool, claims and prepare code load neither"),

@@ -199,7 +199,6 @@ def agent(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("watchfiles").setLevel(logging.WARNING)
     from vgpu_state.agent.assemble import AgentFlags, build
     from vgpu_state.cli.session import sriov_manage_command
 

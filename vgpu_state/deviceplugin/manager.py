@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING
 import grpc
 
 from vgpu_state.background import BackgroundLoop, Backoff
+from vgpu_state.deviceplugin import messages
 from vgpu_state.deviceplugin.health import present_in_sysfs
 from vgpu_state.deviceplugin.inventory import Device, ResourceInventory, inventory
 from vgpu_state.deviceplugin.server import FileIdentity, ResourceServer, file_identity
-from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
-from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from vgpu_state.model.errors import UserError
 from vgpu_state.model.resources import DEFAULT_DOMAIN
 from vgpu_state.model.snapshot import NodeSnapshot
@@ -40,7 +39,6 @@ from vgpu_state.wellknown import KUBELET_DEVICE_PLUGIN_DIR, KUBELET_DEVICE_PLUGI
 
 log = logging.getLogger("vgpu_state.deviceplugin")
 
-API_VERSION = "v1beta1"
 DEFAULT_PLUGIN_DIR = KUBELET_DEVICE_PLUGIN_DIR
 KUBELET_SOCKET = KUBELET_DEVICE_PLUGIN_SOCKET
 SOCKET_PREFIX = "vgpu-state-"
@@ -364,15 +362,15 @@ class DevicePluginManager:
 
     def _register(self, plugin: _Plugin, kubelet: FileIdentity) -> None:
         server = plugin.server
-        request = pb.RegisterRequest(
-            version=API_VERSION,
-            endpoint=os.path.basename(server.socket_path),
-            resource_name=server.resource,
-            options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+        endpoint = os.path.basename(server.socket_path)
+        request = messages.register_request(
+            endpoint,
+            server.resource,
+            messages.options(pre_start_required=False, get_preferred_allocation_available=True),
         )
         try:
             with grpc.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
-                pb_grpc.RegistrationStub(channel).Register(request, timeout=self.register_timeout)
+                channel.unary_unary(messages.REGISTER)(request, timeout=self.register_timeout)
         except grpc.RpcError as e:
             if kubelet != plugin.failed_for:
                 plugin.quick_retries = 0
@@ -396,7 +394,7 @@ class DevicePluginManager:
         plugin.registered_to = kubelet
         plugin.failures = 0
         plugin.registrations += 1
-        log.info("%s: registered with the kubelet as %s", server.resource, request.endpoint)
+        log.info("%s: registered with the kubelet as %s", server.resource, endpoint)
         self._changed()
 
     def _check_health(self, plugin: _Plugin) -> None:

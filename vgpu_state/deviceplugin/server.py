@@ -16,10 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
+from vgpu_state.deviceplugin import messages as m
 from vgpu_state.deviceplugin.allocation import (
     AllocationError,
     UnknownDevicesError,
@@ -27,8 +28,7 @@ from vgpu_state.deviceplugin.allocation import (
     preferred,
 )
 from vgpu_state.deviceplugin.inventory import HEALTHY, UNHEALTHY, ResourceInventory
-from vgpu_state.deviceplugin.v1beta1 import api_pb2 as pb
-from vgpu_state.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from vgpu_state.protowire import WireError
 
 log = logging.getLogger("vgpu_state.deviceplugin")
 
@@ -54,23 +54,16 @@ def file_identity(path: str) -> FileIdentity | None:
 
 def device_list(
     inv: ResourceInventory, unhealthy: frozenset[str], withheld: frozenset[str] = frozenset()
-) -> pb.ListAndWatchResponse:
-    """Every device of ``inv`` but the ``withheld`` ones, each Healthy or Unhealthy."""
-    devices = []
-    for d in inv.devices:
-        if d.id in withheld:
-            continue
-        topology = (
-            pb.TopologyInfo(nodes=[pb.NUMANode(ID=d.numa_node)])
-            if d.numa_node is not None
-            else None
-        )
-        devices.append(
-            pb.Device(
-                ID=d.id, health=UNHEALTHY if d.id in unhealthy else HEALTHY, topology=topology
-            )
-        )
-    return pb.ListAndWatchResponse(devices=devices)
+) -> bytes:
+    """The ``ListAndWatchResponse`` of every device of ``inv`` but the ``withheld`` ones,
+    each Healthy or Unhealthy."""
+    return m.list_and_watch_response(
+        [
+            m.Device(d.id, UNHEALTHY if d.id in unhealthy else HEALTHY, d.numa_node)
+            for d in inv.devices
+            if d.id not in withheld
+        ]
+    )
 
 
 class ResourceServer:
@@ -169,15 +162,15 @@ class ResourceServer:
             ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="vgpu-dp"),
             options=[("grpc.so_reuseport", 0)],
         )
-        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        server.add_generic_rpc_handlers((_handlers(_Servicer(self)),))
         server.add_insecure_port(f"unix:{self.socket_path}")
         server.start()
         self._server = server
         self.identity = file_identity(self.socket_path)
         # Self-dial: the kubelet calls back as soon as it gets the registration.
         with grpc.insecure_channel(f"unix:{self.socket_path}") as channel:
-            pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
-                pb.Empty(), timeout=5, wait_for_ready=True
+            channel.unary_unary(m.SERVICE + "GetDevicePluginOptions")(
+                b"", timeout=5, wait_for_ready=True
             )
 
     def stop(self, *, send_empty: bool) -> None:
@@ -210,7 +203,7 @@ class ResourceServer:
             pass
 
     # streams -------------------------------------------------------------------
-    def stream(self, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+    def stream(self, context: Any) -> Iterator[bytes]:
         with self._cond:
             self._stream_seq += 1
             me = self._stream_seq
@@ -262,45 +255,80 @@ class ResourceServer:
             self._cond.notify_all()
 
 
-class _Servicer(pb_grpc.DevicePluginServicer):
+def _handlers(servicer: _Servicer) -> Any:
+    """The ``v1beta1.DevicePlugin`` service: each request and response is the wire's
+    bytes, read and written by :mod:`vgpu_state.deviceplugin.messages`."""
+    return grpc.method_handlers_generic_handler(
+        "v1beta1.DevicePlugin",
+        {
+            "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+                servicer.GetDevicePluginOptions
+            ),
+            "ListAndWatch": grpc.unary_stream_rpc_method_handler(servicer.ListAndWatch),
+            "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+                servicer.GetPreferredAllocation
+            ),
+            "Allocate": grpc.unary_unary_rpc_method_handler(servicer.Allocate),
+            "PreStartContainer": grpc.unary_unary_rpc_method_handler(servicer.PreStartContainer),
+        },
+    )
+
+
+def _refuse(context: Any, error: WireError) -> NoReturn:
+    """End the call with INVALID_ARGUMENT, naming what is wrong with the request."""
+    log.warning("refused a request the kubelet sent: %s", error)
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+    raise AssertionError("unreachable") from error
+
+
+class _Servicer:
     def __init__(self, plugin: ResourceServer) -> None:
         self.plugin = plugin
 
-    def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(
-            pre_start_required=False, get_preferred_allocation_available=True
-        )
+    def GetDevicePluginOptions(self, request: bytes, context: Any) -> bytes:
+        try:
+            m.empty(request, "Empty")
+        except WireError as e:
+            _refuse(context, e)
+        return m.options(pre_start_required=False, get_preferred_allocation_available=True)
 
-    def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+    def ListAndWatch(self, request: bytes, context: Any) -> Iterator[bytes]:
+        try:
+            m.empty(request, "Empty")
+        except WireError as e:
+            _refuse(context, e)
         return self.plugin.stream(context)
 
-    def GetPreferredAllocation(
-        self, request: pb.PreferredAllocationRequest, context: Any
-    ) -> pb.PreferredAllocationResponse:
+    def GetPreferredAllocation(self, request: bytes, context: Any) -> bytes:
+        try:
+            containers = m.preferred_allocation_request(request)
+        except WireError as e:
+            _refuse(context, e)
         inv = self.plugin.inventory
         withheld = self.plugin.withheld
-        responses = [
-            pb.ContainerPreferredAllocationResponse(
-                deviceIDs=preferred(
+        return m.preferred_allocation_response(
+            [
+                preferred(
                     inv,
-                    [i for i in r.available_deviceIDs if i not in withheld],
-                    list(r.must_include_deviceIDs),
-                    r.allocation_size,
+                    [i for i in r.available if i not in withheld],
+                    list(r.must_include),
+                    r.size,
                 )
-            )
-            for r in request.container_requests
-        ]
-        return pb.PreferredAllocationResponse(container_responses=responses)
+                for r in containers
+            ]
+        )
 
-    def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+    def Allocate(self, request: bytes, context: Any) -> bytes:
+        try:
+            containers = m.allocate_request(request)
+        except WireError as e:
+            _refuse(context, e)
         inv = self.plugin.inventory
         withheld = self.plugin.withheld
         responses = []
-        for r in request.container_requests:
+        for ids in containers:
             try:
-                got = allocate(
-                    inv, list(r.devices_ids), iommufd=self.plugin.iommufd, withheld=withheld
-                )
+                got = allocate(inv, list(ids), iommufd=self.plugin.iommufd, withheld=withheld)
             except UnknownDevicesError as e:
                 log.warning("Allocate refused: %s", e)
                 context.abort(grpc.StatusCode.NOT_FOUND, str(e))
@@ -310,18 +338,17 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
                 raise AssertionError("unreachable") from e
             responses.append(
-                pb.ContainerAllocateResponse(
+                m.ContainerAllocation(
                     envs=got.envs,
-                    devices=[
-                        pb.DeviceSpec(container_path=p, host_path=p, permissions="mrw")
-                        for p in got.device_nodes
-                    ],
+                    devices=tuple(m.DeviceSpec(p, p, "mrw") for p in got.device_nodes),
                 )
             )
             log.info("Allocate %s: %s", self.plugin.resource, ", ".join(got.envs.values()))
-        return pb.AllocateResponse(container_responses=responses)
+        return m.allocate_response(responses)
 
-    def PreStartContainer(
-        self, request: pb.PreStartContainerRequest, context: Any
-    ) -> pb.PreStartContainerResponse:
-        return pb.PreStartContainerResponse()
+    def PreStartContainer(self, request: bytes, context: Any) -> bytes:
+        try:
+            m.empty(request, "PreStartContainerRequest")
+        except WireError as e:
+            _refuse(context, e)
+        return b""

@@ -6,7 +6,8 @@ advertises the mdev UUID or the VF address as the device ID, so the IDs of
 our resources are directly the keys of the plan's in-use map. A KubeVirt VM
 runs in pod ``virt-launcher-<vm>-<suffix>``; its holder names the VM too.
 
-``grpc`` and the generated stubs are imported on first use.
+``grpc`` is imported on first use; the answer is read by
+:mod:`vgpu_state.kube.podresources.messages` (no protobuf runtime).
 """
 
 from __future__ import annotations
@@ -72,20 +73,24 @@ def list_holders(
 
     import grpc
 
-    from vgpu_state.kube.podresources import api_pb2, api_pb2_grpc
+    from vgpu_state.kube.podresources import messages
+    from vgpu_state.protowire import WireError
 
     keep = resources or ours()
     with grpc.insecure_channel(f"unix://{os.path.abspath(socket)}") as channel:
-        stub = api_pb2_grpc.PodResourcesListerStub(channel)
         try:
-            response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout)
+            answer = channel.unary_unary(messages.LIST)(b"", timeout=timeout)
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             details = e.details() if hasattr(e, "details") else str(e)
             name = code.name if code is not None else "error"
             raise PodResourcesUnavailableError(socket, f"List failed: {name}: {details}") from e
+    try:
+        pods = messages.list_response(answer)
+    except WireError as e:
+        raise PodResourcesUnavailableError(socket, f"List's answer is unreadable: {e}") from e
     held: dict[str, PodHolder] = {}
-    for pod in response.pod_resources:
+    for pod in pods:
         for container in pod.containers:
             for devices in container.devices:
                 if not keep(devices.resource_name):
