@@ -172,6 +172,11 @@ class ConfigDirWatcher(BackgroundLoop):
         self._watching = threading.Event()
         super().__init__("vgpu-state-configwatch", first=0, after_error=retry)
 
+    def armed(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the watch to be in place (a change made
+        after this returns True is seen); False when it is not (yet)."""
+        return self._watching.wait(timeout)
+
     def step(self) -> float:
         """Watch until :meth:`stop` or until the watch fails (then again after ``retry``)."""
         try:

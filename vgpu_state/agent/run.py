@@ -105,6 +105,10 @@ class Agent:
         # Every trigger is registered here (agent/triggers.py names them all): the
         # agent's own sources, then those the assembly adds; the worker fires RETRY.
         watcher = ConfigDirWatcher(parts.config_dir, lambda: self.trigger(Trigger.CONFIG)).start()
+        # The first reconcile reads the config after the watch is in place, so a change
+        # made right after it is never missed (the resync would be the only catch).
+        if not watcher.armed(2.0):
+            log.warning("the config directory %s is not watched yet", parts.config_dir)
         self._stops.append(lambda: watcher.stop(5))
         resync = Resync(lambda: self.trigger(Trigger.RESYNC), parts.resync_seconds).start()
         self._stops.append(lambda: resync.stop(5))
