@@ -10,7 +10,10 @@ from enum import StrEnum
 from operator import is_
 from typing import Any, Literal, TypeVar
 
+from pydantic import Field
+
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.gpumode import GpuModes
 from vgpu_state.model.pci import PciAddress
 
 T = TypeVar("T")
@@ -78,6 +81,10 @@ class Vgpu(Frozen):
     Kubernetes resource names and the KubeVirt CR's ``mdevNameSelector`` are made from it."""
     iommu_group: int | None = None
     vfio_cdev: str | None = None
+    gpu_instance_id: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """vendor-VFIO: the VF's ``nvidia/gpu_instance_id`` (the MIG GPU instance it landed on)."""
+    placement_id: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """vendor-VFIO: the VF's ``nvidia/placement_id`` (where on the GPU the driver put it)."""
 
     @property
     def key(self) -> str:
@@ -128,6 +135,9 @@ class Gpu(Frozen):
     creatable now)."""
     vgpus: tuple[Vgpu, ...] = ()
     problems: tuple[str, ...] = ()
+    modes: GpuModes | None = Field(default=None, exclude_if=lambda v: v is None)
+    """MIG and mixed-size mode and the GPU instances, read with ``nvidia-smi``; ``None``
+    when they were not read (no ``nvidia-smi``, or a model with neither mode)."""
 
     def with_vgpus(self, vgpus: tuple[Vgpu, ...]) -> Gpu:
         """This GPU with ``vgpus`` (``model_copy(update={"vgpus": vgpus})``, faster)."""
