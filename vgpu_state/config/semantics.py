@@ -162,6 +162,7 @@ def check_entry(facts: EntryFacts, catalog: Catalog, issues: Issues) -> None:
     for ms in per_name.values():
         candidates = ms if candidates is None else tuple(m for m in candidates if m in ms)
     if candidates is None:
+        _check_without_types(facts, catalog, issues)
         return
     if not candidates:
         groups: dict[tuple[GpuModel, ...], str] = {}
@@ -261,6 +262,41 @@ def _check_mode(facts: EntryFacts, vpath: str, issues: Issues) -> None:
             f"mig-geometry sets GPU instances for MIG-backed types (mode: mig); this "
             f"entry's mode is {facts.effective_mode}",
         )
+
+
+def _check_without_types(facts: EntryFacts, catalog: Catalog, issues: Issues) -> None:
+    """An entry that names no type the catalog places (``vgpu-devices: {}``) may still set
+    a mode: its ``mig-geometry`` is checked on the models its device-filter selects."""
+    mode = facts.effective_mode
+    if mode is GpuMode.TIME_SLICED:
+        return
+    models = {m.name: m for f, _ in facts.filters for m in filter_models(f, catalog)}
+    if mode is GpuMode.MIG and facts.geometry is not None:
+        geometry = tuple(sorted((n, c) for n, (c, _, _) in facts.geometry.items()))
+        reasons = [why for m in models.values() if (why := geometry_fits(m, geometry))]
+        if models and len(reasons) == len(models):
+            issues.at(
+                facts.geometry_node or facts.node,
+                join(facts.path, "mig-geometry"),
+                f"mig-geometry: {reasons[0]}",
+            )
+            return
+        checked = "" if models else " (no device-filter names the GPU model: not checked)"
+        note = _gi_note(geometry, given=True) + checked
+    elif mode is GpuMode.MIG:
+        note = "MIG mode without GPU instances"
+    else:
+        if models and not any(mixed_size_capable(m) for m in models.values()):
+            label = catalog.label(next(iter(models.values())))
+            issues.at(
+                facts.mode_node or facts.node,
+                join(facts.path, "mode"),
+                f"mode: mixed-size: the {label} has no mixed-size mode (the driver has it "
+                f"for {MIXED_SIZE_MODELS})",
+            )
+            return
+        note = MIXED_SIZE_NOTE
+    issues.note(facts.node, facts.path, f"{EXPERIMENTAL}: {note}")
 
 
 def _owners(name: str, ms: tuple[GpuModel, ...], catalog: Catalog) -> tuple[GpuModel, ...]:
