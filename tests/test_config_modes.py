@@ -169,5 +169,5 @@ def test_an_entry_without_types_checks_its_mode_on_the_device_filters_model() ->
         "for Ada, Hopper and Blackwell GPUs, by inference) (vgpu-configs.c[0].mode)"
     ]
     assert issues("vgpu-devices: {}\nmode: mig\nmig-geometry: {1g.24gb: 4}")[0].endswith(
-        "(mig-geometry) (no device-filter names the GPU model: not checked)"
+        "type limits (no device-filter names the GPU model: not checked)"
     )
