@@ -208,7 +208,6 @@ def test_mixed_sizes_are_placed_largest_first_on_size_aligned_slots() -> None:
     result = place(l40s, {"L40S-12Q": 2, "L40S-24Q": 1})
     assert result == Placement(
         slots=48,
-        slot_mib=1024,
         vgpus=(
             PlacedVgpu("L40S-24Q", 0, 24),
             PlacedVgpu("L40S-12Q", 24, 12),

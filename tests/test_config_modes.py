@@ -164,6 +164,9 @@ def test_an_entry_without_types_checks_its_mode_on_the_device_filters_model() ->
         f"f.yaml:8:21: mig-geometry: 5 × 1g.24gb exceed 4, the most one {PRO6000} holds "
         "(vgpu-configs.c[0].mig-geometry)"
     ]
+    assert issues('device-filter: "0x223610DE"\nvgpu-devices: {}\nmode: mig') == [
+        "f.yaml:7:13: mode: mig: the A10 has no MIG-backed vGPU types (vgpu-configs.c[0].mode)"
+    ]
     assert issues('device-filter: "0x223610DE"\nvgpu-devices: {}\nmode: mixed-size') == [
         "f.yaml:7:13: mode: mixed-size: the A10 has no mixed-size mode (the driver has it "
         "for Ada, Hopper and Blackwell GPUs, by inference) (vgpu-configs.c[0].mode)"

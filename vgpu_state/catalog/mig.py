@@ -113,11 +113,6 @@ def suggest_profile(model: GpuModel, name: str) -> str | None:
     return suggest(name, [p.name for p in mig_profiles(model)])
 
 
-def compute_slices(model: GpuModel) -> int:
-    """The model's compute slices ``S`` (0 without MIG)."""
-    return _facts(model).slices
-
-
 def geometry_for(model: GpuModel, types: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     """The fewest GIs that hold ``types`` (type name → count): per profile, sorted
     by profile name. Types of one framebuffer size share GIs (any series); types

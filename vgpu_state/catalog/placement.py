@@ -44,9 +44,7 @@ class Placement:
     """A feasible mixed-size layout of one GPU."""
 
     slots: int
-    """``S``: the GPU's slots."""
-    slot_mib: int
-    """``F_min``: the framebuffer of one slot."""
+    """``S``: the GPU's slots (of :func:`grid`'s size each)."""
     vgpus: tuple[PlacedVgpu, ...]
     """Every vGPU, existing and new, by start slot."""
 
@@ -143,7 +141,7 @@ def place(
                 )
             taken[free : free + size] = [True] * size
             placed.append(PlacedVgpu(t.name, free, size))
-    return Placement(slots=slots, slot_mib=unit, vgpus=tuple(sorted(placed, key=lambda v: v.start)))
+    return Placement(slots=slots, vgpus=tuple(sorted(placed, key=lambda v: v.start)))
 
 
 def _size(t: VgpuType, unit: int) -> int:

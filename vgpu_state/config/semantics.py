@@ -31,6 +31,7 @@ from vgpu_state.catalog.mig import (
     geometry_fits,
     geometry_for,
     geometry_holds,
+    mig_capable,
     mig_profiles,
     mixed_size_capable,
     profile_named,
@@ -271,6 +272,14 @@ def _check_without_types(facts: EntryFacts, catalog: Catalog, issues: Issues) ->
     if mode is GpuMode.TIME_SLICED:
         return
     models = {m.name: m for f, _ in facts.filters for m in filter_models(f, catalog)}
+    if mode is GpuMode.MIG and models and not any(mig_capable(m) for m in models.values()):
+        label = catalog.label(next(iter(models.values())))
+        issues.at(
+            facts.mode_node or facts.node,
+            join(facts.path, "mode"),
+            f"mode: mig: the {label} has no MIG-backed vGPU types",
+        )
+        return
     if mode is GpuMode.MIG and facts.geometry is not None:
         geometry = tuple(sorted((n, c) for n, (c, _, _) in facts.geometry.items()))
         reasons = [why for m in models.values() if (why := geometry_fits(m, geometry))]
