@@ -157,6 +157,7 @@ def _free_run(taken: list[bool], size: int) -> int | None:
 
 def _describe(wanted: Sequence[tuple[VgpuType, int]], unit: int) -> str:
     return ", ".join(
-        f"{t.name} × {n} ({t.framebuffer_mib} MiB, {_size(t, unit)} slots each)"
+        f"{t.name} × {n} ({t.framebuffer_mib} MiB, {_size(t, unit)} "
+        f"slot{'s' if _size(t, unit) != 1 else ''} each)"
         for t, n in sorted(wanted, key=lambda tn: (-tn[0].framebuffer_mib, tn[0].name))
     )
