@@ -16,7 +16,6 @@ import fnmatch
 from collections.abc import Sequence
 
 from vgpu_state.catalog import VgpuType
-
 from vgpu_state.model.ids import UUID_PATTERN
 from vgpu_state.sim.driver_spec import _SpecDriver
 from vgpu_state.sim.faults import FaultEffect, FaultState

@@ -164,9 +164,7 @@ class _SpecDriver(ABC):
         """MIG mode, the GPU instances and mixed-size mode of the spec's GPU ``g``."""
         if g.mig_mode:
             if not gpu.mig_capable:
-                raise SpecError(
-                    f"{where}.mig-mode: {gpu.model.name} has no MIG-backed vGPU types"
-                )
+                raise SpecError(f"{where}.mig-mode: {gpu.model.name} has no MIG-backed vGPU types")
             gpu.mig_mode = True
         if g.gpu_instances and not g.mig_mode:
             raise SpecError(f"{where}.gpu-instances: GPU instances need mig-mode: true")
