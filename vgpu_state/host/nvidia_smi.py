@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from vgpu_state.host.driver import driver_error
 from vgpu_state.model.errors import DriverError, InterfaceMissingError
 from vgpu_state.model.gpumode import GpuInstance, GpuModes
+from vgpu_state.wellknown import NVIDIA_SMI
 
-NVIDIA_SMI = "/usr/bin/nvidia-smi"
 MAX_OUTPUT = 1024 * 1024
 """Bytes of a command's output read at most; a longer output is cut and the process killed."""
 MAX_LINE = 4096
