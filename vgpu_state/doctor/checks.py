@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from vgpu_state.catalog import Catalog, default_catalog, parse_type_name
+from vgpu_state.catalog import Catalog, parse_type_name
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
@@ -411,10 +411,9 @@ def gpu_checks(
     smi: SmiTool | None = None,
     catalog: Catalog | None = None,
 ) -> list[Check]:
-    """The host checks of one GPU, in a fixed order."""
-    cat = catalog if catalog is not None else default_catalog()
+    """The host checks of one GPU, in a fixed order (MIG capability only with ``catalog``)."""
     modes = []
-    if gpu.model is not None and mig_capable(gpu, cat):
+    if gpu.model is not None and catalog is not None and mig_capable(gpu, catalog):
         modes.append(_mig(gpu, smi))
     if gpu.model is not None and mixed_size_capable(gpu):
         modes.append(_mixed_size(gpu, smi))
@@ -566,8 +565,7 @@ def diagnose(
     """Every check of ``snapshot``, with the config's checks (see :func:`config_checks`).
 
     ``smi``: the node's nvidia-smi; a node with a MIG-capable GPU and none gets a
-    warning saying how to give it."""
-    cat = catalog if catalog is not None else default_catalog()
+    warning saying how to give it (MIG capability is told by ``catalog``)."""
     node: list[Check] = []
     if snapshot.error is not None:
         node.append(
@@ -602,11 +600,11 @@ def diagnose(
         if smi.found and smi.command:
             if any(g.modes is not None for g in snapshot.gpus):
                 node.append(smi_path(smi))
-        elif any(mig_capable(g, cat) for g in snapshot.gpus):
+        elif catalog is not None and any(mig_capable(g, catalog) for g in snapshot.gpus):
             node.append(smi_path(smi))
     gpus: list[GpuReport] = []
     for gpu in snapshot.gpus:
-        checks = gpu_checks(gpu, sriov_tool, smi, cat)
+        checks = gpu_checks(gpu, sriov_tool, smi, catalog)
         checks += per_gpu_config.get(gpu.address, [])
         gpus.append(
             GpuReport(

@@ -140,14 +140,6 @@ class SimGpu:
             if t.is_mig == self.mig_mode and t.series in series
         )
 
-    def any_type_by_id(self, type_id: int) -> VgpuType | None:
-        """A type of the driver flavour by id, whatever the GPU's mode."""
-        series = _SERIES[self.flavour]
-        for t in (*self.model.types, *self.extra_types):
-            if t.type_id == type_id and t.series in series:
-                return t
-        return None
-
     # MIG -----------------------------------------------------------------------
     def gi_profiles(self) -> tuple[GiProfile, ...]:
         return mig_profiles(self.model)

@@ -111,17 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     group = s.add_mutually_exclusive_group(required=True)
     group.add_argument("-e", dest="enable", metavar="BDF|ALL")
     group.add_argument("-d", dest="disable", metavar="BDF|ALL")
-    commands.add_parser(
+    n = commands.add_parser(
         "nvidia-smi", help="nvidia-smi on a mounted simulator: nvidia-smi --root ROOT ARGS..."
     )
-    words = list(sys.argv[1:] if argv is None else argv)
-    if words[:1] == ["nvidia-smi"]:
-        # Its own arguments look like options (-q, -i): taken as they are, not parsed.
-        if len(words) < 3 or words[1] != "--root":
-            print("usage: python -m vgpu_state.sim nvidia-smi --root ROOT ARGS...", file=sys.stderr)
-            return 2
-        return nvidia_smi(words[2], words[3:])
-    args = parser.parse_args(words)
+    n.add_argument("--root", required=True)
+    # The tool's own arguments look like options (-q, -i): kept as they come.
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "nvidia-smi":
+        return nvidia_smi(args.root, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "mount":
         return mount(args.spec, args.mountpoint, args.save, args.foreground)
     if args.enable is not None:
