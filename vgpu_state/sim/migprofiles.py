@@ -82,7 +82,3 @@ def mig_profiles(model: GpuModel) -> tuple[GiProfile, ...]:
     """Every GPU instance profile of ``model``, by slices then memory."""
     seen = {p.name: p for p, _ in _profiles(model.types).values()}
     return tuple(sorted(seen.values(), key=lambda p: (p.slices, p.memory_mib, p.name)))
-
-
-def mig_capable(model: GpuModel) -> bool:
-    return any(t.is_mig for t in model.types)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vgpu_state.host.nvidia_smi import smi_bus
 from vgpu_state.model.pci import parse_pci_address
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.gpu_state import SimGpu, SimGpuInstance
@@ -37,12 +38,6 @@ USAGE = (
 _FLAGS = {"-q", "-lgi", "-C", "-dci", "-dgi"}
 _VALUED = {"-i", "-mig", "-cgi", "-gi", "-shm"}
 _LONG = {"--query": "-q", "--id": "-i", "--multi-instance-gpu": "-mig"}
-
-
-def smi_bus(address: str) -> str:
-    """A PCI address as nvidia-smi prints it: ``0000:3b:00.0`` -> ``00000000:3B:00.0``."""
-    domain, rest = address.split(":", 1)
-    return f"{int(domain, 16):08X}:{rest.upper()}"
 
 
 def _parse(argv: Sequence[str]) -> tuple[str, dict[str, str]] | None:
