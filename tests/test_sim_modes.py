@@ -466,3 +466,15 @@ def test_stand_in_refusals_through_fuse(tmp_path: Path) -> None:
         assert gpu.modes is not None and gpu.modes.gi_counts() == {"1g.24gb": 1}
         assert gpu.vgpus[0].gpu_instance_id == 1
         assert host.create_gpu_instance("0000:5e:00.0", "1g.24gb") == 2
+
+
+def test_an_extra_mig_backed_type_gets_a_profile_of_its_own() -> None:
+    text = node(pro("mig-mode: true\ngpu-instances: [1g.16gb]", "{type: DC-1-16Q}"))
+    text = text.replace(
+        "nvidia-smi: true\n",
+        "nvidia-smi: true\ndriver:\n  extra-types:\n    - {name: DC-1-16Q, id: 3001, "
+        f"framebuffer-mib: 16384, max-instances: 4, model: {PRO}}}\n",
+    )
+    s = sysfs(text)
+    assert s.read(f"{vf_dir(s, PF, 0)}/gpu_instance_id") == b"1\n"
+    assert "1g.16gb" in smi(s, "mig", "-lgi", "-i", BUS)[1]

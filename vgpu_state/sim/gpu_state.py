@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from vgpu_state.catalog import GpuModel, VgpuType
@@ -32,6 +32,11 @@ def _vf_addresses(pf: str, numvfs: int) -> tuple[str, ...]:
 
 def fail(code: int, message: str = "") -> OSError:
     return OSError(code, message or errno.errorcode.get(code, str(code)))
+
+
+@lru_cache(maxsize=64)
+def _with_extras(model: GpuModel, extras: tuple[VgpuType, ...]) -> GpuModel:
+    return replace(model, types=(*model.types, *extras)) if extras else model
 
 
 @dataclass
@@ -141,14 +146,19 @@ class SimGpu:
         )
 
     # MIG -----------------------------------------------------------------------
+    @property
+    def driver_model(self) -> GpuModel:
+        """The model with the spec's extra types: what the driver's profiles derive from."""
+        return _with_extras(self.model, self.extra_types)
+
     def gi_profiles(self) -> tuple[GiProfile, ...]:
-        return mig_profiles(self.model)
+        return mig_profiles(self.driver_model)
 
     def mig_slices(self) -> int:
-        return total_slices(self.model.types)
+        return total_slices(self.driver_model.types)
 
     def gi_profile_of(self, t: VgpuType) -> tuple[GiProfile, int] | None:
-        return gi_profile_for(self.model, t.name)
+        return gi_profile_for(self.driver_model, t.name)
 
     def gpu_instance(self, gi_id: int) -> SimGpuInstance | None:
         for gi in self.gpu_instances:
