@@ -213,17 +213,33 @@ def test_mixed_size_mode_places_sizes_in_aligned_slots() -> None:
     set_type(s, L40S, 2, "L40S-8Q")
     placements = [s.read(f"{vf_dir(s, L40S, i)}/placement_id") for i in range(3)]
     assert placements == [b"0\n", b"12\n", b"24\n"]
-    # 32 slots (L40S-1Q's max_instances) are taken: nothing else is creatable,
-    # although only 32 of 48 GiB are.
-    assert listed(s, L40S, 3) == []
+    # 48 slots of 1 GiB (the catalog's grid): 32 are taken, so an L40S-16Q (16
+    # slots at 32) still fits, an L40S-24Q (24 aligned slots) does not.
+    assert "L40S-16Q" in listed(s, L40S, 3)
+    assert "L40S-24Q" not in listed(s, L40S, 3)
+    set_type(s, L40S, 3, "L40S-16Q")
+    assert s.read(f"{vf_dir(s, L40S, 3)}/placement_id") == b"32\n"
+    assert listed(s, L40S, 4) == []  # 48 of 48 GiB
 
 
 def test_an_infeasible_mix_is_refused_in_mixed_size_mode() -> None:
     s = sysfs(node(l40s("heterogeneous: true")))
-    set_type(s, L40S, 0, "L40S-24Q")  # slots 0-23; a 12-slot run must start at 0 or 12
-    assert "L40S-12Q" not in listed(s, L40S, 1)
-    assert write_errno(s, L40S, 1, "L40S-12Q") == errno.EIO
-    assert "L40S-8Q" in listed(s, L40S, 1)  # slots 24-31
+    set_type(s, L40S, 0, "L40S-8Q")  # slots 0-7
+    set_type(s, L40S, 1, "L40S-16Q")  # slots 16-31 (aligned to 16)
+    # 24 GiB are free (8-15, 32-47), but no aligned run of 24 slots is.
+    assert "L40S-24Q" not in listed(s, L40S, 2)
+    assert write_errno(s, L40S, 2, "L40S-24Q") == errno.EIO
+    assert "L40S-16Q" in listed(s, L40S, 2)  # slots 32-47
+
+
+def test_the_issue_mix_fits_in_mixed_size_mode() -> None:
+    s = sysfs(node(l40s("heterogeneous: true")))
+    set_type(s, L40S, 0, "L40S-24Q")
+    set_type(s, L40S, 1, "L40S-12Q")
+    set_type(s, L40S, 2, "L40S-12Q")
+    placements = [s.read(f"{vf_dir(s, L40S, i)}/placement_id") for i in range(3)]
+    assert placements == [b"0\n", b"24\n", b"36\n"]
+    assert listed(s, L40S, 3) == []
 
 
 def test_equal_size_mode_keeps_one_size() -> None:

@@ -10,7 +10,8 @@ from functools import lru_cache
 from vgpu_state.catalog import GpuModel, VgpuType
 from vgpu_state.catalog.capacity import remaining as room
 from vgpu_state.model.pci import vf_address
-from vgpu_state.sim.migprofiles import GiProfile, gi_profile_for, mig_profiles, total_slices
+from vgpu_state.catalog.mig import GiProfile, geometry_fits, gi_profile_for, mig_profiles
+from vgpu_state.catalog.placement import grid
 
 SRIOV_OFFSET = 4
 
@@ -155,7 +156,8 @@ class SimGpu:
         return mig_profiles(self.driver_model)
 
     def mig_slices(self) -> int:
-        return total_slices(self.driver_model.types)
+        """The GPU's compute slices: the most any of its GPU instance profiles takes."""
+        return max((p.slices for p in self.gi_profiles()), default=0)
 
     def gi_profile_of(self, t: VgpuType) -> tuple[GiProfile, int] | None:
         return gi_profile_for(self.driver_model, t.name)
@@ -169,11 +171,10 @@ class SimGpu:
     def gi_room(self, profile: GiProfile, start: int | None = None) -> int | None:
         """Where a new GPU instance of ``profile`` would start (at ``start`` when given),
         or ``None`` when it does not fit (compute slices, memory, its own count)."""
-        mine = [gi for gi in self.gpu_instances if gi.profile.name == profile.name]
-        if len(mine) >= profile.max_per_gpu:
-            return None
-        memory = sum(gi.profile.memory_mib for gi in self.gpu_instances)
-        if memory + profile.memory_mib > self.model.framebuffer_mib:
+        counts: dict[str, int] = {profile.name: 1}
+        for gi in self.gpu_instances:
+            counts[gi.profile.name] = counts.get(gi.profile.name, 0) + 1
+        if geometry_fits(self.driver_model, sorted(counts.items())) is not None:
             return None
         taken = [(gi.start, gi.profile.slices) for gi in self.gpu_instances]
         if start is None:
@@ -206,14 +207,10 @@ class SimGpu:
 
     # mixed-size ------------------------------------------------------------------
     def slot_model(self) -> tuple[int, int]:
-        """``(slots, MiB per slot)`` of mixed-size mode: the smallest time-sliced
-        profile's size and ``max_instances``."""
-        ts = [t for t in (*self.model.types, *self.extra_types) if not t.is_mig]
-        if not ts:
-            return (0, 1)
-        smallest = min(t.framebuffer_mib for t in ts)
-        slots = max(t.max_instances for t in ts if t.framebuffer_mib == smallest)
-        return (slots, smallest)
+        """``(slots, MiB per slot)`` of mixed-size mode: the catalog's slot grid of the
+        driver's time-sliced types (the greatest common divisor of their framebuffers)."""
+        found = grid(self.driver_model)
+        return found if found is not None else (0, 1)
 
     def slot_size(self, t: VgpuType) -> int:
         return -(-t.framebuffer_mib // self.slot_model()[1])
