@@ -9,9 +9,9 @@ from functools import lru_cache
 
 from vgpu_state.catalog import GpuModel, VgpuType
 from vgpu_state.catalog.capacity import remaining as room
-from vgpu_state.model.pci import vf_address
 from vgpu_state.catalog.mig import GiProfile, geometry_fits, gi_profile_for, mig_profiles
 from vgpu_state.catalog.placement import grid
+from vgpu_state.model.pci import vf_address
 
 SRIOV_OFFSET = 4
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vgpu_state.catalog.mig import GiProfile
 from vgpu_state.host.nvidia_smi import smi_bus
 from vgpu_state.model.pci import parse_pci_address
 from vgpu_state.sim.driver_model import SimDriver
 from vgpu_state.sim.gpu_state import SimGpu, SimGpuInstance
-from vgpu_state.catalog.mig import GiProfile
 
 SUCCESS = 0
 INVALID_ARGUMENT = 2
