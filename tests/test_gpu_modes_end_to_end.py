@@ -1,0 +1,243 @@
+"""A GPU's mode as desired state, end to end through the CLI on simulated nodes.
+
+An RTX PRO 6000 Blackwell node goes from time-sliced vGPUs to MIG-backed ones and
+back; an L40S gets vGPUs of different sizes in mixed-size mode. The order of what
+reached the host is read from the simulator's write log (every sysfs write,
+``sriov-manage`` and ``nvidia-smi`` call, in order) as it stood before the apply
+saved the node; the state after each apply from the saved spec and a fresh scan.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from ruamel.yaml import YAML
+
+from vgpu_state.cli.main import cli
+from vgpu_state.sim import writelog
+from vgpu_state.sim.writelog import WriteLog, log_path
+
+REPO = Path(__file__).resolve().parent.parent
+PF = "0000:3b:00.0"
+L40S_PF = "0000:26:00.0"
+
+LAYOUTS = """\
+version: v1
+vgpu-configs:
+  mig:
+    - devices: all
+      vgpu-devices: {DC-1-24Q: 4}
+  sliced:
+    - devices: all
+      vgpu-devices: {DC-24Q: 4}
+  mixed:
+    - devices: all
+      mode: mixed-size
+      vgpu-devices: {L40S-24Q: 1, L40S-12Q: 2}
+"""
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture
+def logged(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[tuple[str, str]]]]:
+    """Each apply's write log, as it stood when the apply saved the node."""
+    taken: list[list[tuple[str, str]]] = []
+    original = WriteLog.saved
+
+    def saved(self: WriteLog, spec_bytes: bytes) -> None:
+        path = self.path
+        lines = path.read_text().splitlines()[1:] if path.exists() else []
+        taken.append([(r["path"], r["data"]) for r in map(json.loads, lines)])
+        original(self, spec_bytes)
+
+    monkeypatch.setattr(writelog.WriteLog, "saved", saved)
+    yield taken
+
+
+def spec_of(path: Path) -> dict[str, object]:
+    data = YAML(typ="safe").load(path.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def gpu_of(path: Path) -> dict[str, object]:
+    gpus = spec_of(path)["gpus"]
+    assert isinstance(gpus, list)
+    gpu = gpus[0]
+    assert isinstance(gpu, dict)
+    return gpu
+
+
+def kinds(log: list[tuple[str, str]]) -> list[str]:
+    """What each logged write was, in order: ``type <id>``, ``sriov -e``, ``smi ...``."""
+    out = []
+    for path, data in log:
+        text = data.strip()
+        if path.endswith("current_vgpu_type"):
+            out.append("clear" if text == "0" else "type")
+        elif path.endswith("sriov-manage"):
+            out.append(f"sriov {text.split()[0]}")
+        elif "nvidia-smi" in path:
+            args = text.split()
+            if "-mig" in args:
+                out.append(f"mig {args[args.index('-mig') + 1]}")
+            elif "-cgi" in args:
+                out.append("cgi")
+            elif "-dgi" in args or "-dci" in args:
+                out.append("dgi")
+            elif "-shm" in args:
+                out.append(f"shm {args[args.index('-shm') + 1]}")
+            else:
+                out.append("smi " + text)
+        else:
+            out.append(path)
+    return out
+
+
+def first(seq: list[str], item: str) -> int:
+    return seq.index(item)
+
+
+def last(seq: list[str], item: str) -> int:
+    return len(seq) - 1 - seq[::-1].index(item)
+
+
+@pytest.fixture
+def pro_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "layouts.yaml").write_text(LAYOUTS)
+    spec = tmp_path / "node.yaml"
+    spec.write_text((REPO / "configs/sim/rtx-pro-6000.yaml").read_text())
+    return spec
+
+
+def apply(config: str, spec: Path) -> tuple[int, str, str]:
+    return run("apply", "-f", "layouts.yaml", "-c", config, "--sim", str(spec), "--auto-approve")
+
+
+def test_time_sliced_to_mig_backed_and_back_in_the_documented_order(
+    pro_node: Path, logged: list[list[tuple[str, str]]]
+) -> None:
+    code, out, err = run("plan", "-f", "layouts.yaml", "-c", "mig", "--sim", str(pro_node))
+    assert code == 0, err
+    assert "MIG mode: off → on" in out
+    assert "experimental: inferred, not verified on hardware" in out + err
+
+    code, out, err = apply("mig", pro_node)
+    assert code == 0, out + err
+    steps = kinds(logged[-1])
+    # The time-sliced vGPUs go, the VFs go off, MIG mode on, VFs on, the GPU
+    # instances, then the vGPU types (reference: nvidia-sysfs.md §4.3).
+    assert steps.count("clear") == 2 and steps.count("type") == 4, steps
+    assert last(steps, "clear") < first(steps, "sriov -d") < first(steps, "mig 1"), steps
+    assert first(steps, "mig 1") < first(steps, "sriov -e") < first(steps, "cgi"), steps
+    assert last(steps, "cgi") < first(steps, "type"), steps
+    gpu = gpu_of(pro_node)
+    assert gpu.get("mig-mode") is True
+    instances = gpu.get("gpu-instances")
+    assert isinstance(instances, list) and len(instances) == 4
+    vgpus = gpu.get("vgpus")
+    assert isinstance(vgpus, list) and [v["type"] for v in vgpus] == ["DC-1-24Q"] * 4
+    assert len({v.get("gpu-instance") for v in vgpus}) == 4, "one vGPU per GPU instance"
+
+    # A fresh scan shows it, and a second apply changes nothing.
+    code, out, err = run("scan", "--sim", str(pro_node), "-o", "json")
+    assert code == 0, err
+    scanned = json.loads(out)["gpus"][0]
+    assert scanned["modes"]["mig"] is True and len(scanned["modes"]["gpu_instances"]) == 4
+    before = pro_node.read_bytes()
+    applies = len(logged)
+    code, out, err = apply("mig", pro_node)
+    assert code == 0, out + err
+    assert all(not log for log in logged[applies:]), "the second apply wrote nothing"
+    assert pro_node.read_bytes() == before
+
+    # Back to time-sliced.
+    code, out, err = apply("sliced", pro_node)
+    assert code == 0, out + err
+    steps = kinds(logged[-1])
+    assert steps.count("clear") == 4 and steps.count("type") == 4, steps
+    assert last(steps, "clear") < first(steps, "sriov -d") < first(steps, "mig 0"), steps
+    assert first(steps, "mig 0") < first(steps, "sriov -e") < first(steps, "type"), steps
+    gpu = gpu_of(pro_node)
+    assert not gpu.get("mig-mode") and not gpu.get("gpu-instances")
+    vgpus = gpu.get("vgpus")
+    assert isinstance(vgpus, list) and [v["type"] for v in vgpus] == ["DC-24Q"] * 4
+
+
+def test_a_held_vgpu_defers_the_mode_change_and_nothing_is_written(
+    pro_node: Path, logged: list[list[tuple[str, str]]]
+) -> None:
+    text = pro_node.read_text().replace(
+        "- {type: DC-24Q, vf: 0}", '- {type: DC-24Q, vf: 0, in-use: "vm default/win-1"}'
+    )
+    pro_node.write_text(text)
+    code, out, err = run("plan", "-f", "layouts.yaml", "-c", "mig", "--sim", str(pro_node))
+    assert "vm default/win-1" in out + err
+    assert "MIG mode: off → on" not in out
+    code, out, err = apply("mig", pro_node)
+    assert code == 1, "not converged: the switch waits"
+    assert "vm default/win-1" in out + err
+    assert all(not log for log in logged), logged
+    assert pro_node.read_text() == text, "the node is as it was"
+
+
+@pytest.fixture
+def l40s_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "layouts.yaml").write_text(LAYOUTS)
+    spec = tmp_path / "node.yaml"
+    text = (REPO / "configs/sim/l40s-mixed.yaml").read_text()
+    spec.write_text(
+        text.replace("    layout: vendor-vfio\n", "    layout: vendor-vfio\n    sriov: false\n")
+    )
+    return spec
+
+
+def test_mixed_size_mode_is_set_after_sriov_and_before_the_first_type(
+    l40s_node: Path, logged: list[list[tuple[str, str]]]
+) -> None:
+    code, out, err = apply("mixed", l40s_node)
+    assert code == 0, out + err
+    steps = kinds(logged[-1])
+    assert first(steps, "sriov -e") < first(steps, "shm 1") < first(steps, "type"), steps
+    types = [data.strip() for path, data in logged[-1] if path.endswith("current_vgpu_type")]
+    gpu = gpu_of(l40s_node)
+    assert gpu.get("heterogeneous") is True
+    vgpus = gpu.get("vgpus")
+    assert isinstance(vgpus, list)
+    assert sorted(v["type"] for v in vgpus) == ["L40S-12Q", "L40S-12Q", "L40S-24Q"]
+    # The largest first: the L40S-24Q's id was written before the L40S-12Q's.
+    by_vf = {v["vf"]: v["type"] for v in vgpus}
+    assert len(types) == 3 and by_vf[min(by_vf)] == "L40S-24Q", (types, by_vf)
+    applies = len(logged)
+    code, out, err = apply("mixed", l40s_node)
+    assert code == 0, out + err
+    assert all(not log for log in logged[applies:])
+
+
+def test_an_infeasible_mix_is_refused_at_plan_time_and_nothing_is_written(
+    l40s_node: Path, logged: list[list[tuple[str, str]]]
+) -> None:
+    before = l40s_node.read_text()
+    Path("bad.yaml").write_text(
+        "version: v1\nvgpu-configs:\n  too-much:\n    - devices: all\n"
+        "      mode: mixed-size\n      vgpu-devices: {L40S-24Q: 1, L40S-16Q: 2}\n"
+    )
+    for command in ("plan", "apply"):
+        extra = ["--auto-approve"] if command == "apply" else []
+        code, _, err = run(
+            command, "-f", "bad.yaml", "-c", "too-much", "--sim", str(l40s_node), *extra
+        )
+        assert code == 1, command
+        assert "L40S-24Q" in err and "L40S-16Q" in err, err
+    assert l40s_node.read_text() == before
+    assert not logged and not log_path(l40s_node).exists()
