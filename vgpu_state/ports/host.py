@@ -35,3 +35,19 @@ class HostPort(Protocol):
     def set_vf_type(self, vf: str, type_id: int) -> None: ...
 
     def clear_vf_type(self, vf: str) -> None: ...
+
+    def set_mig_mode(self, pf: str, enabled: bool) -> None:
+        """Turn MIG mode on or off (``nvidia-smi -i <bus> -mig 1|0``)."""
+        ...
+
+    def create_gpu_instance(self, pf: str, profile: str) -> int:
+        """Create a GPU instance of ``profile`` (``1g.24gb``); returns the new GI id."""
+        ...
+
+    def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
+        """Destroy GPU instance ``gi_id`` (its compute instances, then it: -dci then -dgi)."""
+        ...
+
+    def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
+        """Turn the driver's mixed-size (heterogeneous) vGPU mode on or off."""
+        ...
