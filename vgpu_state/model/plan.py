@@ -17,6 +17,9 @@ from vgpu_state.model.snapshot import SysfsInterface
 
 PLAN_FORMAT_VERSION = "1.6"
 
+EXPERIMENTAL = "experimental: inferred, not verified on hardware"
+"""What a plan (and the docs) say of a rule no driver confirmed (:attr:`Plan.experimental`)."""
+
 
 class ActionKind(StrEnum):
     DESTROY = "destroy"
@@ -260,6 +263,9 @@ class GpuPlan(Frozen):
     withheld: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
     """Under ``in-use: evacuate``: keys of the GPU's free vGPUs of departing types that
     are not offered (device plugin, DRA) while its switch is pending, sorted."""
+    deferred_kept: tuple[tuple[str, int], ...] = Field(default=(), exclude_if=lambda v: not v)
+    """With creates that wait for a mode, SR-IOV or GPU instance step (``deferred``):
+    the vGPUs per type that stay on the GPU, which the re-plan after the re-scan keeps."""
 
 
 class Summary(Frozen):

@@ -18,8 +18,6 @@ from vgpu_state.model.desired import DesiredGpu
 from vgpu_state.model.gpumode import GpuMode, GpuModes
 from vgpu_state.planner.support import is_mig_backed
 
-EXPERIMENTAL = "experimental: inferred, not verified on hardware"
-"""What a plan (and the docs) say of a rule that no driver confirmed."""
 MIG_RULE = "MIG GPU instance geometry (profiles, slices and memory per GPU)"
 MIXED_RULE = "mixed-size placement (which framebuffer sizes fit one GPU together)"
 NEEDS_NVIDIA_SMI = "reading MIG/mixed-size mode needs nvidia-smi: pass --nvidia-smi PATH"

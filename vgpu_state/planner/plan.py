@@ -486,6 +486,9 @@ class _Planner:
             dg.publish,
             switch,
             departing,
+            tuple(sorted(Counter(v.type_name for v in kept if v.type_name).items()))
+            if deferred
+            else (),
         )
         return header, work
 
@@ -1212,6 +1215,7 @@ def _gpu_plan(
     publish: Publish,
     switch: DeferredSwitch | None,
     withheld: tuple[str, ...] = (),
+    deferred_kept: tuple[tuple[str, int], ...] = (),
 ) -> GpuPlan:
     """A GPU's header: one frozen value for equal ones (the GPUs of a fleet's pool have
     equal headers, so a fleet plan makes each once)."""
@@ -1227,6 +1231,7 @@ def _gpu_plan(
         publish=publish,
         deferred_switch=switch,
         withheld=withheld,
+        deferred_kept=deferred_kept,
     )
 
 
