@@ -581,7 +581,7 @@ class _Planner:
                     g,
                     ActionKind.SET_MIG_MODE,
                     f"{at}.mig-mode",
-                    f"the layout is {MODE_TEXT[want]} (GPU reset; no vGPU on it)",
+                    f"the layout is {MODE_TEXT[want]}",
                     before={"mig": bool(modes.mig)},
                     after={"mig": mig},
                     enabled=mig,

@@ -78,7 +78,8 @@ def mode_step_text(a: Action) -> str:
     return f"create GPU instance {a.profile}"
 
 
-def _action_lines(a: Action) -> list[str]:
+def _action_lines(a: Action, after_modes: bool = False) -> list[str]:
+    """A step's lines; ``after_modes``: the GPU's mode steps run before its creates."""
     if a.kind in MODE_KINDS:
         mark = SYMBOLS[a.kind][0]
         return [f"  {mark} gpu[{a.gpu}] {mode_step_text(a)}", f"      ({a.reason})"]
@@ -93,7 +94,11 @@ def _action_lines(a: Action) -> list[str]:
             f"  - {a.address} will be destroyed",
             f"      type: {a.type_name or f'id {a.type_id}'}   parent: {a.parent}",
         ]
-    parent = a.parent or "(chosen after SR-IOV is enabled)"
+    parent = a.parent or (
+        "(chosen after the mode steps, from a fresh read)"
+        if after_modes
+        else "(chosen after SR-IOV is enabled)"
+    )
     where = f"vf: {a.vf}" if a.vf else f"parent: {parent}"
     type_id = f" (id {a.type_id})" if a.type_id is not None else ""
     return [
@@ -172,8 +177,10 @@ def render_text(plan: Plan) -> str:
         if g.deferred_switch is not None:
             lines.append(_deferred_line(g.deferred_switch))
             lines.extend(move_line(g.address, m) for m in g.deferred_switch.moves)
-        for a in plan.gpu_actions(g.address):
-            lines.extend(_action_lines(a))
+        steps = plan.gpu_actions(g.address)
+        after_modes = any(a.kind in MODE_KINDS for a in steps)
+        for a in steps:
+            lines.extend(_action_lines(a, after_modes))
         lines.extend(_blocked_lines(plan.gpu_blocked(g.address)))
     cluster_blocked = plan.gpu_blocked(CLUSTER)
     if plan.cluster_actions or cluster_blocked:
@@ -268,9 +275,10 @@ def blast_lines(plan: Plan) -> list[str]:
         if plan.summary.gi_destroy:
             parts.append(f"{_plural(plan.summary.gi_destroy, 'GPU instance')}")
         what = f"{' and '.join(parts)} destroyed" if parts else "nothing destroyed"
+        then = ""
         if d.level is Disruption.GPU:
-            what += "; SR-IOV off or MIG mode changed (a GPU reset) where no vGPU is left"
-        lines = [f"Disruption: {d.level.value} ({what} on {_plural(d.gpus, 'GPU')})"]
+            then = "; then SR-IOV is disabled or MIG mode changed (a GPU reset), no vGPU left"
+        lines = [f"Disruption: {d.level.value} ({what} on {_plural(d.gpus, 'GPU')}{then})"]
     if plan.affected:
         lines.append(
             f"Affected (policy in-use: ignore, their vGPUs are destroyed): "
