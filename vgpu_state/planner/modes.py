@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from vgpu_state.catalog import GpuModel, parse_type_name
 from vgpu_state.model.desired import DesiredGpu
-from vgpu_state.model.gpumode import GpuMode, GpuModes
+from vgpu_state.model.gpumode import GpuMode
 from vgpu_state.planner.support import is_mig_backed
 
 MIG_RULE = "MIG GPU instance geometry (profiles, slices and memory per GPU)"
@@ -38,11 +38,6 @@ def desired_mode(dg: DesiredGpu) -> GpuMode:
     if any(c > 0 and is_mig_backed(n) for n, c in dg.types):
         return GpuMode.MIG
     return GpuMode.TIME_SLICED
-
-
-def live_mode(modes: GpuModes | None) -> GpuMode:
-    """The mode a GPU is in (time-sliced when it was not read)."""
-    return modes.mode if modes is not None else GpuMode.TIME_SLICED
 
 
 def mig_slices_of(model: GpuModel) -> int:

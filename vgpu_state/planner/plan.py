@@ -287,7 +287,8 @@ class _Planner:
             want = desired_mode(dg)
             # The driver's lists change with the mode: they say what it offers only
             # while the mode stays.
-            same_mode = g.modes is None or g.modes.mode is want
+            # Under MIG they list what fits the GPU instances there now.
+            same_mode = (g.modes is None or g.modes.mode is want) and want is not GpuMode.MIG
             ok = self.check_mode(g, dg) and (not same_mode or self.check_offered(g, dg))
             if ok and want is GpuMode.MIG:
                 ok = self.check_mig(g, dg)
