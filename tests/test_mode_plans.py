@@ -536,3 +536,15 @@ def test_a_refused_mode_change_stops_the_apply_and_names_the_step() -> None:
     assert e.value.action.kind is ActionKind.SET_MIG_MODE
     assert "In use by another client" in str(e.value)
     host.disable_sriov = real  # type: ignore[method-assign]
+
+
+def test_a_fleet_plan_lists_a_node_s_mode_steps() -> None:
+    from vgpu_state.cli.fleet import node_rows
+    from vgpu_state.cli.fleet_markdown import _change_rows
+
+    p = planned(ModeHost(time_sliced_pro()), MIG_LAYOUT)
+    details = [row[4][0] if isinstance(row[4], tuple) else row[4] for row in node_rows(p)]
+    assert "MIG mode: off → on (GPU reset; no vGPU on it)" in details
+    assert details.count("create GPU instance 1g.24gb") == 4
+    changes = [row[1] for row in _change_rows(p)]
+    assert "MIG mode: off → on (GPU reset; no vGPU on it)" in changes
