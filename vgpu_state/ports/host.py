@@ -37,17 +37,20 @@ class HostPort(Protocol):
     def clear_vf_type(self, vf: str) -> None: ...
 
     def set_mig_mode(self, pf: str, enabled: bool) -> None:
-        """Turn MIG mode on or off (``nvidia-smi -i <bus> -mig 1|0``)."""
+        """MIG mode on or off (``nvidia-smi -i PF -mig 1|0``); the driver refuses while
+        the GPU's VFs are enabled."""
         ...
 
     def create_gpu_instance(self, pf: str, profile: str) -> int:
-        """Create a GPU instance of ``profile`` (``1g.24gb``); returns the new GI id."""
+        """A MIG GPU instance of ``profile`` (``1g.24gb``) with its compute instance;
+        returns the new instance's id."""
         ...
 
     def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
-        """Destroy GPU instance ``gi_id`` (its compute instances, then it: -dci then -dgi)."""
+        """Destroy GPU instance ``gi_id`` (its compute instances first)."""
         ...
 
     def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
-        """Turn the driver's mixed-size (heterogeneous) vGPU mode on or off."""
+        """The driver's mixed-size (heterogeneous) vGPU mode on or off
+        (``nvidia-smi vgpu -i PF -shm 1|0``); refused while a vGPU exists."""
         ...

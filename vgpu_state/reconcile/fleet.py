@@ -16,7 +16,7 @@ import datetime
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NoReturn
+from typing import Any
 
 from vgpu_state.config import StaticConfigSource
 from vgpu_state.config.document import ConfigDocument
@@ -75,7 +75,7 @@ class ReportedHost:
     def scan_gpu(self, address: str) -> NodeSnapshot:
         return self.snapshot.only_gpu(address)
 
-    def _refuse(self, *args: object) -> NoReturn:
+    def _refuse(self, *args: object) -> None:
         raise ReportedHostWriteError(
             f"node {self.snapshot.node}: a reported scan cannot be changed "
             "(fleet plan is read-only)"
@@ -104,6 +104,7 @@ class ReportedHost:
 
     def create_gpu_instance(self, pf: str, profile: str) -> int:
         self._refuse(pf, profile)
+        return 0
 
     def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
         self._refuse(pf, gi_id)

@@ -76,7 +76,7 @@ class RecordingHost:
         self.inner.clear_vf_type(vf)
 
     def set_mig_mode(self, pf: str, enabled: bool) -> None:
-        self.calls.append(HostCall("set_mig_mode", (pf, int(enabled))))
+        self.calls.append(HostCall("set_mig_mode", (pf, enabled)))
         self.inner.set_mig_mode(pf, enabled)
 
     def create_gpu_instance(self, pf: str, profile: str) -> int:
@@ -88,7 +88,7 @@ class RecordingHost:
         self.inner.destroy_gpu_instance(pf, gi_id)
 
     def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
-        self.calls.append(HostCall("set_heterogeneous_mode", (pf, int(enabled))))
+        self.calls.append(HostCall("set_heterogeneous_mode", (pf, enabled)))
         self.inner.set_heterogeneous_mode(pf, enabled)
 
 
