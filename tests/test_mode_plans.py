@@ -482,7 +482,7 @@ def test_the_plan_text_and_json_name_the_mode_steps_and_the_inferred_rule_once()
     assert "parent: (chosen after the mode steps, from a fresh read)" in text
     assert "1 SR-IOV to disable, 1 mode change(s), GPU instances: 4 to create, 0 to destroy" in text
     doc = json.loads(render_json(p))
-    assert doc["experimental"] == [
+    assert doc["gpus"][0]["experimental"] == [
         "MIG GPU instance geometry (profiles, slices and memory per GPU)"
     ]
     mig_step = next(a for a in doc["actions"] if a["kind"] == "set-mig-mode")

@@ -263,6 +263,9 @@ class GpuPlan(Frozen):
     withheld: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
     """Under ``in-use: evacuate``: keys of the GPU's free vGPUs of departing types that
     are not offered (device plugin, DRA) while its switch is pending, sorted."""
+    experimental: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
+    """The inferred rules the GPU's steps rely on (MIG GPU instance geometry, mixed-size
+    placement): experimental, not verified on hardware; the driver's answers win."""
     deferred_kept: tuple[tuple[str, int], ...] = Field(default=(), exclude_if=lambda v: not v)
     """With creates that wait for a mode, SR-IOV or GPU instance step (``deferred``):
     the vGPUs per type that stay on the GPU, which the re-plan after the re-scan keeps."""
@@ -388,9 +391,11 @@ class Plan(Frozen):
     """Holders whose vGPUs stay because of ``in-use: protect`` (blocked items)."""
     skipped: tuple[SkippedEntry, ...] = ()
     """Entries of the config that select no GPU of the node, skipped (not changes)."""
-    experimental: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
-    """The inferred rules the plan relies on (MIG GPU instance geometry, mixed-size
-    placement): experimental, not verified on hardware; the driver's answers win."""
+
+    @property
+    def experimental(self) -> tuple[str, ...]:
+        """The inferred rules the plan relies on, each once (:attr:`GpuPlan.experimental`)."""
+        return tuple(dict.fromkeys(r for g in self.gpus for r in g.experimental))
 
     def gpu_actions(self, address: str) -> tuple[Action, ...]:
         return tuple(a for a in self.actions if a.gpu == address)

@@ -490,6 +490,7 @@ class _Planner:
             tuple(sorted(Counter(v.type_name for v in kept if v.type_name).items()))
             if deferred
             else (),
+            _RULES[want] if work.actions or work.blocked else (),
         )
         return header, work
 
@@ -1093,7 +1094,6 @@ class _Planner:
         headers: list[GpuPlan] = []
         actions: list[Action] = []
         blocked: list[Blocked] = []
-        experimental: set[str] = set()
         for g in sorted(self.snapshot.gpus, key=lambda g: g.address):
             dg = wanted.get(g.address)
             if dg is None:
@@ -1118,12 +1118,6 @@ class _Planner:
             headers.append(header)
             actions.extend(gpu_actions)
             blocked.extend(gpu_blocked)
-            if gpu_actions or gpu_blocked:
-                want = desired_mode(dg)
-                if want is GpuMode.MIG:
-                    experimental.add(MIG_RULE)
-                elif want is GpuMode.MIXED_SIZE:
-                    experimental.add(MIXED_RULE)
         if self.errors:
             raise PlanningError("\n".join(self.errors))
         counts = Counter(a.kind for a in actions)
@@ -1152,7 +1146,6 @@ class _Planner:
             blocked=tuple(blocked),
             summary=summary,
             skipped=self.desired.skipped,
-            experimental=tuple(sorted(experimental)),
         )
         return with_blast_radius(p, self.snapshot, self.in_use)
 
@@ -1217,6 +1210,7 @@ def _gpu_plan(
     switch: DeferredSwitch | None,
     withheld: tuple[str, ...] = (),
     deferred_kept: tuple[tuple[str, int], ...] = (),
+    experimental: tuple[str, ...] = (),
 ) -> GpuPlan:
     """A GPU's header: one frozen value for equal ones (the GPUs of a fleet's pool have
     equal headers, so a fleet plan makes each once)."""
@@ -1233,6 +1227,7 @@ def _gpu_plan(
         deferred_switch=switch,
         withheld=withheld,
         deferred_kept=deferred_kept,
+        experimental=experimental,
     )
 
 
@@ -1324,6 +1319,14 @@ def _gi_diff(
         create += [profile] * max(count - len(same), 0)
     gone = sorted((gi for gi in gis if gi.id not in keep), key=lambda gi: gi.id)
     return gone, create
+
+
+_RULES: dict[GpuMode, tuple[str, ...]] = {
+    GpuMode.MIG: (MIG_RULE,),
+    GpuMode.MIXED_SIZE: (MIXED_RULE,),
+    GpuMode.TIME_SLICED: (),
+}
+"""The inferred rules a GPU's plan in each mode relies on."""
 
 
 def _mode_change_text(modes: GpuModes, want: GpuMode) -> str:
