@@ -506,6 +506,31 @@ def test_a_saved_mode_plan_is_checked_and_replanned_like_any_other() -> None:
     step["profile"] = "../../x"
     with pytest.raises(SavedPlanError, match=r"profile '\.\./\.\./x' is not a GPU instance"):
         parse_saved_plan(json.dumps(edited).encode(), "plan.json")
+    # A mode step slipped into a plan that changes no mode is not what the layout gives.
+    plain = desired({"DC-24Q": 3})
+    small = planned(host, plain)
+    doc = json.loads(json.dumps(saved_plan_document(small, plain, live, {}, None, None)))
+    mig = next(a for a in doc["plan"]["actions"] if a["kind"] == "create")
+    doc["plan"]["actions"].insert(
+        0,
+        {
+            **{k: v for k, v in mig.items() if k not in ("type", "type_id", "vf", "parent")},
+            "kind": "set-mig-mode",
+            "address": f"gpu[{ADDRESS}].mig-mode",
+            "type_name": None,
+            "type_id": None,
+            "vf": None,
+            "parent": None,
+            "uuid": None,
+            "enabled": True,
+            "disruption": "gpu",
+            "before": {"mig": False},
+            "after": {"mig": True},
+        },
+    )
+    slipped = parse_saved_plan(json.dumps(doc).encode(), "plan.json")
+    with pytest.raises(SavedPlanError, match="not what its desired layout gives"):
+        check_saved_plan(slipped, live, {}, CATALOG)
 
 
 def test_an_interrupted_mode_change_skips_what_is_done_and_finishes() -> None:
