@@ -437,6 +437,16 @@ def test_without_nvidia_smi_a_mig_or_mixed_size_layout_is_a_planning_error() -> 
             make_plan(want, unread, catalog=CATALOG)
         assert "needs nvidia-smi: pass --nvidia-smi PATH" in str(e.value)
         assert "[layouts.yaml:3:7 (vgpu-configs.c[0])]" in str(e.value)
+    # With nvidia-smi, a GPU it could not read: the scan's problem says why.
+    problem = "nvidia-smi: cannot read the modes of 0000:3b:00.0: timed out after 10 s"
+    failed = unread.with_gpus(
+        tuple(g.model_copy(update={"problems": (problem,)}) for g in unread.gpus)
+    )
+    with pytest.raises(PlanningError) as e:
+        make_plan(MIG_LAYOUT, failed, catalog=CATALOG)
+    assert f"the layout is MIG-backed (DC-1-24Q); its modes could not be read: {problem}" in str(
+        e.value
+    )
 
 
 def test_gpu_instances_that_match_and_hold_vgpus_are_kept() -> None:

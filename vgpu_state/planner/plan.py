@@ -154,9 +154,11 @@ class _Planner:
         if g.modes is None:
             if want is not GpuMode.TIME_SLICED:
                 types = ", ".join(n for n, c in sorted(dg.types) if c > 0)
+                # A scan with nvidia-smi that could not read this GPU says why.
+                unread = next((p for p in g.problems if "cannot read the modes" in p), None)
+                why = f"its modes could not be read: {unread}" if unread else NEEDS_NVIDIA_SMI
                 self.errors.append(
-                    f"{label}: the layout is {MODE_TEXT[want]} ({types}); "
-                    f"{NEEDS_NVIDIA_SMI} [{dg.entry}]"
+                    f"{label}: the layout is {MODE_TEXT[want]} ({types}); {why} [{dg.entry}]"
                 )
                 return False
             problems = host_modes(g)
