@@ -191,8 +191,10 @@ class ModeHost:
         return next(i for i in range(self.gpu.numvfs) if vf_address(i) == vf)
 
     def enable_sriov(self, pf: str) -> None:
+        # sriov-manage rebinds the GPU: no GPU instance survives, heterogeneous mode is off.
         self.writes.append("enable_sriov")
-        self.gpu.numvfs = self.gpu.total_vfs
+        g = self.gpu
+        g.numvfs, g.gis, g.het = g.total_vfs, {}, False
 
     def disable_sriov(self, pf: str) -> None:
         self.writes.append("disable_sriov")
@@ -476,6 +478,13 @@ def test_gpu_instances_that_match_and_hold_vgpus_are_kept() -> None:
     applied(host, p, want)
     assert host.gpu.types == {0: "DC-1-24Q", 1: "DC-1-24Q", 2: "DC-2-48Q"}
     assert host.gpu.gi_of[0] == 2 and host.gpu.gi_of[1] == 3, "the kept vGPUs did not move"
+
+
+def test_gpu_instances_made_before_sriov_is_enabled_are_made_again_after_it() -> None:
+    host = ModeHost(FakeGpu(PRO, numvfs=0, mig=True, gis={1: "1g.24gb", 2: "1g.24gb"}))
+    p = planned(host, MIG_LAYOUT)
+    assert kinds(p) == ["enable-sriov", *["create-gpu-instance"] * 4, *["create"] * 4]
+    applied(host, p, MIG_LAYOUT)
 
 
 def test_the_plan_text_and_json_name_the_mode_steps_and_the_inferred_rule_once() -> None:

@@ -6,8 +6,8 @@ excluded from the fingerprint). For a GPU whose creates wait for SR-IOV
 expected vGPUs carry an empty parent; the executor re-plans such a GPU after
 enabling SR-IOV and verifies against that plan.
 
-A GPU's modes (:attr:`Gpu.modes`) follow its mode steps: disabling SR-IOV clears
-heterogeneous mode and destroys every GPU instance; a created GPU instance has no
+A GPU's modes (:attr:`Gpu.modes`) follow its mode steps: disabling or enabling
+SR-IOV clears heterogeneous mode and destroys every GPU instance; a created GPU instance has no
 id until the driver gives it one (``-1`` here: compare profiles, not ids).
 """
 
@@ -39,6 +39,7 @@ def expected_gpu(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
                 vf_types[a.vf] = None
         elif a.kind is ActionKind.ENABLE_SRIOV:
             numvfs = g.sriov_totalvfs or 0
+            modes = expected_modes(modes, a)
         elif a.layout is SysfsInterface.VENDOR_VFIO and a.vf is not None:
             vgpus[a.vf] = Vgpu(kind="vf", parent=a.vf, type_id=a.type_id, type_name=a.type_name)
             vf_types[a.vf] = a.type_id
@@ -72,10 +73,11 @@ def expected_gpu(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
 
 
 def expected_modes(modes: GpuModes | None, a: Action) -> GpuModes | None:
-    """``modes`` after the mode step ``a`` (unchanged when they were not read)."""
+    """``modes`` after the mode (or SR-IOV) step ``a`` (unchanged when they were not read)."""
     if modes is None:
         return None
-    if a.kind is ActionKind.DISABLE_SRIOV:
+    if a.kind in (ActionKind.DISABLE_SRIOV, ActionKind.ENABLE_SRIOV):
+        # sriov-manage either way: no GPU instance survives, heterogeneous mode is off.
         het = None if modes.heterogeneous is None else False
         return modes.model_copy(update={"gpu_instances": (), "heterogeneous": het})
     if a.kind is ActionKind.SET_MIG_MODE:

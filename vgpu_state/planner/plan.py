@@ -432,8 +432,10 @@ class _Planner:
         mig_change = (want is GpuMode.MIG) != bool(modes.mig)
         vfs_on = g.sriov_capable and g.sriov_numvfs > 0
         disable = mig_change and vfs_on
-        # Disabling the VFs clears heterogeneous mode and destroys every GPU instance.
-        het_after = bool(modes.heterogeneous) and not modes.mig and not disable
+        enable = g.sriov_capable and (disable or g.sriov_numvfs == 0)
+        # sriov-manage (disabling or enabling the VFs) clears heterogeneous mode and
+        # destroys every GPU instance.
+        het_after = bool(modes.heterogeneous) and not modes.mig and not enable
         het: bool | None = None
         if want is GpuMode.MIXED_SIZE and not het_after:
             het = True
@@ -442,7 +444,7 @@ class _Planner:
         empty_first = mig_change or het is not None
         model = self.catalog.model(g.model) if g.model else None
         geometry = mig_geometry(model, dg) if want is GpuMode.MIG else ()
-        gis = () if (mig_change or disable) else modes.gpu_instances
+        gis = () if (mig_change or enable) else modes.gpu_instances
         if empty_first:
             kept: list[Vgpu] = []
             unwanted = sorted(g.vgpus, key=lambda v: v.key)
@@ -474,7 +476,9 @@ class _Planner:
             self.block_all(g, creates, work, why, self.holder(in_the_way[0]))
             switch = self.defer_switch(g, creates, work)
         elif not self.sriov_refused(g, disable, bool(creates or new_gis), work, creates):
-            self.mode_steps(g, want, modes, disable, mig_change, het, gone_gis, new_gis, work)
+            self.mode_steps(
+                g, want, modes, disable, enable, mig_change, het, gone_gis, new_gis, work
+            )
             if creates:
                 deferred = self.plan_mode_creates(g, dg, creates, kept, remaining, work)
         header = _gpu_plan(
@@ -558,6 +562,7 @@ class _Planner:
         want: GpuMode,
         modes: GpuModes,
         disable: bool,
+        enable: bool,
         mig_change: bool,
         het: bool | None,
         gone_gis: list[GpuInstance],
@@ -591,7 +596,7 @@ class _Planner:
                     enabled=mig,
                 )
             )
-        if g.sriov_capable and (disable or g.sriov_numvfs == 0):
+        if enable:
             work.actions.append(
                 Action(
                     kind=ActionKind.ENABLE_SRIOV,
