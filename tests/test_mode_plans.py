@@ -480,6 +480,15 @@ def test_gpu_instances_that_match_and_hold_vgpus_are_kept() -> None:
     assert host.gpu.gi_of[0] == 2 and host.gpu.gi_of[1] == 3, "the kept vGPUs did not move"
 
 
+def test_the_largest_gpu_instances_are_created_first() -> None:
+    host = ModeHost(time_sliced_pro())
+    want = desired({"DC-1-24Q": 2, "DC-2-48Q": 1}, GpuMode.MIG, (("1g.24gb", 2), ("2g.48gb", 1)))
+    p = planned(host, want)
+    profiles = [a.profile for a in p.actions if a.kind is ActionKind.CREATE_GPU_INSTANCE]
+    assert profiles == ["2g.48gb", "1g.24gb", "1g.24gb"]
+    applied(host, p, want)
+
+
 def test_gpu_instances_made_before_sriov_is_enabled_are_made_again_after_it() -> None:
     host = ModeHost(FakeGpu(PRO, numvfs=0, mig=True, gis={1: "1g.24gb", 2: "1g.24gb"}))
     p = planned(host, MIG_LAYOUT)

@@ -1311,7 +1311,9 @@ def _gi_diff(
     """GPU instances to destroy, and the profiles to create, for ``geometry``.
 
     Of each profile, those holding the most kept vGPUs (then any vGPU, then the
-    lowest id) are kept, as many as the geometry has; the rest are destroyed.
+    lowest id) are kept, as many as the geometry has; the rest are destroyed. The
+    largest profiles are created first (most compute slices), so they find room
+    before smaller ones split the GPU up.
     """
     kept_in = Counter(v.gpu_instance_id for v in kept)
     any_in = Counter(v.gpu_instance_id for v in vgpus)
@@ -1325,7 +1327,14 @@ def _gi_diff(
         keep.update(gi.id for gi in same[:count])
         create += [profile] * max(count - len(same), 0)
     gone = sorted((gi for gi in gis if gi.id not in keep), key=lambda gi: gi.id)
+    create.sort(key=lambda p: (-_gi_slices(p), p))
     return gone, create
+
+
+def _gi_slices(profile: str) -> int:
+    """A GPU instance profile's compute slices (``3g.20gb`` → 3; 0 when unreadable)."""
+    head = profile.partition("g.")[0]
+    return int(head) if head.isdigit() else 0
 
 
 _RULES: dict[GpuMode, tuple[str, ...]] = {
