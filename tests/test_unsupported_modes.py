@@ -53,9 +53,11 @@ def test_a_mig_backed_layout_validates_with_a_note_that_strict_leaves_a_note(
         assert "warning" not in proc.stderr and LIMITATION not in proc.stderr
 
 
-def test_planning_a_gpu_for_mig_backed_vgpus_is_refused_and_nothing_is_written(
+def test_planning_mig_backed_vgpus_without_nvidia_smi_is_refused_and_nothing_is_written(
     tmp_path: Path,
 ) -> None:
+    """MIG mode is read with nvidia-smi only: without one, a MIG-backed layout is a
+    planning error that names the flag, and neither plan nor apply writes anything."""
     (tmp_path / "layouts.yaml").write_text(MIG_LAYOUTS)
     spec = tmp_path / "node.yaml"
     spec.write_text(A100_NODE)
@@ -65,7 +67,8 @@ def test_planning_a_gpu_for_mig_backed_vgpus_is_refused_and_nothing_is_written(
         assert proc.returncode == 1, command
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith(
-            "error: gpu[0000:3b:00.0] (A100 PCIe 40GB): A100-1-5C is MIG-backed; " + LIMITATION
+            "error: gpu[0000:3b:00.0] (A100 PCIe 40GB): the layout is MIG-backed (A100-1-5C); "
+            "reading MIG/mixed-size mode needs nvidia-smi: pass --nvidia-smi PATH"
         ), last
         assert "[layouts.yaml:4:7 (vgpu-configs.mig[0])]" in last
     assert spec.read_text() == A100_NODE, "the simulated node is as it was"

@@ -64,7 +64,9 @@ class _ApplyOutput(Warnings):
         extra = " (already done)" if result.outcome is Outcome.SKIPPED else ""
         line = Text("  ")
         line.append(mark, style=style)
-        type_name = f" {action.type_name}" if action.type_name else ""
+        type_name = f" {action.type_name or action.profile or ''}".rstrip()
+        if action.enabled is not None:
+            type_name = " on" if action.enabled else " off"
         line.append(
             f" {action.kind.value} {action.address}{type_name}{extra}"
             f"  {result.seconds * 1000:.1f} ms"
