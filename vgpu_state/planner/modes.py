@@ -10,10 +10,11 @@ lists, read again after each change) win over them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
-from vgpu_state.catalog import GpuModel, parse_type_name
+from vgpu_state.catalog import GpuModel
+from vgpu_state.catalog.mig import geometry_fits, geometry_for
+from vgpu_state.catalog.placement import place
 from vgpu_state.model.desired import DesiredGpu
 from vgpu_state.model.gpumode import GpuMode
 from vgpu_state.planner.support import is_mig_backed
@@ -28,9 +29,6 @@ MODE_TEXT = {
     GpuMode.MIG: "MIG-backed",
 }
 
-_PROFILE = re.compile(r"([1-9][0-9]?)g\.([1-9][0-9]{0,3})gb(\+me)?")
-
-
 def desired_mode(dg: DesiredGpu) -> GpuMode:
     """The mode ``dg`` wants: its ``mode``, else ``mig`` when its types are MIG-backed."""
     if dg.mode is not GpuMode.TIME_SLICED:
@@ -40,74 +38,33 @@ def desired_mode(dg: DesiredGpu) -> GpuMode:
     return GpuMode.TIME_SLICED
 
 
-def mig_slices_of(model: GpuModel) -> int:
-    """The model's compute slices: the largest slice count of its MIG-backed types."""
-    slices = [t.mig_slices for t in model.types if t.mig_slices]
-    return max(slices, default=0)
-
-
 def mig_geometry(model: GpuModel | None, dg: DesiredGpu) -> tuple[tuple[str, int], ...]:
     """The GPU instances (profile, count) ``dg``'s MIG-backed vGPUs need, sorted by profile.
 
     The layout's own (``mig-geometry``, or what config resolution worked out from its
-    types), else one GPU instance per vGPU, sized by its type (``DC-1-24Q`` →
-    ``1g.24gb``).
+    types), else the fewest GPU instances that hold its types
+    (:func:`vgpu_state.catalog.mig.geometry_for`).
     """
     if dg.mig_geometry:
         return dg.mig_geometry
-    counts: dict[str, int] = {}
-    for name, count in dg.types:
-        parsed = parse_type_name(name)
-        t = model.type(name) if model is not None else None
-        if count <= 0 or parsed is None or not parsed.is_mig or t is None:
-            continue
-        profile = f"{parsed.mig_slices}g.{t.framebuffer_mib // 1024}gb"
-        if name.endswith("ME"):
-            profile += "+me"
-        counts[profile] = counts.get(profile, 0) + count
-    return tuple(sorted(counts.items()))
+    if model is None:
+        return ()
+    return geometry_for(model, dict(dg.types))
 
 
 def geometry_problem(model: GpuModel | None, geometry: tuple[tuple[str, int], ...]) -> str | None:
-    """Why ``geometry`` does not fit one GPU of ``model`` (inferred), or ``None``.
-
-    The GPU instances' slices add up to at most the model's, their memory to at
-    most its framebuffer.
-    """
+    """Why ``geometry`` does not fit one GPU of ``model`` (inferred), or ``None``
+    (:func:`vgpu_state.catalog.mig.geometry_fits`: slices and memory per GPU)."""
     if model is None:
         return None
-    total = mig_slices_of(model)
-    slices = memory = 0
-    for profile, count in geometry:
-        m = _PROFILE.fullmatch(profile)
-        if m is None:
-            return f"{profile} is not a GPU instance profile (like 1g.24gb)"
-        slices += int(m.group(1)) * count
-        memory += int(m.group(2)) * 1024 * count
-    if slices > total:
-        return f"the GPU instances take {slices} compute slices; {model.name} has {total}"
-    if memory > model.framebuffer_mib:
-        return (
-            f"the GPU instances take {memory} MiB; {model.name} has "
-            f"{model.framebuffer_mib} MiB of framebuffer"
-        )
-    return None
+    return geometry_fits(model, geometry)
 
 
 def mixed_size_problem(model: GpuModel | None, types: Mapping[str, int]) -> str | None:
     """Why vGPUs of ``types`` (name → count) cannot share one GPU of ``model`` in
-    mixed-size mode (inferred), or ``None``: their framebuffers add up to more than
-    the GPU's."""
+    mixed-size mode (inferred), or ``None``: the placement slot model of
+    :func:`vgpu_state.catalog.placement.place`."""
     if model is None:
         return None
-    used = 0
-    for name, count in types.items():
-        t = model.type(name)
-        if t is not None:
-            used += t.framebuffer_mib * count
-    if used > model.framebuffer_mib:
-        return (
-            f"the vGPUs take {used} MiB together; {model.name} has "
-            f"{model.framebuffer_mib} MiB of framebuffer"
-        )
-    return None
+    placed = place(model, types)
+    return placed if isinstance(placed, str) else None
