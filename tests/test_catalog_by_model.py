@@ -299,3 +299,14 @@ def test_vgpu_device_manager_example_config(tmp_path: Path) -> None:
     code, out, err = run("plan", "-f", VDM_CONFIG, "-c", "default", "--sim", str(spec))
     assert code == 0, err
     assert "DC-16Q" in out
+    # A MIG-backed config of the file plans on a simulated node of that model.
+    mig_node = tmp_path / "mig-node.yaml"
+    mig_node.write_text(
+        f'node: n\nnvidia-smi: true\ngpus:\n  - address: "0000:3b:00.0"\n'
+        f"    model: {PRO6000}\n    layout: vendor-vfio\n"
+    )
+    code, out, err = run("plan", "-f", VDM_CONFIG, "-c", "DC-1-24Q", "--sim", str(mig_node))
+    assert code == 0, err
+    assert "MIG mode: off → on" in out
+    assert out.count("create GPU instance 1g.24gb") == 4
+    assert "experimental: inferred, not verified on hardware" in out
