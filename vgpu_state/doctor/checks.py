@@ -318,20 +318,17 @@ def _problems(gpu: Gpu) -> list[Check]:
 
 
 def _modes(gpu: Gpu) -> list[Check]:
-    """MIG mode and mixed-size mode, which vgpu-state does not lay out."""
+    """A GPU in MIG mode or mixed-size mode whose modes were not read: vgpu-state lays it
+    out only once it reads them with nvidia-smi."""
+    if gpu.modes is not None:
+        return []
     return [
         Check(
             id="mode",
             status=Status.FAIL,
             message=problem,
-            action=(
-                "leave this GPU out of every vgpu-state layout, or turn MIG mode off "
-                "(nvidia-smi -i GPU -mig 0, with its VFs disabled)"
-                if "MIG mode" in problem
-                else "leave this GPU out of every vgpu-state layout, or remove its vGPUs "
-                "and turn mixed-size mode off (nvidia-smi vgpu -shm 0)"
-            )
-            + "; docs/config.md, 'What vgpu-state does not do'",
+            action=f"{NVIDIA_SMI_HINT}, or leave this GPU out of every vgpu-state layout; "
+            "docs/plan.md, 'GPU modes'",
         )
         for problem in host_modes(gpu)
     ]
