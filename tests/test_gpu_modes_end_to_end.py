@@ -241,3 +241,42 @@ def test_an_infeasible_mix_is_refused_at_plan_time_and_nothing_is_written(
         assert "L40S-24Q" in err and "L40S-16Q" in err, err
     assert l40s_node.read_text() == before
     assert not logged and not log_path(l40s_node).exists()
+
+
+def test_scan_shows_where_vgpus_landed_and_the_room_left_in_the_gpu_instances(
+    pro_node: Path,
+) -> None:
+    Path("partial.yaml").write_text(
+        "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n      vgpu-devices: {DC-1-12Q: 3}\n"
+    )
+    code, out, err = run(
+        "apply", "-f", "partial.yaml", "-c", "c", "--sim", str(pro_node), "--auto-approve"
+    )
+    assert code == 0, out + err
+    code, out, err = run("scan", "--sim", str(pro_node))
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "GPU instance 1: 1g.24gb" in text and "GPU instance 2: 1g.24gb" in text
+    assert text.count("(GPU instance 1, placement") == 2
+    assert text.count("(GPU instance 2, placement") == 1
+    # Two 1g.24gb instances hold two DC-1-12Q each: one more fits, not the
+    # catalog's eight less three.
+    assert "DC-1-12Q ×1" in text, out
+
+
+def test_scan_counts_the_slots_left_in_mixed_size_mode(l40s_node: Path) -> None:
+    Path("some.yaml").write_text(
+        "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n      mode: mixed-size\n"
+        "      vgpu-devices: {L40S-24Q: 1, L40S-12Q: 1}\n"
+    )
+    code, out, err = run(
+        "apply", "-f", "some.yaml", "-c", "c", "--sim", str(l40s_node), "--auto-approve"
+    )
+    assert code == 0, out + err
+    code, out, err = run("scan", "--sim", str(l40s_node))
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "mixed-size" in text
+    # 36 of 48 one-GiB slots are taken: one more L40S-12Q, three L40S-4Q, no L40S-24Q.
+    assert "L40S-12Q ×1" in text and "L40S-4Q ×3" in text, out
+    assert "L40S-24Q ×" not in text
