@@ -280,3 +280,23 @@ def test_scan_counts_the_slots_left_in_mixed_size_mode(l40s_node: Path) -> None:
     # 36 of 48 one-GiB slots are taken: one more L40S-12Q, three L40S-4Q, no L40S-24Q.
     assert "L40S-12Q ×1" in text and "L40S-4Q ×3" in text, out
     assert "L40S-24Q ×" not in text
+
+
+def test_a_mode_change_alone_makes_a_saved_plan_stale(
+    l40s_node: Path, logged: list[list[tuple[str, str]]]
+) -> None:
+    text = l40s_node.read_text().replace("    sriov: false\n", "")
+    l40s_node.write_text(text)
+    code, _, err = run(
+        "plan", "-f", "layouts.yaml", "-c", "mixed", "--sim", str(l40s_node), "--out", "p.json"
+    )
+    assert code == 0, err
+    changed = text.replace(
+        "    layout: vendor-vfio\n", "    layout: vendor-vfio\n    heterogeneous: true\n"
+    )
+    l40s_node.write_text(changed)
+    code, _, err = run("apply", "p.json", "--sim", str(l40s_node), "--auto-approve")
+    assert code == 1
+    assert "saved plan is stale" in err
+    assert f"gpu[{L40S_PF}] modes MIG N/A, mixed-size off -> MIG N/A, mixed-size on" in err, err
+    assert l40s_node.read_text() == changed and not any(logged)
