@@ -300,3 +300,35 @@ def test_a_mode_change_alone_makes_a_saved_plan_stale(
     assert "saved plan is stale" in err
     assert f"gpu[{L40S_PF}] modes MIG N/A, mixed-size off -> MIG N/A, mixed-size on" in err, err
     assert l40s_node.read_text() == changed and not any(logged)
+
+
+def test_a_new_mig_geometry_that_the_kept_instances_would_split_is_laid_out_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("node.yaml").write_text(
+        'node: a100\nnvidia-smi: true\ngpus:\n  - address: "0000:3b:00.0"\n'
+        "    model: A100 PCIe 40GB\n    layout: vendor-vfio\n"
+    )
+    Path("l.yaml").write_text(
+        "version: v1\nvgpu-configs:\n  seven:\n    - devices: all\n"
+        "      vgpu-devices: {A100-1-5C: 7}\n  mix:\n    - devices: all\n"
+        "      vgpu-devices: {A100-3-20C: 1, A100-2-10C: 1, A100-1-5C: 2}\n"
+    )
+    for config in ("seven", "mix"):
+        code, out, err = run(
+            "apply", "-f", "l.yaml", "-c", config, "--sim", "node.yaml", "--auto-approve"
+        )
+        assert code == 0, out + err
+        assert "Apply complete" in out
+    # Two 1g.5gb instances kept at the GPU's first slices would leave no aligned run for
+    # the 2g.10gb: every instance was made again, largest first.
+    gpu = gpu_of(Path("node.yaml"))
+    instances = gpu.get("gpu-instances")
+    assert isinstance(instances, list)
+    profiles = sorted(i["profile"] if isinstance(i, dict) else i for i in instances)
+    assert profiles == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
+    code, out, err = run(
+        "apply", "-f", "l.yaml", "-c", "mix", "--sim", "node.yaml", "--auto-approve"
+    )
+    assert code == 0 and "No changes" in out, out + err

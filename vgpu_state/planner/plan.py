@@ -16,6 +16,7 @@ from vgpu_state.catalog import (
 )
 from vgpu_state.catalog.capacity import check_fit, size_key
 from vgpu_state.catalog.capacity import remaining as room
+from vgpu_state.catalog.mig import mig_profiles
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import BlockedReason, PlanningError
 from vgpu_state.model.frozen import built
@@ -450,7 +451,7 @@ class _Planner:
             unwanted = sorted(g.vgpus, key=lambda v: v.key)
         else:
             kept, unwanted = self.split_existing(g, target)
-        gone_gis, new_gis = _gi_diff(gis, geometry, kept, g.vgpus)
+        gone_gis, new_gis = _gi_diff(gis, geometry, kept, g.vgpus, _mig_slices(model))
         if gone_gis and not empty_first:
             # A wanted vGPU in a GPU instance that goes is destroyed and made again.
             gone_ids = {gi.id for gi in gone_gis}
@@ -1307,13 +1308,19 @@ def _gi_diff(
     geometry: tuple[tuple[str, int], ...],
     kept: list[Vgpu],
     vgpus: tuple[Vgpu, ...],
+    slices: int = 0,
 ) -> tuple[list[GpuInstance], list[str]]:
     """GPU instances to destroy, and the profiles to create, for ``geometry``.
 
     Of each profile, those holding the most kept vGPUs (then any vGPU, then the
     lowest id) are kept, as many as the geometry has; the rest are destroyed. The
     largest profiles are created first (most compute slices), so they find room
-    before smaller ones split the GPU up.
+    before smaller ones split the GPU up. When the new instances would find no room
+    beside the kept ones where ``nvidia-smi`` placed them (``slices``: the GPU's
+    compute slices; inferred: an instance takes a run of its slices aligned to its
+    size), the kept instances that hold no vGPU that stays are destroyed and made
+    again too, largest first; when that is not enough, every instance (the vGPUs
+    that stay in them are made again; a held one defers the switch).
     """
     kept_in = Counter(v.gpu_instance_id for v in kept)
     any_in = Counter(v.gpu_instance_id for v in vgpus)
@@ -1326,9 +1333,58 @@ def _gi_diff(
         )
         keep.update(gi.id for gi in same[:count])
         create += [profile] * max(count - len(same), 0)
-    gone = sorted((gi for gi in gis if gi.id not in keep), key=lambda gi: gi.id)
     create.sort(key=lambda p: (-_gi_slices(p), p))
+    staying = [gi for gi in gis if gi.id in keep]
+    if create and slices and not _gis_fit(staying, create, slices):
+        # First the kept instances no vGPU stays in; then every instance (the vGPUs in
+        # them are made again, and a held one defers the switch).
+        for release in (
+            [gi for gi in staying if not kept_in[gi.id]],
+            [gi for gi in staying if kept_in[gi.id]],
+        ):
+            keep -= {gi.id for gi in release}
+            create += [gi.profile for gi in release]
+            create.sort(key=lambda p: (-_gi_slices(p), p))
+            staying = [gi for gi in gis if gi.id in keep]
+            if _gis_fit(staying, create, slices):
+                break
+    gone = sorted((gi for gi in gis if gi.id not in keep), key=lambda gi: gi.id)
     return gone, create
+
+
+def _gis_fit(staying: list[GpuInstance], create: list[str], slices: int) -> bool:
+    """Whether ``create`` (largest first) finds aligned runs of compute slices beside the
+    ``staying`` instances; True when a staying instance's placement is not known."""
+    used = [False] * slices
+    for gi in staying:
+        if gi.placement_start is None:
+            return True
+        size = gi.placement_size or _gi_slices(gi.profile)
+        for k in range(gi.placement_start, min(gi.placement_start + size, slices)):
+            used[k] = True
+    for profile in create:
+        size = _gi_slices(profile)
+        if size < 1:
+            return True
+        start = next(
+            (
+                at
+                for at in range(0, slices - size + 1, size)
+                if not any(used[at : at + size])
+            ),
+            None,
+        )
+        if start is None:
+            return False
+        used[start : start + size] = [True] * size
+    return True
+
+
+def _mig_slices(model: GpuModel | None) -> int:
+    """The model's compute slices: the most any of its GPU instance profiles takes."""
+    if model is None:
+        return 0
+    return max((p.slices for p in mig_profiles(model)), default=0)
 
 
 def _gi_slices(profile: str) -> int:
