@@ -332,3 +332,37 @@ def test_a_new_mig_geometry_that_the_kept_instances_would_split_is_laid_out_whol
         "apply", "-f", "l.yaml", "-c", "mix", "--sim", "node.yaml", "--auto-approve"
     )
     assert code == 0 and "No changes" in out, out + err
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_mixed_size_vgpus_are_placed_again_to_make_room_in_the_slots(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    logged: list[list[tuple[str, str]]],
+    held: bool,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    holder = ', in-use: "vm default/a"' if held else ""
+    Path("node.yaml").write_text(
+        'node: l\nnvidia-smi: true\ngpus:\n  - address: "0000:26:00.0"\n'
+        "    model: L40S\n    layout: vendor-vfio\n    heterogeneous: true\n    vgpus:\n"
+        "      - {type: L40S-8Q, vf: 0, placement: 0}\n"
+        f"      - {{type: L40S-16Q, vf: 1, placement: 16{holder}}}\n"
+    )
+    Path("l.yaml").write_text(
+        "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n      mode: mixed-size\n"
+        "      vgpu-devices: {L40S-8Q: 1, L40S-16Q: 1, L40S-24Q: 1}\n"
+    )
+    # 8Q at slot 0 and 16Q at 16 leave no aligned 24-slot run: the free ones are made
+    # again, largest first (a held one stays where it is).
+    code, out, err = run("apply", "-f", "l.yaml", "-c", "c", "--sim", "node.yaml", "--auto-approve")
+    assert code == 0, out + err
+    steps = kinds(logged[-1])
+    assert steps.count("clear") == (1 if held else 2), steps
+    vgpus = gpu_of(Path("node.yaml")).get("vgpus")
+    assert isinstance(vgpus, list)
+    assert sorted(v["type"] for v in vgpus) == ["L40S-16Q", "L40S-24Q", "L40S-8Q"]
+    if held:  # the held L40S-16Q stayed at slot 16; the 24Q went to 24, the 8Q to 0
+        assert any(v["type"] == "L40S-16Q" and v["vf"] == 1 for v in vgpus), vgpus
+    code, out, err = run("apply", "-f", "l.yaml", "-c", "c", "--sim", "node.yaml", "--auto-approve")
+    assert code == 0 and "No changes" in out, out + err

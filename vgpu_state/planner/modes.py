@@ -10,7 +10,7 @@ lists, read again after each change) win over them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from vgpu_state.catalog import GpuModel
 from vgpu_state.catalog.mig import geometry_fits, geometry_for
@@ -60,11 +60,16 @@ def geometry_problem(model: GpuModel | None, geometry: tuple[tuple[str, int], ..
     return geometry_fits(model, geometry)
 
 
-def mixed_size_problem(model: GpuModel | None, types: Mapping[str, int]) -> str | None:
+def mixed_size_problem(
+    model: GpuModel | None,
+    types: Mapping[str, int],
+    existing: Sequence[tuple[str, int]] = (),
+) -> str | None:
     """Why vGPUs of ``types`` (name → count) cannot share one GPU of ``model`` in
     mixed-size mode (inferred), or ``None``: the placement slot model of
-    :func:`vgpu_state.catalog.placement.place`."""
+    :func:`vgpu_state.catalog.placement.place`, beside the ``existing`` vGPUs ((type
+    name, placement id) as the driver reports them)."""
     if model is None:
         return None
-    placed = place(model, types)
+    placed = place(model, types, existing)
     return placed if isinstance(placed, str) else None

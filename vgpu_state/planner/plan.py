@@ -81,6 +81,9 @@ class _GpuWork:
     blocked: list[Blocked] = field(default_factory=list)
     in_the_way: list[Vgpu] = field(default_factory=list)
     """vGPUs that stay and block the creates (set when every create is blocked by them)."""
+    replaced: bool = False
+    """Mixed-size: free vGPUs are destroyed and made again to make room in the slots, so
+    the creates' VFs are chosen after a re-scan."""
 
 
 class _Lookups:
@@ -451,6 +454,10 @@ class _Planner:
             unwanted = sorted(g.vgpus, key=lambda v: v.key)
         else:
             kept, unwanted = self.split_existing(g, target)
+            if want is GpuMode.MIXED_SIZE and model is not None:
+                before = len(kept)
+                kept, unwanted = self.room_in_slots(model, target, kept, unwanted)
+                work.replaced = len(kept) < before
         gone_gis, new_gis = _gi_diff(gis, geometry, kept, g.vgpus, _mig_slices(model))
         if gone_gis and not empty_first:
             # A wanted vGPU in a GPU instance that goes is destroyed and made again.
@@ -500,6 +507,39 @@ class _Planner:
             _RULES[want] if work.actions or work.blocked else (),
         )
         return header, work
+
+    def room_in_slots(
+        self,
+        model: GpuModel,
+        target: Mapping[str, int],
+        kept: list[Vgpu],
+        unwanted: list[Vgpu],
+    ) -> tuple[list[Vgpu], list[Vgpu]]:
+        """Mixed-size mode: when the new vGPUs find no aligned slots beside the kept ones
+        (where the driver placed them: ``placement_id``; inferred slot model), the kept
+        vGPUs nobody holds are destroyed and made again, largest first, if that makes
+        room. Unchanged when it does not, or a kept vGPU's placement is not known."""
+        new = dict(target)
+        for v in kept:
+            if v.type_name is not None:
+                new[v.type_name] = new.get(v.type_name, 0) - 1
+        new = {n: c for n, c in new.items() if c > 0}
+        placed = [(v.type_name, v.placement_id) for v in kept]
+        existing = [(n, p) for n, p in placed if n is not None and p is not None]
+        if not new or len(existing) != len(kept):
+            return kept, unwanted
+        if mixed_size_problem(model, new, existing) is None:
+            return kept, unwanted
+        held = [v for v in kept if self.holder(v) is not None]
+        free = [v for v in kept if self.holder(v) is None]
+        again = dict(new)
+        for v in free:
+            if v.type_name is not None:
+                again[v.type_name] = again.get(v.type_name, 0) + 1
+        stays = [(v.type_name or "", v.placement_id or 0) for v in held]
+        if not free or mixed_size_problem(model, again, stays) is not None:
+            return kept, unwanted
+        return held, sorted((*unwanted, *free), key=lambda v: v.key)
 
     def mode_blockers(
         self,
@@ -669,7 +709,9 @@ class _Planner:
             )
             return False
         uuids = free_uuids(self.node, g.address, {v.uuid for v in g.vgpus if v.uuid})
-        if any(a.kind in MODE_KINDS or a.kind is ActionKind.ENABLE_SRIOV for a in work.actions):
+        if work.replaced or any(
+            a.kind in MODE_KINDS or a.kind is ActionKind.ENABLE_SRIOV for a in work.actions
+        ):
             vendor = g.layout is SysfsInterface.VENDOR_VFIO
             for slot, name in enumerate(creates, start=1):
                 work.actions.append(
