@@ -343,26 +343,29 @@ def test_mixed_size_vgpus_are_placed_again_to_make_room_in_the_slots(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     holder = ', in-use: "vm default/a"' if held else ""
-    Path("node.yaml").write_text(
+    node = (
         'node: l\nnvidia-smi: true\ngpus:\n  - address: "0000:26:00.0"\n'
         "    model: L40S\n    layout: vendor-vfio\n    heterogeneous: true\n    vgpus:\n"
-        "      - {type: L40S-8Q, vf: 0, placement: 0}\n"
-        f"      - {{type: L40S-16Q, vf: 1, placement: 16{holder}}}\n"
+        f"      - {{type: L40S-8Q, vf: 0, placement: 0{holder}}}\n"
+        "      - {type: L40S-16Q, vf: 1, placement: 16}\n"
     )
+    Path("node.yaml").write_text(node)
     Path("l.yaml").write_text(
         "version: v1\nvgpu-configs:\n  c:\n    - devices: all\n      mode: mixed-size\n"
         "      vgpu-devices: {L40S-8Q: 1, L40S-16Q: 1, L40S-24Q: 1}\n"
     )
-    # 8Q at slot 0 and 16Q at 16 leave no aligned 24-slot run: the free ones are made
-    # again, largest first (a held one stays where it is).
+    # 8Q at slot 0 and 16Q at 16 leave no aligned 24-slot run: free, they are made
+    # again, largest first; with the 8Q held at 0 no placement fits, and nothing moves.
     code, out, err = run("apply", "-f", "l.yaml", "-c", "c", "--sim", "node.yaml", "--auto-approve")
+    if held:
+        assert code == 1 and "L40S-24Q cannot be created" in out + err, out + err
+        assert Path("node.yaml").read_text() == node and not any(logged)
+        return
     assert code == 0, out + err
-    steps = kinds(logged[-1])
-    assert steps.count("clear") == (1 if held else 2), steps
+    assert kinds(logged[-1]).count("clear") == 2
     vgpus = gpu_of(Path("node.yaml")).get("vgpus")
     assert isinstance(vgpus, list)
-    assert sorted(v["type"] for v in vgpus) == ["L40S-16Q", "L40S-24Q", "L40S-8Q"]
-    if held:  # the held L40S-16Q stayed at slot 16; the 24Q went to 24, the 8Q to 0
-        assert any(v["type"] == "L40S-16Q" and v["vf"] == 1 for v in vgpus), vgpus
+    placed = sorted((v["type"], v.get("placement")) for v in vgpus)
+    assert placed == [("L40S-16Q", 32), ("L40S-24Q", 0), ("L40S-8Q", 24)], placed
     code, out, err = run("apply", "-f", "l.yaml", "-c", "c", "--sim", "node.yaml", "--auto-approve")
     assert code == 0 and "No changes" in out, out + err
