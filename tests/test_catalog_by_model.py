@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from vgpu_state.catalog import Catalog, GpuModel, VgpuType, default_catalog
+from vgpu_state.catalog import Catalog, GpuModel, VgpuType, default_catalog, parse_type_name
 from vgpu_state.cli.main import cli
-from vgpu_state.config import load_text
+from vgpu_state.cli.validate import gpus_from_flags
+from vgpu_state.config import load_text, resolve
 from vgpu_state.model.errors import ConfigError
+from vgpu_state.model.gpumode import GpuMode
 
 CATALOG = default_catalog()
 PRO6000 = "RTX PRO 6000 Blackwell Server Edition"
@@ -263,14 +265,48 @@ VDM_CONFIG = os.environ.get("VGPU_STATE_VDM_CONFIG", "")
     "examples/config-example.yaml",
 )
 def test_vgpu_device_manager_example_config(tmp_path: Path) -> None:
-    code, out, err = run("validate", "-f", VDM_CONFIG)
+    # Every type of NVIDIA's file is in the catalog: it validates under --strict, and
+    # each MIG-backed entry (one type under devices: all) gets GPU instances, with a
+    # note (never an error) that they are inferred.
+    code, out, err = run("validate", "--strict", "-f", VDM_CONFIG)
     assert code == 0, err
-    assert "valid:" in out
-    for line in err.splitlines():
-        # Warnings only for inferred rows, and for each MIG-backed type (not laid out).
-        assert "(inferred)" in line or "is MIG-backed: vgpu-state does not" in line, line
+    document = load_text(Path(VDM_CONFIG).read_text(), "f.yaml", catalog=CATALOG, strict=True)
+    assert document.warnings == ()
+    mig_entries = [
+        f"vgpu-configs.{name}[{i}]"
+        for name, config in document.configs.items()
+        for i, e in enumerate(config.entries)
+        if any((p := parse_type_name(t)) is not None and p.is_mig for t in e.vgpu_devices)
+    ]
+    assert len(mig_entries) > 200
+    assert sorted(n.path for n in document.notes) == sorted(mig_entries)
+    assert all(
+        n.message.startswith("experimental: inferred, not verified on hardware: MIG-backed ")
+        for n in document.notes
+    )
+    assert len(err.splitlines()) == len(mig_entries)
+    assert out.strip().endswith(f"configs ({len(mig_entries)} notes)")
+    # A MIG-backed config resolves to the GPU instances its types need, without new keys.
+    gpus = gpus_from_flags([f"3b:00.0={PRO6000}"])
+    state = resolve(document, "DC-1-24Q", gpus, "n", "label", CATALOG)
+    assert [(g.mode, g.mig_geometry, g.types) for g in state.gpus] == [
+        (GpuMode.MIG, (("1g.24gb", 4),), (("DC-1-24Q", 4),))
+    ]
+    state = resolve(document, "DC-1-12CGFX", gpus, "n", "label", CATALOG)
+    assert [g.mig_geometry for g in state.gpus] == [(("1g.24gb", 4),)]
     spec = tmp_path / "node.yaml"
     spec.write_text(node_spec([CATALOG.model(PRO4500), CATALOG.model(PRO6000)]))  # type: ignore[list-item]
     code, out, err = run("plan", "-f", VDM_CONFIG, "-c", "default", "--sim", str(spec))
     assert code == 0, err
     assert "DC-16Q" in out
+    # A MIG-backed config of the file plans on a simulated node of that model.
+    mig_node = tmp_path / "mig-node.yaml"
+    mig_node.write_text(
+        f'node: n\nnvidia-smi: true\ngpus:\n  - address: "0000:3b:00.0"\n'
+        f"    model: {PRO6000}\n    layout: vendor-vfio\n"
+    )
+    code, out, err = run("plan", "-f", VDM_CONFIG, "-c", "DC-1-24Q", "--sim", str(mig_node))
+    assert code == 0, err
+    assert "MIG mode: off → on" in out
+    assert out.count("create GPU instance 1g.24gb") == 4
+    assert "experimental: inferred, not verified on hardware" in out

@@ -175,7 +175,7 @@ def test_plan_shows_the_kubevirt_changes_and_a_label_change_changes_it(
     assert t4.split()[1:5] == ["0", "→", "4", "(+4)"]
     assert t4.endswith("[added to the KubeVirt CR]")
     as_json = json.loads(run("plan", *_common(kubeconfig, spec), "-o", "json").output)
-    assert as_json["format_version"] == "1.5"
+    assert as_json["format_version"] == "1.6"
     kubevirt = {c["resource"]: c["kubevirt"] for c in as_json["capacity"]}
     assert kubevirt["nvidia.com/GRID_T4-4Q"] == "add"
     assert {a["resource"] for a in as_json["cluster_actions"] if a["op"] == "add"} == {

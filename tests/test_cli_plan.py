@@ -62,7 +62,7 @@ def test_json_output_follows_the_schema(node: Path) -> None:
     assert code == 0
     doc = json.loads(out)
     jsonschema.validate(doc, json.loads((REPO / "schemas" / "plan.schema.json").read_text()))
-    assert doc["format_version"] == "1.5"
+    assert doc["format_version"] == "1.6"
     assert doc["selection"] == {"config": "mixed", "source": "label"}
     assert doc["summary"] == {
         "blocked": 0,

@@ -262,7 +262,7 @@ CASES: list[tuple[str, str, list[str]]] = [
         "uncatalogued_type_of_another_size",
         one("devices: all\nvgpu-devices: {A2-4Q: 1, A2-3Q: 1}"),
         [
-            "5:32: A2-4Q (4096 MiB) and A2-3Q (3072 MiB) in one entry: vGPUs on one GPU share one framebuffer size (series of the same size may mix); vgpu-state keeps GPUs in the driver's equal-size mode (mixed-size mode is not supported) (vgpu-configs.c[0].vgpu-devices.A2-3Q)"
+            "5:32: A2-4Q (4096 MiB) and A2-3Q (3072 MiB) in one entry: vGPUs on one GPU share one framebuffer size (series of the same size may mix) unless the GPU is in mixed-size mode; the A2 has no mixed-size mode (the driver has it for Ada, Hopper and Blackwell GPUs, by inference) (vgpu-configs.c[0].vgpu-devices.A2-3Q)"
         ],
     ),
     (
@@ -297,7 +297,7 @@ CASES: list[tuple[str, str, list[str]]] = [
         "mixed_sizes",
         one("devices: all\nvgpu-devices: {A10-4Q: 2, A10-8Q: 1}"),
         [
-            "5:33: A10-4Q (4096 MiB) and A10-8Q (8192 MiB) in one entry: vGPUs on one GPU share one framebuffer size (series of the same size may mix); vgpu-state keeps GPUs in the driver's equal-size mode (mixed-size mode is not supported) (vgpu-configs.c[0].vgpu-devices.A10-8Q)"
+            "5:33: A10-4Q (4096 MiB) and A10-8Q (8192 MiB) in one entry: vGPUs on one GPU share one framebuffer size (series of the same size may mix) unless the GPU is in mixed-size mode; the A10 has no mixed-size mode (the driver has it for Ada, Hopper and Blackwell GPUs, by inference) (vgpu-configs.c[0].vgpu-devices.A10-8Q)"
         ],
     ),
     (
@@ -311,7 +311,102 @@ CASES: list[tuple[str, str, list[str]]] = [
         "mig_slices",
         one("devices: all\nvgpu-devices: {A100-3-20C: 2, A100-1-5C: 2}"),
         [
-            "5:22: the MIG-backed types use 8 slices; one A100 has 7 (vgpu-configs.c[0].vgpu-devices)"
+            "5:21: the MIG-backed types need GPU instances 1g.5gb: 2, 3g.20gb: 2 on one A100: the GPU instances (1g.5gb: 2, 3g.20gb: 2) take 8 compute slices; one A100 PCIe 40GB has 7 (vgpu-configs.c[0].vgpu-devices)"
+        ],
+    ),
+    (
+        "mig_memory",
+        one("devices: all\nvgpu-devices: {A100-3-20C: 2, A100-1-5C: 1}"),
+        [
+            "5:21: the MIG-backed types need GPU instances 1g.5gb: 1, 3g.20gb: 2 on one A100: the GPU instances (1g.5gb: 1, 3g.20gb: 2) take 9 memory slices of 5120 MiB; one A100 PCIe 40GB has 8 (vgpu-configs.c[0].vgpu-devices)"
+        ],
+    ),
+    (
+        "sizes_without_mixed_size_mode",
+        one("devices: all\nvgpu-devices: {L40S-24Q: 1, L40S-12Q: 2}"),
+        [
+            "5:22: L40S-12Q (12288 MiB) and L40S-24Q (24576 MiB) in one entry: vGPUs on one GPU share one framebuffer size (series of the same size may mix) unless the GPU is in mixed-size mode; add mode: mixed-size to this entry (vgpu-configs.c[0].vgpu-devices.L40S-24Q)"
+        ],
+    ),
+    (
+        "mixed_size_on_a_model_without_it",
+        one("devices: all\nmode: mixed-size\nvgpu-devices: {A10-4Q: 2, A10-8Q: 1}"),
+        [
+            "5:13: mode: mixed-size: the A10 has no mixed-size mode (the driver has it for Ada, Hopper and Blackwell GPUs, by inference) (vgpu-configs.c[0].mode)"
+        ],
+    ),
+    (
+        "mixed_size_infeasible",
+        one("devices: all\nmode: mixed-size\nvgpu-devices: {L40S-24Q: 1, L40S-16Q: 2}"),
+        [
+            "6:21: mode: mixed-size: L40S-24Q × 1 (24576 MiB, 24 slots each), L40S-16Q × 2 (16384 MiB, 16 slots each) need 56 slots of 1024 MiB; one L40S has 48 (49152 MiB) (vgpu-configs.c[0].vgpu-devices)"
+        ],
+    ),
+    (
+        "mode_unknown",
+        one("devices: all\nmode: mixed\nvgpu-devices: {L40S-24Q: 1}"),
+        [
+            "5:13: mode must be one of time-sliced, mixed-size, mig, found 'mixed'; did you mean mixed-size? (vgpu-configs.c[0].mode)"
+        ],
+    ),
+    (
+        "mode_mig_with_time_sliced_types",
+        one("devices: all\nmode: mig\nvgpu-devices: {A10-4Q: 2}"),
+        [
+            "5:13: mode: mig lays out MIG-backed types, and A10-4Q is time-sliced; leave mode out or write time-sliced (vgpu-configs.c[0].mode)"
+        ],
+    ),
+    (
+        "mode_time_sliced_with_mig_backed_types",
+        one("devices: all\nmode: mixed-size\nvgpu-devices: {A100-1-5C: 2}"),
+        [
+            "5:13: mode: mixed-size lays out time-sliced types, and A100-1-5C is MIG-backed; leave mode out or write mig (vgpu-configs.c[0].mode)"
+        ],
+    ),
+    (
+        "mig_geometry_without_mig",
+        one("devices: all\nmig-geometry: {1g.24gb: 1}\nvgpu-devices: {A10-4Q: 2}"),
+        [
+            "5:21: mig-geometry sets GPU instances for MIG-backed types (mode: mig); this entry's mode is time-sliced (vgpu-configs.c[0].mig-geometry)"
+        ],
+    ),
+    (
+        "mig_geometry_unknown_profile",
+        one("devices: all\nmig-geometry: {1g.6gb: 2}\nvgpu-devices: {A100-1-5C: 2}"),
+        [
+            "5:22: the A100 has no GPU instance profile 1g.6gb (1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb); did you mean 1g.5gb? (vgpu-configs.c[0].mig-geometry.1g.6gb)"
+        ],
+    ),
+    (
+        "mig_geometry_does_not_fit",
+        one(
+            "devices: all\nmig-geometry: {4g.20gb: 1, 3g.20gb: 1, 1g.5gb: 1}\n"
+            "vgpu-devices: {A100-1-5C: 1}"
+        ),
+        [
+            "5:21: mig-geometry: the GPU instances (1g.5gb: 1, 3g.20gb: 1, 4g.20gb: 1) take 8 compute slices; one A100 PCIe 40GB has 7 (vgpu-configs.c[0].mig-geometry)"
+        ],
+    ),
+    (
+        "mig_geometry_too_small_for_the_types",
+        one("devices: all\nmig-geometry: {1g.5gb: 2}\nvgpu-devices: {A100-1-5C: 3}"),
+        [
+            "5:21: mig-geometry: the types need 3 GPU instances 1g.5gb (A100-1-5C: 3 (1 per GPU instance) need 3; one framebuffer size per GPU instance); mig-geometry has 2 (vgpu-configs.c[0].mig-geometry)"
+        ],
+    ),
+    (
+        "mig_geometry_not_a_profile",
+        one("devices: all\nmig-geometry: {big: 1, 1g.5gb: 0}\nvgpu-devices: {A100-1-5C: 1}"),
+        [
+            "5:22: 'big' is not a GPU instance profile; write it as nvidia-smi does, e.g. 1g.24gb or 1g.5gb+me (vgpu-configs.c[0].mig-geometry.big)",
+            "5:38: the count of 1g.5gb must be a whole number from 1 to 64, found 0 (vgpu-configs.c[0].mig-geometry.1g.5gb)",
+        ],
+    ),
+    (
+        "mig_geometry_not_a_mapping",
+        one("devices: all\nmig-geometry: 1g.5gb\nvgpu-devices: {A100-1-5C: 1}"),
+        [
+            "5:21: mig-geometry must map GPU instance profiles to counts, e.g. {1g.24gb: 4}, found '1g.5gb' (vgpu-configs.c[0].mig-geometry)"
         ],
     ),
     (

@@ -39,7 +39,7 @@ SECTIONS = [
         "      vgpu-devices: {}\n",
         "an entry",
         "vgpu-configs.c[0].KEY",
-        ("devices", "device-filter", "vgpu-devices", "publish"),
+        ("devices", "device-filter", "vgpu-devices", "publish", "mode", "mig-geometry"),
     ),
     (
         "top-level policy",

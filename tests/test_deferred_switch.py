@@ -131,7 +131,7 @@ def test_the_a2_switch_with_a_held_vgpu_destroys_nothing_and_names_its_holder(
     code, out, err = run(*args, "-o", "json")
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["format_version"] == "1.5"
+    assert doc["format_version"] == "1.6"
     assert doc["actions"] == []
     (gpu,) = doc["gpus"]
     assert gpu["deferred_switch"] == {

@@ -21,6 +21,7 @@ from vgpu_state.dra.slices import (
 )
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu
 from vgpu_state.sim.host import SimHost
+from vgpu_state.sim.spec import parse_spec
 
 CATALOG = default_catalog()
 
@@ -140,3 +141,21 @@ def test_device_names_map_back_to_vgpu_keys() -> None:
 def test_a_pool_needs_a_node_name() -> None:
     with pytest.raises(ValueError, match="node name"):
         build_pool(NodeSnapshot(node="", gpus=(_big_gpu(1),)), catalog=CATALOG)
+
+
+def test_mig_backed_vgpus_are_published_with_their_gpu_instance() -> None:
+    spec = Path(__file__).resolve().parent.parent / "configs" / "sim" / "rtx-pro-6000.yaml"
+    text = spec.read_text().replace(
+        "    vgpus:\n      - {type: DC-24Q, vf: 0}\n      - {type: DC-24Q, vf: 1}\n",
+        "    mig-mode: true\n    gpu-instances: [1g.24gb, 1g.24gb]\n    vgpus:\n"
+        "      - {type: DC-1-24Q, vf: 0}\n      - {type: DC-1-24Q, vf: 1}\n",
+    )
+    with SimHost(parse_spec(text, "node.yaml", catalog=CATALOG), in_memory=True) as host:
+        snapshot = host.scan()
+    pool = build_pool(snapshot, catalog=CATALOG)
+    assert pool.problems == ()
+    found = sorted(
+        (d.attributes["vgpuType"], d.attributes["gpuInstanceID"], d.capacity["framebuffer"])
+        for d in pool.devices.values()
+    )
+    assert found == [("DC-1-24Q", 1, "24Gi"), ("DC-1-24Q", 2, "24Gi")]

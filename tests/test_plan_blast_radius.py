@@ -94,7 +94,7 @@ def test_a_layout_switch_a_held_vgpu_blocks_is_deferred_and_loses_no_capacity(
         "Plan: 0 to create, 0 to destroy, 5 blocked (1 GPU waiting to switch).",
     ]
     assert "Affected" not in text
-    assert doc["format_version"] == "1.5"
+    assert doc["format_version"] == "1.6"
     assert doc["disruption"] == {"level": "none", "destroyed": 0, "held": 0, "gpus": 0}
     assert doc["actions"] == []
     assert doc["protected"] == [{"holder": "vm default/win-1", "vgpus": 1}]

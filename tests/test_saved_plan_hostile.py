@@ -176,6 +176,15 @@ def test_unknown_fields_of_a_newer_minor_version_are_ignored(saved: tuple[Path, 
     assert r.exit_code == 0, r.output
 
 
+def test_a_plan_saved_before_the_mode_steps_still_applies(saved: tuple[Path, Path]) -> None:
+    """Format 1.6 added steps and fields; a 1.5 plan has none of them and applies."""
+    _, plan = saved
+    edit(plan, lambda doc: doc["plan"].update(format_version="1.5"))
+    r = run("apply", str(plan))
+    assert r.exit_code == 0, r.output
+    assert "Apply complete: 9 done" in r.output
+
+
 def test_a_plan_saved_before_the_blast_radius_still_applies(saved: tuple[Path, Path]) -> None:
     _, plan = saved
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vgpu_state.catalog import default_catalog
-from vgpu_state.host import SysfsHost, scan
+from vgpu_state.host import SysfsHost
 from vgpu_state.model.errors import DeviceBusyError, DriverError
 from vgpu_state.ports import HostPort
 from vgpu_state.sim.fuse import mounted
@@ -48,8 +48,17 @@ def test_every_example_spec_scans_equal_through_fuse(
     for i, path in enumerate(sim_spec_paths):
         with SimHost(path) as host:
             expected = host.scan()
+            smi = host.sysfs.driver.nvidia_smi_installed
         with mounted(path, tmp_path / f"m{i}") as m:
-            got = scan(str(m.root), expected.node, catalog=CATALOG)
+            # A spec with nvidia-smi: its modes come through the stand-in's command line.
+            real = SysfsHost(
+                str(m.root),
+                expected.node,
+                "",
+                catalog=CATALOG,
+                nvidia_smi=m.nvidia_smi_command() if smi else "",
+            )
+            got = real.scan()
         assert got.model_copy(update={"sysfs_root": expected.sysfs_root}) == expected, path.name
 
 

@@ -1,5 +1,6 @@
 """A GPU the host shows in MIG mode or in mixed-size mode: ``doctor`` fails it with
-the check ``mode`` naming the limitation, and ``plan`` refuses to lay it out.
+the check ``mode`` naming the limitation, and ``plan`` refuses to lay it out while
+its modes are not read with nvidia-smi.
 
 The sysfs trees are a simulated node's, with files edited the way the driver shows
 these modes (the simulator models neither): in MIG mode with GPU instances every VF
@@ -20,8 +21,14 @@ from vgpu_state.cli.main import cli
 from vgpu_state.sim.host import SimHost
 
 REPO = Path(__file__).resolve().parent.parent
-MIG = "vgpu-state does not lay out MIG-backed vGPUs"
-MIXED = "vgpu-state keeps GPUs in the driver's equal-size mode (mixed-size mode is not supported)"
+MIG = (
+    "vgpu-state lays out a GPU in MIG mode only when it reads the GPU's modes "
+    "with nvidia-smi (--nvidia-smi PATH)"
+)
+MIXED = (
+    "vgpu-state lays out a GPU in mixed-size mode only when it reads the GPU's modes "
+    "with nvidia-smi (--nvidia-smi PATH)"
+)
 
 A100_NODE = """\
 node: mig-node

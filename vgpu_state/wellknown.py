@@ -28,6 +28,8 @@ PROC_ROOT = "/proc"
 """Where the processes holding vGPUs are read (``--proc-root``)."""
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
 """Where NVIDIA's vGPU Manager installs its SR-IOV helper (used when installed)."""
+NVIDIA_SMI = "/usr/bin/nvidia-smi"
+"""Where NVIDIA's driver installs nvidia-smi (MIG and mixed-size mode; used when installed)."""
 
 METRICS_PORT = 9410
 """The port of ``/metrics`` and the health endpoints (agent and cluster controller)."""

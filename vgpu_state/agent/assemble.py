@@ -89,6 +89,8 @@ class AgentFlags:
     simulated node's own."""
     sriov_manage: tuple[str, ...] | None = None
     """The sriov-manage command line (see ``Settings.sriov_manage``)."""
+    nvidia_smi: tuple[str, ...] | None = None
+    """The nvidia-smi command line (see ``Settings.nvidia_smi``)."""
     gpu_operator: bool = False
     """``--gpu-operator``: under NVIDIA's GPU Operator, whose sandbox device plugin
     advertises the vGPUs: no device plugin of ours, and the operator's sandbox operands
@@ -172,6 +174,7 @@ def build(flags: AgentFlags) -> Agent:
         lock_path=state.lock,
         command=f"vgpu-state agent --node {flags.node}",
         sriov_manage=flags.sriov_manage,
+        nvidia_smi=flags.nvidia_smi,
         default_config=flags.default_config,
         strict=flags.strict,
     )
@@ -275,6 +278,7 @@ def open_agent_node(flags: AgentFlags) -> OpenNode:
             driver_types=flags.state.driver_types,
             record=True,
             sriov_manage=flags.sriov_manage,
+            nvidia_smi=flags.nvidia_smi,
             proc_root=flags.proc_root,
             autosave=True,
             spec_follows=True,

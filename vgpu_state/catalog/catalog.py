@@ -46,6 +46,9 @@ class GpuModel:
     """0 for GPUs without SR-IOV (vGPUs are mdevs on the PF)."""
     mdev_name_prefix: str = "NVIDIA"
     types: tuple[VgpuType, ...] = field(default=(), repr=False)
+    mixed_size: str = ""
+    """The driver's mixed-size (heterogeneous) mode on this model: ``""`` no,
+    ``inferred`` (its generation has it; not verified on hardware)."""
 
     @property
     def sriov_capable(self) -> bool:
@@ -257,16 +260,15 @@ def _load() -> Catalog:
         ts = tuple(sorted(types[name], key=lambda t: (t.type_id, t.name)))
         extra = extras.get(name)
         time_sliced = [t.max_instances for t in ts if not t.is_mig]
-        if extra is not None:
-            totalvfs = int(extra["sriov_totalvfs"])
-            prefix = extra["mdev_name_prefix"]
-            subsystems = _hex_list(extra["subsystem_device_ids"])
-        else:
-            # No capture of sriov_totalvfs exists for most models; it matches the
-            # largest per-GPU vGPU count (reference: nvidia-sysfs.md §2.2).
-            totalvfs = max(time_sliced, default=0)
-            prefix = "NVIDIA"
-            subsystems = ()
+        extra = extra or {}
+        # No capture of sriov_totalvfs exists for most models; it matches the
+        # largest per-GPU vGPU count (reference: nvidia-sysfs.md §2.2). A blank
+        # cell of models.csv takes that default.
+        raw_vfs = extra.get("sriov_totalvfs", "").strip()
+        totalvfs = int(raw_vfs) if raw_vfs else max(time_sliced, default=0)
+        prefix = extra.get("mdev_name_prefix", "").strip() or "NVIDIA"
+        subsystems = _hex_list(extra.get("subsystem_device_ids", ""))
+        mixed_size = extra.get("mixed_size", "").strip()
         models.append(
             GpuModel(
                 name=name,
@@ -276,6 +278,7 @@ def _load() -> Catalog:
                 sriov_totalvfs=totalvfs,
                 mdev_name_prefix=prefix,
                 types=ts,
+                mixed_size=mixed_size,
             )
         )
     return Catalog(tuple(models))

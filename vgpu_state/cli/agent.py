@@ -81,6 +81,13 @@ from vgpu_state.cli.options import (
     "Env: VGPU_STATE_SRIOV_MANAGE.",
 )
 @click.option(
+    "--nvidia-smi",
+    envvar="VGPU_STATE_NVIDIA_SMI",
+    default=None,
+    help="The nvidia-smi command that reads and changes MIG and mixed-size mode (default "
+    "/usr/bin/nvidia-smi when installed; '' for none). Env: VGPU_STATE_NVIDIA_SMI.",
+)
+@click.option(
     "--pod-resources",
     default=wellknown.KUBELET_POD_RESOURCES_SOCKET,
     show_default=True,
@@ -169,6 +176,7 @@ def agent(
     state_dir: str | None,
     proc_root: str | None,
     sriov_manage: str | None,
+    nvidia_smi: str | None,
     pod_resources: str,
     in_use_file: str | None,
     kubevirt: str | None,
@@ -200,7 +208,7 @@ def agent(
         stream=sys.stderr,
     )
     from vgpu_state.agent.assemble import AgentFlags, build
-    from vgpu_state.cli.session import sriov_manage_command
+    from vgpu_state.cli.session import nvidia_smi_command, sriov_manage_command
 
     flags = AgentFlags(
         node=node,
@@ -219,6 +227,7 @@ def agent(
         state_dir=Path(state_dir) if state_dir else None,
         proc_root=proc_root,
         sriov_manage=sriov_manage_command(sriov_manage),
+        nvidia_smi=nvidia_smi_command(nvidia_smi),
         in_use_file=in_use_file,
         pod_resources=pod_resources,
         kubevirt=kubevirt,

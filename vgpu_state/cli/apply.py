@@ -64,7 +64,9 @@ class _ApplyOutput(Warnings):
         extra = " (already done)" if result.outcome is Outcome.SKIPPED else ""
         line = Text("  ")
         line.append(mark, style=style)
-        type_name = f" {action.type_name}" if action.type_name else ""
+        type_name = f" {action.type_name or action.profile or ''}".rstrip()
+        if action.enabled is not None:
+            type_name = " on" if action.enabled else " off"
         line.append(
             f" {action.kind.value} {action.address}{type_name}{extra}"
             f"  {result.seconds * 1000:.1f} ms"
@@ -198,6 +200,12 @@ def _confirm(auto_approve: bool, skip_blocked: bool) -> Any:
     help="The sriov-manage command (default /usr/lib/nvidia/sriov-manage when installed; "
     "'' writes sriov_numvfs). Env: VGPU_STATE_SRIOV_MANAGE.",
 )
+@click.option(
+    "--nvidia-smi",
+    envvar="VGPU_STATE_NVIDIA_SMI",
+    help="The nvidia-smi command that reads and changes MIG and mixed-size mode (default "
+    "/usr/bin/nvidia-smi when installed; '' for none). Env: VGPU_STATE_NVIDIA_SMI.",
+)
 @output_option(
     help="text: the plan, each step and the outcome; json: one object at the end "
     "(needs --auto-approve or a saved plan)."
@@ -212,6 +220,7 @@ def apply_cmd(
     lock_file: str | None,
     lock_timeout: float,
     sriov_manage: str | None,
+    nvidia_smi: str | None,
     output: str,
 ) -> None:
     """Plan, show the plan, ask, and apply it. With PLAN.json, apply exactly that plan.
@@ -237,6 +246,7 @@ def apply_cmd(
             lock_timeout,
             sriov_manage,
             output,
+            nvidia_smi,
         )
         return
     s = settings(
@@ -249,6 +259,7 @@ def apply_cmd(
         session.state_dir,
         default_config=session.default_config,
         strict=session.strict,
+        nvidia_smi=nvidia_smi,
     )
     target = open_target(session, s, record=True)
     out = _JsonApplyOutput() if output == "json" else _ApplyOutput(console())
@@ -299,6 +310,7 @@ def _apply_saved(
     lock_timeout: float,
     sriov_manage: str | None,
     output_format: str = "text",
+    nvidia_smi: str | None = None,
 ) -> None:
     saved = parse_saved_plan(read_input(path, MAX_SAVED_PLAN_BYTES, "saved plan"), path)
     sim_spec, sysfs_root = args.sim_spec, args.sysfs_root
@@ -313,6 +325,7 @@ def _apply_saved(
         lock_timeout,
         sriov_manage,
         args.state_dir,
+        nvidia_smi=nvidia_smi,
     )
     output: _ApplyOutput | _JsonApplyOutput = (
         _JsonApplyOutput() if output_format == "json" else _ApplyOutput(console())

@@ -12,6 +12,7 @@ from vgpu_state.cli.common import SessionArgs, handle_errors, selection_options
 from vgpu_state.cli.options import output_option
 from vgpu_state.cli.session import open_host, reconcile, settings
 from vgpu_state.doctor.checks import (
+    SmiTool,
     SriovTool,
     Status,
     config_checks,
@@ -22,7 +23,7 @@ from vgpu_state.model.errors import ConfigError, VgpuStateError
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.reconcile import NoGpusError, QuietReporter, Settings
 from vgpu_state.render.doctor import render_report, render_report_json
-from vgpu_state.wellknown import SRIOV_MANAGE
+from vgpu_state.wellknown import NVIDIA_SMI, SRIOV_MANAGE
 
 
 class _Heard(QuietReporter):
@@ -58,6 +59,25 @@ def _sriov_tool(session: SessionArgs, s: Settings) -> SriovTool:
     return SriovTool(command=" ".join(s.sriov_manage), found=found)
 
 
+def _smi_tool(session: SessionArgs, s: Settings) -> SmiTool:
+    """The nvidia-smi the node would use: the simulated one, the flag's, or the installed one."""
+    if session.sim_spec:
+        from vgpu_state.sim.spec import load_spec
+
+        spec = load_spec(session.sim_spec, catalog=s.catalog)
+        if spec.nvidia_smi:
+            return SmiTool(command="nvidia-smi (simulated)", found=True)
+        return SmiTool(command="", found=False, missing="the simulated nvidia-smi")
+    if s.nvidia_smi is None:
+        if os.access(NVIDIA_SMI, os.X_OK):
+            return SmiTool(command=NVIDIA_SMI, found=True)
+        return SmiTool(command="", found=False, missing=NVIDIA_SMI)
+    if not s.nvidia_smi:
+        return SmiTool(command="", found=False, missing="nvidia-smi (--nvidia-smi '')")
+    program = s.nvidia_smi[0]
+    return SmiTool(command=" ".join(s.nvidia_smi), found=shutil.which(program) is not None)
+
+
 @click.command("doctor")
 @selection_options
 @output_option()
@@ -67,8 +87,16 @@ def _sriov_tool(session: SessionArgs, s: Settings) -> SriovTool:
     help="The sriov-manage command apply would use (default /usr/lib/nvidia/sriov-manage; "
     "'' writes sriov_numvfs). Env: VGPU_STATE_SRIOV_MANAGE.",
 )
+@click.option(
+    "--nvidia-smi",
+    envvar="VGPU_STATE_NVIDIA_SMI",
+    help="The nvidia-smi command that reads MIG and mixed-size mode (default "
+    "/usr/bin/nvidia-smi when installed; '' for none). Env: VGPU_STATE_NVIDIA_SMI.",
+)
 @handle_errors
-def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> None:
+def doctor_cmd(
+    session: SessionArgs, output: str, sriov_manage: str | None, nvidia_smi: str | None
+) -> None:
     """Check whether this host can run vGPUs and say why not, GPU by GPU.
 
     Reads sysfs (never writes). With -f, also checks that the config selected
@@ -87,11 +115,17 @@ def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> N
         session.sim_spec,
         sriov_manage=sriov_manage,
         directory=session.state_dir,
+        nvidia_smi=nvidia_smi,
     )
     if session.sim_spec and s.sriov_manage is not None:
         # open_host refuses --sriov-manage with --sim; a simulated node brings its own.
         raise click.UsageError("--sriov-manage applies to a real sysfs, not to --sim")
+    if session.sim_spec and s.nvidia_smi is not None:
+        raise click.UsageError(
+            "--nvidia-smi applies to a real host, not to --sim (the spec's nvidia-smi: true)"
+        )
     tool = _sriov_tool(session, s)
+    smi = _smi_tool(session, s)
     target = open_host(
         session.sysfs_root, session.sim_spec, session.node, s, proc_root=session.proc_root
     )
@@ -124,7 +158,7 @@ def doctor_cmd(session: SessionArgs, output: str, sriov_manage: str | None) -> N
                 config = config_checks(report.plan, tuple(heard.warnings))
         else:
             snapshot = _scan(target.host.scan(), session)
-        result = diagnose(snapshot, tool, config)
+        result = diagnose(snapshot, tool, config, smi, s.catalog)
     finally:
         target.close()
     if output == "json":

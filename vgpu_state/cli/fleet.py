@@ -42,7 +42,7 @@ from vgpu_state.config.document import ConfigDocument
 from vgpu_state.kube.fleet import DEFAULT_CHUNK_SIZE, Page
 from vgpu_state.kube.nodestate import SnapshotDecoder
 from vgpu_state.model.errors import TransientError
-from vgpu_state.model.plan import Action, ActionKind, Blocked, GpuPlan, Plan
+from vgpu_state.model.plan import MODE_KINDS, Action, ActionKind, Blocked, GpuPlan, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.snapshot import SharedParts
 from vgpu_state.reconcile.evacuation import document_evacuates, evacuation_lines
@@ -56,7 +56,7 @@ from vgpu_state.reconcile.fleet import (
     node_document,
 )
 from vgpu_state.reconcile.settings import Settings
-from vgpu_state.render.plan import before_after
+from vgpu_state.render.plan import before_after, mode_step_text
 from vgpu_state.render.sharedjson import SharedJson
 
 DEFAULT_MAX_AGE = "30m"
@@ -387,6 +387,9 @@ def node_rows(plan: Plan) -> Iterator[tuple[Cell, ...]]:
             if a.kind is ActionKind.ENABLE_SRIOV:
                 after = (a.after or {}).get("sriov_numvfs")
                 sriov.append(f"enable SR-IOV: {after} virtual functions")
+                continue
+            if a.kind in MODE_KINDS:
+                sriov.append(mode_step_text(a))
                 continue
             key = (a.kind, a.type_label)
             counts[key] = counts.get(key, 0) + 1

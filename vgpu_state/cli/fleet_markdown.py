@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from vgpu_state.model.errors import BlockedReason
-from vgpu_state.model.plan import ActionKind, Blocked, Disruption, Plan
+from vgpu_state.model.plan import MODE_KINDS, ActionKind, Blocked, Disruption, Plan
 from vgpu_state.model.policy import Publish
 from vgpu_state.model.timestamps import rfc3339
 from vgpu_state.reconcile.evacuation import FleetEvacuation, summary_text, withheld_text
 from vgpu_state.reconcile.fleet import FleetTotals, NodeOutcome, NodePlan
-from vgpu_state.render.plan import before_after
+from vgpu_state.render.plan import before_after, mode_step_text
 
 OPEN_ROWS = 20
 """Rows of a section shown open; a longer section is collapsed."""
@@ -80,9 +80,13 @@ def _change_rows(plan: Plan) -> list[list[str]]:
             continue
         counts: dict[tuple[ActionKind, str], int] = {}
         sriov: list[str] = []
+        modes: list[str] = []
         for a in actions:
             if a.kind is ActionKind.ENABLE_SRIOV:
                 sriov.append(str((a.after or {}).get("sriov_numvfs", "")))
+                continue
+            if a.kind in MODE_KINDS:
+                modes.append(_esc(mode_step_text(a)))
                 continue
             key = (a.kind, a.type_label)
             counts[key] = counts.get(key, 0) + 1
@@ -92,6 +96,7 @@ def _change_rows(plan: Plan) -> list[list[str]]:
             if kind is ActionKind.DESTROY:
                 mine.append(["destroy", str(n), _esc(type_name)])
         mine.extend(["enable SR-IOV", vfs, "virtual functions"] for vfs in sriov)
+        mine.extend([text, "", ""] for text in modes)
         for (kind, type_name), n in counts.items():
             if kind is ActionKind.CREATE:
                 mine.append(["create", str(n), _esc(type_name)])

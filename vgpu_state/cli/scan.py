@@ -29,7 +29,8 @@ from vgpu_state.cli.session import state_dir as session_state_dir
 from vgpu_state.cli.session import warn
 from vgpu_state.compose import NodeSettings, open_node
 from vgpu_state.model.errors import VgpuStateError
-from vgpu_state.model.snapshot import Gpu, NodeSnapshot
+from vgpu_state.model.gpumode import GpuModes
+from vgpu_state.model.snapshot import Gpu, NodeSnapshot, Vgpu
 from vgpu_state.model.withheld import WithheldRecord, WithheldVgpu, still_on_host
 from vgpu_state.planner.fits import still_fits
 from vgpu_state.reconcile.once import holders
@@ -79,6 +80,34 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def _modes_text(modes: GpuModes) -> str:
+    """A GPU's mode as ``nvidia-smi`` read it, with its GPU instances (id, profile,
+    placement start:size)."""
+    text = modes.mode.value
+    if modes.mig is not None:
+        text += f" (MIG mode {'on' if modes.mig else 'off'}"
+        if modes.mig_pending is not None and modes.mig_pending != modes.mig:
+            text += f", {'on' if modes.mig_pending else 'off'} after a GPU reset"
+        text += ")"
+    lines = [text]
+    for gi in modes.gpu_instances:
+        where = ""
+        if gi.placement_start is not None:
+            where = f" at {gi.placement_start}:{gi.placement_size or '?'}"
+        lines.append(f"GPU instance {gi.id}: {gi.profile}{where}")
+    return "\n".join(lines)
+
+
+def _landed(v: Vgpu) -> str:
+    """Where the driver put a VF's vGPU (its GPU instance, its placement), when read."""
+    parts = []
+    if v.gpu_instance_id is not None:
+        parts.append(f"GPU instance {v.gpu_instance_id}")
+    if v.placement_id is not None:
+        parts.append(f"placement {v.placement_id}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def print_snapshot(
     snapshot: NodeSnapshot,
     console: Console,
@@ -106,8 +135,12 @@ def print_snapshot(
         if gpu.sriov_totalvfs:
             table.add_row("VFs", f"{gpu.sriov_numvfs}/{gpu.sriov_totalvfs} enabled")
         table.add_row("NUMA / IOMMU", f"{_dash(gpu.numa_node)} / {_dash(gpu.iommu_group)}")
+        if gpu.modes is not None:
+            table.add_row("mode", _modes_text(gpu.modes))
         vgpus = [
-            f"{v.type_name or v.type_id} {v.uuid or ''} on {v.parent}".replace("  ", " ")
+            f"{v.type_name or v.type_id} {v.uuid or ''} on {v.parent}{_landed(v)}".replace(
+                "  ", " "
+            )
             for v in gpu.vgpus
         ]
         table.add_row("vGPUs", "\n".join(vgpus) if vgpus else "none")

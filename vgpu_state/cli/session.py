@@ -92,6 +92,7 @@ def open_host(
             driver_types=settings.driver_types_path,
             record=record,
             sriov_manage=settings.sriov_manage,
+            nvidia_smi=settings.nvidia_smi,
             proc_root=proc_root,
             autosave=True,
         ),
@@ -115,6 +116,12 @@ def sriov_manage_command(flag: str | None) -> tuple[str, ...] | None:
     return None if flag is None else tuple(shlex.split(flag))
 
 
+def nvidia_smi_command(flag: str | None) -> tuple[str, ...] | None:
+    """``--nvidia-smi``: a command line split as a shell would; ``None`` when not given
+    (the installed ``/usr/bin/nvidia-smi`` if any), ``()`` for ``""`` (none)."""
+    return None if flag is None else tuple(shlex.split(flag))
+
+
 def settings(
     label_key: str,
     sim_spec: str | None,
@@ -126,6 +133,7 @@ def settings(
     *,
     default_config: str | None = None,
     strict: bool = False,
+    nvidia_smi: str | None = None,
 ) -> Settings:
     """The settings of one command, from its flags and the environment (``directory``:
     ``--state-dir``)."""
@@ -140,6 +148,7 @@ def settings(
         default_config=default_config or None,
         strict=strict,
         sriov_manage=sriov_manage_command(sriov_manage),
+        nvidia_smi=nvidia_smi_command(nvidia_smi),
         command=" ".join(sys.argv),
     )
 

@@ -82,11 +82,9 @@ def _fail_text(lines: Sequence[str]) -> NoReturn:
 
 
 def print_warnings(document: ConfigDocument) -> None:
-    for issue in document.warnings:
-        where = f" ({issue.path})" if issue.path else ""
-        click.echo(
-            f"{issue.file}:{issue.line}:{issue.column}: warning: {issue.message}{where}", err=True
-        )
+    """The document's warnings, then its notes (what rests on an inferred rule), on stderr."""
+    for line in _warning_lines(document) + _note_lines(document):
+        click.echo(line, err=True)
 
 
 def gpus_from_flags(specs: Sequence[str]) -> tuple[Gpu, ...]:
@@ -172,14 +170,17 @@ def render_layout(state: DesiredState, gpus: Sequence[Gpu]) -> list[str]:
 @click.option(
     "--strict",
     is_flag=True,
-    help="Treat warnings (vGPU types the catalog does not know) as errors.",
+    help="Treat warnings (vGPU types the catalog does not know) as errors; notes stay notes.",
 )
 @output_option()
 def validate(config_file: str, config_name: str | None, strict: bool, output: str) -> None:
     """Check a config file; print every error as file:line:column: message.
 
     A type name the catalog does not know is a warning (exit 0): the node's driver
-    decides whether it offers it. --strict makes warnings errors (exit 1).
+    decides whether it offers it. --strict makes warnings errors (exit 1). A layout
+    that rests on an inferred rule (MIG GPU instances, mixed-size placement) gets a
+    note, "experimental: inferred, not verified on hardware", which --strict leaves
+    a note.
     With -o json the result is one JSON object on stdout (errors too).
 
     \b
@@ -204,8 +205,12 @@ def validate(config_file: str, config_name: str | None, strict: bool, output: st
         _json_result(document.file, document, True, [])
         return
     count = len(document.configs)
-    warned = len(document.warnings)
-    tail = f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""
+    said = [
+        f"{n} {what}{'s' if n != 1 else ''}"
+        for n, what in ((len(document.warnings), "warning"), (len(document.notes), "note"))
+        if n
+    ]
+    tail = f" ({', '.join(said)})" if said else ""
     click.echo(f"{document.file}: valid: {count} config{'s' if count != 1 else ''}{tail}")
     for line in publish_lines(document):
         click.echo(line)
@@ -218,6 +223,13 @@ def _warning_lines(document: ConfigDocument) -> list[str]:
     ]
 
 
+def _note_lines(document: ConfigDocument) -> list[str]:
+    return [
+        f"{i.file}:{i.line}:{i.column}: note: {i.message}{f' ({i.path})' if i.path else ''}"
+        for i in document.notes
+    ]
+
+
 def _json_result(
     file: str,
     document: ConfigDocument | None,
@@ -225,7 +237,7 @@ def _json_result(
     errors: Sequence[str],
     error: tuple[str, Sequence[ConfigIssue]] | None = None,
 ) -> None:
-    """``validate -o json``: ``{"file", "valid", "configs", "errors", "warnings"}``; an
+    """``validate -o json``: ``{"file", "valid", "configs", "errors", "warnings", "notes"}``; an
     invalid file also has the one error document's ``error`` (reason, issues)."""
     result: dict[str, object] = {}
     if error is not None:
@@ -236,6 +248,7 @@ def _json_result(
         "configs": list(document.config_names) if document is not None else [],
         "errors": list(errors),
         "warnings": _warning_lines(document) if document is not None else [],
+        "notes": _note_lines(document) if document is not None else [],
     }
     click.echo(json.dumps(result, indent=2))
 

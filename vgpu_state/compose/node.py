@@ -51,6 +51,9 @@ class NodeSettings:
     changes the host); otherwise the file is only read."""
     sriov_manage: tuple[str, ...] | None = None
     """A real host's sriov-manage command (see ``reconcile.Settings.sriov_manage``)."""
+    nvidia_smi: tuple[str, ...] | None = None
+    """A real host's nvidia-smi command (``None``: ``/usr/bin/nvidia-smi`` when
+    installed; empty: none). A simulated node has its own when its spec says so."""
     proc_root: str | None = None
     """Where processes holding vGPUs are read (``None``: ``/proc``, or a simulated
     node's own); one given must look like a ``/proc``
@@ -123,6 +126,11 @@ def open_node(
         raise SelectionError("give either --sim or --sysfs-root, not both")
     if settings.sim_spec and settings.sriov_manage is not None:
         raise SelectionError("--sriov-manage applies to a real sysfs, not to --sim")
+    if settings.sim_spec and settings.nvidia_smi is not None:
+        raise SelectionError(
+            "--nvidia-smi applies to a real host, not to --sim (a simulated node has "
+            "nvidia-smi when its spec says nvidia-smi: true)"
+        )
     if settings.proc_root is not None:
         check_proc_root(settings.proc_root)
     memory = driver_types if driver_types is not None else driver_type_memory(settings, warn)
@@ -151,6 +159,7 @@ def open_node(
         settings.sriov_manage,
         catalog=catalog,
         driver_types=memory,
+        nvidia_smi=settings.nvidia_smi,
     )
     processes = ProcHolders(settings.proc_root or PROC_ROOT)
     return OpenNode(real, MemoryCluster(name), processes, memory)
@@ -192,3 +201,15 @@ class _SavingHost:
 
     def clear_vf_type(self, vf: str) -> None:
         self.inner.clear_vf_type(vf)
+
+    def set_mig_mode(self, pf: str, enabled: bool) -> None:
+        self.inner.set_mig_mode(pf, enabled)
+
+    def create_gpu_instance(self, pf: str, profile: str) -> int:
+        return self.inner.create_gpu_instance(pf, profile)
+
+    def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
+        self.inner.destroy_gpu_instance(pf, gi_id)
+
+    def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
+        self.inner.set_heterogeneous_mode(pf, enabled)

@@ -18,6 +18,7 @@ from pydantic_core import CoreSchema
 
 from vgpu_state.model.errors import ConfigIssue
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.gpumode import GpuMode
 from vgpu_state.model.policy import (
     Evacuation,
     InUsePolicy,
@@ -30,6 +31,9 @@ from vgpu_state.model.policy import (
 DEVICE_FILTER_PATTERN = r"^0[xX][0-9a-fA-F]{8}(:0[xX][0-9a-fA-F]{8})?$"
 PCI_ADDRESS_PATTERN = r"^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$"
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+MAX_GPU_INSTANCES = 64
+"""The most GPU instances of one profile an entry's mig-geometry may ask for (a GPU has at
+most 7 compute slices; the bound keeps a hostile file's numbers small)."""
 
 
 class _Model(Frozen):
@@ -169,9 +173,7 @@ class PolicySpec(_Model):
             prune=self.prune if self.prune is not None else base.prune,
             sriov=self.sriov if self.sriov is not None else base.sriov,
             max_unavailable=(
-                self.max_unavailable
-                if self.max_unavailable is not None
-                else base.max_unavailable
+                self.max_unavailable if self.max_unavailable is not None else base.max_unavailable
             ),
             publish=self.publish if self.publish is not None else base.publish,
             missing_gpus=(
@@ -244,6 +246,20 @@ class Entry(_Model):
         default=None,
         description="The channel of this entry's vGPUs; left out: the policy's. "
         + PUBLISH_DESCRIPTION,
+    )
+    mode: GpuMode | None = Field(
+        default=None,
+        description="How the GPU shares itself: time-sliced (vGPUs of one framebuffer "
+        "size, the driver's default), mixed-size (time-sliced vGPUs of different sizes; "
+        "Ada, Hopper and Blackwell GPUs) or mig (MIG-backed vGPUs in GPU instances). "
+        "Left out: mig when the types are MIG-backed, else time-sliced.",
+    )
+    mig_geometry: dict[str, Annotated[int, Field(gt=0, le=MAX_GPU_INSTANCES)]] | None = Field(
+        default=None,
+        alias="mig-geometry",
+        description="Under mode mig: GPU instance profile (1g.24gb, 1g.5gb+me) → number "
+        "of GPU instances on each matching GPU. Left out: the fewest GPU instances that "
+        "hold the vGPUs (one framebuffer size per GPU instance).",
     )
 
 
@@ -328,9 +344,12 @@ class ConfigDocument:
     spec: ConfigFile
     file: str = field(default="<config>", compare=False)
     positions: Mapping[str, tuple[int, int]] = field(default_factory=dict, compare=False)
+    """Key path (``vgpu-configs.a10[0]``, ``node-selectors[1]``, ``default``) → (line, column)."""
     warnings: tuple[ConfigIssue, ...] = field(default=(), compare=False)
     """What the catalog cannot vouch for (type names it does not know); not errors."""
-    """Key path (``vgpu-configs.a10[0]``, ``node-selectors[1]``, ``default``) → (line, column)."""
+    notes: tuple[ConfigIssue, ...] = field(default=(), compare=False)
+    """Entries whose layout rests on an inferred rule (``experimental: inferred, not
+    verified on hardware``): MIG GPU instances, mixed-size placement. Never errors."""
 
     @property
     def configs(self) -> dict[str, NamedConfig]:

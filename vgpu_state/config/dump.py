@@ -25,6 +25,10 @@ def _entry(entry: Entry) -> dict[str, Any]:
     out["vgpu-devices"] = dict(entry.vgpu_devices)
     if entry.publish is not None:
         out["publish"] = entry.publish.value
+    if entry.mode is not None:
+        out["mode"] = entry.mode.value
+    if entry.mig_geometry is not None:
+        out["mig-geometry"] = dict(entry.mig_geometry)
     return out
 
 

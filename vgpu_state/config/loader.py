@@ -64,7 +64,9 @@ def load_text(
     """Load and check config ``text``; ``filename`` is used in messages.
 
     The document's ``warnings`` list what the catalog cannot vouch for (the node's
-    driver decides); with ``strict`` they are errors.
+    driver decides); with ``strict`` they are errors. Its ``notes`` say which
+    layouts rest on an inferred rule (MIG GPU instances, mixed-size placement);
+    ``strict`` leaves them notes.
     """
     issues = Issues(filename)
     document: ConfigDocument | None = None
@@ -80,7 +82,8 @@ def load_text(
     if issues.items or document is None:
         raise ConfigError(listed(filename, issues.items))
     warnings = listed(filename, issues.warnings, "warnings")
-    return replace(document, warnings=tuple(warnings))
+    notes = listed(filename, issues.notes, "notes")
+    return replace(document, warnings=tuple(warnings), notes=tuple(notes))
 
 
 def _single(filename: str, message: str) -> list[Any]:

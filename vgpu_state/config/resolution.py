@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vgpu_state.catalog import Catalog, GpuModel, suggest
+from vgpu_state.catalog.mig import geometry_for
 from vgpu_state.config.document import ConfigDocument, Entry
 from vgpu_state.config.filters import parse_device_filter
-from vgpu_state.config.semantics import candidate_models
+from vgpu_state.config.semantics import candidate_models, default_mode
 from vgpu_state.config.typenames import canonical_type_name
 from vgpu_state.model.desired import DesiredGpu, DesiredState, SkippedEntry
 from vgpu_state.model.errors import ConfigError, ConfigIssue, SelectionError
 from vgpu_state.model.frozen import built
+from vgpu_state.model.gpumode import GpuMode
 from vgpu_state.model.policy import MissingGpus
 from vgpu_state.model.snapshot import Gpu, SharedParts
 
@@ -80,6 +82,22 @@ def entry_types(entry: Entry, catalog: Catalog) -> tuple[tuple[str, int], ...]:
         canon = canonical_type_name(name, catalog)
         counts[canon] = counts.get(canon, 0) + count
     return tuple(sorted(counts.items()))
+
+
+def entry_mode(
+    entry: Entry, types: Sequence[tuple[str, int]], model: GpuModel | None
+) -> tuple[GpuMode, tuple[tuple[str, int], ...]]:
+    """The GPU's mode under ``entry`` (its ``mode``, else ``mig`` for MIG-backed types)
+    and, under ``mig``, its GPU instances: the entry's ``mig-geometry``, else the fewest
+    that hold the types on ``model`` (none when the model is unknown)."""
+    mode = entry.mode or default_mode(name for name, _ in types)
+    if mode is not GpuMode.MIG:
+        return mode, ()
+    if entry.mig_geometry is not None:
+        return mode, tuple(sorted(entry.mig_geometry.items()))
+    if model is None:
+        return mode, ()
+    return mode, geometry_for(model, dict(types))
 
 
 def resolve(
@@ -208,13 +226,17 @@ def _gpu_layout(
             return applying, None
         index = applying[0]
         policy = document.policy_for(config_name)
+        types = entry_types(entries[index], catalog)
+        mode, geometry = entry_mode(entries[index], types, model)
         return applying, DesiredGpu(
             address=gpu.address,
             index=gpu.index,
             model=model.name if model is not None else gpu.model,
-            types=entry_types(entries[index], catalog),
+            types=types,
             entry=document.entry_ref(config_name, index),
             publish=entries[index].publish or policy.publish,
+            mode=mode,
+            mig_geometry=geometry,
         )
 
     key = (

@@ -53,6 +53,9 @@ class Issues:
     items: list[ConfigIssue] = field(default_factory=list)
     warnings: list[ConfigIssue] = field(default_factory=list)
     """Things to look at that do not make the file invalid (errors under ``strict``)."""
+    notes: list[ConfigIssue] = field(default_factory=list)
+    """Information about a valid part (a layout that rests on an inferred rule); never
+    errors, not even under ``strict``."""
 
     def at(self, node: Node | None, path: str, message: str) -> None:
         line, column = position(node)
@@ -61,6 +64,10 @@ class Issues:
     def warn(self, node: Node | None, path: str, message: str) -> None:
         line, column = position(node)
         self._add(self.warnings, line, column, path, message)
+
+    def note(self, node: Node | None, path: str, message: str) -> None:
+        line, column = position(node)
+        self._add(self.notes, line, column, path, message)
 
     def at_position(self, line: int, column: int, path: str, message: str) -> None:
         self._add(self.items, line, column, path, message)

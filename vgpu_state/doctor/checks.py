@@ -12,13 +12,15 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from vgpu_state.catalog import parse_type_name
+from vgpu_state.catalog import Catalog, parse_type_name
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
 from vgpu_state.planner.support import host_modes
 
 SRIOV_MANAGE_HINT = "pass --sriov-manage PATH or install the vGPU Manager's sriov-manage"
+NVIDIA_SMI_HINT = "pass --nvidia-smi PATH (or install the vGPU Manager's nvidia-smi)"
+INFERRED = "experimental: inferred, not verified on hardware"
 
 
 class Status(StrEnum):
@@ -86,6 +88,17 @@ class SriovTool(Frozen):
     found: bool
     missing: str = ""
     """With ``command`` empty: the default command that was looked for and is not installed."""
+
+
+class SmiTool(Frozen):
+    """The nvidia-smi that reads and changes MIG and mixed-size mode on this node.
+
+    ``command`` empty: none (``missing`` names what was looked for).
+    """
+
+    command: str
+    found: bool
+    missing: str = ""
 
 
 UNKNOWNS = (
@@ -305,27 +318,102 @@ def _problems(gpu: Gpu) -> list[Check]:
 
 
 def _modes(gpu: Gpu) -> list[Check]:
-    """MIG mode and mixed-size mode, which vgpu-state does not lay out."""
+    """A GPU in MIG mode or mixed-size mode whose modes were not read: vgpu-state lays it
+    out only once it reads them with nvidia-smi."""
+    if gpu.modes is not None:
+        return []
     return [
         Check(
             id="mode",
             status=Status.FAIL,
             message=problem,
-            action=(
-                "leave this GPU out of every vgpu-state layout, or turn MIG mode off "
-                "(nvidia-smi -i GPU -mig 0, with its VFs disabled)"
-                if "MIG mode" in problem
-                else "leave this GPU out of every vgpu-state layout, or remove its vGPUs "
-                "and turn mixed-size mode off (nvidia-smi vgpu -shm 0)"
-            )
-            + "; docs/config.md, 'What vgpu-state does not do'",
+            action=f"{NVIDIA_SMI_HINT}, or leave this GPU out of every vgpu-state layout; "
+            "docs/plan.md, 'GPU modes'",
         )
         for problem in host_modes(gpu)
     ]
 
 
-def gpu_checks(gpu: Gpu, sriov_tool: SriovTool | None) -> list[Check]:
-    """The host checks of one GPU, in a fixed order."""
+def mig_capable(gpu: Gpu, catalog: Catalog) -> bool:
+    """The GPU's catalog model has MIG-backed vGPU types."""
+    model = catalog.model(gpu.model) if gpu.model else None
+    return model is not None and any(t.is_mig for t in model.types)
+
+
+def mixed_size_capable(gpu: Gpu) -> bool:
+    """The driver's mixed-size mode is expected here: the vendor-VFIO interface (inferred)."""
+    return gpu.layout is SysfsInterface.VENDOR_VFIO
+
+
+def _on(value: bool | None) -> str:
+    return "N/A" if value is None else ("on" if value else "off")
+
+
+def _mig(gpu: Gpu, smi: SmiTool | None) -> Check:
+    """MIG capability and state: mode (and a pending change) and the GPU instances."""
+    modes = gpu.modes
+    if modes is None or modes.mig is None:
+        missing = smi is not None and not smi.found
+        why = "no nvidia-smi" if missing else "nvidia-smi did not report it"
+        return Check(
+            id="mig",
+            status=Status.WARN,
+            message=f"MIG-capable (the catalog lists MIG-backed types); MIG mode and GPU "
+            f"instances not read: {why}",
+            action=NVIDIA_SMI_HINT if missing else "",
+        )
+    counts = modes.gi_counts()
+    instances = ", ".join(f"{n} × {p}" for p, n in sorted(counts.items())) if counts else "none"
+    message = f"MIG-capable; MIG mode {_on(modes.mig)}"
+    if modes.mig:
+        message += f", GPU instances: {instances} (profiles derived from the catalog: {INFERRED})"
+    if modes.mig_pending is not None and modes.mig_pending != modes.mig:
+        return Check(
+            id="mig",
+            status=Status.WARN,
+            message=f"{message}; MIG mode turns {_on(modes.mig_pending)} at the next GPU reset",
+            action="reset the GPU (or reboot) before laying it out",
+        )
+    return Check(id="mig", status=Status.OK, message=message)
+
+
+def _mixed_size(gpu: Gpu, smi: SmiTool | None) -> Check:
+    """Mixed-size (heterogeneous) capability and state."""
+    modes = gpu.modes
+    capable = f"mixed-size capable (the vendor-VFIO interface; {INFERRED})"
+    if modes is None:
+        missing = smi is not None and not smi.found
+        why = "no nvidia-smi" if missing else "nvidia-smi did not report it"
+        return Check(
+            id="mixed-size",
+            status=Status.OK,
+            message=f"{capable}; mixed-size mode not read: {why}",
+            action=NVIDIA_SMI_HINT if missing else "",
+        )
+    if modes.heterogeneous is None:
+        state = "N/A in MIG mode" if modes.mig else "not reported"
+        return Check(
+            id="mixed-size", status=Status.OK, message=f"{capable}; mixed-size mode {state}"
+        )
+    return Check(
+        id="mixed-size",
+        status=Status.OK,
+        message=f"{capable}; mixed-size mode {_on(modes.heterogeneous)}",
+    )
+
+
+def gpu_checks(
+    gpu: Gpu,
+    sriov_tool: SriovTool | None,
+    smi: SmiTool | None = None,
+    catalog: Catalog | None = None,
+) -> list[Check]:
+    """The host checks of one GPU, in a fixed order (MIG capability only with ``catalog``)."""
+    modes = []
+    if gpu.model is not None and catalog is not None and mig_capable(gpu, catalog):
+        modes.append(_mig(gpu, smi))
+    if gpu.model is not None and mixed_size_capable(gpu):
+        modes.append(_mixed_size(gpu, smi))
     return [
         _catalog(gpu),
         _driver(gpu),
@@ -333,6 +421,7 @@ def gpu_checks(gpu: Gpu, sriov_tool: SriovTool | None) -> list[Check]:
         _sriov(gpu, sriov_tool),
         _iommu(gpu),
         _series(gpu),
+        *modes,
         *_modes(gpu),
         *_problems(gpu),
     ]
@@ -445,12 +534,35 @@ def sriov_path(tool: SriovTool) -> Check:
     )
 
 
+def smi_path(tool: SmiTool) -> Check:
+    """Whether this node has the nvidia-smi that reads and changes MIG and mixed-size mode."""
+    if tool.command and tool.found:
+        return Check(
+            id="nvidia-smi",
+            status=Status.OK,
+            message=f"MIG and mixed-size mode are read and changed with {tool.command}",
+        )
+    what = tool.command or tool.missing or "nvidia-smi"
+    return Check(
+        id="nvidia-smi",
+        status=Status.WARN,
+        message=f"{what} is not installed or not executable: MIG mode, GPU instances and "
+        "mixed-size mode can be neither read nor changed",
+        action=NVIDIA_SMI_HINT,
+    )
+
+
 def diagnose(
     snapshot: NodeSnapshot,
     sriov_tool: SriovTool | None = None,
     config: ConfigChecks | None = None,
+    smi: SmiTool | None = None,
+    catalog: Catalog | None = None,
 ) -> DoctorReport:
-    """Every check of ``snapshot``, with the config's checks (see :func:`config_checks`)."""
+    """Every check of ``snapshot``, with the config's checks (see :func:`config_checks`).
+
+    ``smi``: the node's nvidia-smi; a node with a MIG-capable GPU and none gets a
+    warning saying how to give it (MIG capability is told by ``catalog``)."""
     node: list[Check] = []
     if snapshot.error is not None:
         node.append(
@@ -481,9 +593,15 @@ def diagnose(
         per_gpu_config = config[1]
     if sriov_tool is not None and any(g.sriov_totalvfs for g in snapshot.gpus):
         node.append(sriov_path(sriov_tool))
+    if smi is not None:
+        if smi.found and smi.command:
+            if any(g.modes is not None for g in snapshot.gpus):
+                node.append(smi_path(smi))
+        elif catalog is not None and any(mig_capable(g, catalog) for g in snapshot.gpus):
+            node.append(smi_path(smi))
     gpus: list[GpuReport] = []
     for gpu in snapshot.gpus:
-        checks = gpu_checks(gpu, sriov_tool)
+        checks = gpu_checks(gpu, sriov_tool, smi, catalog)
         checks += per_gpu_config.get(gpu.address, [])
         gpus.append(
             GpuReport(

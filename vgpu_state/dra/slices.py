@@ -177,6 +177,10 @@ def _device(g: Gpu, v: Vgpu, catalog: Catalog, problems: list[str]) -> DraDevice
         attrs["series"] = info.series
         attrs["framebufferMiB"] = info.framebuffer_mib
         capacity["framebuffer"] = _quantity(info.framebuffer_mib)
+    if v.gpu_instance_id is not None:
+        attrs["gpuInstanceID"] = v.gpu_instance_id
+    if v.placement_id is not None:
+        attrs["placementID"] = v.placement_id
     attrs["parentPciBusID"] = g.address
     if g.model:
         attrs["productName"] = g.model

@@ -20,10 +20,10 @@ from vgpu_state.model.errors import (
     Reason,
     TypeNotListedError,
 )
-from vgpu_state.model.plan import Action, ActionKind, GpuPlan, Plan
+from vgpu_state.model.plan import MODE_KINDS, Action, ActionKind, GpuPlan, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner.compare import differences
-from vgpu_state.planner.expected import expected_gpu
+from vgpu_state.planner.expected import expected_gpu, modes_view
 from vgpu_state.ports.host import HostPort
 from vgpu_state.statefiles.journal import Journal
 
@@ -113,9 +113,9 @@ class VerificationError(HostError):
 Progress = Callable[[Action, StepResult], None]
 
 Replan = Callable[[Plan, GpuPlan, tuple[Action, ...], NodeSnapshot, Mapping[str, str]], Plan]
-"""Plans the creates that waited for SR-IOV, once its virtual functions exist:
-``replan(plan, gpu header, waiting creates, live snapshot, in use) -> plan of that GPU``.
-The reconcile supplies it (:func:`vgpu_state.reconcile.replan_deferred`)."""
+"""Plans the creates that waited for SR-IOV (or for a GPU's mode or GPU instances), once
+they are there: ``replan(plan, gpu header, waiting creates, live snapshot, in use) ->
+plan of that GPU``. The reconcile supplies it (:func:`vgpu_state.reconcile.replan_deferred`)."""
 
 
 def _read_failures(g: Gpu | None) -> list[str]:
@@ -126,9 +126,10 @@ def _read_failures(g: Gpu | None) -> list[str]:
 
 
 def _vgpu_set(g: Gpu | None) -> set[str]:
+    """What verification compares: the vGPUs, and the modes where they were read."""
     if g is None:
         return set()
-    return {f"{v.key} ({v.type_name})" for v in g.vgpus}
+    return {f"{v.key} ({v.type_name})" for v in g.vgpus} | modes_view(g)
 
 
 @dataclass
@@ -160,6 +161,8 @@ class _Run:
         """Idempotence: is the live state already what this step would make it?"""
         if live is None:
             return False
+        if a.kind in MODE_KINDS:
+            return _mode_done(a, live)
         by_key = {v.key: v for v in live.vgpus}
         if a.kind is ActionKind.ENABLE_SRIOV:
             return live.sriov_numvfs > 0
@@ -173,6 +176,18 @@ class _Run:
         h = self.host
         if a.kind is ActionKind.ENABLE_SRIOV:
             h.enable_sriov(a.gpu)
+        elif a.kind is ActionKind.DISABLE_SRIOV:
+            h.disable_sriov(a.gpu)
+        elif a.kind is ActionKind.SET_MIG_MODE:
+            h.set_mig_mode(a.gpu, bool(a.enabled))
+        elif a.kind is ActionKind.SET_HETEROGENEOUS_MODE:
+            h.set_heterogeneous_mode(a.gpu, bool(a.enabled))
+        elif a.kind is ActionKind.DESTROY_GPU_INSTANCE:
+            assert a.gi_id is not None
+            h.destroy_gpu_instance(a.gpu, a.gi_id)
+        elif a.kind is ActionKind.CREATE_GPU_INSTANCE:
+            assert a.profile is not None
+            h.create_gpu_instance(a.gpu, a.profile)
         elif a.kind is ActionKind.DESTROY:
             if a.vf is not None:
                 h.clear_vf_type(a.vf)
@@ -337,13 +352,27 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
         immediate = [a for a in actions if not (a.kind is ActionKind.CREATE and a.parent is None)]
         deferred = [a for a in actions if a.kind is ActionKind.CREATE and a.parent is None]
         current = live.gpu(header.address)  # the same for every step of this GPU
+        # ... but for a GPU whose mode changes: its later steps see what the earlier
+        # ones made (SR-IOV is enabled again after it was disabled).
+        evolves = any(a.kind in MODE_KINDS for a in actions)
         for a in immediate:
             position += 1
             run.step(a, current, all_actions[position:])
+            if evolves and current is not None:
+                current = expected_gpu(current, (a,))
         expected = _expected(before, header.address, actions)
         live = run.scan_gpu(live, header.address)
         if deferred:
             assert run.replan is not None
+            made = _expected(before, header.address, tuple(immediate))
+            want_modes, got_modes = modes_view(made), modes_view(live.gpu(header.address))
+            if want_modes != got_modes:
+                run.record("plan-end", outcome="failed", failed=f"verify gpu[{header.address}]")
+                raise VerificationError(
+                    header.address,
+                    sorted(want_modes - got_modes),
+                    sorted(got_modes - want_modes),
+                )
             try:
                 sub = run.replan(plan, header, tuple(deferred), live, run.in_use)
             except PlanningError as e:
@@ -398,6 +427,21 @@ def _execute(run: _Run, snapshot: NodeSnapshot | None, desired: DesiredState | N
         extra["differences"] = [*notes, *found]
     run.record("plan-end", outcome=outcome, blocked=blocked, seconds=round(seconds, 6), **extra)
     return ApplyResult(run.plan_id, tuple(run.steps), final, seconds, tuple(notes), found)
+
+
+def _mode_done(a: Action, live: Gpu) -> bool:
+    """Idempotence of a mode step: is the GPU (as last read, or as the steps before
+    left it) already so? Unknown modes (not read) are never taken as done."""
+    if a.kind is ActionKind.DISABLE_SRIOV:
+        return live.sriov_numvfs == 0
+    modes = live.modes
+    if modes is None or a.kind is ActionKind.CREATE_GPU_INSTANCE:
+        return False
+    if a.kind is ActionKind.SET_MIG_MODE:
+        return modes.mig is a.enabled and modes.mig_pending is None
+    if a.kind is ActionKind.SET_HETEROGENEOUS_MODE:
+        return modes.heterogeneous is a.enabled
+    return all(gi.id != a.gi_id for gi in modes.gpu_instances)
 
 
 def _expected(before: NodeSnapshot, address: str, actions: tuple[Action, ...]) -> Gpu | None:

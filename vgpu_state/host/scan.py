@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vgpu_state.catalog import Catalog, short_type_name
+from vgpu_state.catalog.mig import mixed_size_capable
 from vgpu_state.host.reader import Filesystem, OsFilesystem, Reader
+from vgpu_state.model.gpumode import GpuModes
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID, UUID_PATTERN
 from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.snapshot import (
@@ -32,6 +35,11 @@ _TYPE_DIR = re.compile(r"^nvidia-([0-9]{1,10})$")
 thousands of digits raises)."""
 _FRAMEBUFFER = re.compile(r"\bframebuffer=([0-9]{1,9})M\b")
 _MAX_INSTANCE = re.compile(r"\bmax_instance=([0-9]{1,9})\b")
+
+ModesReader = Callable[[str], tuple[GpuModes | None, str | None]]
+"""``read(pf)``: a GPU's modes from ``nvidia-smi`` (or ``None``) and a problem line
+(or ``None``); see :func:`vgpu_state.host.nvidia_smi.modes_or_problem`."""
+_MAX_VF_ID = 1023
 
 
 def parse_type_description(text: str) -> tuple[int | None, int | None]:
@@ -70,14 +78,22 @@ def _creatable_lines(text: str) -> tuple[tuple[int, str], ...]:
 
 
 def scan(
-    root: str = "/sys", node: str = "", fs: Filesystem | None = None, *, catalog: Catalog
+    root: str = "/sys",
+    node: str = "",
+    fs: Filesystem | None = None,
+    *,
+    catalog: Catalog,
+    modes: ModesReader | None = None,
 ) -> NodeSnapshot:
     """Scan the sysfs tree at ``root``; never raises on an unexpected tree.
 
     ``fs`` replaces the real file system (the simulator's in-memory tree);
     ``catalog`` names GPU models and types the driver lists only by id.
+    ``modes`` (a node with ``nvidia-smi``) reads the MIG and mixed-size mode of
+    each GPU whose model may have them, and with it the VFs' ``gpu_instance_id``
+    and ``placement_id``; without it :attr:`Gpu.modes` stays ``None``.
     """
-    return scan_with_stats(root, node, fs, catalog=catalog)[0]
+    return scan_with_stats(root, node, fs, catalog=catalog, modes=modes)[0]
 
 
 def scan_gpu(
@@ -87,6 +103,7 @@ def scan_gpu(
     fs: Filesystem | None = None,
     *,
     catalog: Catalog,
+    modes: ModesReader | None = None,
 ) -> NodeSnapshot:
     """Scan one GPU (the PF at ``address``) and nothing else; never raises.
 
@@ -96,23 +113,31 @@ def scan_gpu(
     GPUs on the node: the executor reads a GPU it just changed this way.
     """
     reader = Reader(fs if fs is not None else OsFilesystem())
-    return _Scanner(root, reader, catalog).run_one(node, address)
+    return _Scanner(root, reader, catalog, modes).run_one(node, address)
 
 
 def scan_with_stats(
-    root: str = "/sys", node: str = "", fs: Filesystem | None = None, *, catalog: Catalog
+    root: str = "/sys",
+    node: str = "",
+    fs: Filesystem | None = None,
+    *,
+    catalog: Catalog,
+    modes: ModesReader | None = None,
 ) -> tuple[NodeSnapshot, ScanStats]:
     import time
 
     started = time.perf_counter()
     reader = Reader(fs if fs is not None else OsFilesystem())
-    snapshot = _Scanner(root, reader, catalog).run(node)
+    snapshot = _Scanner(root, reader, catalog, modes).run(node)
     return snapshot, ScanStats(reader.files_read, time.perf_counter() - started)
 
 
 class _Scanner:
-    def __init__(self, root: str, reader: Reader, catalog: Catalog) -> None:
+    def __init__(
+        self, root: str, reader: Reader, catalog: Catalog, modes: ModesReader | None = None
+    ) -> None:
         self.root = root
+        self.modes = modes
         self.read = reader
         self.devices = os.path.join(root, "bus", "pci", "devices")
         self.catalog = catalog
@@ -301,7 +326,17 @@ class _Scanner:
             vf_has_vfio=vf_has_vfio,
             vf_count=len(vfs),
         )
+        gpu_modes: GpuModes | None = None
+        mode_problem: str | None = None
+        if self.modes is not None and model is not None and driver == "nvidia":
+            mig_model = any(t.is_mig for t in model.types)
+            if mig_model or layout is SysfsInterface.VENDOR_VFIO or mixed_size_capable(model):
+                gpu_modes, mode_problem = self.modes(address)
+        if gpu_modes is not None and layout is SysfsInterface.VENDOR_VFIO:
+            vgpus = [self._vf_ids(v, bool(gpu_modes.mig)) if v.kind == "vf" else v for v in vgpus]
         problems = list(rd.take_problems())
+        if mode_problem:
+            problems.append(mode_problem)
         if model is None:
             problems.append(
                 f"device 0x{device_id:04x} subsystem 0x{sub_device:04x} is not in the vGPU catalog"
@@ -331,7 +366,20 @@ class _Scanner:
             ),
             vgpus=tuple(sorted(vgpus, key=lambda v: (v.parent, v.uuid or ""))),
             problems=tuple(problems),
+            modes=gpu_modes,
         )
+
+    def _vf_ids(self, v: Vgpu, mig: bool) -> Vgpu:
+        """``v`` with its VF's ``gpu_instance_id`` (MIG mode only) and ``placement_id``
+        (unreadable, empty or out of range: ``None``)."""
+        base = os.path.join(self.devices, v.parent, "nvidia")
+
+        def read(name: str) -> int | None:
+            value = self.read.integer(os.path.join(base, name), note=False)
+            return value if value is not None and 0 <= value <= _MAX_VF_ID else None
+
+        gi = read("gpu_instance_id") if mig else None
+        return v.model_copy(update={"gpu_instance_id": gi, "placement_id": read("placement_id")})
 
     @staticmethod
     def _layout(

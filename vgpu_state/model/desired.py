@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.gpumode import GpuMode
 from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.policy import Policy, Publish
 
@@ -19,6 +22,13 @@ class DesiredGpu(Frozen):
     """Where the layout came from, e.g. ``configs/x.yaml:12:5 (vgpu-configs.a[1])``."""
     publish: Publish = Publish.DEVICE_PLUGIN
     """The channel its vGPUs are offered through (the entry's ``publish``, else the policy's)."""
+    mode: GpuMode = Field(
+        default=GpuMode.TIME_SLICED, exclude_if=lambda v: v is GpuMode.TIME_SLICED
+    )
+    """The GPU's mode: the entry's ``mode``, or ``mig`` when its types are MIG-backed."""
+    mig_geometry: tuple[tuple[str, int], ...] = Field(default=(), exclude_if=lambda v: not v)
+    """Under ``mig``: (GPU instance profile, count) pairs sorted by profile (``1g.24gb``):
+    the entry's ``mig-geometry``, or what its types need."""
 
     def counts(self) -> dict[str, int]:
         return dict(self.types)

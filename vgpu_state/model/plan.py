@@ -15,13 +15,47 @@ from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.policy import Policy, Publish
 from vgpu_state.model.snapshot import SysfsInterface
 
-PLAN_FORMAT_VERSION = "1.5"
+PLAN_FORMAT_VERSION = "1.6"
+
+EXPERIMENTAL = "experimental: inferred, not verified on hardware"
+"""What a plan (and the docs) say of a rule no driver confirmed (:attr:`Plan.experimental`)."""
 
 
 class ActionKind(StrEnum):
     DESTROY = "destroy"
     ENABLE_SRIOV = "enable-sriov"
     CREATE = "create"
+    DISABLE_SRIOV = "disable-sriov"
+    """Turn a GPU's virtual functions off (before its MIG mode changes)."""
+    SET_MIG_MODE = "set-mig-mode"
+    CREATE_GPU_INSTANCE = "create-gpu-instance"
+    DESTROY_GPU_INSTANCE = "destroy-gpu-instance"
+    SET_HETEROGENEOUS_MODE = "set-heterogeneous-mode"
+    """The driver's mixed-size (heterogeneous) vGPU mode on or off."""
+
+
+MODE_KINDS = frozenset(
+    {
+        ActionKind.DISABLE_SRIOV,
+        ActionKind.SET_MIG_MODE,
+        ActionKind.CREATE_GPU_INSTANCE,
+        ActionKind.DESTROY_GPU_INSTANCE,
+        ActionKind.SET_HETEROGENEOUS_MODE,
+    }
+)
+"""The steps that change a GPU's mode or its MIG GPU instances (not a vGPU)."""
+
+STEP_ORDER = {
+    ActionKind.DESTROY: 0,
+    ActionKind.DISABLE_SRIOV: 1,
+    ActionKind.SET_MIG_MODE: 2,
+    ActionKind.ENABLE_SRIOV: 3,
+    ActionKind.DESTROY_GPU_INSTANCE: 4,
+    ActionKind.CREATE_GPU_INSTANCE: 5,
+    ActionKind.SET_HETEROGENEOUS_MODE: 6,
+    ActionKind.CREATE: 7,
+}
+"""The order of a GPU's steps by kind (stable within a kind)."""
 
 
 class Disruption(StrEnum):
@@ -30,9 +64,11 @@ class Disruption(StrEnum):
     * ``none``: nothing that exists goes away (creates; enabling the virtual
       functions of a GPU whose VFs are off, which holds no vGPU then);
     * ``device``: vGPUs are destroyed, one by one; the other vGPUs of the GPU stay;
-    * ``gpu``: a GPU is reset, rebound or its virtual functions disabled, so every
-      vGPU on it goes away. No step of vgpu-state's plans does this: virtual
-      functions are never disabled and no GPU is reset or rebound.
+    * ``gpu``: a GPU's virtual functions are disabled or its MIG mode changes (a
+      GPU reset). vgpu-state takes such a step only on a GPU that holds no vGPU
+      by then (the plan destroys its vGPUs first) and whose vGPUs no pod, VM or
+      process holds; otherwise the mode change is a deferred switch. No GPU is
+      rebound.
 
     No step restarts a node service (kubelet, driver daemons), so there is no
     node-wide level.
@@ -50,9 +86,18 @@ class Disruption(StrEnum):
 _DISRUPTION_RANK = {Disruption.NONE: 0, Disruption.DEVICE: 1, Disruption.GPU: 2}
 
 
+_KIND_DISRUPTION = {
+    ActionKind.DESTROY: Disruption.DEVICE,
+    ActionKind.DESTROY_GPU_INSTANCE: Disruption.DEVICE,
+    ActionKind.DISABLE_SRIOV: Disruption.GPU,
+    ActionKind.SET_MIG_MODE: Disruption.GPU,
+}
+
+
 def action_disruption(kind: ActionKind) -> Disruption:
-    """The one classification of a step: a destroy is ``device``, anything else ``none``."""
-    return Disruption.DEVICE if kind is ActionKind.DESTROY else Disruption.NONE
+    """The one classification of a step: destroying a vGPU or a GPU instance is
+    ``device``, disabling SR-IOV or changing MIG mode ``gpu``, anything else ``none``."""
+    return _KIND_DISRUPTION.get(kind, Disruption.NONE)
 
 
 class Action(Frozen):
@@ -83,7 +128,9 @@ class Action(Frozen):
 
     kind: ActionKind
     address: str
-    """``gpu[<pci>].vgpu[<uuid>]``, ``gpu[<pci>].vf[<pci>]`` or ``gpu[<pci>].sriov``."""
+    """``gpu[<pci>].vgpu[<uuid>]``, ``gpu[<pci>].vf[<pci>]``, ``gpu[<pci>].sriov``,
+    ``gpu[<pci>].mig-mode``, ``gpu[<pci>].heterogeneous-mode``, ``gpu[<pci>].gi[<id>]``
+    or ``gpu[<pci>].gi[new <N>]``."""
     gpu: PciAddress
     layout: SysfsInterface
     type_name: str | None = None
@@ -97,6 +144,12 @@ class Action(Frozen):
     reason: str = ""
     disruption: Disruption = Disruption.NONE
     """What the step takes away (:func:`action_disruption` of ``kind``)."""
+    profile: str | None = Field(default=None, max_length=32, exclude_if=lambda v: v is None)
+    """A GPU instance step: the GPU instance profile (``1g.24gb``)."""
+    gi_id: int | None = Field(default=None, ge=0, le=1023, exclude_if=lambda v: v is None)
+    """``destroy-gpu-instance``: the id of the GPU instance."""
+    enabled: bool | None = Field(default=None, exclude_if=lambda v: v is None)
+    """``set-mig-mode``, ``set-heterogeneous-mode``: the mode after the step."""
 
     @property
     def type_label(self) -> str:
@@ -210,6 +263,12 @@ class GpuPlan(Frozen):
     withheld: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
     """Under ``in-use: evacuate``: keys of the GPU's free vGPUs of departing types that
     are not offered (device plugin, DRA) while its switch is pending, sorted."""
+    experimental: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
+    """The inferred rules the GPU's steps rely on (MIG GPU instance geometry, mixed-size
+    placement): experimental, not verified on hardware; the driver's answers win."""
+    deferred_kept: tuple[tuple[str, int], ...] = Field(default=(), exclude_if=lambda v: not v)
+    """With creates that wait for a mode, SR-IOV or GPU instance step (``deferred``):
+    the vGPUs per type that stay on the GPU, which the re-plan after the re-scan keeps."""
 
 
 class Summary(Frozen):
@@ -222,6 +281,14 @@ class Summary(Frozen):
     """Cluster actions (KubeVirt CR entries to add, update or remove)."""
     switches_deferred: int = 0
     """GPUs whose layout change is deferred (:attr:`GpuPlan.deferred_switch`)."""
+    sriov_disable: int = Field(default=0, exclude_if=lambda v: not v)
+    """GPUs whose virtual functions are turned off (before their MIG mode changes)."""
+    modes: int = Field(default=0, exclude_if=lambda v: not v)
+    """Mode changes: MIG mode and heterogeneous (mixed-size) mode steps."""
+    gi_create: int = Field(default=0, exclude_if=lambda v: not v)
+    """MIG GPU instances to create."""
+    gi_destroy: int = Field(default=0, exclude_if=lambda v: not v)
+    """MIG GPU instances to destroy."""
 
 
 class PlanDisruption(Frozen):
@@ -308,7 +375,9 @@ class Plan(Frozen):
     snapshot_fingerprint: str
     gpus: tuple[GpuPlan, ...]
     actions: tuple[Action, ...]
-    """In execution order: per GPU by address; within a GPU destroy, SR-IOV, create."""
+    """In execution order: per GPU by address; within a GPU by :data:`STEP_ORDER`
+    (destroy, disable SR-IOV, MIG mode, enable SR-IOV, GPU instances, heterogeneous
+    mode, create)."""
     blocked: tuple[Blocked, ...]
     summary: Summary
     cluster_actions: tuple[ClusterAction, ...] = ()
@@ -323,6 +392,11 @@ class Plan(Frozen):
     skipped: tuple[SkippedEntry, ...] = ()
     """Entries of the config that select no GPU of the node, skipped (not changes)."""
 
+    @property
+    def experimental(self) -> tuple[str, ...]:
+        """The inferred rules the plan relies on, each once (:attr:`GpuPlan.experimental`)."""
+        return tuple(dict.fromkeys(r for g in self.gpus for r in g.experimental))
+
     def gpu_actions(self, address: str) -> tuple[Action, ...]:
         return tuple(a for a in self.actions if a.gpu == address)
 
@@ -335,7 +409,8 @@ class Plan(Frozen):
         whose only differences are held vGPUs has nothing left to do (see
         :attr:`is_converged`)."""
         s = self.summary
-        return s.create + s.destroy + s.sriov + s.cluster > 0
+        mode_steps = s.sriov_disable + s.modes + s.gi_create + s.gi_destroy
+        return s.create + s.destroy + s.sriov + s.cluster + mode_steps > 0
 
     def with_cluster(
         self, actions: tuple[ClusterAction, ...], blocked: tuple[Blocked, ...] = ()

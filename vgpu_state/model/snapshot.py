@@ -10,7 +10,10 @@ from enum import StrEnum
 from operator import is_
 from typing import Any, Literal, TypeVar
 
+from pydantic import Field
+
 from vgpu_state.model.frozen import Frozen
+from vgpu_state.model.gpumode import GpuModes
 from vgpu_state.model.pci import PciAddress
 
 T = TypeVar("T")
@@ -78,6 +81,10 @@ class Vgpu(Frozen):
     Kubernetes resource names and the KubeVirt CR's ``mdevNameSelector`` are made from it."""
     iommu_group: int | None = None
     vfio_cdev: str | None = None
+    gpu_instance_id: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """vendor-VFIO: the VF's ``nvidia/gpu_instance_id`` (the MIG GPU instance it landed on)."""
+    placement_id: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """vendor-VFIO: the VF's ``nvidia/placement_id`` (where on the GPU the driver put it)."""
 
     @property
     def key(self) -> str:
@@ -128,6 +135,9 @@ class Gpu(Frozen):
     creatable now)."""
     vgpus: tuple[Vgpu, ...] = ()
     problems: tuple[str, ...] = ()
+    modes: GpuModes | None = Field(default=None, exclude_if=lambda v: v is None)
+    """MIG and mixed-size mode and the GPU instances, read with ``nvidia-smi``; ``None``
+    when they were not read (no ``nvidia-smi``, or a model with neither mode)."""
 
     def with_vgpus(self, vgpus: tuple[Vgpu, ...]) -> Gpu:
         """This GPU with ``vgpus`` (``model_copy(update={"vgpus": vgpus})``, faster)."""
@@ -205,7 +215,13 @@ class NodeSnapshot(Frozen):
 
     def stable_view(self) -> dict[str, Any]:
         """The fields that define the host's vGPU state (no paths, problems or counters)."""
-        return {"gpus": [{**_gpu_view(g), "vgpus": _vgpus_view(g)} for g in self.gpus]}
+        view: dict[str, Any] = {
+            "gpus": [{**_gpu_view(g), "vgpus": _vgpus_view(g)} for g in self.gpus]
+        }
+        modes = _modes_view(self.gpus)
+        if modes:
+            view["modes"] = modes
+        return view
 
     def fingerprint(self) -> str:
         """sha256 of :meth:`stable_view`; equal for equal host state.
@@ -221,7 +237,13 @@ class NodeSnapshot(Frozen):
         # time (_gpu_text): "vgpus" is the last key, the text before it is the same on
         # every node with that GPU (its VFs are one shared tuple when decoded by
         # SnapshotDecoder: see SharedParts), and a GPU shared whole keeps its text.
-        blob = '{"gpus":[' + ",".join(_gpu_text(g) for g in self.gpus) + "]}"
+        blob = '{"gpus":[' + ",".join(_gpu_text(g) for g in self.gpus) + "]"
+        modes = _modes_view(self.gpus)
+        if modes:
+            # The GPUs' modes as nvidia-smi read them, where it did (a change of MIG mode,
+            # GPU instances or mixed-size mode is a change of the host).
+            blob += ',"modes":' + json.dumps(modes, sort_keys=True, separators=(",", ":"))
+        blob += "}"
         value = "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
         # Not a field: equality, hashing and serialisation ignore it.
         self.__dict__["_fingerprint"] = (self.gpus, value)
@@ -256,6 +278,20 @@ def _gpu_view(g: Gpu) -> dict[str, Any]:
         "layout": g.layout.value,
         "sriov_numvfs": g.sriov_numvfs,
         "vfs": [vf.address for vf in g.vfs],
+    }
+
+
+def _modes_view(gpus: tuple[Gpu, ...]) -> dict[str, list[Any]]:
+    """The modes of the GPUs whose modes were read, by address: MIG mode, mixed-size mode
+    and the GPU instances (id, profile)."""
+    return {
+        g.address: [
+            g.modes.mig,
+            g.modes.heterogeneous,
+            sorted([gi.id, gi.profile] for gi in g.modes.gpu_instances),
+        ]
+        for g in gpus
+        if g.modes is not None
     }
 
 

@@ -5,11 +5,16 @@ excluded from the fingerprint). For a GPU whose creates wait for SR-IOV
 (``GpuPlan.deferred``) the parents are unknown until the VFs exist, so the
 expected vGPUs carry an empty parent; the executor re-plans such a GPU after
 enabling SR-IOV and verifies against that plan.
+
+A GPU's modes (:attr:`Gpu.modes`) follow its mode steps: disabling or enabling
+SR-IOV clears heterogeneous mode and destroys every GPU instance; a created GPU instance has no
+id until the driver gives it one (``-1`` here: compare profiles, not ids).
 """
 
 from __future__ import annotations
 
-from vgpu_state.model.plan import Action, ActionKind, Plan
+from vgpu_state.model.gpumode import GpuInstance, GpuModes
+from vgpu_state.model.plan import MODE_KINDS, Action, ActionKind, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface, Vgpu, VirtualFunction
 
 
@@ -18,8 +23,15 @@ def expected_gpu(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
     vgpus = {v.key: v for v in g.vgpus}
     vf_types = {vf.address: vf.current_type_id for vf in g.vfs}
     numvfs = g.sriov_numvfs
+    modes = g.modes
     for a in actions:
-        if a.kind is ActionKind.DESTROY:
+        if a.kind in MODE_KINDS:
+            modes = expected_modes(modes, a)
+            if a.kind is ActionKind.DISABLE_SRIOV:
+                numvfs = 0
+                vgpus = {k: v for k, v in vgpus.items() if v.kind != "vf" and v.parent == g.address}
+                vf_types = dict.fromkeys(vf_types)
+        elif a.kind is ActionKind.DESTROY:
             key = a.uuid if a.uuid is not None else a.vf
             if key is not None:
                 vgpus.pop(key, None)
@@ -27,6 +39,7 @@ def expected_gpu(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
                 vf_types[a.vf] = None
         elif a.kind is ActionKind.ENABLE_SRIOV:
             numvfs = g.sriov_totalvfs or 0
+            modes = expected_modes(modes, a)
         elif a.layout is SysfsInterface.VENDOR_VFIO and a.vf is not None:
             vgpus[a.vf] = Vgpu(kind="vf", parent=a.vf, type_id=a.type_id, type_name=a.type_name)
             vf_types[a.vf] = a.type_id
@@ -49,13 +62,45 @@ def expected_gpu(g: Gpu, actions: tuple[Action, ...]) -> Gpu:
         else vf.model_copy(update={"current_type_id": vf_types.get(vf.address)})
         for vf in g.vfs
     )
-    return g.model_copy(
-        update={
-            "vgpus": tuple(sorted(vgpus.values(), key=lambda v: v.key)),
-            "vfs": vfs,
-            "sriov_numvfs": numvfs,
-        }
-    )
+    update: dict[str, object] = {
+        "vgpus": tuple(sorted(vgpus.values(), key=lambda v: v.key)),
+        "vfs": vfs,
+        "sriov_numvfs": numvfs,
+    }
+    if modes is not g.modes:
+        update["modes"] = modes
+    return g.model_copy(update=update)
+
+
+def expected_modes(modes: GpuModes | None, a: Action) -> GpuModes | None:
+    """``modes`` after the mode (or SR-IOV) step ``a`` (unchanged when they were not read)."""
+    if modes is None:
+        return None
+    if a.kind in (ActionKind.DISABLE_SRIOV, ActionKind.ENABLE_SRIOV):
+        # sriov-manage either way: no GPU instance survives, heterogeneous mode is off.
+        het = None if modes.heterogeneous is None else False
+        return modes.model_copy(update={"gpu_instances": (), "heterogeneous": het})
+    if a.kind is ActionKind.SET_MIG_MODE:
+        return modes.model_copy(update={"mig": bool(a.enabled), "mig_pending": None})
+    if a.kind is ActionKind.SET_HETEROGENEOUS_MODE:
+        return modes.model_copy(update={"heterogeneous": bool(a.enabled)})
+    if a.kind is ActionKind.DESTROY_GPU_INSTANCE:
+        kept = tuple(gi for gi in modes.gpu_instances if gi.id != a.gi_id)
+        return modes.model_copy(update={"gpu_instances": kept})
+    if a.kind is ActionKind.CREATE_GPU_INSTANCE and a.profile is not None:
+        new = GpuInstance.model_construct(id=-1, profile=a.profile)
+        return modes.model_copy(update={"gpu_instances": (*modes.gpu_instances, new)})
+    return modes
+
+
+def modes_view(g: Gpu | None) -> set[str]:
+    """What verification compares of a GPU's modes: its mode and its GPU instances per
+    profile (``mode mig``, ``gpu instance 1g.24gb × 4``); empty when they were not read."""
+    if g is None or g.modes is None:
+        return set()
+    out = {f"mode {g.modes.mode.value}"}
+    out.update(f"gpu instance {p} × {n}" for p, n in sorted(g.modes.gi_counts().items()))
+    return out
 
 
 def expected_snapshot(plan: Plan, snapshot: NodeSnapshot) -> NodeSnapshot:

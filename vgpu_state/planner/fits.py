@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from vgpu_state.catalog import Catalog, type_sort_key
+from vgpu_state.catalog import Catalog, GpuModel, type_sort_key
 from vgpu_state.catalog.capacity import remaining
+from vgpu_state.catalog.mig import gi_profile_for
+from vgpu_state.catalog.placement import place
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.snapshot import Gpu
 from vgpu_state.planner.plan import UNCHECKED_INSTANCES, type_info
@@ -59,5 +61,47 @@ def still_fits(gpu: Gpu, catalog: Catalog) -> tuple[TypeFit, ...]:
             if info is not None and info.max_instances != UNCHECKED_INSTANCES
             else vfs
         )
+        model = catalog.model(gpu.model) if gpu.model else None
+        in_mode = _mode_room(gpu, model, name, vfs) if model is not None else None
+        if in_mode is not None:
+            room = in_mode
         out.append(TypeFit(type=name, count=min(vfs, room), on="vfs", free_vfs=vfs))
     return tuple(out)
+
+
+def _mode_room(gpu: Gpu, model: GpuModel, name: str, most: int) -> int | None:
+    """How many more of ``name`` fit in the GPU's mode as ``nvidia-smi`` read it: in MIG
+    mode the room left in its GPU instances of the type's profile (one framebuffer size
+    per instance), in mixed-size mode the slots left beside its vGPUs (both inferred);
+    ``None`` in equal-size mode or when the modes were not read."""
+    modes = gpu.modes
+    if modes is None:
+        return None
+    if modes.mig:
+        found = gi_profile_for(model, name)
+        wanted = model.type(name)
+        if found is None or wanted is None:
+            return 0
+        profile, per_gi = found
+        room = 0
+        for gi in modes.gpu_instances:
+            if gi.profile != profile.name:
+                continue
+            inside = [v for v in gpu.vgpus if v.gpu_instance_id == gi.id]
+            sizes = {t.framebuffer_mib for v in inside if (t := model.type(v.type_name or ""))}
+            if sizes <= {wanted.framebuffer_mib}:
+                room += max(0, per_gi - len(inside))
+        return min(room, most)
+    if modes.heterogeneous:
+        existing = [
+            (v.type_name, v.placement_id)
+            for v in gpu.vgpus
+            if v.type_name is not None and v.placement_id is not None
+        ]
+        if len(existing) != len(gpu.vgpus):
+            return None
+        n = 0
+        while n < most and not isinstance(place(model, {name: n + 1}, existing), str):
+            n += 1
+        return n
+    return None

@@ -16,11 +16,15 @@ from vgpu_state.catalog import (
 )
 from vgpu_state.catalog.capacity import check_fit, size_key
 from vgpu_state.catalog.capacity import remaining as room
+from vgpu_state.catalog.mig import mig_profiles
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import BlockedReason, PlanningError
 from vgpu_state.model.frozen import built
+from vgpu_state.model.gpumode import GpuInstance, GpuMode, GpuModes
 from vgpu_state.model.pci import PciAddress
 from vgpu_state.model.plan import (
+    MODE_KINDS,
+    STEP_ORDER,
     Action,
     ActionKind,
     Blocked,
@@ -44,7 +48,17 @@ from vgpu_state.model.snapshot import (
 from vgpu_state.planner.blast import _copy_with, with_blast_radius
 from vgpu_state.planner.evacuation import held_moves
 from vgpu_state.planner.identity import free_uuids
-from vgpu_state.planner.support import host_modes
+from vgpu_state.planner.modes import (
+    MIG_RULE,
+    MIXED_RULE,
+    MODE_TEXT,
+    NEEDS_NVIDIA_SMI,
+    desired_mode,
+    geometry_problem,
+    mig_geometry,
+    mixed_size_problem,
+)
+from vgpu_state.planner.support import host_modes, is_mig_backed
 
 
 def vgpu_address(gpu: str, v: Vgpu) -> str:
@@ -67,6 +81,9 @@ class _GpuWork:
     blocked: list[Blocked] = field(default_factory=list)
     in_the_way: list[Vgpu] = field(default_factory=list)
     """vGPUs that stay and block the creates (set when every create is blocked by them)."""
+    replaced: bool = False
+    """Mixed-size: free vGPUs are destroyed and made again to make room in the slots, so
+    the creates' VFs are chosen after a re-scan."""
 
 
 class _Lookups:
@@ -129,30 +146,98 @@ class _Planner:
         return self.in_use.get(v.key)
 
     # feasibility ----------------------------------------------------------
-    def check_not_mig(self, g: Gpu, dg: DesiredGpu) -> bool:
-        """A refusal, before any other check: MIG-backed vGPUs need MIG mode and GPU
-        instances first, which vgpu-state does not create."""
-        mig = [n for n, c in sorted(dg.types) if c > 0 and (p := parse_type_name(n)) and p.is_mig]
-        if not mig:
-            return True
-        self.errors.append(
-            f"gpu[{g.address}] ({g.model or 'unknown model'}): {', '.join(mig)} "
-            f"{'is' if len(mig) == 1 else 'are'} MIG-backed; vgpu-state does not lay out "
-            "MIG-backed vGPUs (it neither turns on MIG mode nor creates GPU instances): give "
-            "this GPU time-sliced types, or leave it out of the layout and to another tool "
-            f"(docs/config.md) [{dg.entry}]"
-        )
-        return False
+    def check_mode(self, g: Gpu, dg: DesiredGpu) -> bool:
+        """The layout's mode against the GPU's, before any other check.
 
-    def check_host_mode(self, g: Gpu, dg: DesiredGpu) -> bool:
-        """A GPU the host shows in MIG mode or mixed-size mode is not laid out."""
-        problems = host_modes(g)
-        for problem in problems:
+        A layout in MIG or mixed-size mode needs the GPU's modes read (``nvidia-smi``);
+        a GPU whose modes were not read but whose sysfs shows it in one of those modes
+        is not laid out either. A mode the GPU does not have is refused.
+        """
+        want = desired_mode(dg)
+        label = f"gpu[{g.address}] ({g.model or 'unknown model'})"
+        if g.modes is None:
+            if want is not GpuMode.TIME_SLICED:
+                types = ", ".join(n for n, c in sorted(dg.types) if c > 0)
+                # A scan with nvidia-smi that could not read this GPU says why.
+                unread = next((p for p in g.problems if "cannot read the modes" in p), None)
+                why = f"its modes could not be read: {unread}" if unread else NEEDS_NVIDIA_SMI
+                self.errors.append(
+                    f"{label}: the layout is {MODE_TEXT[want]} ({types}); {why} [{dg.entry}]"
+                )
+                return False
+            problems = host_modes(g)
+            self.errors.extend(f"{label}: {problem} [{dg.entry}]" for problem in problems)
+            return not problems
+        if want is GpuMode.MIG and g.modes.mig is None:
             self.errors.append(
-                f"gpu[{g.address}] ({g.model or 'unknown model'}): {problem}; leave this GPU "
-                f"out of the layout (docs/config.md) [{dg.entry}]"
+                f"{label}: the layout is MIG-backed but the GPU has no MIG mode "
+                f"(nvidia-smi reports none) [{dg.entry}]"
             )
-        return not problems
+            return False
+        if want is GpuMode.MIXED_SIZE and g.modes.heterogeneous is None and not g.modes.mig:
+            self.errors.append(
+                f"{label}: the layout is mixed-size but the GPU has no mixed-size "
+                f"(heterogeneous) vGPU mode (nvidia-smi reports none) [{dg.entry}]"
+            )
+            return False
+        return True
+
+    def check_mig(self, g: Gpu, dg: DesiredGpu) -> bool:
+        """A MIG-backed layout: MIG-backed types only, a geometry that fits (inferred)."""
+        label = f"gpu[{g.address}] ({g.model or 'unknown model'})"
+        ok = True
+        plain = [n for n, c in sorted(dg.types) if c > 0 and not is_mig_backed(n)]
+        if plain:
+            self.errors.append(
+                f"{label}: {', '.join(plain)} {'is' if len(plain) == 1 else 'are'} not "
+                f"MIG-backed; a GPU in MIG mode holds MIG-backed vGPUs only [{dg.entry}]"
+            )
+            ok = False
+        model = self.catalog.model(g.model) if g.model else None
+        problem = geometry_problem(model, mig_geometry(model, dg))
+        if problem is not None:
+            self.errors.append(
+                f"{label}: the MIG geometry does not fit: {problem} (inferred) [{dg.entry}]"
+            )
+            ok = False
+        return ok and self.check_vfs(g, dg)
+
+    def check_mixed(self, g: Gpu, dg: DesiredGpu) -> bool:
+        """A mixed-size layout: each type within its limit, all of them on one GPU
+        (inferred placement rule)."""
+        label = f"gpu[{g.address}] ({g.model or 'unknown model'})"
+        target = {n: c for n, c in dg.types if c > 0}
+        ok = True
+        for name, count in sorted(target.items()):
+            t = self.info(g, name)
+            if t is not None and count > t.max_instances:
+                self.errors.append(
+                    f"{label}: {count} × {name} requested but one GPU holds at most "
+                    f"{t.max_instances} [{dg.entry}]"
+                )
+                ok = False
+        model = self.catalog.model(g.model) if g.model else None
+        problem = mixed_size_problem(model, target)
+        if problem is not None:
+            self.errors.append(
+                f"{label}: the mixed-size layout does not fit: {problem} (inferred) [{dg.entry}]"
+            )
+            ok = False
+        return ok and self.check_vfs(g, dg)
+
+    def check_vfs(self, g: Gpu, dg: DesiredGpu) -> bool:
+        """One vGPU per virtual function: no more vGPUs than the GPU has VFs."""
+        total = sum(c for _, c in dg.types if c > 0)
+        if not g.sriov_capable:
+            return True
+        vfs = len(g.vfs) if g.vfs else (g.sriov_totalvfs or 0)
+        if total > vfs:
+            self.errors.append(
+                f"gpu[{g.address}] ({g.model or 'unknown model'}): {total} vGPUs requested "
+                f"but the GPU has {vfs} virtual functions (one vGPU per VF) [{dg.entry}]"
+            )
+            return False
+        return True
 
     def check_fits(self, g: Gpu, dg: DesiredGpu) -> bool:
         target = {n: c for n, c in dg.types if c > 0}
@@ -168,7 +253,8 @@ class _Planner:
             )
             self.errors.append(
                 f"{label}: the layout mixes framebuffer sizes ({parts}); the driver allows "
-                f"one framebuffer size per GPU [{dg.entry}]"
+                "one framebuffer size per GPU in its equal-size mode (give the entry "
+                f"mode: mixed-size where the model supports it) [{dg.entry}]"
             )
         for name, count in sorted(target.items()):
             t = infos[name]
@@ -204,12 +290,18 @@ class _Planner:
 
         def compute() -> tuple[bool, tuple[str, ...]]:
             before = len(self.errors)
-            ok = (
-                self.check_not_mig(g, dg)
-                and self.check_host_mode(g, dg)
-                and self.check_offered(g, dg)
-                and self.check_fits(g, dg)
-            )
+            want = desired_mode(dg)
+            # The driver's lists change with the mode: they say what it offers only
+            # while the mode stays.
+            # Under MIG they list what fits the GPU instances there now.
+            same_mode = (g.modes is None or g.modes.mode is want) and want is not GpuMode.MIG
+            ok = self.check_mode(g, dg) and (not same_mode or self.check_offered(g, dg))
+            if ok and want is GpuMode.MIG:
+                ok = self.check_mig(g, dg)
+            elif ok and want is GpuMode.MIXED_SIZE:
+                ok = self.check_mixed(g, dg)
+            elif ok:
+                ok = self.check_fits(g, dg)
             found = tuple(self.errors[before:])
             del self.errors[before:]
             return ok, found
@@ -222,6 +314,7 @@ class _Planner:
             g.sriov_totalvfs,
             g.offered_complete,
             tuple(v.type_name for v in g.vgpus),
+            g.modes,
         )
         ok, errors = SharedParts.get(
             (dg, self.catalog, g.vfs, g.pf_creatable, g.offered), key, compute
@@ -246,8 +339,7 @@ class _Planner:
         def compute() -> tuple[GpuPlan, tuple[Action, ...], tuple[Blocked, ...], tuple[str, ...]]:
             before = len(self.errors)
             header, work = self.plan_gpu(g, dg)
-            order = {ActionKind.DESTROY: 0, ActionKind.ENABLE_SRIOV: 1, ActionKind.CREATE: 2}
-            steps = tuple(sorted(work.actions, key=lambda a: order[a.kind]))
+            steps = tuple(sorted(work.actions, key=lambda a: STEP_ORDER[a.kind]))
             found = tuple(self.errors[before:])
             del self.errors[before:]
             return header, steps, tuple(work.blocked), found
@@ -266,6 +358,7 @@ class _Planner:
                 g.offered_complete,
                 g.vgpus,
                 tuple(self.in_use.get(v.key) for v in g.vgpus),
+                g.modes,
             )
             parts = (dg, self.policy, self.catalog, g.vfs, g.pf_creatable, g.offered, g.problems)
             header, steps, items, errors = SharedParts.get(parts, key, compute)
@@ -273,6 +366,11 @@ class _Planner:
         return header, steps, items
 
     def plan_gpu(self, g: Gpu, dg: DesiredGpu) -> tuple[GpuPlan, _GpuWork]:
+        want = desired_mode(dg)
+        if g.modes is not None and (
+            want is not GpuMode.TIME_SLICED or g.modes.mode is not GpuMode.TIME_SLICED
+        ):
+            return self.plan_mode_gpu(g, dg, want, g.modes)
         work = _GpuWork()
         target = {n: c for n, c in dg.types if c > 0}
         if _holds_exactly(g.vgpus, target):
@@ -319,6 +417,336 @@ class _Planner:
             departing,
         )
         return header, work
+
+    def plan_mode_gpu(
+        self, g: Gpu, dg: DesiredGpu, want: GpuMode, modes: GpuModes
+    ) -> tuple[GpuPlan, _GpuWork]:
+        """A GPU whose modes were read, laid out in ``want`` mode (docs/plan.md, "GPU modes").
+
+        A mode change (MIG mode, heterogeneous mode) runs only on a GPU that holds no
+        vGPU after the plan's destroys: every vGPU goes first, and when one stays (a
+        holder, ``prune: false``) the switch is deferred. MIG mode changes with the
+        GPU's virtual functions off. Under MIG, GPU instances the layout's geometry
+        still needs are kept (those holding vGPUs that stay first); only the others
+        are destroyed. Creates that follow a mode, SR-IOV or GPU instance step wait
+        for a re-scan to choose their VFs; mixed-size creates run largest first.
+        """
+        work = _GpuWork()
+        target = {n: c for n, c in dg.types if c > 0}
+        mig_change = (want is GpuMode.MIG) != bool(modes.mig)
+        vfs_on = g.sriov_capable and g.sriov_numvfs > 0
+        disable = mig_change and vfs_on
+        enable = g.sriov_capable and (disable or g.sriov_numvfs == 0)
+        # sriov-manage (disabling or enabling the VFs) clears heterogeneous mode and
+        # destroys every GPU instance.
+        het_after = bool(modes.heterogeneous) and not modes.mig and not enable
+        het: bool | None = None
+        if want is GpuMode.MIXED_SIZE and not het_after:
+            het = True
+        elif want is GpuMode.TIME_SLICED and het_after:
+            het = False
+        empty_first = mig_change or het is not None
+        model = self.catalog.model(g.model) if g.model else None
+        geometry = mig_geometry(model, dg) if want is GpuMode.MIG else ()
+        gis = () if (mig_change or enable) else modes.gpu_instances
+        if empty_first:
+            kept: list[Vgpu] = []
+            unwanted = sorted(g.vgpus, key=lambda v: v.key)
+        else:
+            kept, unwanted = self.split_existing(g, target)
+            if want is GpuMode.MIXED_SIZE and model is not None:
+                before = len(kept)
+                kept, unwanted = self.room_in_slots(model, target, kept, unwanted)
+                work.replaced = len(kept) < before
+        gone_gis, new_gis = _gi_diff(gis, geometry, kept, g.vgpus, _mig_slices(model))
+        if gone_gis and not empty_first:
+            # A wanted vGPU in a GPU instance that goes is destroyed and made again.
+            gone_ids = {gi.id for gi in gone_gis}
+            moving = [v for v in kept if v.gpu_instance_id is None or v.gpu_instance_id in gone_ids]
+            kept = [v for v in kept if v not in moving]
+            unwanted = sorted((*unwanted, *moving), key=lambda v: v.key)
+        remaining = self.plan_destroys(g, unwanted, work)
+        creates = [
+            name
+            for name in sorted(target)
+            for _ in range(target[name] - sum(1 for v in kept if v.type_name == name))
+        ]
+        if want is GpuMode.MIXED_SIZE:
+            creates.sort(key=lambda n: (-(self.size_of(g, n) or (0, False))[0], n))
+        departing = self.withheld(work)
+        in_the_way, why = self.mode_blockers(
+            want, modes, empty_first, remaining, gone_gis, target, model
+        )
+        deferred = False
+        switch = None
+        if in_the_way:
+            work.in_the_way = in_the_way
+            self.block_all(g, creates, work, why, self.holder(in_the_way[0]))
+            switch = self.defer_switch(g, creates, work)
+        elif not self.sriov_refused(g, disable, bool(creates or new_gis), work, creates):
+            self.mode_steps(
+                g, want, modes, disable, enable, mig_change, het, gone_gis, new_gis, work
+            )
+            if creates:
+                deferred = self.plan_mode_creates(g, dg, creates, kept, remaining, work)
+        header = _gpu_plan(
+            g.address,
+            g.index,
+            g.model,
+            g.layout,
+            True,
+            dg.entry,
+            len(kept),
+            deferred,
+            dg.publish,
+            switch,
+            departing,
+            tuple(sorted(Counter(v.type_name for v in kept if v.type_name).items()))
+            if deferred
+            else (),
+            _RULES[want] if work.actions or work.blocked else (),
+        )
+        return header, work
+
+    def room_in_slots(
+        self,
+        model: GpuModel,
+        target: Mapping[str, int],
+        kept: list[Vgpu],
+        unwanted: list[Vgpu],
+    ) -> tuple[list[Vgpu], list[Vgpu]]:
+        """Mixed-size mode: when the new vGPUs find no aligned slots beside the kept ones
+        (where the driver placed them: ``placement_id``; inferred slot model), the kept
+        vGPUs nobody holds are destroyed and made again, largest first, if that makes
+        room. Unchanged when it does not, or a kept vGPU's placement is not known."""
+        new = dict(target)
+        for v in kept:
+            if v.type_name is not None:
+                new[v.type_name] = new.get(v.type_name, 0) - 1
+        new = {n: c for n, c in new.items() if c > 0}
+        placed = [(v.type_name, v.placement_id) for v in kept]
+        existing = [(n, p) for n, p in placed if n is not None and p is not None]
+        if not new or len(existing) != len(kept):
+            return kept, unwanted
+        if mixed_size_problem(model, new, existing) is None:
+            return kept, unwanted
+        held = [v for v in kept if self.holder(v) is not None]
+        free = [v for v in kept if self.holder(v) is None]
+        again = dict(new)
+        for v in free:
+            if v.type_name is not None:
+                again[v.type_name] = again.get(v.type_name, 0) + 1
+        stays = [(v.type_name or "", v.placement_id or 0) for v in held]
+        if not free or mixed_size_problem(model, again, stays) is not None:
+            return kept, unwanted
+        return held, sorted((*unwanted, *free), key=lambda v: v.key)
+
+    def mode_blockers(
+        self,
+        want: GpuMode,
+        modes: GpuModes,
+        empty_first: bool,
+        remaining: list[Vgpu],
+        gone_gis: list[GpuInstance],
+        target: Mapping[str, int],
+        model: GpuModel | None,
+    ) -> tuple[list[Vgpu], str]:
+        """The vGPUs that stay and keep the GPU from its new mode, geometry or mix, and why."""
+        if not remaining:
+            return [], ""
+        stays = ", ".join(describe(v) for v in remaining)
+        holder = self.holder(remaining[0])
+        because = f"in use by {holder}" if holder else "kept"
+        if empty_first:
+            change = _mode_change_text(modes, want)
+            return remaining, f"{change} needs a GPU without vGPUs, and {stays} stay(s) ({because})"
+        if want is GpuMode.MIG and gone_gis:
+            gone = {gi.id for gi in gone_gis}
+            stuck = [v for v in remaining if v.gpu_instance_id is None or v.gpu_instance_id in gone]
+            if stuck:
+                names = ", ".join(f"{gi.profile} (id {gi.id})" for gi in gone_gis)
+                return stuck, (
+                    f"the GPU instances {names} leave the MIG geometry, and "
+                    f"{', '.join(describe(v) for v in stuck)} stay(s) in them ({because})"
+                )
+        if want is GpuMode.MIXED_SIZE:
+            counts = dict(target)
+            for v in remaining:
+                if v.type_name is not None:
+                    counts[v.type_name] = counts.get(v.type_name, 0) + 1
+            problem = mixed_size_problem(model, counts)
+            if problem is not None:
+                return remaining, f"no room while {stays} stay(s) on the GPU ({because}): {problem}"
+        return [], ""
+
+    def sriov_refused(
+        self, g: Gpu, disable: bool, needed: bool, work: _GpuWork, creates: list[str]
+    ) -> bool:
+        """Block the creates when SR-IOV would have to be turned on and policy sriov is off."""
+        if self.policy.sriov is not SriovPolicy.OFF or not g.sriov_capable:
+            return False
+        if not (disable or (g.sriov_numvfs == 0 and needed)):
+            return False
+        why = (
+            "changing MIG mode turns the GPU's virtual functions off"
+            if disable
+            else "SR-IOV is off on this GPU"
+        )
+        self.block_all(
+            g, creates, work, f"{why} and policy sriov is off", code=BlockedReason.SRIOV_OFF
+        )
+        return True
+
+    def mode_steps(
+        self,
+        g: Gpu,
+        want: GpuMode,
+        modes: GpuModes,
+        disable: bool,
+        enable: bool,
+        mig_change: bool,
+        het: bool | None,
+        gone_gis: list[GpuInstance],
+        new_gis: list[str],
+        work: _GpuWork,
+    ) -> None:
+        """The GPU-level steps: SR-IOV off, MIG mode, SR-IOV on, GPU instances,
+        heterogeneous mode (sorted into :data:`STEP_ORDER` with the rest)."""
+        at = f"gpu[{g.address}]"
+        mig = want is GpuMode.MIG
+        if disable:
+            work.actions.append(
+                _mode_action(
+                    g,
+                    ActionKind.DISABLE_SRIOV,
+                    f"{at}.sriov",
+                    "MIG mode changes only while the GPU's virtual functions are off",
+                    before={"sriov_numvfs": g.sriov_numvfs},
+                    after={"sriov_numvfs": 0},
+                )
+            )
+        if mig_change:
+            work.actions.append(
+                _mode_action(
+                    g,
+                    ActionKind.SET_MIG_MODE,
+                    f"{at}.mig-mode",
+                    f"the layout is {MODE_TEXT[want]}",
+                    before={"mig": bool(modes.mig)},
+                    after={"mig": mig},
+                    enabled=mig,
+                )
+            )
+        if enable:
+            work.actions.append(
+                Action(
+                    kind=ActionKind.ENABLE_SRIOV,
+                    address=f"{at}.sriov",
+                    gpu=g.address,
+                    layout=g.layout,
+                    before={"sriov_numvfs": 0},
+                    after={"sriov_numvfs": g.sriov_totalvfs},
+                    reason="vGPUs need virtual functions",
+                )
+            )
+        for gi in gone_gis:
+            work.actions.append(
+                _mode_action(
+                    g,
+                    ActionKind.DESTROY_GPU_INSTANCE,
+                    f"{at}.gi[{gi.id}]",
+                    "not in the layout's MIG geometry",
+                    before={"profile": gi.profile, "id": gi.id},
+                    profile=gi.profile,
+                    gi_id=gi.id,
+                )
+            )
+        for n, profile in enumerate(new_gis, start=1):
+            work.actions.append(
+                _mode_action(
+                    g,
+                    ActionKind.CREATE_GPU_INSTANCE,
+                    f"{at}.gi[new {n}]",
+                    "wanted by the layout's MIG geometry",
+                    after={"profile": profile},
+                    profile=profile,
+                )
+            )
+        if het is not None:
+            work.actions.append(
+                _mode_action(
+                    g,
+                    ActionKind.SET_HETEROGENEOUS_MODE,
+                    f"{at}.heterogeneous-mode",
+                    "the layout mixes framebuffer sizes"
+                    if het
+                    else "the layout has one framebuffer size",
+                    before={"heterogeneous": not het},
+                    after={"heterogeneous": het},
+                    enabled=het,
+                )
+            )
+
+    def plan_mode_creates(
+        self,
+        g: Gpu,
+        dg: DesiredGpu,
+        creates: list[str],
+        kept: list[Vgpu],
+        remaining: list[Vgpu],
+        work: _GpuWork,
+    ) -> bool:
+        """The creates of a GPU in (or going to) MIG or mixed-size mode, in ``creates``'
+        order; True when their VFs are chosen after a re-scan (a mode, SR-IOV or GPU
+        instance step runs before them: the driver's lists change)."""
+        if g.layout is SysfsInterface.UNAVAILABLE:
+            self.block_all(
+                g,
+                creates,
+                work,
+                f"no vGPU manager on this GPU: {g.layout_reason}",
+                code=BlockedReason.NO_VGPU_MANAGER,
+            )
+            return False
+        uuids = free_uuids(self.node, g.address, {v.uuid for v in g.vgpus if v.uuid})
+        if work.replaced or any(
+            a.kind in MODE_KINDS or a.kind is ActionKind.ENABLE_SRIOV for a in work.actions
+        ):
+            vendor = g.layout is SysfsInterface.VENDOR_VFIO
+            for slot, name in enumerate(creates, start=1):
+                work.actions.append(
+                    _create(
+                        g,
+                        name,
+                        self.type_id(g, name, None),
+                        uuid=None if vendor else next(uuids),
+                        parent=None,
+                        slot=slot,
+                    )
+                )
+            return True
+        occupied = {v.parent for v in (*kept, *remaining)}
+        has_destroys = any(a.kind is ActionKind.DESTROY for a in work.actions)
+        for name in creates:
+            parent = self.choose_parent(g, name, occupied, has_destroys)
+            if parent is None:
+                self.block_all(g, [name], work, "no free virtual function offers this type")
+                continue
+            if g.sriov_capable:
+                occupied.add(parent)
+            type_id = self.type_id(g, name, parent)
+            if type_id is None and not (has_destroys and self.info(g, name) is not None):
+                self.errors.append(
+                    f"gpu[{g.address}] ({g.model or 'unknown model'}): the type id of {name} "
+                    "is unknown: the GPU's driver does not list it now and the catalog does "
+                    f"not know it [{dg.entry}]"
+                )
+                continue
+            if g.layout is SysfsInterface.VENDOR_VFIO:
+                work.actions.append(_create(g, name, type_id, vf=parent, parent=parent))
+            else:
+                work.actions.append(_create(g, name, type_id, uuid=next(uuids), parent=parent))
+        return False
 
     def withheld(self, work: _GpuWork) -> tuple[str, ...]:
         """Under ``in-use: evacuate``: the keys of the free vGPUs the GPU's switch destroys
@@ -752,6 +1180,10 @@ class _Planner:
             len(blocked),
             sum(h.kept for h in headers if h.managed),
             sum(h.deferred_switch is not None for h in headers),
+            counts[ActionKind.DISABLE_SRIOV],
+            counts[ActionKind.SET_MIG_MODE] + counts[ActionKind.SET_HETEROGENEOUS_MODE],
+            counts[ActionKind.CREATE_GPU_INSTANCE],
+            counts[ActionKind.DESTROY_GPU_INSTANCE],
         )
         p = built(
             Plan,
@@ -770,7 +1202,16 @@ class _Planner:
 
 @functools.lru_cache(maxsize=1024)
 def _summary(
-    create: int, destroy: int, sriov: int, blocked: int, kept: int, switches_deferred: int
+    create: int,
+    destroy: int,
+    sriov: int,
+    blocked: int,
+    kept: int,
+    switches_deferred: int,
+    sriov_disable: int = 0,
+    modes: int = 0,
+    gi_create: int = 0,
+    gi_destroy: int = 0,
 ) -> Summary:
     """A plan's counts: one frozen value for equal ones (a fleet's plans share theirs)."""
     return built(
@@ -781,6 +1222,10 @@ def _summary(
         blocked=blocked,
         kept=kept,
         switches_deferred=switches_deferred,
+        sriov_disable=sriov_disable,
+        modes=modes,
+        gi_create=gi_create,
+        gi_destroy=gi_destroy,
     )
 
 
@@ -814,6 +1259,8 @@ def _gpu_plan(
     publish: Publish,
     switch: DeferredSwitch | None,
     withheld: tuple[str, ...] = (),
+    deferred_kept: tuple[tuple[str, int], ...] = (),
+    experimental: tuple[str, ...] = (),
 ) -> GpuPlan:
     """A GPU's header: one frozen value for equal ones (the GPUs of a fleet's pool have
     equal headers, so a fleet plan makes each once)."""
@@ -829,6 +1276,8 @@ def _gpu_plan(
         publish=publish,
         deferred_switch=switch,
         withheld=withheld,
+        deferred_kept=deferred_kept,
+        experimental=experimental,
     )
 
 
@@ -894,6 +1343,136 @@ def offered_sort_key(g: Gpu, t: OfferedType) -> tuple[int, str]:
 def deferred_address(gpu: str, slot: int) -> str:
     """The address of the ``slot``-th create that waits for SR-IOV on ``gpu``."""
     return f"gpu[{gpu}].vf[new {slot}]"
+
+
+def _gi_diff(
+    gis: tuple[GpuInstance, ...],
+    geometry: tuple[tuple[str, int], ...],
+    kept: list[Vgpu],
+    vgpus: tuple[Vgpu, ...],
+    slices: int = 0,
+) -> tuple[list[GpuInstance], list[str]]:
+    """GPU instances to destroy, and the profiles to create, for ``geometry``.
+
+    Of each profile, those holding the most kept vGPUs (then any vGPU, then the
+    lowest id) are kept, as many as the geometry has; the rest are destroyed. The
+    largest profiles are created first (most compute slices), so they find room
+    before smaller ones split the GPU up. When the new instances would find no room
+    beside the kept ones where ``nvidia-smi`` placed them (``slices``: the GPU's
+    compute slices; inferred: an instance takes a run of its slices aligned to its
+    size), the kept instances that hold no vGPU that stays are destroyed and made
+    again too, largest first; when that is not enough, every instance (the vGPUs
+    that stay in them are made again; a held one defers the switch).
+    """
+    kept_in = Counter(v.gpu_instance_id for v in kept)
+    any_in = Counter(v.gpu_instance_id for v in vgpus)
+    keep: set[int] = set()
+    create: list[str] = []
+    for profile, count in geometry:
+        same = sorted(
+            (gi for gi in gis if gi.profile == profile),
+            key=lambda gi: (-kept_in[gi.id], -any_in[gi.id], gi.id),
+        )
+        keep.update(gi.id for gi in same[:count])
+        create += [profile] * max(count - len(same), 0)
+    create.sort(key=lambda p: (-_gi_slices(p), p))
+    staying = [gi for gi in gis if gi.id in keep]
+    if create and slices and not _gis_fit(staying, create, slices):
+        # First the kept instances no vGPU stays in; then every instance (the vGPUs in
+        # them are made again, and a held one defers the switch).
+        for release in (
+            [gi for gi in staying if not kept_in[gi.id]],
+            [gi for gi in staying if kept_in[gi.id]],
+        ):
+            keep -= {gi.id for gi in release}
+            create += [gi.profile for gi in release]
+            create.sort(key=lambda p: (-_gi_slices(p), p))
+            staying = [gi for gi in gis if gi.id in keep]
+            if _gis_fit(staying, create, slices):
+                break
+    gone = sorted((gi for gi in gis if gi.id not in keep), key=lambda gi: gi.id)
+    return gone, create
+
+
+def _gis_fit(staying: list[GpuInstance], create: list[str], slices: int) -> bool:
+    """Whether ``create`` (largest first) finds aligned runs of compute slices beside the
+    ``staying`` instances; True when a staying instance's placement is not known."""
+    used = [False] * slices
+    for gi in staying:
+        if gi.placement_start is None:
+            return True
+        size = gi.placement_size or _gi_slices(gi.profile)
+        for k in range(gi.placement_start, min(gi.placement_start + size, slices)):
+            used[k] = True
+    for profile in create:
+        size = _gi_slices(profile)
+        if size < 1:
+            return True
+        start = next(
+            (
+                at
+                for at in range(0, slices - size + 1, size)
+                if not any(used[at : at + size])
+            ),
+            None,
+        )
+        if start is None:
+            return False
+        used[start : start + size] = [True] * size
+    return True
+
+
+def _mig_slices(model: GpuModel | None) -> int:
+    """The model's compute slices: the most any of its GPU instance profiles takes."""
+    if model is None:
+        return 0
+    return max((p.slices for p in mig_profiles(model)), default=0)
+
+
+def _gi_slices(profile: str) -> int:
+    """A GPU instance profile's compute slices (``3g.20gb`` → 3; 0 when unreadable)."""
+    head = profile.partition("g.")[0]
+    return int(head) if head.isdigit() else 0
+
+
+_RULES: dict[GpuMode, tuple[str, ...]] = {
+    GpuMode.MIG: (MIG_RULE,),
+    GpuMode.MIXED_SIZE: (MIXED_RULE,),
+    GpuMode.TIME_SLICED: (),
+}
+"""The inferred rules a GPU's plan in each mode relies on."""
+
+
+def _mode_change_text(modes: GpuModes, want: GpuMode) -> str:
+    """``the switch from time-sliced to MIG-backed mode``."""
+    return f"the switch from {MODE_TEXT[modes.mode]} to {MODE_TEXT[want]} mode"
+
+
+def _mode_action(
+    g: Gpu,
+    kind: ActionKind,
+    address: str,
+    reason: str,
+    *,
+    before: dict[str, object] | None = None,
+    after: dict[str, object] | None = None,
+    profile: str | None = None,
+    gi_id: int | None = None,
+    enabled: bool | None = None,
+) -> Action:
+    """A GPU-level step (mode, SR-IOV off, GPU instance)."""
+    return Action(
+        kind=kind,
+        address=address,
+        gpu=g.address,
+        layout=g.layout,
+        before=before,
+        after=after,
+        reason=reason,
+        profile=profile,
+        gi_id=gi_id,
+        enabled=enabled,
+    )
 
 
 def _create(

@@ -30,7 +30,7 @@ from vgpu_state.model import bounded
 from vgpu_state.model.desired import DesiredState
 from vgpu_state.model.errors import Reason, UserError
 from vgpu_state.model.ids import is_canonical_uuid, is_pci_address, is_type_id
-from vgpu_state.model.plan import PLAN_FORMAT_VERSION, Action, ActionKind, Plan
+from vgpu_state.model.plan import MODE_KINDS, PLAN_FORMAT_VERSION, Action, ActionKind, Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot
 from vgpu_state.planner.plan import plan as make_plan
 
@@ -190,6 +190,43 @@ def parse_saved_plan(data: bytes, source: str) -> SavedPlan:
 
 
 _DEFERRED = re.compile(r"gpu\[[^\]]+\]\.vf\[new [1-9][0-9]{0,4}\]")
+_GI_PROFILE = re.compile(r"[1-9][0-9]?g\.[1-9][0-9]{0,3}gb(\+me)?")
+_MODE_ADDRESS = {
+    ActionKind.DISABLE_SRIOV: "sriov",
+    ActionKind.SET_MIG_MODE: "mig-mode",
+    ActionKind.SET_HETEROGENEOUS_MODE: "heterogeneous-mode",
+}
+
+
+def _mode_form_problem(a: Action) -> str | None:
+    """What is wrong with the form of a mode step (SR-IOV off, MIG or heterogeneous
+    mode, GPU instance), or ``None``."""
+    if a.type_name is not None or a.type_id is not None or a.uuid is not None:
+        return "a mode step names no vGPU type or uuid"
+    if a.vf is not None or a.parent is not None:
+        return "a mode step names no vf or parent"
+    if a.kind in _MODE_ADDRESS:
+        expected = f"gpu[{a.gpu}].{_MODE_ADDRESS[a.kind]}"
+        if a.kind is not ActionKind.DISABLE_SRIOV and a.enabled is None:
+            return "enabled: missing"
+    elif a.kind is ActionKind.DESTROY_GPU_INSTANCE:
+        if a.gi_id is None:
+            return "gi_id: missing"
+        expected = f"gpu[{a.gpu}].gi[{a.gi_id}]"
+    else:
+        prefix = f"gpu[{a.gpu}].gi[new "
+        tail = a.address.removeprefix(prefix)
+        number = tail.removesuffix("]")
+        if not (a.address.startswith(prefix) and tail.endswith("]") and number.isdigit()):
+            return f"address {a.address!r} does not name its step (gpu[{a.gpu}].gi[new N])"
+        expected = a.address
+    if a.profile is not None and _GI_PROFILE.fullmatch(a.profile) is None:
+        return f"profile {a.profile!r} is not a GPU instance profile"
+    if a.kind is ActionKind.CREATE_GPU_INSTANCE and a.profile is None:
+        return "profile: missing"
+    if a.address != expected:
+        return f"address {a.address!r} does not name its step ({expected})"
+    return None
 
 
 def action_form_problem(a: Action) -> str | None:
@@ -204,6 +241,8 @@ def action_form_problem(a: Action) -> str | None:
         return f"uuid {a.uuid!r} is not an mdev UUID"
     if a.type_id is not None and not is_type_id(a.type_id):
         return f"type_id {a.type_id!r} is not a vGPU type id"
+    if a.kind in MODE_KINDS:
+        return _mode_form_problem(a)
     if a.kind is ActionKind.ENABLE_SRIOV:
         expected = f"gpu[{a.gpu}].sriov"
     elif a.vf is not None:
@@ -237,11 +276,23 @@ def _offered_ids(g: Gpu, catalog: Catalog) -> set[int]:
     return ids
 
 
-def action_host_problem(a: Action, snapshot: NodeSnapshot, catalog: Catalog) -> str | None:
-    """Why ``a`` does not fit the scanned host (its GPU, parent, VF, vGPU, type), or ``None``."""
+def action_host_problem(
+    a: Action, snapshot: NodeSnapshot, catalog: Catalog, mode_gpus: frozenset[str] = frozenset()
+) -> str | None:
+    """Why ``a`` does not fit the scanned host (its GPU, parent, VF, vGPU, type, GPU
+    instance), or ``None``. ``mode_gpus``: the GPUs whose mode or GPU instances the plan
+    changes (their creates wait for a re-scan even with SR-IOV on)."""
     g = snapshot.gpu(a.gpu)
     if g is None:
         return f"gpu {a.gpu} is not on this host"
+    if a.kind in MODE_KINDS:
+        if g.modes is None:
+            return f"the modes of gpu {a.gpu} were not read (nvidia-smi)"
+        if a.kind is ActionKind.DESTROY_GPU_INSTANCE and all(
+            gi.id != a.gi_id for gi in g.modes.gpu_instances
+        ):
+            return f"gi_id {a.gi_id} is not a GPU instance of gpu {a.gpu}"
+        return None
     vfs = {vf.address for vf in g.vfs}
     if a.kind is ActionKind.DESTROY:
         keys = {v.key for v in g.vgpus}
@@ -254,7 +305,8 @@ def action_host_problem(a: Action, snapshot: NodeSnapshot, catalog: Catalog) -> 
     if a.parent is not None and a.parent != g.address and a.parent not in vfs:
         return f"parent {a.parent} is neither gpu {a.gpu} nor one of its virtual functions"
     if a.kind is ActionKind.CREATE:
-        if a.parent is None and not (g.sriov_capable and g.sriov_numvfs == 0):
+        waits = (g.sriov_capable and g.sriov_numvfs == 0) or a.gpu in mode_gpus
+        if a.parent is None and not waits:
             return "parent: missing, but SR-IOV is already on"
         if a.uuid is not None and any(v.uuid == a.uuid for v in snapshot_vgpus(snapshot)):
             return f"uuid {a.uuid} already exists on this host"
@@ -276,8 +328,9 @@ def check_saved_plan(
     what moved otherwise). ``in_use`` is held now; the saved in-use set is added.
     """
     p = saved.plan
+    mode_gpus = frozenset(a.gpu for a in p.actions if a.kind in MODE_KINDS)
     for i, a in enumerate(p.actions):
-        problem = action_host_problem(a, snapshot, catalog)
+        problem = action_host_problem(a, snapshot, catalog, mode_gpus)
         if problem:
             raise _fail(saved.source, f"plan.actions[{i}] ({a.kind.value} {a.address}): {problem}")
     for i, a in enumerate(p.actions):

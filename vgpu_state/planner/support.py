@@ -1,5 +1,6 @@
-"""GPUs in a mode vgpu-state does not lay out, as the host's sysfs shows them
-(docs/config.md, "What vgpu-state does not do").
+"""GPUs in MIG mode or mixed-size mode as the host's sysfs shows them, for a GPU whose
+modes were not read with ``nvidia-smi`` (vgpu-state changes a mode only where it
+reads it: docs/plan.md, "GPU modes").
 
 Sysfs shows MIG mode only through type names: the driver lists MIG-backed types, or
 a vGPU of one exists. It does not show mixed-size mode either; a GPU whose vGPUs
@@ -14,11 +15,12 @@ from vgpu_state.catalog import parse_type_name
 from vgpu_state.model.snapshot import Gpu, SharedParts
 
 MIG_LIMITATION = (
-    "vgpu-state does not lay out MIG-backed vGPUs (it neither turns on MIG mode nor "
-    "creates GPU instances)"
+    "vgpu-state lays out a GPU in MIG mode only when it reads the GPU's modes "
+    "with nvidia-smi (--nvidia-smi PATH)"
 )
 MIXED_SIZE_LIMITATION = (
-    "vgpu-state keeps GPUs in the driver's equal-size mode (mixed-size mode is not supported)"
+    "vgpu-state lays out a GPU in mixed-size mode only when it reads the GPU's modes "
+    "with nvidia-smi (--nvidia-smi PATH)"
 )
 
 
@@ -52,7 +54,8 @@ def _mig_listed(gpu: Gpu) -> list[str]:
 
 
 def host_modes(gpu: Gpu) -> list[str]:
-    """Why this GPU is in a mode vgpu-state does not manage (MIG, mixed-size); empty if none."""
+    """Why this GPU, whose modes were not read, is in a mode vgpu-state cannot manage
+    without reading it (MIG, mixed-size); empty if none."""
     out: list[str] = []
     mig_vgpus = sorted({v.type_name or "" for v in gpu.vgpus if is_mig_backed(v.type_name)})
     mig_listed = _mig_listed(gpu)

@@ -35,3 +35,22 @@ class HostPort(Protocol):
     def set_vf_type(self, vf: str, type_id: int) -> None: ...
 
     def clear_vf_type(self, vf: str) -> None: ...
+
+    def set_mig_mode(self, pf: str, enabled: bool) -> None:
+        """MIG mode on or off (``nvidia-smi -i PF -mig 1|0``); the driver refuses while
+        the GPU's VFs are enabled."""
+        ...
+
+    def create_gpu_instance(self, pf: str, profile: str) -> int:
+        """A MIG GPU instance of ``profile`` (``1g.24gb``) with its compute instance;
+        returns the new instance's id."""
+        ...
+
+    def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
+        """Destroy GPU instance ``gi_id`` (its compute instances first)."""
+        ...
+
+    def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
+        """The driver's mixed-size (heterogeneous) vGPU mode on or off
+        (``nvidia-smi vgpu -i PF -shm 1|0``); refused while a vGPU exists."""
+        ...

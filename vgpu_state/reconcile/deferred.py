@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 
 from vgpu_state.catalog import Catalog
 from vgpu_state.model.desired import DesiredGpu, DesiredState
+from vgpu_state.model.gpumode import GpuMode
 from vgpu_state.model.plan import Action, GpuPlan, Plan
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.planner import plan as make_plan
@@ -21,14 +22,22 @@ def replan_deferred(
     *,
     catalog: Catalog,
 ) -> Plan:
-    """After SR-IOV is on, plan the creates whose parents the plan could not know yet.
+    """After SR-IOV is on (or a GPU's mode or GPU instances changed), plan the creates
+    whose parents the plan could not know yet.
 
-    The GPU had its VFs off when the plan was made, so it held no vGPUs: the
-    deferred creates are its whole layout. vGPUs already there (an earlier,
-    interrupted run made them) count towards it, and nothing is destroyed.
-    Creates this plan cannot place are its blocked items.
+    The deferred creates and the vGPUs the plan kept on the GPU
+    (:attr:`GpuPlan.deferred_kept`) are its whole layout; vGPUs already there beyond
+    those (an earlier, interrupted run made them) count towards it, and nothing is
+    destroyed. The GPU's mode and
+    GPU instances are taken as the fresh scan reads them (the plan's mode steps ran
+    before). Creates this plan cannot place are its blocked items.
     """
     counts = Counter(a.type_name for a in deferred if a.type_name)
+    counts.update(dict(header.deferred_kept))
+    g = live.gpu(header.address)
+    modes = g.modes if g is not None else None
+    mode = modes.mode if modes is not None else GpuMode.TIME_SLICED
+    geometry = tuple(sorted(modes.gi_counts().items())) if mode is GpuMode.MIG and modes else ()
     desired = DesiredState(
         node=plan.node,
         config=plan.selection.config,
@@ -41,6 +50,8 @@ def replan_deferred(
                 model=header.model,
                 types=tuple(sorted(counts.items())),
                 entry=header.entry,
+                mode=mode,
+                mig_geometry=geometry,
             ),
         ),
     )

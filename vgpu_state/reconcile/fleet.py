@@ -99,6 +99,19 @@ class ReportedHost:
     def clear_vf_type(self, vf: str) -> None:
         self._refuse(vf)
 
+    def set_mig_mode(self, pf: str, enabled: bool) -> None:
+        self._refuse(pf, enabled)
+
+    def create_gpu_instance(self, pf: str, profile: str) -> int:
+        self._refuse(pf, profile)
+        return 0
+
+    def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
+        self._refuse(pf, gi_id)
+
+    def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
+        self._refuse(pf, enabled)
+
 
 @dataclass(frozen=True)
 class NodePlan:

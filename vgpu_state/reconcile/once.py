@@ -528,7 +528,30 @@ def stale_changes(saved: dict[str, Any], live: dict[str, Any]) -> tuple[str, ...
             lines.append(f"gpu[{address}] + vGPU {v[2] or v[1]} ({v[4]}) appeared")
         for v in sorted(before - after):
             lines.append(f"gpu[{address}] - vGPU {v[2] or v[1]} ({v[4]}) disappeared")
+    was, now = saved.get("modes", {}), live.get("modes", {})
+    for address in sorted(set(was) | set(now)):
+        if was.get(address) != now.get(address):
+            lines.append(
+                f"gpu[{address}] modes {_modes_text(was.get(address))} -> "
+                f"{_modes_text(now.get(address))}"
+            )
     return tuple(lines)
+
+
+def _modes_text(view: list[Any] | None) -> str:
+    """A GPU's modes from a stable view: ``MIG on, mixed-size off, GPU instances 1g.24gb×2``."""
+    if view is None:
+        return "not read"
+    mig, het, gis = view
+    names = sorted(str(gi[1]) for gi in gis) if isinstance(gis, list) else []
+    counted = ", ".join(f"{n}×{names.count(n)}" for n in sorted(set(names)))
+
+    def on(value: object) -> str:
+        return "N/A" if value is None else ("on" if value else "off")
+
+    return f"MIG {on(mig)}, mixed-size {on(het)}" + (
+        f", GPU instances {counted}" if counted else ""
+    )
 
 
 def apply_saved(

@@ -44,6 +44,10 @@ class Settings:
     ``None``: ``/usr/lib/nvidia/sriov-manage`` when installed, else write
     ``sriov_numvfs``; ``()``: always write ``sriov_numvfs``. The shell builds the
     host port from this value (``SysfsHost(..., settings.sriov_manage)``)."""
+    nvidia_smi: tuple[str, ...] | None = None
+    """The nvidia-smi command line a real host runs to read and change MIG and
+    mixed-size mode. ``None``: ``/usr/bin/nvidia-smi`` when installed; ``()``: none
+    (the modes are not read, and a layout that changes them cannot be applied)."""
     clock: Callable[[], float] = time.time
     """Wall-clock time (Unix seconds) for journal records."""
     command: str = ""

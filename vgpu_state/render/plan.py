@@ -6,6 +6,8 @@ import json
 
 from vgpu_state.model.errors import BlockedReason
 from vgpu_state.model.plan import (
+    EXPERIMENTAL,
+    MODE_KINDS,
     Action,
     ActionKind,
     Blocked,
@@ -24,6 +26,11 @@ SYMBOLS = {
     ActionKind.CREATE: ("+", "create"),
     ActionKind.DESTROY: ("-", "destroy"),
     ActionKind.ENABLE_SRIOV: ("~", "enable SR-IOV (virtual functions)"),
+    ActionKind.DISABLE_SRIOV: ("~", "disable SR-IOV (virtual functions)"),
+    ActionKind.SET_MIG_MODE: ("~", "change a GPU's mode (MIG, heterogeneous)"),
+    ActionKind.SET_HETEROGENEOUS_MODE: ("~", "change a GPU's mode (MIG, heterogeneous)"),
+    ActionKind.DESTROY_GPU_INSTANCE: ("-", "destroy a MIG GPU instance"),
+    ActionKind.CREATE_GPU_INSTANCE: ("+", "create a MIG GPU instance"),
 }
 BLOCKED_SYMBOL = ("!", "blocked: will not be done, see the reason")
 CLUSTER_SYMBOLS = {
@@ -52,7 +59,30 @@ def _model(g: GpuPlan) -> str:
     return g.model or "unknown model"
 
 
-def _action_lines(a: Action) -> list[str]:
+def _on_off(value: object) -> str:
+    return "on" if value else "off"
+
+
+def mode_step_text(a: Action) -> str:
+    """A mode step in words: ``MIG mode: off → on (GPU reset; no vGPU on it)``,
+    ``create GPU instance 1g.24gb``, ``heterogeneous mode: off → on``."""
+    if a.kind is ActionKind.DISABLE_SRIOV:
+        return f"disable SR-IOV: {(a.before or {}).get('sriov_numvfs')} → 0 virtual functions"
+    if a.kind is ActionKind.SET_MIG_MODE:
+        change = f"{_on_off(not a.enabled)} → {_on_off(a.enabled)}"
+        return f"MIG mode: {change} (GPU reset; no vGPU on it)"
+    if a.kind is ActionKind.SET_HETEROGENEOUS_MODE:
+        return f"heterogeneous mode: {_on_off(not a.enabled)} → {_on_off(a.enabled)}"
+    if a.kind is ActionKind.DESTROY_GPU_INSTANCE:
+        return f"destroy GPU instance {a.profile} (id {a.gi_id})"
+    return f"create GPU instance {a.profile}"
+
+
+def _action_lines(a: Action, after_modes: bool = False) -> list[str]:
+    """A step's lines; ``after_modes``: the GPU's mode steps run before its creates."""
+    if a.kind in MODE_KINDS:
+        mark = SYMBOLS[a.kind][0]
+        return [f"  {mark} gpu[{a.gpu}] {mode_step_text(a)}", f"      ({a.reason})"]
     if a.kind is ActionKind.ENABLE_SRIOV:
         after = (a.after or {}).get("sriov_numvfs")
         return [
@@ -64,7 +94,11 @@ def _action_lines(a: Action) -> list[str]:
             f"  - {a.address} will be destroyed",
             f"      type: {a.type_name or f'id {a.type_id}'}   parent: {a.parent}",
         ]
-    parent = a.parent or "(chosen after SR-IOV is enabled)"
+    parent = a.parent or (
+        "(chosen after the mode steps, from a fresh read)"
+        if after_modes
+        else "(chosen after SR-IOV is enabled)"
+    )
     where = f"vf: {a.vf}" if a.vf else f"parent: {parent}"
     type_id = f" (id {a.type_id})" if a.type_id is not None else ""
     return [
@@ -130,7 +164,7 @@ def render_text(plan: Plan) -> str:
         return "\n".join(lines) + "\n"
 
     kinds = {a.kind for a in plan.actions}
-    legend = [f"  {s} {t}" for k, (s, t) in SYMBOLS.items() if k in kinds]
+    legend = list(dict.fromkeys(f"  {s} {t}" for k, (s, t) in SYMBOLS.items() if k in kinds))
     ops = {c.op for c in plan.cluster_actions}
     legend += [f"  {s} {t}" for k, (s, t) in CLUSTER_SYMBOLS.items() if k in ops]
     if plan.blocked:
@@ -143,8 +177,10 @@ def render_text(plan: Plan) -> str:
         if g.deferred_switch is not None:
             lines.append(_deferred_line(g.deferred_switch))
             lines.extend(move_line(g.address, m) for m in g.deferred_switch.moves)
-        for a in plan.gpu_actions(g.address):
-            lines.extend(_action_lines(a))
+        steps = plan.gpu_actions(g.address)
+        after_modes = any(a.kind in MODE_KINDS for a in steps)
+        for a in steps:
+            lines.extend(_action_lines(a, after_modes))
         lines.extend(_blocked_lines(plan.gpu_blocked(g.address)))
     cluster_blocked = plan.gpu_blocked(CLUSTER)
     if plan.cluster_actions or cluster_blocked:
@@ -158,6 +194,8 @@ def render_text(plan: Plan) -> str:
         lines.extend(capacity_lines(plan.capacity))
     lines.append("")
     lines.extend(blast_lines(plan))
+    if plan.experimental:
+        lines.append(f"{EXPERIMENTAL}: {'; '.join(plan.experimental)}")
     lines.append(summary_line(plan))
     return "\n".join(lines) + "\n"
 
@@ -234,10 +272,13 @@ def blast_lines(plan: Plan) -> list[str]:
             parts.append(f"{_plural(free, 'free vGPU')}")
         if d.held:
             parts.append(f"{_plural(d.held, 'held vGPU')}")
-        lines = [
-            f"Disruption: {d.level.value} ({' and '.join(parts)} destroyed on "
-            f"{_plural(d.gpus, 'GPU')})"
-        ]
+        if plan.summary.gi_destroy:
+            parts.append(f"{_plural(plan.summary.gi_destroy, 'GPU instance')}")
+        what = f"{' and '.join(parts)} destroyed" if parts else "nothing destroyed"
+        then = ""
+        if d.level is Disruption.GPU:
+            then = "; then SR-IOV is disabled or MIG mode changed (a GPU reset), no vGPU left"
+        lines = [f"Disruption: {d.level.value} ({what} on {_plural(d.gpus, 'GPU')}{then})"]
     if plan.affected:
         lines.append(
             f"Affected (policy in-use: ignore, their vGPUs are destroyed): "
@@ -322,6 +363,12 @@ def summary_line(plan: Plan) -> str:
     if plan.is_converged:
         return f'No changes. The node matches configuration "{plan.selection.config}".'
     sriov = f", {s.sriov} SR-IOV to enable" if s.sriov else ""
+    if s.sriov_disable:
+        sriov += f", {s.sriov_disable} SR-IOV to disable"
+    if s.modes:
+        sriov += f", {s.modes} mode change(s)"
+    if s.gi_destroy or s.gi_create:
+        sriov += f", GPU instances: {s.gi_create} to create, {s.gi_destroy} to destroy"
     cluster = f", {s.cluster} cluster change(s)" if s.cluster else ""
     deferred = (
         f" ({_plural(s.switches_deferred, 'GPU')} waiting to switch)" if s.switches_deferred else ""

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+from collections.abc import Sequence
 
+from vgpu_state.catalog import VgpuType
 from vgpu_state.model.ids import UUID_PATTERN
 from vgpu_state.sim.driver_spec import _SpecDriver
 from vgpu_state.sim.faults import FaultEffect, FaultState
@@ -21,6 +23,7 @@ from vgpu_state.sim.gpu_state import (
     SRIOV_OFFSET,
     SRIOV_STRIDE,
     SimGpu,
+    SimGpuInstance,
     SimVgpu,
     fail,
 )
@@ -85,7 +88,47 @@ class SimDriver(_SpecDriver):
         t = gpu.type_by_id(type_id)
         if t is None or gpu.available(vf, t) < 1:
             raise fail(self.create_unavailable_errno, "vGPU type not available")
-        self._add_vgpu(gpu, SimVgpu(type=t, uuid=uid, vf=vf, iommu_group=self._new_group()))
+        gi, placement = self._place(gpu, t, None, None, self.create_unavailable_errno)
+        self._add_vgpu(
+            gpu,
+            SimVgpu(
+                type=t,
+                uuid=uid,
+                vf=vf,
+                iommu_group=self._new_group(),
+                gpu_instance=gi,
+                placement=placement,
+            ),
+        )
+
+    def _place(
+        self, gpu: SimGpu, t: VgpuType, gi: int | None, placement: int | None, code: int
+    ) -> tuple[int | None, int | None]:
+        """Where a new vGPU of ``t`` goes: its GPU instance (MIG mode) and its first slot
+        (mixed-size mode); ``gi``/``placement`` ask for one (a spec being loaded)."""
+        if gpu.mig_mode:
+            slots = gpu.gi_slots(t)
+            if gi is not None:
+                slots = [x for x in slots if x[0].id == gi]
+            if not slots:
+                raise fail(code, "no GPU instance with room for this vGPU type")
+            return min(x.id for x, _ in slots), None
+        if gpu.heterogeneous:
+            start = gpu.free_placement(t)
+            if placement is not None:
+                taken = [(v.placement or 0, gpu.slot_size(v.type)) for v in gpu.vgpus]
+                size = gpu.slot_size(t)
+                ok = (
+                    start is not None
+                    and placement % size == 0
+                    and placement + size <= gpu.slot_model()[0]
+                    and not any(s < placement + size and placement < s + n for s, n in taken)
+                )
+                start = placement if ok else None
+            if start is None:
+                raise fail(code, "no free placement for this vGPU type")
+            return None, start
+        return None, None
 
     def mdev_remove(self, uuid: str, data: bytes) -> None:
         try:
@@ -103,7 +146,14 @@ class SimDriver(_SpecDriver):
         self._remove_vgpu(gpu, v)
 
     # vendor-specific VFIO --------------------------------------------------------
-    def vf_type_write(self, vf_addr: str, data: bytes) -> None:
+    def vf_type_write(
+        self,
+        vf_addr: str,
+        data: bytes,
+        *,
+        gpu_instance: int | None = None,
+        placement: int | None = None,
+    ) -> None:
         try:
             type_id = int(data.decode("ascii").strip(), 10)
         except (UnicodeDecodeError, ValueError) as e:
@@ -127,7 +177,18 @@ class SimDriver(_SpecDriver):
         t = gpu.type_by_id(type_id)
         if t is None or t not in gpu.creatable_on_vf(vf):
             raise fail(errno.EIO, "vGPU type not creatable on this VF")
-        self._add_vgpu(gpu, SimVgpu(type=t, uuid=None, vf=vf, iommu_group=self._new_group()))
+        gi, slot = self._place(gpu, t, gpu_instance, placement, errno.EIO)
+        self._add_vgpu(
+            gpu,
+            SimVgpu(
+                type=t,
+                uuid=None,
+                vf=vf,
+                iommu_group=self._new_group(),
+                gpu_instance=gi,
+                placement=slot,
+            ),
+        )
 
     # SR-IOV ----------------------------------------------------------------------
     def sriov_numvfs_write(self, pf: str, data: bytes) -> None:
@@ -148,8 +209,7 @@ class SimDriver(_SpecDriver):
             raise fail(errno.ENOENT, "Driver does not support SRIOV configuration via sysfs")
         if value > 0 and gpu.numvfs > 0:
             raise fail(errno.EBUSY, f"{gpu.numvfs} VFs already enabled")
-        if value == 0:
-            self._clear_vgpus(gpu)
+        self._rebind(gpu)
         self._set_numvfs(gpu, value)
 
     def sriov_manage(self, args: str) -> tuple[int, str]:
@@ -174,6 +234,7 @@ class SimDriver(_SpecDriver):
                 if g.numvfs:
                     out.append(f"GPU at {g.address} already has VFs enabled.")
                 else:
+                    self._rebind(g)
                     self._set_numvfs(g, g.totalvfs)
                     out.append(f"Enabling VFs on {g.address}")
             elif g.numvfs == 0:
@@ -183,10 +244,48 @@ class SimDriver(_SpecDriver):
                 out.append(f"Cannot obtain unbindLock for {g.address} (held by {holder})")
                 status = 1
             else:
-                self._clear_vgpus(g)
+                self._rebind(g)
                 self._set_numvfs(g, 0)
                 out.append(f"Disabling VFs on {g.address}")
         return status, "\n".join(out)
+
+    def _rebind(self, g: SimGpu) -> None:
+        """What rebinding the PF (sriov-manage's stub dance) does besides the VFs: every
+        vGPU and every GPU instance is gone and mixed-size mode is off; MIG mode stays
+        (reference §4.3, §4.4, §5.3)."""
+        self._clear_vgpus(g)
+        if g.gpu_instances or g.heterogeneous:
+            g.gpu_instances.clear()
+            g.heterogeneous = False
+            self._touch(g)
+
+    # modes (changed through nvidia-smi) -------------------------------------------
+    def set_mig_mode(self, g: SimGpu, enabled: bool) -> None:
+        if g.mig_mode != enabled:
+            g.mig_mode = enabled
+            g.gpu_instances.clear()
+            self._touch(g)
+
+    def set_heterogeneous(self, g: SimGpu, enabled: bool) -> None:
+        if g.heterogeneous != enabled:
+            g.heterogeneous = enabled
+            self._touch(g)
+
+    def add_gpu_instance(self, g: SimGpu, gi: SimGpuInstance) -> None:
+        g.gpu_instances.append(gi)
+        g.gpu_instances.sort(key=lambda x: x.id)
+        self._touch(g)
+
+    def remove_gpu_instance(self, g: SimGpu, gi: SimGpuInstance) -> None:
+        g.gpu_instances.remove(gi)
+        self._touch(g)
+
+    # nvidia-smi ------------------------------------------------------------------
+    def nvidia_smi(self, argv: Sequence[str]) -> tuple[int, str]:
+        """Answer one ``nvidia-smi`` command line (see :mod:`vgpu_state.sim.nvidia_smi`)."""
+        from vgpu_state.sim.nvidia_smi import run
+
+        return run(self, list(argv))
 
 
 __all__ = [
@@ -196,6 +295,7 @@ __all__ = [
     "FaultState",
     "SimDriver",
     "SimGpu",
+    "SimGpuInstance",
     "SimVgpu",
     "fail",
 ]

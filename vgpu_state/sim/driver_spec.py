@@ -10,10 +10,12 @@ from vgpu_state.catalog import Catalog, VgpuType, parse_type_name, suggest
 from vgpu_state.sim.faults import FaultState
 from vgpu_state.sim.gpu_state import (
     SimGpu,
+    SimGpuInstance,
     SimVgpu,
 )
 from vgpu_state.sim.spec import (
     DriverSpec,
+    GpuInstanceSpec,
     GpuSpec,
     NodeSpec,
     SpecError,
@@ -50,9 +52,25 @@ def _extra_types(driver: DriverSpec, catalog: Catalog) -> dict[str, tuple[VgpuTy
                 max_instances=x.max_instances,
                 type_id=x.id,
                 type_id_known=True,
+                mig_slices=parsed.mig_slices,
             )
         )
     return {name: tuple(ts) for name, ts in found.items()}
+
+
+def _gi_specs(g: SimGpu) -> tuple[str | GpuInstanceSpec, ...]:
+    """The GPU instances of ``g`` as a spec lists them: by profile name where loading
+    that name reaches the same id and placement, else with both."""
+    probe = SimGpu(**{**g.__dict__, "gpu_instances": [], "vgpus": []})
+    out: list[str | GpuInstanceSpec] = []
+    for gi in sorted(g.gpu_instances, key=lambda x: x.id):
+        auto = (probe.next_gi_id(), probe.gi_room(gi.profile))
+        if auto == (gi.id, gi.start):
+            out.append(gi.profile.name)
+        else:
+            out.append(GpuInstanceSpec(profile=gi.profile.name, id=gi.id, placement=gi.start))
+        probe.gpu_instances.append(gi)
+    return tuple(out)
 
 
 def _suggest_model(text: str, catalog: Catalog) -> str:
@@ -74,6 +92,9 @@ class _SpecDriver(ABC):
         self.labels = dict(spec.labels)
         self.driver_spec: DriverSpec = spec.driver
         self.sriov_manage_installed = spec.sriov_manage
+        self.nvidia_smi_installed = spec.nvidia_smi
+        self.nvidia_smi_output = ""
+        self.nvidia_smi_status = 0
         self.extra_pci_devices = spec.extra_pci_devices
         self.create_unavailable_errno = errno_value(spec.driver.create_unavailable_errno)
         self.faults = [FaultState(f) for f in spec.faults]
@@ -134,18 +155,71 @@ class _SpecDriver(ABC):
         )
         by_address = {g.address: g for g in self.gpus}
         for i, g in enumerate(spec.gpus):
+            self._load_modes(by_address[g.address], g, f"gpus[{i}]")
             for j, v in enumerate(g.vgpus):
                 self._load_vgpu(by_address[g.address], v, f"gpus[{i}].vgpus[{j}]")
 
     # loading -------------------------------------------------------------------
+    def _load_modes(self, gpu: SimGpu, g: GpuSpec, where: str) -> None:
+        """MIG mode, the GPU instances and mixed-size mode of the spec's GPU ``g``."""
+        if g.mig_mode:
+            if not gpu.mig_capable:
+                raise SpecError(f"{where}.mig-mode: {gpu.model.name} has no MIG-backed vGPU types")
+            gpu.mig_mode = True
+        if g.gpu_instances and not g.mig_mode:
+            raise SpecError(f"{where}.gpu-instances: GPU instances need mig-mode: true")
+        if g.gpu_instances and gpu.numvfs == 0:
+            raise SpecError(
+                f"{where}.gpu-instances: GPU instances need SR-IOV on (sriov-manage -e "
+                "destroys every GPU instance, so they are created after it)"
+            )
+        profiles = {p.name: p for p in gpu.gi_profiles()}
+        for k, item in enumerate(g.gpu_instances):
+            at = f"{where}.gpu-instances[{k}]"
+            entry = item if isinstance(item, GpuInstanceSpec) else GpuInstanceSpec(profile=item)
+            profile = profiles.get(entry.profile.strip())
+            if profile is None:
+                known = ", ".join(profiles) or "none"
+                raise SpecError(
+                    f"{at}: {gpu.model.name} has no GPU instance profile {entry.profile!r} "
+                    f"(profiles: {known})"
+                )
+            start = gpu.gi_room(profile, entry.placement)
+            if start is None:
+                raise SpecError(f"{at}: no room for a {profile.name} GPU instance on {gpu.address}")
+            gi_id = entry.id if entry.id is not None else gpu.next_gi_id()
+            if gpu.gpu_instance(gi_id) is not None:
+                raise SpecError(f"{at}.id: GPU instance {gi_id} is listed twice")
+            gpu.gpu_instances.append(SimGpuInstance(gi_id, profile, start))
+        if g.heterogeneous:
+            if g.layout != "vendor-vfio" or gpu.numvfs == 0:
+                raise SpecError(
+                    f"{where}.heterogeneous: mixed-size mode needs the vendor-vfio layout "
+                    "with SR-IOV on"
+                )
+            if g.mig_mode:
+                raise SpecError(f"{where}.heterogeneous: not in MIG mode (it reads N/A there)")
+            gpu.heterogeneous = True
+
     def _load_vgpu(self, gpu: SimGpu, v: VgpuSpec, where: str) -> None:
         t = gpu.type_named(v.type)
         if t is None:
             raise SpecError(f"{where}.type: {gpu.model.name} has no vGPU type {v.type!r}")
+        if t.is_mig and not gpu.mig_mode:
+            raise SpecError(f"{where}.type: {t.name} is MIG-backed: the GPU needs mig-mode: true")
+        if not t.is_mig and gpu.mig_mode:
+            raise SpecError(
+                f"{where}.type: {t.name} is time-sliced; a GPU in MIG mode offers only "
+                "MIG-backed types"
+            )
         if gpu.type_by_id(t.type_id) is None:
             raise SpecError(
                 f"{where}.type: {t.name} is not offered by the {gpu.flavour!r} driver flavour"
             )
+        if v.gpu_instance is not None and not t.is_mig:
+            raise SpecError(f"{where}.gpu-instance: {t.name} is not MIG-backed")
+        if v.placement is not None and not gpu.heterogeneous:
+            raise SpecError(f"{where}.placement: only in mixed-size mode (heterogeneous: true)")
         vf = v.vf
         if gpu.sriov_capable:
             if gpu.numvfs == 0:
@@ -172,14 +246,24 @@ class _SpecDriver(ABC):
                 self.mdev_create(parent, t.type_id, uid.encode())
             else:
                 assert vf is not None
-                self.vf_type_write(gpu.vf_addresses()[vf], str(t.type_id).encode())
+                self.vf_type_write(
+                    gpu.vf_addresses()[vf],
+                    str(t.type_id).encode(),
+                    gpu_instance=v.gpu_instance,
+                    placement=v.placement,
+                )
         except OSError as e:
             reason = "already used" if e.errno == errno.EEXIST else "not creatable there"
+            if gpu.mig_mode:
+                rule = "a MIG-backed vGPU needs a GPU instance of its profile with room"
+            elif gpu.heterogeneous:
+                rule = "mixed-size mode needs free aligned slots and framebuffer"
+            else:
+                rule = "vGPUs on one GPU must share one framebuffer size and fit its max instances"
             raise SpecError(
                 f"{where}: {t.name} on {gpu.address}"
                 f"{'' if vf is None else f' VF {vf}'} is {reason} "
-                f"({errno.errorcode.get(e.errno or 0, '?')}; vGPUs on one GPU must share one "
-                "framebuffer size and fit its max instances)"
+                f"({errno.errorcode.get(e.errno or 0, '?')}; {rule})"
             ) from e
         gpu.vgpus[-1].in_use = v.in_use
         self._touch(gpu)
@@ -199,9 +283,19 @@ class _SpecDriver(ABC):
                     iommu_group=g.spec_iommu_group,
                     vf_iommu_group_base=g.spec_vf_iommu_group_base,
                     vgpus=tuple(
-                        VgpuSpec(type=v.type.name, uuid=v.uuid, vf=v.vf, in_use=v.in_use)
+                        VgpuSpec(
+                            type=v.type.name,
+                            uuid=v.uuid,
+                            vf=v.vf,
+                            in_use=v.in_use,
+                            gpu_instance=v.gpu_instance,
+                            placement=v.placement,
+                        )
                         for v in g.vgpus
                     ),
+                    mig_mode=g.mig_mode,
+                    gpu_instances=_gi_specs(g),
+                    heterogeneous=g.heterogeneous,
                 )
             )
         faults = []
@@ -217,6 +311,7 @@ class _SpecDriver(ABC):
             labels=self.labels,
             driver=self.driver_spec,
             sriov_manage=self.sriov_manage_installed,
+            nvidia_smi=self.nvidia_smi_installed,
             gpus=tuple(gpus),
             faults=tuple(faults),
             extra_pci_devices=self.extra_pci_devices,
@@ -300,4 +395,11 @@ class _SpecDriver(ABC):
     def mdev_create(self, parent: str, type_id: int, data: bytes) -> None: ...
 
     @abstractmethod
-    def vf_type_write(self, vf_addr: str, data: bytes) -> None: ...
+    def vf_type_write(
+        self,
+        vf_addr: str,
+        data: bytes,
+        *,
+        gpu_instance: int | None = None,
+        placement: int | None = None,
+    ) -> None: ...

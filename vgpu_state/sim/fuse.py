@@ -219,6 +219,11 @@ class Mount:
         """An argv prefix that behaves like ``/usr/lib/nvidia/sriov-manage`` on this mount."""
         return (sys.executable, "-m", "vgpu_state.sim", "sriov-manage", "--root", str(self.root))
 
+    def nvidia_smi_command(self) -> tuple[str, ...]:
+        """An argv prefix that behaves like ``nvidia-smi`` on this mount (when the spec
+        says ``nvidia-smi: true``)."""
+        return (sys.executable, "-m", "vgpu_state.sim", "nvidia-smi", "--root", str(self.root))
+
 
 @contextmanager
 def mounted(

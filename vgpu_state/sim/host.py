@@ -8,23 +8,27 @@ tree; :meth:`SimHost.scan` is the real :func:`vgpu_state.host.scan` of that tree
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
 from vgpu_state.catalog import Catalog, default_catalog
 from vgpu_state.host import driver
+from vgpu_state.host.nvidia_smi import NvidiaSmi, modes_or_problem
 from vgpu_state.host.paths import SysfsPaths
 from vgpu_state.host.reader import Filesystem, OsFilesystem
-from vgpu_state.host.scan import scan, scan_gpu
+from vgpu_state.host.scan import ModesReader, scan, scan_gpu
+from vgpu_state.model.errors import InterfaceMissingError
 from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.sim.dirtree import materialize
 from vgpu_state.sim.memfs import MemoryFilesystem
 from vgpu_state.sim.spec import NodeSpec, save_spec
 from vgpu_state.sim.sysfs import SimSysfs
-from vgpu_state.sim.tree import SRIOV_MANAGE_CONTROL, Entry
+from vgpu_state.sim.tree import NVIDIA_SMI_CONTROL, SRIOV_MANAGE_CONTROL, Entry
 from vgpu_state.sim.writelog import WriteLog, load_node
 from vgpu_state.statefiles.drivertypes import DriverTypeMemory
 
@@ -115,13 +119,67 @@ class SimHost:
     def node(self) -> str:
         return self.sysfs.driver.node
 
+    # nvidia-smi ----------------------------------------------------------------
+    @property
+    def nvidia_smi(self) -> NvidiaSmi | None:
+        """The node's nvidia-smi (the stand-in, in-process) when its spec says it has one."""
+        if not self.sysfs.driver.nvidia_smi_installed:
+            return None
+        return NvidiaSmi(self._run_nvidia_smi, "nvidia-smi (simulated)")
+
+    def _run_nvidia_smi(self, args: Sequence[str]) -> tuple[int, str]:
+        """The stand-in's answer to ``nvidia-smi ARGS``. A read (``-q``, ``-lgi``) is
+        answered directly; anything else is a write to the control file, so it lands
+        in the write log (``autosave``) in order with the sysfs writes."""
+        words = [str(a) for a in args]
+        if "-q" in words or "-lgi" in words:
+            with self.sysfs.lock:
+                return self.sysfs.driver.nvidia_smi(words)
+        if any(not w or any(c.isspace() for c in w) for w in words):
+            return 2, "nvidia-smi (simulated): arguments may not be empty or hold spaces"
+        self.write(NVIDIA_SMI_CONTROL, " ".join(words))
+        with self.sysfs.lock:
+            d = self.sysfs.driver
+            return d.nvidia_smi_status, d.nvidia_smi_output
+
+    def _modes(self) -> ModesReader | None:
+        tool = self.nvidia_smi
+        if tool is None:
+            return None
+        return lambda pf: modes_or_problem(tool, pf)
+
+    def _tool(self, operation: str, pf: str) -> NvidiaSmi:
+        SysfsPaths(self.root).device(operation, pf)
+        tool = self.nvidia_smi
+        if tool is None:
+            raise InterfaceMissingError(
+                operation, "nvidia-smi", pf, errno.ENOENT, "the simulated node has no nvidia-smi"
+            )
+        return tool
+
     # HostPort ------------------------------------------------------------------
     def scan(self) -> NodeSnapshot:
-        return self.driver_types.observe(scan(self.root, self.node, self._fs, catalog=self.catalog))
+        return self.driver_types.observe(
+            scan(self.root, self.node, self._fs, catalog=self.catalog, modes=self._modes())
+        )
 
     def scan_gpu(self, address: str) -> NodeSnapshot:
-        part = scan_gpu(self.root, self.node, address, self._fs, catalog=self.catalog)
+        part = scan_gpu(
+            self.root, self.node, address, self._fs, catalog=self.catalog, modes=self._modes()
+        )
         return self.driver_types.observe(part)
+
+    def set_mig_mode(self, pf: str, enabled: bool) -> None:
+        self._tool("mig-mode", pf).set_mig_mode(pf, enabled)
+
+    def create_gpu_instance(self, pf: str, profile: str) -> int:
+        return self._tool("gpu-instance-create", pf).create_gpu_instance(pf, profile)
+
+    def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
+        self._tool("gpu-instance-destroy", pf).destroy_gpu_instance(pf, gi_id)
+
+    def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
+        self._tool("heterogeneous-mode", pf).set_heterogeneous_mode(pf, enabled)
 
     def enable_sriov(self, pf: str) -> None:
         self._sriov("-e", pf)

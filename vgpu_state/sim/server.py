@@ -1,4 +1,4 @@
-"""The simulator's own entry point: ``python -m vgpu_state.sim mount|sriov-manage``.
+"""The simulator's own entry point: ``python -m vgpu_state.sim mount|sriov-manage|nvidia-smi``.
 
 The FUSE server runs in a process of its own (a mount is served until it is
 unmounted), and tests start it without the ``vgpu-state`` command. The CLI's
@@ -69,6 +69,35 @@ def sriov_manage(root: str, flag: str, target: str) -> int:
     return status
 
 
+def nvidia_smi(root: str, args: Sequence[str]) -> int:
+    """Do what ``nvidia-smi ARGS`` does, on a mounted simulator: print its output and
+    return its exit status."""
+    from vgpu_state.sim.tree import NVIDIA_SMI_CONTROL, NVIDIA_SMI_OUTPUT, NVIDIA_SMI_STATUS
+
+    if any(not a or any(c.isspace() for c in a) for a in args):
+        print("nvidia-smi (simulated): arguments may not be empty or hold spaces", file=sys.stderr)
+        return 2
+    try:
+        fd = os.open(os.path.join(root, NVIDIA_SMI_CONTROL), os.O_WRONLY)
+        try:
+            os.write(fd, " ".join(args).encode())
+        finally:
+            os.close(fd)
+        with open(os.path.join(root, NVIDIA_SMI_STATUS), encoding="utf-8") as f:
+            status = int(f.read().strip() or "0")
+        with open(os.path.join(root, NVIDIA_SMI_OUTPUT), encoding="utf-8") as f:
+            output = f.read().rstrip("\n")
+    except (OSError, ValueError) as e:
+        if isinstance(e, OSError) and e.errno == errno.ENOENT:
+            print(f"{root} is not a simulator mount with nvidia-smi", file=sys.stderr)
+        else:
+            print(f"nvidia-smi (simulated): {e}", file=sys.stderr)
+        return 1
+    if output:
+        print(output)
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vgpu_state.sim")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -82,7 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     group = s.add_mutually_exclusive_group(required=True)
     group.add_argument("-e", dest="enable", metavar="BDF|ALL")
     group.add_argument("-d", dest="disable", metavar="BDF|ALL")
-    args = parser.parse_args(argv)
+    n = commands.add_parser(
+        "nvidia-smi", help="nvidia-smi on a mounted simulator: nvidia-smi --root ROOT ARGS..."
+    )
+    n.add_argument("--root", required=True)
+    # The tool's own arguments look like options (-q, -i): kept as they come.
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "nvidia-smi":
+        return nvidia_smi(args.root, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "mount":
         return mount(args.spec, args.mountpoint, args.save, args.foreground)
     if args.enable is not None:

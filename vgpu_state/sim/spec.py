@@ -40,6 +40,20 @@ class VgpuSpec(_Spec):
     """SR-IOV GPUs: the VF index holding the vGPU (lowest free VF when omitted)."""
     in_use: str | None = Field(default=None, alias="in-use")
     """Who holds the vGPU (e.g. ``vm default/win-1``); removing it fails with EBUSY."""
+    gpu_instance: int | None = Field(default=None, alias="gpu-instance", ge=0, le=1023)
+    """MIG-backed type: the id of the GPU instance holding it (the driver's choice when
+    omitted: the lowest id with room)."""
+    placement: int | None = Field(default=None, ge=0, le=1023)
+    """Mixed-size mode: the first slot the vGPU occupies (the lowest free one when omitted)."""
+
+
+class GpuInstanceSpec(_Spec):
+    """A MIG GPU instance given with its id (and placement) instead of by profile name alone."""
+
+    profile: str
+    id: int | None = Field(default=None, ge=1, le=1023)
+    placement: int | None = Field(default=None, ge=0, le=63)
+    """The first compute slice it occupies (the lowest free aligned one when omitted)."""
 
 
 class GpuSpec(_Spec):
@@ -53,6 +67,19 @@ class GpuSpec(_Spec):
     iommu_group: int | None = Field(default=None, alias="iommu-group")
     vf_iommu_group_base: int | None = Field(default=None, alias="vf-iommu-group-base")
     vgpus: tuple[VgpuSpec, ...] = ()
+    mig_mode: bool = Field(default=False, alias="mig-mode")
+    """MIG mode (only for a model with MIG-backed types): only MIG-backed types are offered."""
+    gpu_instances: tuple[str | GpuInstanceSpec, ...] = Field(default=(), alias="gpu-instances")
+    """MIG GPU instances by profile name (``1g.24gb``); needs MIG mode and the VFs enabled
+    (``sriov-manage -e`` destroys every GPU instance, so these are the ones created after)."""
+    heterogeneous: bool = False
+    """The driver's mixed-size (heterogeneous) vGPU mode; needs the vendor-vfio layout
+    with SR-IOV on, and MIG mode off."""
+
+    @field_validator("gpu_instances", mode="before")
+    @classmethod
+    def _no_gpu_instances(cls, v: object) -> object:
+        return () if v is None else v
 
     @field_validator("address")
     @classmethod
@@ -108,8 +135,6 @@ class DriverTypeSpec(_Spec):
         parsed = parse_type_name(v)
         if parsed is None or v != v.strip() or " " in v:
             raise ValueError(f"{v!r} is not a vGPU type name such as L40S-5Q")
-        if parsed.is_mig:
-            raise ValueError(f"{v!r}: MIG-backed types are not simulated")
         return v
 
     @field_validator("model")
@@ -133,7 +158,7 @@ class DriverSpec(_Spec):
 
 
 class FaultSpec(_Spec):
-    op: Literal["create", "remove", "set-type", "clear-type", "sriov", "any"] = "any"
+    op: Literal["create", "remove", "set-type", "clear-type", "sriov", "nvidia-smi", "any"] = "any"
     nth: int | None = Field(default=None, ge=1)
     """Fail only the Nth matching write (1-based); every matching write when omitted."""
     errno: str | None = None
@@ -152,6 +177,9 @@ class NodeSpec(_Spec):
     labels: dict[str, str] = Field(default_factory=dict)
     driver: DriverSpec = DriverSpec()
     sriov_manage: bool = Field(default=True, alias="sriov-manage")
+    nvidia_smi: bool = Field(default=False, alias="nvidia-smi")
+    """Whether the node has ``nvidia-smi`` (the simulator's stand-in): the engine reads
+    and changes MIG and mixed-size mode with it."""
     gpus: tuple[GpuSpec, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
     extra_pci_devices: int = Field(default=0, alias="extra-pci-devices", ge=0, le=4096)

@@ -20,6 +20,8 @@ def _op_kind(target: WriteTarget, data: bytes) -> str:
         return "remove"
     if target.kind == "current_vgpu_type":
         return "clear-type" if data.strip() in (b"0", b"") else "set-type"
+    if target.kind == "nvidia-smi":
+        return "nvidia-smi"
     return "sriov"
 
 
@@ -122,7 +124,7 @@ class SimSysfs:
                 self._dispatch(target, data)
             finally:
                 changed = self.driver.take_changed()
-                node = target.kind == "sriov-manage"  # its output is a node-wide file
+                node = target.kind in ("sriov-manage", "nvidia-smi")  # output: node-wide files
                 self.tree = self.renderer.render(self.driver, changed, node=node)
                 self.generation += 1
 
@@ -174,6 +176,11 @@ class SimSysfs:
             d.sriov_manage_output = output
             if status != 0:
                 raise OSError(errno.EBUSY if "unbindLock" in output else errno.ENODEV, output)
+        elif target.kind == "nvidia-smi":
+            # The exit status goes to a file of its own, as a process's would: the
+            # write itself succeeds whatever the command answers.
+            words = data.decode("utf-8", "replace").split()
+            d.nvidia_smi_status, d.nvidia_smi_output = d.nvidia_smi(words)
         else:
             raise OSError(errno.EACCES, "read-only attribute")
 

@@ -22,6 +22,11 @@ CONTROL_DIR = ".vgpu-sim"
 """Simulator controls inside the tree (not part of real sysfs)."""
 SRIOV_MANAGE_CONTROL = f"{CONTROL_DIR}/sriov-manage"
 SRIOV_MANAGE_OUTPUT = f"{CONTROL_DIR}/sriov-manage.out"
+NVIDIA_SMI_CONTROL = f"{CONTROL_DIR}/nvidia-smi"
+"""Writing ``ARGS`` (words separated by spaces) here runs ``nvidia-smi ARGS``."""
+NVIDIA_SMI_OUTPUT = f"{CONTROL_DIR}/nvidia-smi.out"
+NVIDIA_SMI_STATUS = f"{CONTROL_DIR}/nvidia-smi.status"
+"""The exit status of the last ``nvidia-smi`` written to :data:`NVIDIA_SMI_CONTROL`."""
 RESET_CONTROL = f"{CONTROL_DIR}/reset"
 """Writing anything here puts the node back to the spec it was loaded from."""
 VFIO_NODES = SIM_VFIO_DIR
@@ -219,7 +224,13 @@ def _gpu_state(g: SimGpu) -> tuple[object, ...]:
         g.iommu_group,
         g.vf_iommu_group_base,
         g.flavour,
-        tuple((v.type.type_id, v.uuid, v.vf, v.iommu_group, v.in_use) for v in g.vgpus),
+        tuple(
+            (v.type.type_id, v.uuid, v.vf, v.iommu_group, v.in_use, v.gpu_instance, v.placement)
+            for v in g.vgpus
+        ),
+        g.mig_mode,
+        g.heterogeneous,
+        tuple(g.gpu_instances),
     )
 
 
@@ -229,6 +240,9 @@ def _node_state(drv: SimDriver) -> tuple[object, ...]:
         drv.extra_pci_devices,
         drv.sriov_manage_installed,
         drv.sriov_manage_output,
+        drv.nvidia_smi_installed,
+        drv.nvidia_smi_output,
+        drv.nvidia_smi_status,
     )
 
 
@@ -355,6 +369,10 @@ def _render_node(drv: SimDriver) -> Tree:
         t.file(
             SRIOV_MANAGE_OUTPUT, drv.sriov_manage_output + "\n" if drv.sriov_manage_output else ""
         )
+    if drv.nvidia_smi_installed:
+        t.file(NVIDIA_SMI_CONTROL, None, 0o200, WriteTarget("nvidia-smi"))
+        t.file(NVIDIA_SMI_OUTPUT, drv.nvidia_smi_output + "\n" if drv.nvidia_smi_output else "")
+        t.file(NVIDIA_SMI_STATUS, f"{drv.nvidia_smi_status}\n")
     return t
 
 
@@ -449,7 +467,13 @@ def _gpu_parts(
             held = (
                 None
                 if occupant is None
-                else (occupant.type.type_id, occupant.uuid, occupant.iommu_group, occupant.in_use)
+                else (
+                    occupant.type.type_id,
+                    occupant.uuid,
+                    occupant.iommu_group,
+                    occupant.in_use,
+                    occupant.gpu_instance,
+                )
             )
             listed = held_list if occupant is not None else free_list
             make = partial(_part, _render_creatable, vf, listed)
@@ -616,7 +640,8 @@ def _render_vfio_vf(
         t.file(f"{n}/gpu_instance_id", "", 0o444, read_errno=errno.ENXIO)
         t.file(f"{n}/placement_id", "", 0o444, read_errno=errno.ENXIO)
     else:
-        t.file(f"{n}/gpu_instance_id", "0\n")
+        gi = v.gpu_instance if v.gpu_instance is not None else 0
+        t.file(f"{n}/gpu_instance_id", f"{gi}\n")
         t.file(f"{n}/placement_id", f"{placement}\n")
     t.file(f"{n}/vgpu_params", "\n", 0o644)
     t.file(f"{n}/warm_update", "0\n", 0o644)
@@ -628,13 +653,21 @@ def _render_vfio_vf(
 
 
 def _placements(g: SimGpu) -> dict[int, int]:
-    """The ``placement_id`` of each VF's vGPU: its place among the GPU's VF-held vGPUs
-    (in creation order) times its size in GiB."""
+    """The ``placement_id`` of each VF's vGPU: its first slot in mixed-size mode; its
+    place among the vGPUs of its GPU instance in MIG mode; else its place among the
+    GPU's VF-held vGPUs (in creation order)."""
     found: dict[int, int] = {}
     order = [x for x in g.vgpus if x.vf is not None]
+    in_gi: dict[int | None, int] = {}
     for k, x in enumerate(order):
         assert x.vf is not None
-        found[x.vf] = k * max(1, x.type.framebuffer_mib // 1024)
+        if x.placement is not None:
+            found[x.vf] = x.placement
+        elif x.gpu_instance is not None:
+            found[x.vf] = in_gi.get(x.gpu_instance, 0)
+            in_gi[x.gpu_instance] = found[x.vf] + 1
+        else:
+            found[x.vf] = k
     return found
 
 

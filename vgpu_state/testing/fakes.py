@@ -75,6 +75,22 @@ class RecordingHost:
         self.calls.append(HostCall("clear_vf_type", (vf,)))
         self.inner.clear_vf_type(vf)
 
+    def set_mig_mode(self, pf: str, enabled: bool) -> None:
+        self.calls.append(HostCall("set_mig_mode", (pf, enabled)))
+        self.inner.set_mig_mode(pf, enabled)
+
+    def create_gpu_instance(self, pf: str, profile: str) -> int:
+        self.calls.append(HostCall("create_gpu_instance", (pf, profile)))
+        return self.inner.create_gpu_instance(pf, profile)
+
+    def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
+        self.calls.append(HostCall("destroy_gpu_instance", (pf, gi_id)))
+        self.inner.destroy_gpu_instance(pf, gi_id)
+
+    def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
+        self.calls.append(HostCall("set_heterogeneous_mode", (pf, enabled)))
+        self.inner.set_heterogeneous_mode(pf, enabled)
+
 
 class FakeCluster(MemoryCluster):
     """An in-memory :class:`~vgpu_state.ports.ClusterPort` a test can change."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from vgpu_state.config.document import Entry, NamedConfig, PolicySpec
+from vgpu_state.config.document import MAX_GPU_INSTANCES, Entry, NamedConfig, PolicySpec
 from vgpu_state.config.filters import parse_device_filter
 from vgpu_state.config.sections.context import LABEL_VALUE, LoadContext, choice, known_keys
 from vgpu_state.config.sections.policy import policy
@@ -25,10 +26,14 @@ from vgpu_state.config.yamlnodes import (
     scalar_value,
     tag,
 )
+from vgpu_state.model.gpumode import GpuMode
 from vgpu_state.model.pci import parse_pci_address
 from vgpu_state.model.policy import Publish
 
-ENTRY_KEYS = ("devices", "device-filter", "vgpu-devices", "publish")
+ENTRY_KEYS = ("devices", "device-filter", "vgpu-devices", "publish", "mode", "mig-geometry")
+PROFILE_NAME = re.compile(r"^[1-9][0-9]?g\.[0-9]{1,4}gb(\+[a-z]{1,8})?$")
+"""A MIG GPU instance profile's name as ``nvidia-smi`` spells it (``1g.24gb``,
+``1g.5gb+me``), without the ``MIG`` prefix."""
 CONFIG_KEYS = ("entries", "policy")
 
 
@@ -133,6 +138,12 @@ def _entry(ctx: LoadContext, node: Node, path: str) -> Entry | None:
         if "publish" in values
         else None
     )
+    mode = choice(ctx, values["mode"], join(path, "mode"), GpuMode) if "mode" in values else None
+    geometry = (
+        _mig_geometry(ctx, values["mig-geometry"], join(path, "mig-geometry"))
+        if "mig-geometry" in values
+        else None
+    )
     if len(ctx.issues.items) != before or devices is None or counts is None:
         return None
     facts = EntryFacts(
@@ -141,6 +152,10 @@ def _entry(ctx: LoadContext, node: Node, path: str) -> Entry | None:
         filters=filters,
         types=counts,
         types_node=values["vgpu-devices"],
+        mode=mode,
+        mode_node=values.get("mode"),
+        geometry=geometry,
+        geometry_node=values.get("mig-geometry"),
     )
     check_entry(facts, ctx.catalog, ctx.issues)
     return Entry(
@@ -148,6 +163,12 @@ def _entry(ctx: LoadContext, node: Node, path: str) -> Entry | None:
         device_filter=tuple(str(f) for f, _ in filters),
         vgpu_devices={name: count for name, (count, _, _) in counts.items()},
         publish=publish,
+        mode=mode,
+        mig_geometry=(
+            {name: count for name, (count, _, _) in geometry.items()}
+            if geometry is not None
+            else None
+        ),
     )
 
 
@@ -282,3 +303,53 @@ def _vgpu_devices(
         canonical[canon] = (name, key_node)
         counts[name] = (count, key_node, value)
     return counts if ok else None
+
+
+def _mig_geometry(
+    ctx: LoadContext, node: Node, path: str
+) -> dict[str, tuple[int, Node, Node]] | None:
+    """``mig-geometry``: GPU instance profile → count (whether the GPU's model has the
+    profile is checked with the types, see ``semantics``)."""
+    if not isinstance(node, MappingNode) or not node.value:
+        ctx.add(
+            node,
+            path,
+            "mig-geometry must map GPU instance profiles to counts, e.g. {1g.24gb: 4}, "
+            f"found {describe(node) if not isinstance(node, MappingNode) else 'an empty mapping'}",
+        )
+        return None
+    out: dict[str, tuple[int, Node, Node]] = {}
+    ok = True
+    for name, key_node, value in mapping_items(node, path, ctx.issues):
+        ppath = join(path, name)
+        canon = name.strip().removeprefix("MIG ").strip().lower()
+        if not PROFILE_NAME.match(canon):
+            ctx.add(
+                key_node,
+                ppath,
+                f"{name!r} is not a GPU instance profile; write it as nvidia-smi does, "
+                "e.g. 1g.24gb or 1g.5gb+me",
+            )
+            ok = False
+            continue
+        count = scalar_value(value) if isinstance(value, ScalarNode) else None
+        if not (
+            isinstance(value, ScalarNode)
+            and tag(value) == INT
+            and isinstance(count, int)
+            and 0 < count <= MAX_GPU_INSTANCES
+        ):
+            ctx.add(
+                value,
+                ppath,
+                f"the count of {name} must be a whole number from 1 to {MAX_GPU_INSTANCES}, "
+                f"found {describe(value)}",
+            )
+            ok = False
+            continue
+        if canon in out:
+            ctx.add(key_node, ppath, f"GPU instance profile {canon} is listed twice")
+            ok = False
+            continue
+        out[canon] = (count, key_node, value)
+    return out if ok else None
