@@ -369,3 +369,41 @@ def test_mixed_size_vgpus_are_placed_again_to_make_room_in_the_slots(
     assert placed == [("L40S-16Q", 32), ("L40S-24Q", 0), ("L40S-8Q", 24)], placed
     code, out, err = run("apply", "-f", "l.yaml", "-c", "c", "--sim", "node.yaml", "--auto-approve")
     assert code == 0 and "No changes" in out, out + err
+
+
+@pytest.mark.fuse
+@pytest.mark.usefixtures("require_fuse")
+def test_plan_apply_scan_and_assert_through_fuse_with_the_nvidia_smi_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shlex
+
+    from vgpu_state.sim.fuse import mounted
+
+    monkeypatch.chdir(tmp_path)
+    Path("layouts.yaml").write_text(LAYOUTS)
+    spec = tmp_path / "node.yaml"
+    spec.write_text((REPO / "configs/sim/rtx-pro-6000.yaml").read_text())
+    with mounted(spec, tmp_path / "mnt") as m:
+        root = str(m.root)
+        smi = shlex.join(m.nvidia_smi_command())
+        sriov = shlex.join(m.sriov_manage_command())
+        common = ["-f", "layouts.yaml", "-c", "mig", "--sysfs-root", root, "--node", "n"]
+        common += ["--state-dir", str(tmp_path / "state")]
+        # Without nvidia-smi the MIG-backed layout cannot be planned, and the error says how.
+        code, out, err = run("plan", *common, "--nvidia-smi", "")
+        assert code == 1 and "--nvidia-smi PATH" in err, out + err
+        code, out, err = run("plan", *common, "--nvidia-smi", smi)
+        assert code == 0 and "MIG mode: off → on" in out, out + err
+        code, out, err = run("assert", *common, "--nvidia-smi", smi)
+        assert code == 1
+        code, out, err = run(
+            "apply", *common, "--nvidia-smi", smi, "--sriov-manage", sriov, "--auto-approve"
+        )
+        assert code == 0 and "Apply complete" in out, out + err
+        code, out, err = run("assert", *common, "--nvidia-smi", smi)
+        assert code == 0, out + err
+        code, out, err = run("scan", "--sysfs-root", root, "--nvidia-smi", smi, "-o", "json")
+        assert code == 0, err
+        modes = json.loads(out)["gpus"][0]["modes"]
+        assert modes["mig"] is True and len(modes["gpu_instances"]) == 4

@@ -16,7 +16,12 @@ from vgpu_state.cli.common import (
     selection_options,
 )
 from vgpu_state.cli.errors import json_output, print_error_document
-from vgpu_state.cli.options import deprecated_option, output_option, seconds_option
+from vgpu_state.cli.options import (
+    deprecated_option,
+    nvidia_smi_option,
+    output_option,
+    seconds_option,
+)
 from vgpu_state.cli.output import console, print_plan_text
 from vgpu_state.cli.session import (
     Warnings,
@@ -200,12 +205,7 @@ def _confirm(auto_approve: bool, skip_blocked: bool) -> Any:
     help="The sriov-manage command (default /usr/lib/nvidia/sriov-manage when installed; "
     "'' writes sriov_numvfs). Env: VGPU_STATE_SRIOV_MANAGE.",
 )
-@click.option(
-    "--nvidia-smi",
-    envvar="VGPU_STATE_NVIDIA_SMI",
-    help="The nvidia-smi command that reads and changes MIG and mixed-size mode (default "
-    "/usr/bin/nvidia-smi when installed; '' for none). Env: VGPU_STATE_NVIDIA_SMI.",
-)
+@nvidia_smi_option()
 @output_option(
     help="text: the plan, each step and the outcome; json: one object at the end "
     "(needs --auto-approve or a saved plan)."

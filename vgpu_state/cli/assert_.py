@@ -9,7 +9,7 @@ from typing import NoReturn
 import click
 
 from vgpu_state.cli.common import SessionArgs, handle_errors, selection_options
-from vgpu_state.cli.options import deprecated_option, output_option
+from vgpu_state.cli.options import deprecated_option, nvidia_smi_option, output_option
 from vgpu_state.cli.session import (
     journal_for,
     open_target,
@@ -23,9 +23,12 @@ from vgpu_state.reconcile import NoGpusError
 @click.command("assert")
 @selection_options
 @deprecated_option("--journal", "journal_file")
+@nvidia_smi_option()
 @output_option()
 @handle_errors
-def assert_cmd(session: SessionArgs, journal_file: str | None, output: str) -> None:
+def assert_cmd(
+    session: SessionArgs, journal_file: str | None, output: str, nvidia_smi: str | None
+) -> None:
     """Exit 0 when the node matches the selected config, 1 otherwise (listing differences).
 
     Reads the host afresh; changes nothing. With -o json: one object with
@@ -38,7 +41,8 @@ def assert_cmd(session: SessionArgs, journal_file: str | None, output: str) -> N
       vgpu-state assert -f layouts.yaml -o json
     """
     s = settings(session.label_key, session.sim_spec, journal_file, directory=session.state_dir,
-                 default_config=session.default_config, strict=session.strict)  # fmt: skip
+                 default_config=session.default_config, strict=session.strict,
+                 nvidia_smi=nvidia_smi)  # fmt: skip
     target = open_target(session, s)
     try:
         warn_unfinished(journal_for(journal_file, session.sim_spec, session.state_dir))

@@ -308,6 +308,17 @@ def proc_root_option(help: str | None = None) -> Callable[[F], F]:
     )
 
 
+def nvidia_smi_option() -> Callable[[F], F]:
+    """``--nvidia-smi CMD`` (``$VGPU_STATE_NVIDIA_SMI``): the tool that reads (and for
+    ``apply`` changes) a GPU's MIG and mixed-size mode."""
+    return click.option(
+        "--nvidia-smi",
+        envvar="VGPU_STATE_NVIDIA_SMI",
+        help="The nvidia-smi command that reads and changes MIG and mixed-size mode (default "
+        "/usr/bin/nvidia-smi when installed; '' for none). Env: VGPU_STATE_NVIDIA_SMI.",
+    )
+
+
 def state_dir_option() -> Callable[[F], F]:
     """``--state-dir DIR`` (``$VGPU_STATE_STATE_DIR``): the node's state files; ``None``
     when not given: ``/var/lib/vgpu-state``, or with ``--sim`` beside the spec."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from vgpu_state.cli.common import SessionArgs, fail, handle_errors, selection_options
-from vgpu_state.cli.options import deprecated_option, output_option
+from vgpu_state.cli.options import deprecated_option, nvidia_smi_option, output_option
 from vgpu_state.cli.output import print_plan_text
 from vgpu_state.cli.session import (
     journal_for,
@@ -38,6 +38,7 @@ from vgpu_state.render import render_json, render_text
     help="Exit 0 with no changes, 1 on error, 2 when there are changes or blocked items.",
 )
 @deprecated_option("--journal", "journal_file")
+@nvidia_smi_option()
 @handle_errors
 def plan_cmd(
     session: SessionArgs,
@@ -45,6 +46,7 @@ def plan_cmd(
     out_file: str | None,
     detailed_exitcode: bool,
     journal_file: str | None,
+    nvidia_smi: str | None,
 ) -> None:
     """Show what apply would change: the minimal, safe diff. Changes nothing.
 
@@ -57,7 +59,8 @@ def plan_cmd(
       vgpu-state plan -f layouts.yaml --kubeconfig ~/.kube/config --node gpu-7
     """
     s = settings(session.label_key, session.sim_spec, journal_file, directory=session.state_dir,
-                 default_config=session.default_config, strict=session.strict)  # fmt: skip
+                 default_config=session.default_config, strict=session.strict,
+                 nvidia_smi=nvidia_smi)  # fmt: skip
     target = open_target(session, s)
     try:
         warn_unfinished(journal_for(journal_file, session.sim_spec, session.state_dir))

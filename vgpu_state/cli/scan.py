@@ -18,6 +18,7 @@ from vgpu_state.cli.common import parse_in_use
 from vgpu_state.cli.errors import report
 from vgpu_state.cli.options import (
     node_option,
+    nvidia_smi_option,
     output_option,
     proc_root_option,
     sim_option,
@@ -25,8 +26,8 @@ from vgpu_state.cli.options import (
     sysfs_root_option,
 )
 from vgpu_state.cli.output import console as make_console
+from vgpu_state.cli.session import nvidia_smi_command, warn
 from vgpu_state.cli.session import state_dir as session_state_dir
-from vgpu_state.cli.session import warn
 from vgpu_state.compose import NodeSettings, open_node
 from vgpu_state.model.errors import VgpuStateError
 from vgpu_state.model.gpumode import GpuModes
@@ -189,6 +190,7 @@ def print_snapshot(
 )
 @proc_root_option()
 @state_dir_option()
+@nvidia_smi_option()
 def scan(
     sysfs_root: str | None,
     sim_spec: str | None,
@@ -198,6 +200,7 @@ def scan(
     in_use_file: str | None,
     proc_root: str | None,
     state_dir: str | None,
+    nvidia_smi: str | None,
 ) -> None:
     """Show the node's NVIDIA GPUs, their vGPU layout, its vGPUs and which pod, VM or
     process holds each, and how many more vGPUs of each type still fit.
@@ -232,6 +235,7 @@ def scan(
                 name=node or "",
                 driver_types=files.driver_types,
                 proc_root=proc_root,
+                nvidia_smi=nvidia_smi_command(nvidia_smi),
             ),
             warn,
         )
