@@ -19,6 +19,7 @@ import re
 import select
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -290,6 +291,26 @@ class NvidiaSmi:
             raise self._unverified(
                 "heterogeneous-mode", args, f"vGPU Heterogeneous Mode reads {q.heterogeneous}"
             )
+
+
+class ModeOperations(ABC):
+    """A host's four mode operations (HostPort's), each through the node's nvidia-smi:
+    :meth:`_tool` gives it, or raises when the node has none."""
+
+    @abstractmethod
+    def _tool(self, operation: str, pf: str) -> NvidiaSmi: ...
+
+    def set_mig_mode(self, pf: str, enabled: bool) -> None:
+        self._tool("mig-mode", pf).set_mig_mode(pf, enabled)
+
+    def create_gpu_instance(self, pf: str, profile: str) -> int:
+        return self._tool("gpu-instance-create", pf).create_gpu_instance(pf, profile)
+
+    def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
+        self._tool("gpu-instance-destroy", pf).destroy_gpu_instance(pf, gi_id)
+
+    def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
+        self._tool("heterogeneous-mode", pf).set_heterogeneous_mode(pf, enabled)
 
 
 def modes_or_problem(tool: NvidiaSmi, pf: str) -> tuple[GpuModes | None, str | None]:

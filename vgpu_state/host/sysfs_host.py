@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from vgpu_state.catalog import Catalog
 from vgpu_state.host import driver
 from vgpu_state.host.nvidia_smi import (
+    ModeOperations,
     NvidiaSmi,
     command_runner,
     default_nvidia_smi,
@@ -20,7 +21,7 @@ from vgpu_state.model.snapshot import NodeSnapshot
 from vgpu_state.statefiles.drivertypes import DriverTypeMemory
 
 
-class SysfsHost:
+class SysfsHost(ModeOperations):
     """:class:`HostPort` on a real (or mounted) sysfs tree.
 
     ``sriov_manage``: the sriov-manage command (a path or an argv prefix). ``None``
@@ -91,18 +92,6 @@ class SysfsHost:
         return self.driver_types.observe(
             scan_gpu(self.root, self.node, address, catalog=self.catalog, modes=self._modes())
         )
-
-    def set_mig_mode(self, pf: str, enabled: bool) -> None:
-        self._tool("mig-mode", pf).set_mig_mode(pf, enabled)
-
-    def create_gpu_instance(self, pf: str, profile: str) -> int:
-        return self._tool("gpu-instance-create", pf).create_gpu_instance(pf, profile)
-
-    def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
-        self._tool("gpu-instance-destroy", pf).destroy_gpu_instance(pf, gi_id)
-
-    def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
-        self._tool("heterogeneous-mode", pf).set_heterogeneous_mode(pf, enabled)
 
     def enable_sriov(self, pf: str) -> None:
         driver.enable_sriov(self.root, pf, self.sriov_manage)

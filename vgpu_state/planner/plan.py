@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from vgpu_state.catalog import (
@@ -728,24 +728,7 @@ class _Planner:
         occupied = {v.parent for v in (*kept, *remaining)}
         has_destroys = any(a.kind is ActionKind.DESTROY for a in work.actions)
         for name in creates:
-            parent = self.choose_parent(g, name, occupied, has_destroys)
-            if parent is None:
-                self.block_all(g, [name], work, "no free virtual function offers this type")
-                continue
-            if g.sriov_capable:
-                occupied.add(parent)
-            type_id = self.type_id(g, name, parent)
-            if type_id is None and not (has_destroys and self.info(g, name) is not None):
-                self.errors.append(
-                    f"gpu[{g.address}] ({g.model or 'unknown model'}): the type id of {name} "
-                    "is unknown: the GPU's driver does not list it now and the catalog does "
-                    f"not know it [{dg.entry}]"
-                )
-                continue
-            if g.layout is SysfsInterface.VENDOR_VFIO:
-                work.actions.append(_create(g, name, type_id, vf=parent, parent=parent))
-            else:
-                work.actions.append(_create(g, name, type_id, uuid=next(uuids), parent=parent))
+            self.create_on_parent(g, dg, name, occupied, has_destroys, uuids, work)
         return False
 
     def withheld(self, work: _GpuWork) -> tuple[str, ...]:
@@ -1012,28 +995,42 @@ class _Planner:
                     _create(g, name, self.type_id(g, name, None), uuid=u, parent=None, slot=slot)
                 )
                 continue
-            parent = self.choose_parent(g, name, occupied, has_destroys)
-            if parent is None:
-                self.block_all(g, [name], work, "no free virtual function offers this type")
-                continue
-            if g.sriov_capable:
-                occupied.add(parent)
-            type_id = self.type_id(g, name, parent)
-            # A type the lists do not show while the GPU holds vGPUs of another size:
-            # after the destroys before it, the driver lists it; the step reads its id then.
-            if type_id is None and not (has_destroys and self.info(g, name) is not None):
-                self.errors.append(
-                    f"gpu[{g.address}] ({g.model or 'unknown model'}): the type id of {name} "
-                    "is unknown: the GPU's driver does not list it now (its lists show only "
-                    "what is creatable while the GPU holds vGPUs) and the catalog does not "
-                    f"know it [{dg.entry}]"
-                )
-                continue
-            if g.layout is SysfsInterface.VENDOR_VFIO:
-                work.actions.append(_create(g, name, type_id, vf=parent, parent=parent))
-            else:
-                work.actions.append(_create(g, name, type_id, uuid=next(uuids), parent=parent))
+            self.create_on_parent(g, dg, name, occupied, has_destroys, uuids, work)
         return vfs_off
+
+    def create_on_parent(
+        self,
+        g: Gpu,
+        dg: DesiredGpu,
+        name: str,
+        occupied: set[PciAddress],
+        has_destroys: bool,
+        uuids: Iterator[str],
+        work: _GpuWork,
+    ) -> None:
+        """One create on a parent chosen now (a free VF, or the GPU itself), or blocked
+        when none offers the type; the type id from the parent's list or the catalog."""
+        parent = self.choose_parent(g, name, occupied, has_destroys)
+        if parent is None:
+            self.block_all(g, [name], work, "no free virtual function offers this type")
+            return
+        if g.sriov_capable:
+            occupied.add(parent)
+        type_id = self.type_id(g, name, parent)
+        # A type the lists do not show while the GPU holds vGPUs of another size:
+        # after the destroys before it, the driver lists it; the step reads its id then.
+        if type_id is None and not (has_destroys and self.info(g, name) is not None):
+            self.errors.append(
+                f"gpu[{g.address}] ({g.model or 'unknown model'}): the type id of {name} "
+                "is unknown: the GPU's driver does not list it now (its lists show only "
+                "what is creatable while the GPU holds vGPUs) and the catalog does not "
+                f"know it [{dg.entry}]"
+            )
+            return
+        if g.layout is SysfsInterface.VENDOR_VFIO:
+            work.actions.append(_create(g, name, type_id, vf=parent, parent=parent))
+        else:
+            work.actions.append(_create(g, name, type_id, uuid=next(uuids), parent=parent))
 
     def choose_parent(
         self, g: Gpu, name: str, occupied: set[PciAddress], has_destroys: bool

@@ -18,7 +18,7 @@ from types import TracebackType
 
 from vgpu_state.catalog import Catalog, default_catalog
 from vgpu_state.host import driver
-from vgpu_state.host.nvidia_smi import NvidiaSmi, modes_or_problem
+from vgpu_state.host.nvidia_smi import ModeOperations, NvidiaSmi, modes_or_problem
 from vgpu_state.host.paths import SysfsPaths
 from vgpu_state.host.reader import Filesystem, OsFilesystem
 from vgpu_state.host.scan import ModesReader, scan, scan_gpu
@@ -40,7 +40,7 @@ def _temp_root() -> str:
     return tempfile.mkdtemp(prefix="vgpu-sim-", dir=base)
 
 
-class SimHost:
+class SimHost(ModeOperations):
     """A simulated node rendered as a directory tree under ``root``.
 
     ``spec``: a :class:`NodeSpec` or the path of a spec file (then :meth:`save`
@@ -168,18 +168,6 @@ class SimHost:
             self.root, self.node, address, self._fs, catalog=self.catalog, modes=self._modes()
         )
         return self.driver_types.observe(part)
-
-    def set_mig_mode(self, pf: str, enabled: bool) -> None:
-        self._tool("mig-mode", pf).set_mig_mode(pf, enabled)
-
-    def create_gpu_instance(self, pf: str, profile: str) -> int:
-        return self._tool("gpu-instance-create", pf).create_gpu_instance(pf, profile)
-
-    def destroy_gpu_instance(self, pf: str, gi_id: int) -> None:
-        self._tool("gpu-instance-destroy", pf).destroy_gpu_instance(pf, gi_id)
-
-    def set_heterogeneous_mode(self, pf: str, enabled: bool) -> None:
-        self._tool("heterogeneous-mode", pf).set_heterogeneous_mode(pf, enabled)
 
     def enable_sriov(self, pf: str) -> None:
         self._sriov("-e", pf)
