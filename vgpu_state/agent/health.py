@@ -100,8 +100,7 @@ class HealthServer:
     """Serve the probes and metrics on ``host:port`` (port 0 picks a free one)."""
 
     def __init__(self, state: HealthState, metrics: AgentMetrics, host: str, port: int) -> None:
-        handler = _handler_for(state, metrics)
-        self._server = _Server((host, port), handler)
+        self._server = _Server((host, port), state, metrics)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="vgpu-state-http", daemon=True
         )
@@ -141,31 +140,34 @@ _REASONS = {
 
 
 class _Server(socketserver.ThreadingTCPServer):
+    """The probes' server: what its handlers answer from."""
+
     allow_reuse_address = True
     daemon_threads = True
 
+    def __init__(
+        self, address: tuple[str, int], state: HealthState, metrics: AgentMetrics
+    ) -> None:
+        self.state = state
+        self.metrics = metrics
+        super().__init__(address, _Handler)
 
-def _handler_for(state: HealthState, metrics: AgentMetrics) -> type[_Handler]:
-    class Handler(_Handler):
-        def answer(self, path: str) -> tuple[int, bytes, str]:
-            if path == "/metrics":
-                return 200, metrics.render(), CONTENT_TYPE_METRICS
-            if path in ("/healthz", "/readyz"):
-                probe = state.liveness() if path == "/healthz" else state.readiness()
-                body = (probe.reason + "\n").encode()
-                return 200 if probe.ok else 503, body, "text/plain; charset=utf-8"
-            return 404, b"not found\n", "text/plain; charset=utf-8"
-
-    return Handler
+    def answer(self, path: str) -> tuple[int, bytes, str]:
+        """Status, body and content type for a GET of ``path``."""
+        if path == "/metrics":
+            return 200, self.metrics.render(), CONTENT_TYPE_METRICS
+        if path in ("/healthz", "/readyz"):
+            probe = self.state.liveness() if path == "/healthz" else self.state.readiness()
+            body = (probe.reason + "\n").encode()
+            return 200 if probe.ok else 503, body, "text/plain; charset=utf-8"
+        return 404, b"not found\n", "text/plain; charset=utf-8"
 
 
 class _Handler(socketserver.StreamRequestHandler):
     """One request: its line and headers (bounded), then the answer, then close."""
 
     timeout = CLIENT_TIMEOUT
-
-    def answer(self, path: str) -> tuple[int, bytes, str]:
-        raise NotImplementedError
+    server: _Server
 
     def handle(self) -> None:
         try:
@@ -187,7 +189,7 @@ class _Handler(socketserver.StreamRequestHandler):
         if method not in ("GET", "HEAD"):
             self._send(405, b"method not allowed\n", "text/plain; charset=utf-8", head=False)
             return
-        code, body, content_type = self.answer(target.split("?", 1)[0])
+        code, body, content_type = self.server.answer(target.split("?", 1)[0])
         self._send(code, body, content_type, head=method == "HEAD")
 
     def _drain(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
@@ -37,7 +38,7 @@ class Registry:
 S = TypeVar("S")
 
 
-class _Metric(Generic[S]):
+class _Metric(ABC, Generic[S]):
     kind = ""
 
     def __init__(
@@ -57,8 +58,9 @@ class _Metric(Generic[S]):
             self._series[()] = self._new()
         registry.metrics.append(self)  # type: ignore[arg-type]
 
+    @abstractmethod
     def _new(self) -> S:
-        raise NotImplementedError
+        """A new series of this metric's kind."""
 
     def _key(self, values: Sequence[str], named: dict[str, str]) -> tuple[str, ...]:
         if named:
@@ -107,8 +109,9 @@ class _Metric(Generic[S]):
         for key, when in created.items():
             lines.append(f"{name}{self._labels(key)} {_number(when)}")
 
+    @abstractmethod
     def write(self, lines: list[str]) -> None:
-        raise NotImplementedError
+        """Append this metric's exposition lines."""
 
 
 class _CounterSeries:
