@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-# The simulator's nvidia-smi stand-in (MIG mode, GPU instances, heterogeneous mode).
-pytest.importorskip("vgpu_state.sim.nvidia_smi", reason="the simulator has no nvidia-smi")
 from vgpu_state.catalog import default_catalog
 from vgpu_state.config import FileConfigSource
 from vgpu_state.model.errors import VgpuStateError

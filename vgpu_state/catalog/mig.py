@@ -99,6 +99,12 @@ def mig_profiles(model: GpuModel) -> tuple[GiProfile, ...]:
     return _facts(model).profiles
 
 
+def mig_slices(model: GpuModel) -> int:
+    """The model's compute slices (the largest ``g`` of its MIG-backed types); 0 without
+    MIG."""
+    return _facts(model).slices
+
+
 def profile_named(model: GpuModel, name: str) -> GiProfile | None:
     """The model's GI profile of that name (``MIG `` prefix and case ignored)."""
     wanted = name.strip().removeprefix("MIG ").strip().lower()

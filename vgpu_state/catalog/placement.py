@@ -132,7 +132,7 @@ def place(
     for t, count in order:
         size = _size(t, unit)
         for _ in range(count):
-            free = _free_run(taken, size)
+            free = free_run(taken, size)
             if free is None:
                 return (
                     f"{_describe(wanted, unit)}: no free {size}-slot run on a {size}-slot "
@@ -148,7 +148,9 @@ def _size(t: VgpuType, unit: int) -> int:
     return max(1, -(-t.framebuffer_mib // unit))
 
 
-def _free_run(taken: list[bool], size: int) -> int | None:
+def free_run(taken: list[bool], size: int) -> int | None:
+    """The lowest start of ``size`` free slots aligned to ``size`` in ``taken``, or ``None``
+    (the placement rule of mixed-size slots and of MIG GPU instances; inferred)."""
     for start in range(0, len(taken) - size + 1, size):
         if not any(taken[start : start + size]):
             return start

@@ -16,7 +16,8 @@ from vgpu_state.catalog import (
 )
 from vgpu_state.catalog.capacity import check_fit, size_key
 from vgpu_state.catalog.capacity import remaining as room
-from vgpu_state.catalog.mig import mig_profiles
+from vgpu_state.catalog.mig import mig_slices
+from vgpu_state.catalog.placement import free_run
 from vgpu_state.model.desired import DesiredGpu, DesiredState
 from vgpu_state.model.errors import BlockedReason, PlanningError
 from vgpu_state.model.frozen import built
@@ -458,7 +459,8 @@ class _Planner:
                 before = len(kept)
                 kept, unwanted = self.room_in_slots(model, target, kept, unwanted)
                 work.replaced = len(kept) < before
-        gone_gis, new_gis = _gi_diff(gis, geometry, kept, g.vgpus, _mig_slices(model))
+        slices = mig_slices(model) if model is not None else 0
+        gone_gis, new_gis = _gi_diff(gis, geometry, kept, g.vgpus, slices)
         if gone_gis and not empty_first:
             # A wanted vGPU in a GPU instance that goes is destroyed and made again.
             gone_ids = {gi.id for gi in gone_gis}
@@ -1405,25 +1407,11 @@ def _gis_fit(staying: list[GpuInstance], create: list[str], slices: int) -> bool
         size = _gi_slices(profile)
         if size < 1:
             return True
-        start = next(
-            (
-                at
-                for at in range(0, slices - size + 1, size)
-                if not any(used[at : at + size])
-            ),
-            None,
-        )
+        start = free_run(used, size)
         if start is None:
             return False
         used[start : start + size] = [True] * size
     return True
-
-
-def _mig_slices(model: GpuModel | None) -> int:
-    """The model's compute slices: the most any of its GPU instance profiles takes."""
-    if model is None:
-        return 0
-    return max((p.slices for p in mig_profiles(model)), default=0)
 
 
 def _gi_slices(profile: str) -> int:

@@ -9,7 +9,13 @@ from functools import lru_cache
 
 from vgpu_state.catalog import GpuModel, VgpuType
 from vgpu_state.catalog.capacity import remaining as room
-from vgpu_state.catalog.mig import GiProfile, geometry_fits, gi_profile_for, mig_profiles
+from vgpu_state.catalog.mig import (
+    GiProfile,
+    geometry_fits,
+    gi_profile_for,
+    mig_profiles,
+    mig_slices,
+)
 from vgpu_state.catalog.placement import grid
 from vgpu_state.model.pci import vf_address
 
@@ -156,8 +162,8 @@ class SimGpu:
         return mig_profiles(self.driver_model)
 
     def mig_slices(self) -> int:
-        """The GPU's compute slices: the most any of its GPU instance profiles takes."""
-        return max((p.slices for p in self.gi_profiles()), default=0)
+        """The GPU's compute slices (the catalog's rule, over the driver's types)."""
+        return mig_slices(self.driver_model)
 
     def gi_profile_of(self, t: VgpuType) -> tuple[GiProfile, int] | None:
         return gi_profile_for(self.driver_model, t.name)
