@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from vgpu_state.catalog import Catalog, parse_type_name
+from vgpu_state.catalog import Catalog, GpuModel, parse_type_name
+from vgpu_state.catalog.mig import mig_capable, mixed_size_capable
 from vgpu_state.model.frozen import Frozen
 from vgpu_state.model.plan import Plan
 from vgpu_state.model.snapshot import Gpu, NodeSnapshot, SysfsInterface
@@ -334,15 +335,9 @@ def _modes(gpu: Gpu) -> list[Check]:
     ]
 
 
-def mig_capable(gpu: Gpu, catalog: Catalog) -> bool:
-    """The GPU's catalog model has MIG-backed vGPU types."""
-    model = catalog.model(gpu.model) if gpu.model else None
-    return model is not None and any(t.is_mig for t in model.types)
-
-
-def mixed_size_capable(gpu: Gpu) -> bool:
-    """The driver's mixed-size mode is expected here: the vendor-VFIO interface (inferred)."""
-    return gpu.layout is SysfsInterface.VENDOR_VFIO
+def _model(gpu: Gpu, catalog: Catalog | None) -> GpuModel | None:
+    """The GPU's catalog model, when there is a catalog and the GPU's model is known."""
+    return catalog.model(gpu.model) if catalog is not None and gpu.model else None
 
 
 def _on(value: bool | None) -> str:
@@ -380,7 +375,7 @@ def _mig(gpu: Gpu, smi: SmiTool | None) -> Check:
 def _mixed_size(gpu: Gpu, smi: SmiTool | None) -> Check:
     """Mixed-size (heterogeneous) capability and state."""
     modes = gpu.modes
-    capable = f"mixed-size capable (the vendor-VFIO interface; {INFERRED})"
+    capable = f"mixed-size capable (its model: Ada, Hopper, Blackwell; {INFERRED})"
     if modes is None:
         missing = smi is not None and not smi.found
         why = "no nvidia-smi" if missing else "nvidia-smi did not report it"
@@ -410,9 +405,10 @@ def gpu_checks(
 ) -> list[Check]:
     """The host checks of one GPU, in a fixed order (MIG capability only with ``catalog``)."""
     modes = []
-    if gpu.model is not None and catalog is not None and mig_capable(gpu, catalog):
+    model = _model(gpu, catalog)
+    if model is not None and mig_capable(model):
         modes.append(_mig(gpu, smi))
-    if gpu.model is not None and mixed_size_capable(gpu):
+    if model is not None and mixed_size_capable(model):
         modes.append(_mixed_size(gpu, smi))
     return [
         _catalog(gpu),
@@ -597,7 +593,7 @@ def diagnose(
         if smi.found and smi.command:
             if any(g.modes is not None for g in snapshot.gpus):
                 node.append(smi_path(smi))
-        elif catalog is not None and any(mig_capable(g, catalog) for g in snapshot.gpus):
+        elif any((m := _model(g, catalog)) is not None and mig_capable(m) for g in snapshot.gpus):
             node.append(smi_path(smi))
     gpus: list[GpuReport] = []
     for gpu in snapshot.gpus:

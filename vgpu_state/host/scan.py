@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vgpu_state.catalog import Catalog, short_type_name
-from vgpu_state.catalog.mig import mixed_size_capable
+from vgpu_state.catalog.mig import mig_capable, mixed_size_capable
 from vgpu_state.host.reader import Filesystem, OsFilesystem, Reader
 from vgpu_state.model.gpumode import GpuModes
 from vgpu_state.model.ids import NVIDIA_VENDOR_ID, UUID_PATTERN
@@ -328,10 +328,9 @@ class _Scanner:
         )
         gpu_modes: GpuModes | None = None
         mode_problem: str | None = None
-        if self.modes is not None and model is not None and driver == "nvidia":
-            mig_model = any(t.is_mig for t in model.types)
-            if mig_model or layout is SysfsInterface.VENDOR_VFIO or mixed_size_capable(model):
-                gpu_modes, mode_problem = self.modes(address)
+        capable = model is not None and (mig_capable(model) or mixed_size_capable(model))
+        if self.modes is not None and capable and driver == "nvidia":
+            gpu_modes, mode_problem = self.modes(address)
         if gpu_modes is not None and layout is SysfsInterface.VENDOR_VFIO:
             vgpus = [self._vf_ids(v, bool(gpu_modes.mig)) if v.kind == "vf" else v for v in vgpus]
         problems = list(rd.take_problems())
